@@ -1,0 +1,39 @@
+# Every target works from a fresh clone with nothing but Python (>= 3.11) and make.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install test lint typecheck unit bench demo reliability clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check indexer tokenizer_cache kvrouter tests bench
+	$(BIN)/ruff format --check indexer tokenizer_cache kvrouter tests bench
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+unit: $(STAMP)
+	$(BIN)/pytest -q -x -m "not slow"
+
+test: lint typecheck unit
+
+bench: $(STAMP)
+	$(BIN)/kvrouter bench all
+
+demo: $(STAMP)
+	$(BIN)/kvrouter demo
+
+reliability: $(STAMP)
+	$(BIN)/kvrouter reliability
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -1,0 +1,148 @@
+"""The fleet file (YAML), shared by every kvrouter command, and the indexer's part of it.
+
+::
+
+    block_size: 16
+    tokenizer: /models/llama                # optional: the fleet's tokenizer (see tokenizer_cache)
+    instances:
+      - name: vllm-0
+        url: http://vllm-0:8000             # its OpenAI server (the router proxies here)
+        events: tcp://vllm-0:5557           # vLLM's --kv-events-config endpoint, as seen from kvrouter
+        replay: tcp://vllm-0:5558           # optional: its replay_endpoint
+        topic: ""                           # optional subscription prefix
+        dp_size: 1                          # ranks 1.. use port+rank, as vLLM does
+    bind: tcp://0.0.0.0:5557                # optional bind mode: instances connect, topic kv@<name>@<model>
+
+Decoded with msgspec (types checked, defaults in code), then ``validate()`` checks what types cannot.  The
+router's own settings extend this struct in ``kvrouter.config``; fields unknown here are ignored.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, TypeVar
+
+import msgspec
+import yaml
+
+from .errors import ConfigError
+from .types import SourceKey
+
+_ENDPOINT = re.compile(r"^(tcp://[^:/]+:\d+|ipc://.+|inproc://.+)$")
+
+
+def offset_endpoint(endpoint: str, rank: int) -> str:
+    """vLLM's data-parallel port offset: ``tcp://host:P`` -> ``tcp://host:P+rank`` (ipc: suffix ``_rank``)."""
+    if rank == 0:
+        return endpoint
+    if endpoint.startswith("tcp://"):
+        host, _, port = endpoint.rpartition(":")
+        return f"{host}:{int(port) + rank}"
+    return f"{endpoint}_dp{rank}"
+
+
+class InstanceConfig(msgspec.Struct, frozen=True):
+    name: str
+    """Unique name; in bind mode, the ``<instance>`` of the topic ``kv@<instance>@<model>``."""
+    url: str | None = None
+    """Base URL of the instance's OpenAI-compatible server."""
+    events: str | None = None
+    """ZeroMQ endpoint of its KV-event publisher (connect mode); without it, routed by load alone."""
+    replay: str | None = None
+    """ZeroMQ endpoint of its replay ROUTER (optional)."""
+    topic: str = ""
+    """Subscription prefix (vLLM's ``topic``)."""
+    dp_size: int = 1
+    """Data-parallel ranks; rank r publishes on port + r."""
+    models: list[str] = []
+    """Models it serves; empty means every model of the fleet (or whatever its /v1/models says)."""
+    weight: float = 1.0
+    """Relative capacity, for load balancing across unequal instances."""
+
+    def sources(self) -> list[SourceKey]:
+        return [SourceKey(self.name, r) for r in range(self.dp_size)]
+
+    def events_endpoint(self, rank: int) -> str | None:
+        return None if self.events is None else offset_endpoint(self.events, rank)
+
+    def replay_endpoint(self, rank: int) -> str | None:
+        return None if self.replay is None else offset_endpoint(self.replay, rank)
+
+
+class IndexerOptions(msgspec.Struct, frozen=True):
+    max_blocks_per_source: int = 8_000_000
+    """Cap on blocks held per (instance, rank); beyond it stores are refused and counted."""
+    speculative_ttl_s: float = 5.0
+    """How long a speculative entry counts if no event confirms it."""
+    replay_timeout_s: float = 2.0
+    """A replay that has not ended by then is taken as ended (what it filled stays applied)."""
+    stale_after_s: float = 600.0
+    """A source disconnected this long has its blocks dropped (it shows as cold until it returns)."""
+    reconnect_max_s: float = 10.0
+    """Upper bound of the reconnect backoff."""
+    max_pending: int = 10_000
+    """Batches buffered per source while a replay runs."""
+    queue_size: int = 10_000
+    """Bounded per-source ingest queue: beyond it batches are dropped, counted, and recovered by replay."""
+
+
+class FleetConfig(msgspec.Struct, frozen=True):
+    block_size: int = 16
+    """KV-cache block size in tokens; must equal vLLM's (read from events, and a mismatch is loud)."""
+    instances: list[InstanceConfig] = []
+    bind: str | None = None
+    """Bind mode: the indexer binds a SUB here and every instance connects, naming itself in the topic."""
+    indexer: IndexerOptions = IndexerOptions()
+    tokenizer: str | None = None
+    """Tokenizer of the whole fleet (a local directory or a Hugging Face id in the local cache)."""
+
+    def validate(self) -> None:
+        if self.block_size <= 0:
+            raise ConfigError("block_size must be positive")
+        names = [i.name for i in self.instances]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ConfigError(f"duplicate instance names: {sorted(dup)}")
+        for inst in self.instances:
+            if not inst.name or "@" in inst.name:
+                raise ConfigError(f"invalid instance name {inst.name!r}")
+            if inst.dp_size < 1:
+                raise ConfigError(f"{inst.name}: dp_size must be >= 1")
+            for ep in (inst.events, inst.replay):
+                if ep is not None and not _ENDPOINT.match(ep):
+                    raise ConfigError(f"{inst.name}: bad ZeroMQ endpoint {ep!r}")
+            if inst.url is not None and not inst.url.startswith(("http://", "https://")):
+                raise ConfigError(f"{inst.name}: url must be http(s)://, got {inst.url!r}")
+        if self.bind is not None and not _ENDPOINT.match(self.bind):
+            raise ConfigError(f"bad bind endpoint {self.bind!r}")
+
+    def instance(self, name: str) -> InstanceConfig | None:
+        return next((i for i in self.instances if i.name == name), None)
+
+
+def load_yaml(path: str | Path) -> Any:
+    try:
+        with open(path) as f:
+            return yaml.safe_load(f) or {}
+    except OSError as e:
+        raise ConfigError(f"cannot read fleet file {path}: {e}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"fleet file {path} is not valid YAML: {e}") from None
+
+
+_F = TypeVar("_F", bound="FleetConfig")
+
+
+def parse_fleet(obj: Any, cls: type[_F]) -> _F:
+    try:
+        cfg = msgspec.convert(obj, cls)
+    except msgspec.ValidationError as e:
+        raise ConfigError(f"fleet file: {e}") from None
+    cfg.validate()
+    return cfg
+
+
+def load_fleet(path: str | Path) -> FleetConfig:
+    """Read, type-check and validate a fleet file."""
+    return parse_fleet(load_yaml(path), FleetConfig)

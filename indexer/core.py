@@ -1,0 +1,396 @@
+"""``Indexer``: the library API.  Decodes vLLM payloads, tracks sequences and trust, keeps the block index.
+
+::
+
+    payload ──BatchDecoder──▶ events ──chain tokens──▶ BlockIndex.store / remove / clear_source
+    (seq)   ──SourceSync────▶ apply | replay request | reset
+
+Pure: no sockets, no clock (callers pass ``now``), counters are plain attributes the shells export.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+import msgspec
+import numpy as np
+
+from .errors import BadBlockShape, BlockSizeMismatch, DecodeError, EventError, UnknownParent
+from .hashing import (
+    I64Array,
+    TokenEncodingError,
+    base_hash,
+    chain,
+    chain_one,
+    content_hashes,
+    content_hashes_raw,
+    stable_key_hash,
+    warmup,
+)
+from .index import BlockIndex, SourceMatch
+from .sources import Action, Apply, Replay, Reset, SourceSync
+from .types import Medium, SourceKey, Trust
+from .wire import BatchDecoder, BlockRemoved, BlockStored, engine_hash_i64
+
+_U64_MAX = (1 << 64) - 1
+
+
+class InstanceMatch(msgspec.Struct, gc=False):
+    """One source's answer to a lookup."""
+
+    instance: str
+    dp_rank: int
+    matched_blocks: int
+    matched_tokens: int
+    tiers: dict[str, int]
+    speculative_blocks: int
+    trust: str
+
+
+class LookupResult(msgspec.Struct, gc=False):
+    block_size: int
+    num_tokens: int
+    instances: list[InstanceMatch]
+
+    def best(self) -> InstanceMatch | None:
+        return max(self.instances, key=lambda m: m.matched_blocks, default=None)
+
+
+class Counters(msgspec.Struct):
+    """Ingestion counters, exported by the shells as Prometheus metrics."""
+
+    batches: int = 0
+    events: int = 0
+    blocks_stored: int = 0
+    blocks_removed: int = 0
+    clears: int = 0
+    decode_errors: Counter[str] = msgspec.field(default_factory=Counter)
+    event_errors: Counter[str] = msgspec.field(default_factory=Counter)
+    skipped_events: Counter[str] = msgspec.field(default_factory=Counter)
+
+
+class Indexer:
+    """The KV-cache state of a fleet, from vLLM's events.
+
+    >>> ix = Indexer(block_size=16)
+    >>> ix.apply_payload("vllm-0", payload)                   # one raw batch, any vLLM release
+    >>> ix.lookup(token_ids, cache_salt="tenant-a").instances  # matched leading blocks per source
+    """
+
+    def __init__(
+        self,
+        block_size: int = 16,
+        *,
+        max_blocks_per_source: int = 8_000_000,
+        speculative_ttl: float = 5.0,
+    ) -> None:
+        if block_size <= 0:
+            raise ValueError("block_size must be positive")
+        self.block_size = block_size
+        self.speculative_ttl = speculative_ttl
+        warmup()
+        self.index = BlockIndex(max_blocks_per_source=max_blocks_per_source)
+        self.counters = Counters()
+        self._decoder = BatchDecoder()
+        self._syncs: dict[SourceKey, SourceSync] = {}
+        self._known: dict[SourceKey, None] = {}  # sources to report even with nothing cached
+        self.block_size_mismatch: dict[SourceKey, int] = {}
+        self.last_event_ts: dict[SourceKey, float] = {}
+
+    # ------------------------------------------------------------------ sources
+    def register(self, source: SourceKey, *, has_replay: bool = False) -> SourceSync:
+        """Declare a publisher (from the fleet file) so it is reported, as cold, before it sends anything."""
+        self._known[source] = None
+        sync = self._syncs.get(source)
+        if sync is None:
+            sync = self._syncs[source] = SourceSync(has_replay=has_replay)
+        else:
+            sync.has_replay = has_replay
+        return sync
+
+    def sync(self, source: SourceKey) -> SourceSync:
+        return self._syncs.get(source) or self.register(source)
+
+    def sources(self) -> list[SourceKey]:
+        return list(self._known)
+
+    def trust(self, source: SourceKey) -> Trust:
+        if source in self.block_size_mismatch:
+            return Trust.DEGRADED
+        sync = self._syncs.get(source)
+        return sync.trust if sync else Trust.COLD
+
+    def remove_instance(self, instance: str) -> None:
+        """Forget every source of an instance (it left the fleet)."""
+        for src in [s for s in self._known if s.instance == instance]:
+            self.index.drop_source(src)
+            self._known.pop(src, None)
+            self._syncs.pop(src, None)
+            self.block_size_mismatch.pop(src, None)
+            self.last_event_ts.pop(src, None)
+
+    def source_of(self, instance: str, payload: bytes, default_rank: int = 0) -> SourceKey:
+        """The publisher a payload comes from (bind mode: the rank is read from the batch)."""
+        try:
+            rank = self._decoder.decode_rank(payload)
+        except DecodeError:
+            rank = None
+        return SourceKey(instance, default_rank if rank is None else rank)
+
+    # ------------------------------------------------------------------ sequenced ingestion (shells)
+    def on_message(self, source: SourceKey, seq: int, payload: bytes) -> list[int]:
+        """A live message.  Returns the replay start sequences the shell must request, if any."""
+        return self._run(source, self.sync(source).on_live(seq, payload))
+
+    def on_connect(self, source: SourceKey) -> list[int]:
+        return self._run(source, self.sync(source).on_connect())
+
+    def on_replay(self, source: SourceKey, seq: int, payload: bytes) -> None:
+        self._run(source, self.sync(source).on_replay(seq, payload))
+
+    def on_replay_end(self, source: SourceKey) -> None:
+        self._run(source, self.sync(source).on_replay_end())
+
+    def _run(self, source: SourceKey, actions: list[Action]) -> list[int]:
+        replays: list[int] = []
+        for act in actions:
+            if isinstance(act, Apply):
+                self.apply_payload(source.instance, act.payload, dp_rank=source.dp_rank, _source=source)
+            elif isinstance(act, Reset):
+                self.index.clear_source(source)
+                self.block_size_mismatch.pop(source, None)
+            elif isinstance(act, Replay):
+                replays.append(act.start)
+        return replays
+
+    # ------------------------------------------------------------------ applying
+    def apply_payload(
+        self, instance: str, payload: bytes, *, dp_rank: int = 0, _source: SourceKey | None = None
+    ) -> int:
+        """Apply one raw vLLM batch.  Returns the number of events applied.
+
+        A payload that does not decode is counted (``decode_errors``) and dropped; an event that cannot be
+        applied is counted (``event_errors``) and skipped; neither ever raises.
+        """
+        c = self.counters
+        c.batches += 1
+        try:
+            batch = self._decoder.decode(payload)
+        except DecodeError as e:
+            c.decode_errors[e.reason] += 1
+            return 0
+        c.skipped_events.update(batch.skipped)
+        src = _source or SourceKey(instance, dp_rank if batch.dp_rank is None else batch.dp_rank)
+        if src not in self._known:
+            self.register(src)
+        if _source is None:
+            # Direct library use: the caller owns ordering, so the stream is taken as complete.
+            sync = self.sync(src)
+            if sync.trust is Trust.COLD:
+                sync.trust = Trust.EXACT
+        self.last_event_ts[src] = batch.ts
+        applied = 0
+        for ev in batch.events:
+            c.events += 1
+            try:
+                if isinstance(ev, BlockStored):
+                    self._stored(src, ev)
+                elif isinstance(ev, BlockRemoved):
+                    self._removed(src, ev)
+                else:
+                    self.index.clear_source(src)
+                    c.clears += 1
+                    self.sync(src).on_cleared()
+                applied += 1
+            except EventError as e:
+                c.event_errors[e.reason] += 1
+                if isinstance(e, UnknownParent):
+                    self.sync(src).mark_degraded()
+            except (ValueError, TypeError, OverflowError):
+                c.event_errors["bad_field"] += 1
+        return applied
+
+    def _stored(self, src: SourceKey, ev: BlockStored) -> None:
+        if ev.group_idx not in (None, 0):
+            # Hybrid models: only the first KV-cache group decides prefix reuse for routing.
+            self.counters.skipped_events["other_group"] += 1
+            return
+        medium = Medium.parse(ev.medium)
+        n = len(ev.block_hashes)
+        if n == 0:
+            return
+        engines = self._engine_array(ev.block_hashes)
+        raw = memoryview(ev.token_ids)
+        if len(raw) == 1 and raw[0] == 0x90:
+            # An offload placeholder: the same engine hashes as blocks already known.
+            self._link_offload(src, engines, medium)
+            return
+        bs = ev.block_size
+        if bs != self.block_size:
+            self.block_size_mismatch[src] = bs
+            raise BlockSizeMismatch(self.block_size, bs)
+        try:
+            content, count = content_hashes_raw(raw, bs)
+        except TokenEncodingError as e:
+            raise BadBlockShape(f"token_ids: {e}") from None
+        if count != n * bs:
+            raise BadBlockShape(f"{count} tokens for {n} blocks of {bs}")
+        if ev.parent_block_hash is None:
+            prev = self._event_base(ev)
+        else:
+            parent = self.index.engine_chain(src, engine_hash_i64(ev.parent_block_hash))
+            if parent is None:
+                raise UnknownParent(f"{src.label()}: parent {ev.parent_block_hash!r}")
+            prev = parent
+        extras = ev.extra_keys
+        if extras:
+            content = self._mix_extras(content, extras, ev.lora_name, first=ev.parent_block_hash is None)
+        chains = chain(content, prev)
+        self.index.store(src, engines, chains, medium)
+        self.counters.blocks_stored += n
+
+    def _link_offload(self, src: SourceKey, engines: I64Array, medium: Medium) -> None:
+        chains = np.empty(len(engines), dtype=np.int64)
+        keep = np.ones(len(engines), dtype=bool)
+        for i, e in enumerate(engines.tolist()):
+            c = self.index.engine_chain(src, e)
+            if c is None:
+                keep[i] = False
+            else:
+                chains[i] = c
+        missing = int(np.count_nonzero(~keep))
+        if missing:
+            self.counters.event_errors["unknown_offload_block"] += missing
+        self.index.store(src, engines[keep], chains[keep], medium)
+        self.counters.blocks_stored += len(engines) - missing
+
+    def _removed(self, src: SourceKey, ev: BlockRemoved) -> None:
+        if ev.group_idx not in (None, 0):
+            self.counters.skipped_events["other_group"] += 1
+            return
+        medium = Medium.parse(ev.medium)
+        hashes = self._engine_array(ev.block_hashes)
+        unknown = self.index.remove(src, hashes, medium)
+        self.counters.blocks_removed += len(hashes) - unknown
+        if unknown:
+            self.counters.event_errors["unknown_removed_block"] += unknown
+
+    @staticmethod
+    def _engine_array(hashes: Sequence[int | bytes]) -> I64Array:
+        try:
+            return np.array(hashes, dtype=np.uint64).view(np.int64)
+        except (OverflowError, TypeError, ValueError):
+            return np.array([engine_hash_i64(h) for h in hashes], dtype=np.int64)
+
+    @staticmethod
+    def _strip_lora(key: Sequence[object] | None, lora_name: str | None) -> list[object]:
+        if not key:
+            return []
+        items = list(key)
+        if lora_name is not None and items and items[0] == lora_name:
+            items = items[1:]
+        return items
+
+    def _event_base(self, ev: BlockStored) -> int:
+        """The chain base of a sequence's first block: LoRA name and the salt found in its extra keys."""
+        salt: str | None = None
+        if ev.extra_keys:
+            first = self._strip_lora(ev.extra_keys[0], ev.lora_name)
+            if len(first) == 1 and isinstance(first[0], str):
+                salt = first[0]
+        return base_hash(ev.lora_name, salt)
+
+    def _mix_extras(
+        self, content: I64Array, extras: list[object], lora_name: str | None, *, first: bool
+    ) -> I64Array:
+        """Blocks with extra keys beyond LoRA and the first block's salt (multimodal ids, prompt embeddings)
+        get a content hash no text request produces, so they never match a plain-text lookup."""
+        out = content.copy()
+        for i, key in enumerate(extras[: len(out)]):
+            rest = self._strip_lora(key if isinstance(key, list | tuple) else None, lora_name)
+            if i == 0 and first and len(rest) == 1 and isinstance(rest[0], str):
+                continue  # the salt, already in the base
+            if rest:
+                out[i] = chain_one(int(out[i]), stable_key_hash(rest))
+        return out
+
+    # ------------------------------------------------------------------ lookups
+    def chain_hashes(
+        self, token_ids: Sequence[int], *, lora_name: str | None = None, cache_salt: str | None = None
+    ) -> I64Array:
+        """Our chain hashes of every full block of a prompt."""
+        return chain(content_hashes(token_ids, self.block_size), base_hash(lora_name, cache_salt))
+
+    def lookup(
+        self,
+        token_ids: Sequence[int],
+        *,
+        lora_name: str | None = None,
+        cache_salt: str | None = None,
+        now: float | None = None,
+    ) -> LookupResult:
+        """Matched leading blocks per (instance, dp_rank), with the tier split and the source's trust.
+
+        Hashing stops early: blocks are chained in growing chunks and hashing ends once no source holds the
+        last chunk's first block, so a miss costs one small chunk, not the whole prompt.
+        """
+        if now is not None:
+            self.index.expire(now)
+        matches = self._match_tokens(token_ids, base_hash(lora_name, cache_salt))
+        return self._result(len(token_ids), matches)
+
+    def lookup_chains(self, chains: I64Array, num_tokens: int, *, now: float | None = None) -> LookupResult:
+        if now is not None:
+            self.index.expire(now)
+        return self._result(num_tokens, self.index.match(chains))
+
+    def _match_tokens(self, tokens: Sequence[int], base: int) -> list[SourceMatch]:
+        bs = self.block_size
+        total = len(tokens) // bs
+        done = 0
+        prev = base
+        chunk = 32
+        parts: list[I64Array] = []
+        while done < total:
+            n = min(chunk, total - done)
+            chains = chain(content_hashes(tokens, bs, done, n), prev)
+            parts.append(chains)
+            done += n
+            prev = int(chains[-1])
+            if not self.index.held_by_any(prev):
+                break
+            chunk *= 2
+        if not parts:
+            return []
+        all_chains = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        return self.index.match(all_chains)
+
+    def _result(self, num_tokens: int, matches: list[SourceMatch]) -> LookupResult:
+        bs = self.block_size
+        by_src = {m.source: m for m in matches}
+        out: list[InstanceMatch] = []
+        for src in list(self._known) + [s for s in by_src if s not in self._known]:
+            m = by_src.get(src)
+            blocks = m.blocks if m else 0
+            tiers = {"GPU": m.gpu if m else 0}
+            if m and m.cpu:
+                tiers["CPU"] = m.cpu
+            if m and m.storage:
+                tiers["STORAGE"] = m.storage
+            out.append(
+                InstanceMatch(
+                    src.instance,
+                    src.dp_rank,
+                    blocks,
+                    blocks * bs,
+                    tiers,
+                    m.speculative if m else 0,
+                    self.trust(src).value,
+                )
+            )
+        return LookupResult(bs, num_tokens, out)
+
+    # ------------------------------------------------------------------ speculative entries
+    def add_speculative(self, source: SourceKey, chains: I64Array, *, now: float) -> None:
+        self.index.add_speculative(source, chains, now=now, ttl=self.speculative_ttl)

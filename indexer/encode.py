@@ -1,0 +1,125 @@
+"""Writing vLLM KV-event payloads exactly as a given vLLM release does.
+
+Built from the facts of vLLM's schema (fields are only ever appended; <= 0.23 positional, >= 0.24 maps with
+fields defaulting to None left out; 0.9 batches carry no rank).  The simulated fleet publishes with this,
+and the tests use it to produce each release's shape.  The 0.33 output is byte-identical to vLLM's golden
+payloads (see tests/test_wire.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+RELEASES = (
+    "0.9.0", "0.10.0", "0.10.2", "0.11.0", "0.13.0", "0.16.0", "0.20.0", "0.23.0",
+    "0.24.0", "0.25.0", "0.26.0", "0.28.0", "0.30.0", "0.32.0", "0.33.0",
+)  # fmt: skip
+LATEST = RELEASES[-1]
+
+# (field, release that added it, has a default).  Fields without a default are always written.
+_STORED_FIELDS: tuple[tuple[str, str, bool], ...] = (
+    ("block_hashes", "0.9.0", False),
+    ("parent_block_hash", "0.9.0", False),
+    ("token_ids", "0.9.0", False),
+    ("block_size", "0.9.0", False),
+    ("lora_id", "0.9.0", False),
+    ("medium", "0.10.2", False),
+    ("lora_name", "0.16.0", False),
+    ("extra_keys", "0.20.0", True),
+    ("group_idx", "0.20.0", True),
+    ("kv_cache_spec_kind", "0.23.0", True),
+    ("kv_cache_spec_sliding_window", "0.23.0", True),
+    ("locality", "0.26.0", True),
+    ("ownership", "0.30.0", True),
+    ("session_id", "0.30.0", True),
+    ("lookahead_token_ids", "0.33.0", True),
+)
+_REMOVED_FIELDS: tuple[tuple[str, str, bool], ...] = (
+    ("block_hashes", "0.9.0", False),
+    ("medium", "0.10.2", False),
+    ("group_idx", "0.20.0", True),
+    ("locality", "0.26.0", True),
+    ("ownership", "0.30.0", True),
+)
+
+
+def version_tuple(release: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in release.split("."))
+
+
+def _fields_at(spec: tuple[tuple[str, str, bool], ...], release: str) -> list[tuple[str, bool]]:
+    v = version_tuple(release)
+    return [(name, dflt) for name, since, dflt in spec if version_tuple(since) <= v]
+
+
+def _make_struct(name: str, fields: list[tuple[str, bool]], positional: bool) -> type[msgspec.Struct]:
+    spec: list[Any] = [(f, Any, None) if dflt else (f, Any) for f, dflt in fields]
+    return msgspec.defstruct(
+        name, spec, tag=name, array_like=positional, omit_defaults=not positional, gc=False
+    )
+
+
+class PayloadEncoder:
+    """Encodes batches in one release's exact shape.  ``uses_map`` and ``has_rank`` tell which shape."""
+
+    def __init__(self, release: str = LATEST) -> None:
+        if release not in RELEASES:
+            raise ValueError(f"unknown vLLM release {release!r}; known: {', '.join(RELEASES)}")
+        self.release = release
+        v = version_tuple(release)
+        self.uses_map = v >= (0, 24, 0)
+        self.has_rank = v >= (0, 10, 0)
+        positional = not self.uses_map
+        self._stored_fields = _fields_at(_STORED_FIELDS, release)
+        self._removed_fields = _fields_at(_REMOVED_FIELDS, release)
+        self._stored = _make_struct("BlockStored", self._stored_fields, positional)
+        self._removed = _make_struct("BlockRemoved", self._removed_fields, positional)
+        self._cleared = _make_struct("AllBlocksCleared", [], positional)
+        self._enc = msgspec.msgpack.Encoder()
+
+    def stored(
+        self,
+        block_hashes: Sequence[int | bytes],
+        parent_block_hash: int | bytes | None,
+        token_ids: Sequence[int],
+        block_size: int,
+        *,
+        medium: str | None = "GPU",
+        lora_id: int | None = None,
+        lora_name: str | None = None,
+        extra_keys: list[Any] | None = None,
+        group_idx: int | None = 0,
+        **more: Any,
+    ) -> msgspec.Struct:
+        values: dict[str, Any] = {
+            "block_hashes": list(block_hashes),
+            "parent_block_hash": parent_block_hash,
+            "token_ids": list(token_ids),
+            "block_size": block_size,
+            "lora_id": lora_id,
+            "medium": medium,
+            "lora_name": lora_name,
+            "extra_keys": extra_keys,
+            "group_idx": group_idx,
+            **more,
+        }
+        return self._stored(**{f: values.get(f) for f, _ in self._stored_fields})
+
+    def removed(
+        self, block_hashes: Sequence[int | bytes], *, medium: str | None = "GPU", group_idx: int | None = None
+    ) -> msgspec.Struct:
+        values = {"block_hashes": list(block_hashes), "medium": medium, "group_idx": group_idx}
+        return self._removed(**{f: values.get(f) for f, _ in self._removed_fields})
+
+    def cleared(self) -> msgspec.Struct:
+        return self._cleared()
+
+    def batch(self, events: Sequence[msgspec.Struct], *, ts: float, dp_rank: int = 0) -> bytes:
+        """One payload: ``[ts, events]`` (0.9) or ``[ts, events, data_parallel_rank]``."""
+        body: list[Any] = [ts, list(events)]
+        if self.has_rank:
+            body.append(dp_rank)
+        return self._enc.encode(body)

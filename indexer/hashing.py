@@ -1,0 +1,237 @@
+"""kvrouter's own chained block hash.
+
+vLLM's block hashes depend on its algorithm, its seed and its release, so an external router cannot
+reproduce them reliably.  Requests and events therefore meet on a hash of our own, computed from token ids
+(events carry them) and from the keys that change vLLM's cache key (LoRA name, ``cache_salt``)::
+
+    H_k = NH(tokens of block k)                     a 64-bit hash of the block's token values (ids < 2**32)
+    c_0 = P * base + H_0                            base = stable hash of (LoRA name, cache_salt)
+    c_k = P * c_{k-1} + H_k          (mod 2**64)    so c_k depends on every token before it
+
+Both sides reach the token values through msgpack: events carry ``token_ids`` as msgpack (kept raw by the
+decoder), and a request's token list is encoded with msgspec (3-5 ns a token, far cheaper than turning a
+Python list into an array).  One compiled pass (numba) then reads the ints and hashes the blocks, so ingest
+never allocates a Python int per token.  Only full blocks are hashed, as in vLLM.  ``base`` keeps tenants
+(salts) and adapters apart: every chain value differs.
+
+The content hashes ``H_k`` do not depend on salt or LoRA, so callers may cache them per prompt prefix and
+chain them under any base later.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+import numpy as np
+import numpy.typing as npt
+from numba import njit
+
+from .types import ChainHash
+
+HASH_VERSION = 1
+"""Bumped whenever chain values change; snapshots and shared stores record it."""
+
+I64Array = npt.NDArray[np.int64]
+
+_P = 0x9E3779B97F4A7C15  # odd: invertible mod 2**64
+_MASK = (1 << 64) - 1
+_EMPTY_I64: I64Array = np.zeros(0, dtype=np.int64)
+_ENCODE = msgspec.msgpack.Encoder().encode
+
+
+class TokenEncodingError(ValueError):
+    """Token ids that are not non-negative ints below 2**64 (as msgpack uints)."""
+
+
+def to_i64(u: int) -> int:
+    u &= _MASK
+    return u - (1 << 64) if u >> 63 else u
+
+
+def base_hash(lora_name: str | None = None, cache_salt: str | None = None, extra: Sequence[Any] = ()) -> int:
+    """The chain's starting value for a (LoRA, salt, other keys) namespace.  Stable across processes."""
+    if lora_name is None and cache_salt is None and not extra:
+        return 0
+    data = msgspec.msgpack.encode([HASH_VERSION, lora_name, cache_salt, list(extra)])
+    return to_i64(int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little"))
+
+
+def stable_key_hash(key: Any) -> int:
+    """A process-independent hash of an extra-keys tuple (multimodal ids and the like)."""
+    data = msgspec.msgpack.encode(key)
+    return to_i64(int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little"))
+
+
+MAX_BLOCK_SIZE = 1024
+
+
+def _nh_keys(n: int) -> npt.NDArray[np.uint64]:
+    """Odd multipliers for the NH block hash: a splitmix64 sequence, a constant table never mutated."""
+    out = np.empty(n, dtype=np.uint64)
+    x = 0x243F6A8885A308D3
+    for i in range(n):
+        x = (x + 0x9E3779B97F4A7C15) & _MASK
+        z = x
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+        out[i] = (z ^ (z >> 31)) | 1
+    out.setflags(write=False)
+    return out
+
+
+_K = _nh_keys(MAX_BLOCK_SIZE + 2)
+
+
+@njit(cache=True, nogil=True, boundscheck=False)
+def _parse_blocks(buf: Any, pos: int, block_size: int, max_blocks: int, out: Any) -> tuple[int, int]:
+    """Read msgpack uints from ``buf[pos:]`` and hash them in blocks.  Returns (full blocks, end position);
+    blocks = -1 on a byte that is not a msgpack uint below 2**32 or on a truncated int.
+
+    Block hash: NH over token pairs, ``sum (v[2i] + K[2i]) * (v[2i+1] + K[2i+1])`` (independent multiplies,
+    so it runs at the speed of the msgpack parse), then splitmix64's finaliser."""
+    n = len(buf)
+    m2 = np.uint64(0xBF58476D1CE4E5B9)
+    m3 = np.uint64(0x94D049BB133111EB)
+    b = 0
+    while b < max_blocks:
+        acc = np.uint64(0)
+        prev = np.uint64(0)
+        for k in range(block_size):
+            if pos >= n:
+                return b, pos
+            c = buf[pos]
+            if c == 0xCD:
+                if pos + 2 >= n:
+                    return -1, pos
+                v = (np.uint64(buf[pos + 1]) << np.uint64(8)) | np.uint64(buf[pos + 2])
+                pos += 3
+            elif c == 0xCE:
+                if pos + 4 >= n:
+                    return -1, pos
+                v = (
+                    (np.uint64(buf[pos + 1]) << np.uint64(24))
+                    | (np.uint64(buf[pos + 2]) << np.uint64(16))
+                    | (np.uint64(buf[pos + 3]) << np.uint64(8))
+                    | np.uint64(buf[pos + 4])
+                )
+                pos += 5
+            elif c < 0x80:
+                v = np.uint64(c)
+                pos += 1
+            elif c == 0xCC:
+                if pos + 1 >= n:
+                    return -1, pos
+                v = np.uint64(buf[pos + 1])
+                pos += 2
+            else:
+                return -1, pos
+            if k & 1:
+                acc += (prev + _K[k - 1]) * (v + _K[k])
+            else:
+                prev = v
+        if block_size & 1:
+            acc += (prev + _K[block_size - 1]) * _K[block_size]
+        h = acc ^ np.uint64(block_size)
+        h = (h ^ (h >> np.uint64(30))) * m2
+        h = (h ^ (h >> np.uint64(27))) * m3
+        out[b] = h ^ (h >> np.uint64(31))
+        b += 1
+    return b, pos
+
+
+@njit(cache=True, nogil=True)
+def _chain(content: Any, prev: Any, out: Any) -> None:
+    p = np.uint64(0x9E3779B97F4A7C15)
+    c = prev
+    for i in range(len(content)):
+        c = c * p + content[i]
+        out[i] = c
+
+
+def array_header(raw: bytes | memoryview) -> tuple[int, int]:
+    """(element count, header length) of a msgpack array."""
+    if not raw:
+        raise TokenEncodingError("empty")
+    b = raw[0]
+    if 0x90 <= b <= 0x9F:
+        return b & 0x0F, 1
+    if b == 0xDC and len(raw) >= 3:
+        return int.from_bytes(raw[1:3], "big"), 3
+    if b == 0xDD and len(raw) >= 5:
+        return int.from_bytes(raw[1:5], "big"), 5
+    raise TokenEncodingError(f"not a msgpack array (0x{b:02x})")
+
+
+def content_hashes_raw(raw: bytes | memoryview, block_size: int) -> tuple[I64Array, int]:
+    """Content hashes of every full block of a msgpack-encoded token array, and its token count.
+
+    Raises ``TokenEncodingError`` unless the array holds only uints and nothing follows it."""
+    if not 0 < block_size <= MAX_BLOCK_SIZE:
+        raise TokenEncodingError(f"block size {block_size} outside 1..{MAX_BLOCK_SIZE}")
+    count, hdr = array_header(raw)
+    nblocks = count // block_size
+    buf = np.frombuffer(raw, dtype=np.uint8)
+    out = np.empty(nblocks, dtype=np.uint64)
+    got, end = _parse_blocks(buf, hdr, block_size, nblocks, out)
+    if got != nblocks:
+        raise TokenEncodingError("token ids must be msgpack uints")
+    if count % block_size == 0 and end != len(buf):
+        raise TokenEncodingError("trailing bytes after token ids")
+    return out.view(np.int64), count
+
+
+def content_hashes(
+    tokens: Sequence[int], block_size: int, start_block: int = 0, n_blocks: int = -1
+) -> I64Array:
+    """``H_k`` for full blocks ``start_block .. start_block + n_blocks`` (all remaining full blocks if -1)."""
+    full = len(tokens) // block_size - start_block
+    n = full if n_blocks < 0 else min(n_blocks, full)
+    if n <= 0:
+        return _EMPTY_I64
+    lo = start_block * block_size
+    seg = tokens[lo : lo + n * block_size] if lo or n != full else tokens
+    try:
+        raw = _ENCODE(seg)
+    except TypeError:
+        try:
+            raw = _ENCODE([int(t) for t in seg])  # numpy arrays and other sequences of ints
+        except (TypeError, ValueError, OverflowError) as e:
+            raise TokenEncodingError(str(e)) from None
+    except OverflowError as e:
+        raise TokenEncodingError(str(e)) from None
+    out = np.empty(n, dtype=np.uint64)
+    got, _ = _parse_blocks(np.frombuffer(raw, dtype=np.uint8), _header_len(raw[0]), block_size, n, out)
+    if got != n:
+        raise TokenEncodingError("token ids must be ints in 0 .. 2**32-1")
+    return out.view(np.int64)
+
+
+def _header_len(b: int) -> int:
+    return 1 if b < 0xDC else (3 if b == 0xDC else 5)
+
+
+def chain(content: I64Array, prev: int) -> I64Array:
+    """Chain values of the blocks whose content hashes are ``content``, after a block chained ``prev``.
+
+    For the first block of a sequence pass ``prev = base`` (the namespace's base hash)."""
+    out = np.empty(len(content), dtype=np.uint64)
+    if len(content):
+        _chain(content.view(np.uint64), np.uint64(prev & _MASK), out)
+    return out.view(np.int64)
+
+
+def warmup() -> None:
+    """Compile (or load from numba's cache) the hashing kernels now rather than on the first event."""
+    block_hashes(list(range(32)), 16)
+
+
+def chain_one(content: int, prev: int) -> ChainHash:
+    return ChainHash(to_i64(_P * (prev & _MASK) + (content & _MASK)))
+
+
+def block_hashes(tokens: Sequence[int], block_size: int, *, base: int = 0) -> I64Array:
+    """Chain hashes of every full block of a prompt."""
+    return chain(content_hashes(tokens, block_size), base)

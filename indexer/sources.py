@@ -1,0 +1,185 @@
+"""Sequence tracking for one event publisher (an instance's data-parallel rank), as a pure state machine.
+
+vLLM numbers the batches of each publisher process from 0, +1 per batch, and keeps the last
+``buffer_steps`` of them for replay.  From the sequence numbers alone we can tell::
+
+    seq == last + 1    in order: apply
+    seq >  last + 1    a gap (HWM drop, slow joiner): ask for a replay from last + 1, buffer live batches
+    seq <= last        the engine restarted: its cache is gone, drop the source's state
+    first seq > 0      we joined late: ask for a replay from 0
+
+    COLD ──first batch──▶ LIVE ◀──replay end / timeout── SYNCING
+                           └────────gap / late join────────▶┘
+
+Methods return the actions the shell must carry out, in order; nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import msgspec
+
+from .types import Trust
+
+
+class Phase(enum.Enum):
+    COLD = "cold"
+    SYNCING = "syncing"
+    LIVE = "live"
+
+
+class Apply(msgspec.Struct, gc=False):
+    seq: int
+    payload: bytes
+
+
+class Reset(msgspec.Struct, gc=False):
+    """The engine restarted: drop every block of the source before applying anything further."""
+
+
+class Replay(msgspec.Struct, gc=False):
+    start: int
+
+
+Action = Apply | Reset | Replay
+
+
+class SourceSync:
+    """Sequence state and trust of one publisher."""
+
+    def __init__(self, *, has_replay: bool, max_pending: int = 10_000) -> None:
+        self.has_replay = has_replay
+        self.max_pending = max_pending
+        self.phase = Phase.COLD
+        self.trust = Trust.COLD
+        self.last: int | None = None
+        self.pending: dict[int, bytes] = {}
+        self.gaps = 0
+        self.unfilled = 0
+        self.restarts = 0
+        self.replays = 0
+        self.dropped_pending = 0
+        self._mid_stream = False  # the current sync fills a gap after applied batches (vs. a late join)
+
+    # ------------------------------------------------------------------ live stream
+    def on_live(self, seq: int, payload: bytes) -> list[Action]:
+        if self.phase is Phase.SYNCING:
+            if self.last is None or seq > self.last:
+                if len(self.pending) < self.max_pending:
+                    self.pending[seq] = payload
+                else:
+                    self.dropped_pending += 1
+            return []
+        if self.phase is Phase.COLD:
+            return self._first(seq, payload)
+        last = self.last
+        if last is None or seq == last + 1:
+            return self._apply(seq, payload)
+        if seq <= last:
+            self.restarts += 1
+            self.last = None
+            self.trust = Trust.COLD
+            return [Reset(), *self._first(seq, payload)]
+        self.gaps += 1
+        if self.has_replay:
+            return self._start_sync(last + 1, seq, payload, mid_stream=True)
+        self.unfilled += 1
+        self.trust = Trust.DEGRADED
+        return self._apply(seq, payload)
+
+    def _first(self, seq: int, payload: bytes) -> list[Action]:
+        if seq == 0:
+            self.phase = Phase.LIVE
+            self.trust = Trust.EXACT
+            return self._apply(seq, payload)
+        if self.has_replay:
+            return self._start_sync(0, seq, payload, mid_stream=False)
+        self.phase = Phase.LIVE
+        self.trust = Trust.PARTIAL
+        return self._apply(seq, payload)
+
+    def _start_sync(self, start: int, seq: int, payload: bytes, *, mid_stream: bool) -> list[Action]:
+        self.phase = Phase.SYNCING
+        self._mid_stream = mid_stream
+        self.pending = {seq: payload}
+        self.replays += 1
+        return [Replay(start)]
+
+    def _apply(self, seq: int, payload: bytes) -> list[Action]:
+        self.last = seq
+        return [Apply(seq, payload)]
+
+    # ------------------------------------------------------------------ connection
+    def on_connect(self) -> list[Action]:
+        """A (re)connection: ask for everything the engine still buffers, so a late start loses nothing."""
+        if not self.has_replay or self.phase is Phase.SYNCING:
+            return []
+        self.phase = Phase.SYNCING
+        self._mid_stream = self.last is not None
+        self.pending = {}
+        self.replays += 1
+        return [Replay(0 if self.last is None else self.last + 1)]
+
+    # ------------------------------------------------------------------ replay stream
+    def on_replay(self, seq: int, payload: bytes) -> list[Action]:
+        if self.phase is not Phase.SYNCING:
+            return []
+        last = self.last
+        if last is None:
+            if seq == 0:
+                self.trust = Trust.EXACT
+            elif self.trust is not Trust.DEGRADED:
+                self.trust = Trust.PARTIAL
+            return self._apply(seq, payload)
+        if seq <= last:
+            return []
+        if seq > last + 1:
+            self._unfilled()
+        return self._apply(seq, payload)
+
+    def on_replay_end(self) -> list[Action]:
+        """The replay finished (end marker) or timed out: apply what was buffered meanwhile, in order."""
+        if self.phase is not Phase.SYNCING:
+            return []
+        self.phase = Phase.LIVE
+        out: list[Action] = []
+        for seq in sorted(self.pending):
+            payload = self.pending[seq]
+            last = self.last
+            if last is None:
+                if seq == 0:
+                    self.trust = Trust.EXACT if self.trust is not Trust.DEGRADED else self.trust
+                elif self.trust is Trust.COLD:
+                    self.trust = Trust.PARTIAL
+            elif seq <= last:
+                continue
+            elif seq > last + 1:
+                self._unfilled()
+            out.extend(self._apply(seq, payload))
+        self.pending = {}
+        if self.last is None and self.trust is Trust.COLD and self.has_replay:
+            # An empty replay: the engine has published nothing yet, so nothing was missed.
+            self.trust = Trust.EXACT
+        return out
+
+    def _unfilled(self) -> None:
+        self.unfilled += 1
+        if self._mid_stream or self.trust is Trust.EXACT:
+            self.trust = Trust.DEGRADED
+        elif self.trust is Trust.COLD:
+            self.trust = Trust.PARTIAL
+
+    # ------------------------------------------------------------------ index events
+    def on_cleared(self) -> None:
+        """AllBlocksCleared: the engine's cache and our view of it are both empty, so exact again."""
+        if self.trust in (Trust.DEGRADED, Trust.PARTIAL):
+            self.trust = Trust.EXACT
+
+    def mark_degraded(self) -> None:
+        """The index met an inconsistency (e.g. an unknown parent) in a stream believed complete.
+
+        A partial source (late join) lacks history by definition: unknown parents there are expected and
+        only make it hold too little, which is what ``partial`` already says."""
+        if self.trust is Trust.EXACT:
+            self.trust = Trust.DEGRADED

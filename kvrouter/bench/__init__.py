@@ -1,0 +1,1 @@
+"""Benchmarks behind ``kvrouter bench`` and ``make bench``: seeded, parameterised, JSON out."""

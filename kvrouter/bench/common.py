@@ -1,0 +1,66 @@
+"""Helpers shared by the benchmarks: percentiles, RSS, running a peer harness."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+def pct(values: Sequence[float], p: float) -> float:
+    """Linear-interpolated percentile (same definition as the peerbench harnesses)."""
+    v = sorted(values)
+    if not v:
+        return float("nan")
+    k = (len(v) - 1) * p / 100.0
+    lo = int(k)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (k - lo)
+
+
+def summary_us(values: Sequence[float]) -> dict[str, float]:
+    """p50 / p99 / mean in microseconds of timings given in seconds."""
+    return {
+        "n": len(values),
+        "p50_us": round(pct(values, 50) * 1e6, 2),
+        "p99_us": round(pct(values, 99) * 1e6, 2),
+        "mean_us": round(statistics.fmean(values) * 1e6, 2) if values else float("nan"),
+    }
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def peerbench_dir() -> Path | None:
+    """Where the peer harnesses live (``$PEERBENCH_DIR`` or ``../shared/peerbench``), if present."""
+    env = os.environ.get("PEERBENCH_DIR")
+    cands = [Path(env)] if env else []
+    here = Path(__file__).resolve()
+    cands += [p / "shared" / "peerbench" for p in here.parents]
+    return next((c for c in cands if (c / "dynamo_radix_bench.py").exists()), None)
+
+
+def peer_python(venv: str) -> Path | None:
+    root = Path(os.environ.get("PEER_VENVS", Path.home() / ".cache" / "peerbench"))
+    py = root / venv / "bin" / "python"
+    return py if py.exists() else None
+
+
+def run_peer(cmd: list[str], timeout: float = 900) -> dict[str, Any] | None:
+    """Run a peer harness that prints one JSON line; None if it is unavailable or fails."""
+    try:
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=timeout).stdout
+        return json.loads(out.strip().splitlines()[-1])
+    except (subprocess.SubprocessError, OSError, ValueError, IndexError) as e:
+        print(f"peer benchmark unavailable: {e}", file=sys.stderr)
+        return None

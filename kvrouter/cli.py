@@ -1,0 +1,58 @@
+"""The ``kvrouter`` console script.  Each subcommand lives in its own module, imported only when used.
+
+A command module exposes ``add_arguments(parser)`` and ``run(args) -> int``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "indexer": ("kvrouter.commands.indexer", "run the KV-cache indexer service for a fleet"),
+    "serve": ("kvrouter.commands.serve", "run the OpenAI-compatible KV-aware gateway"),
+    "sim": ("kvrouter.commands.sim", "start a simulated vLLM fleet on 127.0.0.1"),
+    "demo": ("kvrouter.commands.demo", "simulated fleet + gateway + workload, every policy, one table"),
+    "eval": ("kvrouter.commands.eval", "trace-driven evaluation of routing policies in virtual time"),
+    "bench": ("kvrouter.commands.bench", "benchmarks (JSON out)"),
+    "reliability": ("kvrouter.commands.reliability", "fault, fuzz and load suite with a table of figures"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="kvrouter", description="KV-cache-aware routing for vLLM fleets")
+    ap.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, helptext) in COMMANDS.items():
+        p = sub.add_parser(name, help=helptext, description=helptext)
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name != module:
+                raise
+            p.set_defaults(_missing=module)
+            continue
+        mod.add_arguments(p)
+        p.set_defaults(_run=mod.run)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    from .logs import setup_logging
+
+    setup_logging(args.log_level)
+    if not args.command:
+        ap.print_help()
+        return 2
+    if getattr(args, "_missing", None):
+        logging.getLogger("kvrouter").error("command %r is not available in this build", args.command)
+        return 2
+    return int(args._run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""``kvrouter`` subcommands, one module each (``add_arguments``, ``run``)."""
