@@ -1,0 +1,18 @@
+"""Shared fixtures.  Everything binds to 127.0.0.1."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def port() -> int:
+    return free_port()
