@@ -130,6 +130,13 @@ class Indexer:
             self.block_size_mismatch.pop(src, None)
             self.last_event_ts.pop(src, None)
 
+    def forget_source(self, source: SourceKey) -> None:
+        """Drop a source's blocks and sequence state (silent too long); it shows as cold until it returns."""
+        self.index.clear_source(source)
+        old = self._syncs.get(source)
+        self._syncs[source] = SourceSync(has_replay=old.has_replay if old else False)
+        self.block_size_mismatch.pop(source, None)
+
     def source_of(self, instance: str, payload: bytes, default_rank: int = 0) -> SourceKey:
         """The publisher a payload comes from (bind mode: the rank is read from the batch)."""
         try:

@@ -1,0 +1,288 @@
+"""The ZeroMQ shell: one SUB per publisher (connect mode) or one bound SUB (bind mode), plus replays.
+
+::
+
+    vLLM PUB ──[topic, seq8, payload]──▶ SUB ─┐                      ┌─▶ Indexer.on_message ─▶ index
+                                               ├─ per-source task ───┤
+    vLLM ROUTER ◀──[b"", start8]── DEALER ─────┘   (replay on gap,   └─▶ Indexer.on_replay / _end
+                ──[b"", (topic,) seq8, payload]…END──▶                     connect and late join)
+
+Every decision about sequences lives in the pure ``SourceSync``; this module only moves bytes.  Writes to
+the index happen in the event-loop thread, one message at a time, never across an ``await``.
+
+Fairness and memory: each connect-mode source has its own socket with a receive high-water mark, so a
+flooding publisher fills only its own queue (ZeroMQ drops beyond it; the drop shows up as a sequence gap
+and is recovered by replay), and the reader yields to the loop every few messages so it cannot starve the
+others.  A source that never connects costs a reconnect timer inside ZeroMQ and nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+from .config import FleetConfig, IndexerOptions, InstanceConfig
+from .core import Indexer
+from .types import SourceKey
+
+log = logging.getLogger("kvrouter.indexer.subscriber")
+
+END_SEQ = b"\xff" * 8
+_YIELD_EVERY = 32
+
+
+class SourceStatus(msgspec.Struct):
+    """What the shell knows about one publisher's connection."""
+
+    endpoint: str | None
+    replay: str | None
+    connected: bool = False
+    ever_connected: bool = False
+    disconnected_at: float | None = None
+    messages: int = 0
+    last_message_at: float | None = None
+
+
+class EventSubscriber:
+    """Subscribes to a fleet's KV events and feeds the ``Indexer``.  ``start()`` / ``stop()``."""
+
+    def __init__(
+        self, indexer: Indexer, fleet: FleetConfig, *, ctx: zmq.asyncio.Context | None = None
+    ) -> None:
+        self.indexer = indexer
+        self.fleet = fleet
+        self.opts: IndexerOptions = fleet.indexer
+        self.ctx = ctx or zmq.asyncio.Context()
+        self._own_ctx = ctx is None
+        self.status: dict[SourceKey, SourceStatus] = {}
+        self.counters: Counter[str] = Counter()
+        self._tasks: dict[str, list[asyncio.Task[None]]] = {}
+        self._replay_tasks: dict[SourceKey, asyncio.Task[None]] = {}
+        self._replay_eps: dict[SourceKey, str] = {}
+        self._bind_task: asyncio.Task[None] | None = None
+        self._bind_sock: zmq.asyncio.Socket | None = None
+        self._closing = False
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        for inst in self.fleet.instances:
+            self.add_instance(inst)
+        if self.fleet.bind:
+            self._bind_sock = self._sub_socket()
+            self._bind_sock.bind(self.fleet.bind)
+            self._bind_task = asyncio.create_task(self._bind_loop(self._bind_sock), name="kv-bind")
+        await asyncio.sleep(0)
+
+    async def stop(self) -> None:
+        self._closing = True
+        tasks = [t for ts in self._tasks.values() for t in ts] + list(self._replay_tasks.values())
+        if self._bind_task:
+            tasks.append(self._bind_task)
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._tasks.clear()
+        self._replay_tasks.clear()
+        if self._bind_sock is not None:
+            self._bind_sock.close(linger=0)
+        if self._own_ctx:
+            self.ctx.term()
+
+    def add_instance(self, inst: InstanceConfig) -> None:
+        """Subscribe to a (new) instance: one task per data-parallel rank."""
+        if inst.name in self._tasks:
+            return
+        tasks: list[asyncio.Task[None]] = []
+        for src in inst.sources():
+            ep = inst.events_endpoint(src.dp_rank)
+            rep = inst.replay_endpoint(src.dp_rank)
+            self.indexer.register(src, has_replay=rep is not None)
+            self.status[src] = SourceStatus(ep, rep)
+            if rep is not None:
+                self._replay_eps[src] = rep
+            if ep is not None:
+                tasks.append(
+                    asyncio.create_task(self._source_loop(src, ep, inst.topic), name=f"kv-{src.label()}")
+                )
+        self._tasks[inst.name] = tasks
+
+    async def remove_instance(self, name: str) -> None:
+        """Unsubscribe and forget an instance's blocks (it left the fleet)."""
+        for t in self._tasks.pop(name, []):
+            t.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        for src in [s for s in self.status if s.instance == name]:
+            self.status.pop(src, None)
+            self._replay_eps.pop(src, None)
+            rt = self._replay_tasks.pop(src, None)
+            if rt:
+                rt.cancel()
+        self.indexer.remove_instance(name)
+
+    # ------------------------------------------------------------------ sockets
+    def _sub_socket(self) -> zmq.asyncio.Socket:
+        s = self.ctx.socket(zmq.SUB)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.RCVHWM, self.opts.queue_size)
+        s.setsockopt(zmq.RECONNECT_IVL, 100)
+        s.setsockopt(zmq.RECONNECT_IVL_MAX, int(self.opts.reconnect_max_s * 1000))
+        return s
+
+    async def _source_loop(self, src: SourceKey, endpoint: str, topic: str) -> None:
+        sub = self._sub_socket()
+        sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
+        mon = sub.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        sub.connect(endpoint)
+        status = self.status[src]
+        poller = zmq.asyncio.Poller()
+        poller.register(sub, zmq.POLLIN)
+        poller.register(mon, zmq.POLLIN)
+        try:
+            while True:
+                events = dict(await poller.poll(timeout=1000))
+                if mon in events:
+                    self._on_monitor(src, status, parse_monitor_message(await mon.recv_multipart()))
+                if sub in events:
+                    for _ in range(_YIELD_EVERY):
+                        self._on_frames(src, status, await sub.recv_multipart())
+                        if not int(sub.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                            break
+                self._check_stale(src, status)
+                await asyncio.sleep(0)
+        finally:
+            sub.disable_monitor()
+            mon.close(linger=0)
+            sub.close(linger=0)
+
+    def _on_monitor(self, src: SourceKey, status: SourceStatus, msg: Mapping[str, Any]) -> None:
+        ev = msg.get("event")
+        if ev == zmq.EVENT_CONNECTED:
+            status.connected = True
+            status.ever_connected = True
+            status.disconnected_at = None
+            self.counters["connects"] += 1
+            log.info("kv events connected", extra={"source": src.label(), "endpoint": status.endpoint})
+            self._request_replays(src, self.indexer.on_connect(src))
+        elif ev == zmq.EVENT_DISCONNECTED:
+            status.connected = False
+            status.disconnected_at = time.monotonic()
+            self.counters["disconnects"] += 1
+            log.warning("kv events disconnected", extra={"source": src.label(), "endpoint": status.endpoint})
+
+    def _check_stale(self, src: SourceKey, status: SourceStatus) -> None:
+        since = status.disconnected_at
+        if since is not None and time.monotonic() - since > self.opts.stale_after_s:
+            log.warning("source silent too long; dropping its blocks", extra={"source": src.label()})
+            self.indexer.forget_source(src)
+            status.disconnected_at = None
+            self.counters["stale_drops"] += 1
+
+    def _on_frames(self, src: SourceKey | None, status: SourceStatus | None, frames: list[bytes]) -> None:
+        if len(frames) != 3 or len(frames[1]) != 8:
+            self.counters["bad_frames"] += 1
+            return
+        topic, seq_b, payload = frames
+        if src is None:
+            src = self._bind_source(topic, payload)
+            if src is None:
+                return
+            status = self.status.get(src)
+        if status is not None:
+            status.messages += 1
+            status.last_message_at = time.monotonic()
+        seq = int.from_bytes(seq_b, "big")
+        self._request_replays(src, self.indexer.on_message(src, seq, payload))
+
+    # ------------------------------------------------------------------ bind mode
+    def _bind_source(self, topic: bytes, payload: bytes) -> SourceKey | None:
+        """``kv@<instance>@<model>`` names the instance; the batch names its rank."""
+        parts = topic.decode("utf-8", "replace").split("@")
+        if len(parts) < 2 or parts[0] != "kv" or not parts[1]:
+            self.counters["bad_topic"] += 1
+            return None
+        name = parts[1]
+        inst = self.fleet.instance(name)
+        src = self.indexer.source_of(name, payload)
+        if src not in self.status:
+            rep = inst.replay_endpoint(src.dp_rank) if inst else None
+            self.indexer.register(src, has_replay=rep is not None)
+            self.status[src] = SourceStatus(self.fleet.bind, rep, connected=True, ever_connected=True)
+            if rep is not None:
+                self._replay_eps[src] = rep
+        return src
+
+    async def _bind_loop(self, sub: zmq.asyncio.Socket) -> None:
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        n = 0
+        while True:
+            frames = await sub.recv_multipart()
+            self._on_frames(None, None, frames)
+            n += 1
+            if n % _YIELD_EVERY == 0:
+                await asyncio.sleep(0)
+
+    # ------------------------------------------------------------------ replay
+    def _request_replays(self, src: SourceKey, starts: list[int]) -> None:
+        for start in starts:
+            ep = self._replay_eps.get(src)
+            if ep is None or self._closing:
+                self.indexer.on_replay_end(src)
+                continue
+            old = self._replay_tasks.pop(src, None)
+            if old is not None:
+                old.cancel()
+            self.counters["replay_requests"] += 1
+            self._replay_tasks[src] = asyncio.create_task(
+                self._replay(src, ep, start), name=f"replay-{src.label()}"
+            )
+
+    async def _replay(self, src: SourceKey, endpoint: str, start: int) -> None:
+        """Ask the engine's ROUTER for every buffered batch from ``start``; a fresh DEALER per request, so a
+        late answer to an old request can never be mistaken for this one."""
+        dealer = self.ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.connect(endpoint)
+        got = 0
+        try:
+            async with asyncio.timeout(self.opts.replay_timeout_s):
+                await dealer.send_multipart([b"", start.to_bytes(8, "big")])
+                while True:
+                    frames = await dealer.recv_multipart()
+                    if len(frames) == 3:  # vLLM <= 0.25: [b"", seq, payload]
+                        seq_b, payload = frames[1], frames[2]
+                    elif len(frames) == 4:  # vLLM >= 0.26: [b"", topic, seq, payload]
+                        seq_b, payload = frames[2], frames[3]
+                    else:
+                        self.counters["bad_replay_frames"] += 1
+                        continue
+                    if seq_b == END_SEQ:
+                        break
+                    if len(seq_b) != 8:
+                        self.counters["bad_replay_frames"] += 1
+                        continue
+                    got += 1
+                    self.indexer.on_replay(src, int.from_bytes(seq_b, "big"), payload)
+                    if got % _YIELD_EVERY == 0:
+                        await asyncio.sleep(0)
+        except TimeoutError:
+            self.counters["replay_timeouts"] += 1
+            log.warning("replay timed out", extra={"source": src.label(), "start": start, "received": got})
+        finally:
+            dealer.close(linger=0)
+            if self._replay_tasks.get(src) is asyncio.current_task():
+                del self._replay_tasks[src]
+        self.counters["replayed_batches"] += got
+        self.indexer.on_replay_end(src)

@@ -1,0 +1,34 @@
+"""``kvrouter indexer --fleet FILE``: the standalone indexer service."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from aiohttp import web
+
+from indexer.config import load_fleet
+from indexer.errors import ConfigError
+from indexer.service import build
+
+log = logging.getLogger("kvrouter.indexer")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--fleet", required=True, help="fleet file (YAML)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8081)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        fleet = load_fleet(args.fleet)
+    except ConfigError as e:
+        log.error("%s", e)
+        return 2
+    app = build(fleet)
+    log.info(
+        "indexer listening", extra={"host": args.host, "port": args.port, "instances": len(fleet.instances)}
+    )
+    web.run_app(app, host=args.host, port=args.port, print=None, access_log=None)
+    return 0
