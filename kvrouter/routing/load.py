@@ -1,0 +1,108 @@
+"""Load accounting per instance: what the router has sent and not yet seen finish.
+
+::
+
+    dispatch ──▶ prefilling ──first token──▶ decoding ──finish/fail──▶ gone
+      pending_prefill += tokens to compute    pending_prefill -= ...   decoding -= 1
+
+The router's own view is exact for its own requests and immediate; the engines' ``/metrics`` (running and
+waiting requests) add what other routers or direct clients put there.  ``observe_engine`` records the
+latter; ``load()`` combines them: the engine's count wins when it is higher (other traffic), the router's
+when it is higher (the scrape is stale).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from .types import InstanceId, RequestId
+
+
+class InstanceLoad(msgspec.Struct):
+    """Load of one instance as the router sees it."""
+
+    in_flight: int = 0
+    """Requests sent and not finished."""
+    prefilling: int = 0
+    """Requests sent that have not produced their first token."""
+    pending_prefill_tokens: int = 0
+    """Prompt tokens still to compute (prompt minus predicted cached) of requests not yet past prefill."""
+    decoding: int = 0
+    """Requests past their first token, still generating."""
+    engine_running: int = 0
+    """From the engine's /metrics: vllm:num_requests_running (0 when unknown)."""
+    engine_waiting: int = 0
+    """From the engine's /metrics: vllm:num_requests_waiting."""
+    engine_seen_at: float | None = None
+
+    def effective_in_flight(self) -> int:
+        return max(self.in_flight, self.engine_running + self.engine_waiting)
+
+
+class _Req(msgspec.Struct):
+    instance: InstanceId
+    prefill_tokens: int
+    prefilling: bool = True
+
+
+class LoadTracker:
+    """Per-instance load, updated by the router's own dispatches and by engine metrics."""
+
+    def __init__(self) -> None:
+        self.loads: dict[InstanceId, InstanceLoad] = {}
+        self._reqs: dict[RequestId, _Req] = {}
+
+    def get(self, inst: InstanceId) -> InstanceLoad:
+        load = self.loads.get(inst)
+        if load is None:
+            load = self.loads[inst] = InstanceLoad()
+        return load
+
+    def dispatch(self, rid: RequestId, inst: InstanceId, prefill_tokens: int) -> None:
+        """A request was sent to ``inst``; ``prefill_tokens`` is what it must compute (not cached)."""
+        if rid in self._reqs:
+            self.finish(rid)
+        self._reqs[rid] = _Req(inst, prefill_tokens)
+        load = self.get(inst)
+        load.in_flight += 1
+        load.prefilling += 1
+        load.pending_prefill_tokens += prefill_tokens
+
+    def first_token(self, rid: RequestId) -> None:
+        r = self._reqs.get(rid)
+        if r is None or not r.prefilling:
+            return
+        r.prefilling = False
+        load = self.get(r.instance)
+        load.prefilling -= 1
+        load.pending_prefill_tokens -= r.prefill_tokens
+        load.decoding += 1
+
+    def finish(self, rid: RequestId) -> None:
+        """Finished, failed or cancelled: the request no longer loads its instance."""
+        r = self._reqs.pop(rid, None)
+        if r is None:
+            return
+        load = self.get(r.instance)
+        load.in_flight -= 1
+        if r.prefilling:
+            load.prefilling -= 1
+            load.pending_prefill_tokens -= r.prefill_tokens
+        else:
+            load.decoding -= 1
+
+    def observe_engine(self, inst: InstanceId, running: int, waiting: int, now: float) -> None:
+        load = self.get(inst)
+        load.engine_running, load.engine_waiting, load.engine_seen_at = running, waiting, now
+
+    def instance_of(self, rid: RequestId) -> InstanceId | None:
+        r = self._reqs.get(rid)
+        return None if r is None else r.instance
+
+    def total_in_flight(self) -> int:
+        return sum(load.in_flight for load in self.loads.values())
+
+    def forget(self, inst: InstanceId) -> None:
+        for rid in [r for r, v in self._reqs.items() if v.instance == inst]:
+            self.finish(rid)
+        self.loads.pop(inst, None)

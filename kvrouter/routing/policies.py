@@ -1,0 +1,212 @@
+"""Routing policies.  Each ranks the candidate targets of one request; limits are applied by the router.
+
+    kv-aware      cost = queued prefill + (1 + compute_weight) x prefill still to compute here
+                         + load_weight x requests in flight,
+                  where "still to compute" = prompt tokens minus the prefix this target really caches
+                  (GPU worth 1, CPU/STORAGE tiers worth `offload_value`, speculative entries worth 1);
+                  targets whose index is not trusted get no credit for cache (load-based for them alone)
+    prefix-hash   consistent hashing with bounded load over the first `prefix_length` characters (plus the
+                  affinity id), SageMaker PREFIX_AWARE style
+    least-loaded  fewest requests in flight
+    round-robin   in turn
+    random        uniformly (seeded)
+
+A policy returns the candidates in preference order (best first).  ``dry_run`` asks for the ranking
+without advancing any internal state (round-robin's pointer, the random generator): shadow scoring uses
+it to ask every policy what it would have done, on the same request, for free.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Protocol
+
+import msgspec
+
+from .hashring import HashRing
+from .types import InstanceId
+
+
+class Candidate(msgspec.Struct):
+    """One routing target (an instance's data-parallel rank) as a policy sees it."""
+
+    instance: InstanceId
+    dp_rank: int
+    target: str
+    """``instance`` or ``instance/rank``: the key of load accounting and of the hash ring."""
+    trust: str = "none"
+    """The index's trust in this target (exact, partial, degraded, cold), or "none" without events."""
+    matched_blocks: int = 0
+    gpu_blocks: int = 0
+    offload_blocks: int = 0
+    speculative_blocks: int = 0
+    cached_tokens: int = 0
+    """Prompt tokens the target is predicted to serve from cache (0 when its index is not trusted)."""
+    in_flight: int = 0
+    pending_prefill_tokens: int = 0
+    decoding: int = 0
+    weight: float = 1.0
+    saturated: bool = False
+    """At or over the concurrency threshold: chosen only if every target is."""
+    score: float = 0.0
+    """The policy's score (lower is better), for explain and logs."""
+
+
+class RouteView(msgspec.Struct):
+    """What a policy may read about the request."""
+
+    num_tokens: int
+    prefix_key: bytes
+
+
+class Policy(Protocol):
+    name: str
+
+    def rank(self, req: RouteView, cands: list[Candidate], *, dry_run: bool = False) -> list[Candidate]: ...
+
+
+class KvAwareSettings(msgspec.Struct, frozen=True):
+    compute_weight: float = 1.0
+    """Extra weight of the prefill a choice adds to the fleet.  The first term of the cost is this request's
+    wait (queued + own prefill); this one charges the capacity it takes from every later request, so a
+    target that must recompute a prefix another target holds loses even when it is idle right now."""
+    load_weight: float = 32.0
+    """Prefill-token equivalent of one request in flight (each decodes in every later step)."""
+    offload_value: float = 0.8
+    """Worth of a CPU/STORAGE-tier hit relative to a GPU hit (it must be copied back first)."""
+    prefer_cached_within: float = 0.0
+    """Ties within this fraction of the best cost go to the target holding more of the prompt."""
+
+
+class KvAware:
+    name = "kv-aware"
+
+    def __init__(self, settings: KvAwareSettings | None = None) -> None:
+        self.s = settings or KvAwareSettings()
+
+    def cost(self, req: RouteView, c: Candidate) -> float:
+        to_compute = max(0, req.num_tokens - c.cached_tokens)
+        cost = (
+            c.pending_prefill_tokens
+            + (1 + self.s.compute_weight) * to_compute
+            + self.s.load_weight * c.in_flight
+        )
+        return cost / max(c.weight, 1e-6)
+
+    def rank(self, req: RouteView, cands: list[Candidate], *, dry_run: bool = False) -> list[Candidate]:
+        for c in cands:
+            c.score = self.cost(req, c)
+        # Ties (equal cost) go to the less loaded, then the more cached, then a stable order.
+        return sorted(cands, key=lambda c: (c.score, c.in_flight, -c.cached_tokens, c.target))
+
+
+class PrefixHashSettings(msgspec.Struct, frozen=True):
+    prefix_length: int = 1024
+    """Characters (chat message text) or bytes (raw body) hashed for affinity (SageMaker: 1024..65536)."""
+    load_bound: float = 1.25
+    """Bounded-load factor: a target takes a key only below bound x (mean load + 1)."""
+    vnodes: int = 160
+
+
+class PrefixHash:
+    name = "prefix-hash"
+
+    def __init__(self, settings: PrefixHashSettings | None = None) -> None:
+        self.s = settings or PrefixHashSettings()
+        self.ring = HashRing(vnodes=self.s.vnodes)
+
+    def rank(self, req: RouteView, cands: list[Candidate], *, dry_run: bool = False) -> list[Candidate]:
+        by_target = {c.target: c for c in cands}
+        for t in set(by_target) - set(self.ring.members):
+            self.ring.add(InstanceId(t))
+
+        def load(t: InstanceId) -> float:
+            return by_target[t].in_flight / max(by_target[t].weight, 1e-6)
+
+        key = req.prefix_key
+        first = self.ring.choose(key, load, bound=self.s.load_bound, eligible=lambda t: t in by_target)
+        order = [by_target[t] for t in self.ring.walk(key) if t in by_target]
+        for i, c in enumerate(order):
+            c.score = float(i)
+        if first is not None:
+            order.remove(by_target[first])
+            order.insert(0, by_target[first])
+            by_target[first].score = -1.0
+        return order
+
+
+class LeastLoaded:
+    name = "least-loaded"
+
+    def __init__(self, rng: random.Random | None = None) -> None:
+        self.rng = rng or random.Random(0)
+
+    def rank(self, req: RouteView, cands: list[Candidate], *, dry_run: bool = False) -> list[Candidate]:
+        for c in cands:
+            c.score = c.in_flight / max(c.weight, 1e-6)
+        # equal loads are broken at random, so idle fleets spread instead of piling on the first target
+        salt = {c.target: (self.rng.random() if not dry_run else 0.0) for c in cands}
+        return sorted(cands, key=lambda c: (c.score, salt[c.target], c.target))
+
+
+class RoundRobin:
+    name = "round-robin"
+
+    def __init__(self) -> None:
+        self._next = 0
+
+    def rank(self, req: RouteView, cands: list[Candidate], *, dry_run: bool = False) -> list[Candidate]:
+        if not cands:
+            return []
+        order = sorted(cands, key=lambda c: c.target)
+        k = self._next % len(order)
+        if not dry_run:
+            self._next += 1
+        out = order[k:] + order[:k]
+        for i, c in enumerate(out):
+            c.score = float(i)
+        return out
+
+
+class Random:
+    name = "random"
+
+    def __init__(self, rng: random.Random | None = None) -> None:
+        self.rng = rng or random.Random(0)
+
+    def rank(self, req: RouteView, cands: list[Candidate], *, dry_run: bool = False) -> list[Candidate]:
+        rng = self.rng
+        if dry_run:  # draw from a copy, leaving the real sequence untouched
+            rng = random.Random()
+            rng.setstate(self.rng.getstate())
+        out = sorted(cands, key=lambda c: c.target)
+        rng.shuffle(out)
+        for i, c in enumerate(out):
+            c.score = float(i)
+        return out
+
+
+class PolicySettings(msgspec.Struct, frozen=True):
+    """Per-policy settings (the fleet file's ``routing:`` section)."""
+
+    kv_aware: KvAwareSettings = KvAwareSettings()
+    prefix_hash: PrefixHashSettings = PrefixHashSettings()
+    seed: int = 0
+
+
+POLICIES: dict[str, Callable[[PolicySettings], Policy]] = {
+    "kv-aware": lambda s: KvAware(s.kv_aware),
+    "prefix-hash": lambda s: PrefixHash(s.prefix_hash),
+    "least-loaded": lambda s: LeastLoaded(random.Random(s.seed)),
+    "round-robin": lambda s: RoundRobin(),
+    "random": lambda s: Random(random.Random(s.seed)),
+}
+
+
+def make_policy(name: str, settings: PolicySettings | None = None) -> Policy:
+    try:
+        factory = POLICIES[name]
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}") from None
+    return factory(settings or PolicySettings())

@@ -1,0 +1,204 @@
+"""The router: from a request's block hashes to a target, within load limits.  Pure and clock-free.
+
+::
+
+    RouteInput ──Indexer.lookup_chains──▶ matches per (instance, rank) + trust
+               ──LoadTracker────────────▶ in flight, queued prefill, decodes
+               ──Policy.rank────────────▶ preference order ──limits──▶ Decision
+    dispatched(): load accounting + speculative entries for the chosen target
+
+The live gateway and the trace-driven simulator both call exactly this; neither has routing logic of
+its own.
+"""
+
+from __future__ import annotations
+
+import msgspec
+import numpy as np
+
+from indexer import Indexer, SourceKey, Trust
+from indexer.hashing import I64Array
+
+from .load import LoadTracker
+from .policies import Candidate, Policy, PolicySettings, RouteView, make_policy
+from .types import InstanceId, RequestId
+
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+class RouterConfig(msgspec.Struct, frozen=True):
+    policy: str = "kv-aware"
+    """Default policy (kv-aware, prefix-hash, least-loaded, round-robin, random)."""
+    model_policies: dict[str, str] = {}
+    """Per-model policy overrides."""
+    concurrency_threshold: int = 0
+    """Requests in flight at which a target spills to the next-best one (0: no threshold)."""
+    max_in_flight: int = 0
+    """Hard cap per target; when every target is at it, requests wait (0: no cap)."""
+    speculative: bool = True
+    """Record speculative index entries for dispatched requests, so a burst of a new prefix stays together."""
+    shadow: bool = True
+    """Ask every other policy what it would have chosen (metrics only)."""
+    settings: PolicySettings = PolicySettings()
+
+
+class Target(msgspec.Struct):
+    """A routable (instance, rank) as the caller knows it right now."""
+
+    instance: InstanceId
+    dp_rank: int = 0
+    dp_size: int = 1
+    has_events: bool = True
+    healthy: bool = True
+    weight: float = 1.0
+
+    @property
+    def key(self) -> str:
+        return self.instance if self.dp_size == 1 else f"{self.instance}/{self.dp_rank}"
+
+
+class RouteInput(msgspec.Struct):
+    request_id: RequestId
+    num_tokens: int
+    chains: I64Array | None = None
+    """Our chain hashes of the prompt's full blocks (None: no tokenizer, route by load/prefix only)."""
+    prefix_key: bytes = b""
+    model: str | None = None
+
+
+class ShadowChoice(msgspec.Struct):
+    target: str
+    cached_tokens: int
+
+
+class Decision(msgspec.Struct):
+    chosen: Candidate | None
+    policy: str
+    reason: str
+    """cache (a cached prefix decided), load, affinity, spill, no_target, at_capacity"""
+    ranked: list[Candidate]
+    predicted_cached_tokens: int = 0
+    shadow: dict[str, ShadowChoice] = {}
+
+
+class Router:
+    def __init__(self, indexer: Indexer, config: RouterConfig | None = None) -> None:
+        self.indexer = indexer
+        self.config = config or RouterConfig()
+        self.load = LoadTracker()
+        self._policies: dict[str, Policy] = {}
+        self.policy(self.config.policy)  # validates the name now
+        for name in self.config.model_policies.values():
+            self.policy(name)
+
+    def policy(self, name: str) -> Policy:
+        p = self._policies.get(name)
+        if p is None:
+            p = self._policies[name] = make_policy(name, self.config.settings)
+        return p
+
+    def policy_for(self, model: str | None) -> Policy:
+        name = self.config.model_policies.get(model or "", self.config.policy)
+        return self.policy(name)
+
+    # ------------------------------------------------------------------ candidates
+    def candidates(self, inp: RouteInput, targets: list[Target], now: float | None = None) -> list[Candidate]:
+        bs = self.indexer.block_size
+        max_hit = max(0, (inp.num_tokens - 1) // bs)  # vLLM always recomputes the last prompt token
+        matches = {}
+        if inp.chains is not None and len(inp.chains):
+            res = self.indexer.lookup_chains(inp.chains, inp.num_tokens, now=now)
+            matches = {(m.instance, m.dp_rank): m for m in res.instances}
+        offload_value = self.config.settings.kv_aware.offload_value
+        out: list[Candidate] = []
+        for t in targets:
+            if not t.healthy:
+                continue
+            load = self.load.get(InstanceId(t.key))
+            c = Candidate(
+                t.instance,
+                t.dp_rank,
+                t.key,
+                in_flight=load.effective_in_flight(),
+                pending_prefill_tokens=load.pending_prefill_tokens,
+                decoding=max(load.decoding, load.engine_running - load.prefilling),
+                weight=t.weight,
+            )
+            m = matches.get((t.instance, t.dp_rank))
+            if t.has_events:
+                c.trust = m.trust if m else self.indexer.trust(SourceKey(t.instance, t.dp_rank)).value
+            if m and Trust(c.trust).usable:
+                gpu = min(m.tiers.get("GPU", 0), max_hit)
+                spec = min(m.speculative_blocks, max_hit - gpu)
+                off = min(m.matched_blocks - m.tiers.get("GPU", 0) - m.speculative_blocks, max_hit - gpu - spec)
+                c.matched_blocks = min(m.matched_blocks, max_hit)
+                c.gpu_blocks, c.speculative_blocks, c.offload_blocks = gpu, spec, max(0, off)
+                c.cached_tokens = int((gpu + spec + offload_value * max(0, off)) * bs)
+            elif m:
+                # An untrusted index earns no credit; the router's own speculative entries (requests it
+                # sent there itself) still do, so a burst sticks together even on a fleet still cold.
+                spec = min(m.speculative_blocks, max_hit)
+                c.speculative_blocks = c.matched_blocks = spec
+                c.cached_tokens = spec * bs
+            limit = self.config.concurrency_threshold
+            c.saturated = bool(limit) and c.in_flight >= limit
+            out.append(c)
+        return out
+
+    # ------------------------------------------------------------------ deciding
+    def route(self, inp: RouteInput, targets: list[Target], now: float | None = None) -> Decision:
+        policy = self.policy_for(inp.model)
+        cands = self.candidates(inp, targets, now)
+        if not cands:
+            return Decision(None, policy.name, "no_target", [])
+        view = RouteView(inp.num_tokens, inp.prefix_key)
+        cap = self.config.max_in_flight
+        open_ = [c for c in cands if not cap or c.in_flight < cap]
+        if not open_:
+            return Decision(None, policy.name, "at_capacity", policy.rank(view, cands, dry_run=True))
+        ranked = policy.rank(view, open_)
+        chosen = next((c for c in ranked if not c.saturated), ranked[0])
+        reason = self._reason(policy.name, chosen, ranked)
+        d = Decision(chosen, policy.name, reason, ranked, predicted_cached_tokens=chosen.cached_tokens)
+        if self.config.shadow:
+            d.shadow = self._shadow(view, open_, policy.name)
+        return d
+
+    @staticmethod
+    def _reason(policy: str, chosen: Candidate, ranked: list[Candidate]) -> str:
+        if chosen is not ranked[0]:
+            return "spill"
+        if policy == "prefix-hash":
+            return "affinity"
+        if policy == "kv-aware" and chosen.cached_tokens > 0:
+            return "cache"
+        return "load"
+
+    def _shadow(self, view: RouteView, cands: list[Candidate], active: str) -> dict[str, ShadowChoice]:
+        out = {}
+        for name in ("kv-aware", "prefix-hash", "least-loaded", "round-robin", "random"):
+            if name == active:
+                continue
+            copies = [msgspec.structs.replace(c) for c in cands]
+            ranked = self.policy(name).rank(view, copies, dry_run=True)
+            pick = next((c for c in ranked if not c.saturated), ranked[0])
+            out[name] = ShadowChoice(pick.target, pick.cached_tokens)
+        return out
+
+    # ------------------------------------------------------------------ accounting
+    def dispatched(self, inp: RouteInput, chosen: Candidate, now: float) -> None:
+        """The request was sent to ``chosen``: account its load and expect its blocks there."""
+        to_compute = max(0, inp.num_tokens - chosen.cached_tokens)
+        self.load.dispatch(inp.request_id, InstanceId(chosen.target), to_compute)
+        if self.config.speculative and inp.chains is not None and len(inp.chains):
+            self.indexer.add_speculative(SourceKey(chosen.instance, chosen.dp_rank), inp.chains, now=now)
+
+    def first_token(self, rid: RequestId) -> None:
+        self.load.first_token(rid)
+
+    def finished(self, rid: RequestId) -> None:
+        self.load.finish(rid)
+
+    @staticmethod
+    def no_chains() -> I64Array:
+        return _EMPTY

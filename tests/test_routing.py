@@ -1,0 +1,198 @@
+"""Pure routing: policies, limits, speculative entries, trust fallback, consistent hashing."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from indexer import Indexer
+from indexer.encode import PayloadEncoder
+from kvrouter.routing import InstanceId, RequestId, RouteInput, Router, RouterConfig
+from kvrouter.routing.hashring import HashRing
+from kvrouter.routing.router import Target
+
+BS = 16
+ENC = PayloadEncoder()
+
+
+def fleet(n: int = 3) -> list[Target]:
+    return [Target(InstanceId(f"v{i}")) for i in range(n)]
+
+
+def cache(ix: Indexer, inst: str, tokens: list[int]) -> None:
+    n = len(tokens) // BS
+    ix.apply_payload(inst, ENC.batch([ENC.stored(list(range(1, n + 1)), None, tokens[: n * BS], BS)], ts=1.0))
+
+
+def inp(ix: Indexer, rid: str, tokens: list[int], salt: str | None = None) -> RouteInput:
+    return RouteInput(
+        RequestId(rid),
+        len(tokens),
+        ix.chain_hashes(tokens, cache_salt=salt),
+        bytes(str(tokens[:64]), "ascii"),
+    )
+
+
+def test_kv_aware_goes_where_the_cache_is() -> None:
+    ix = Indexer(BS)
+    prompt = list(range(1000, 1000 + 64 * BS))
+    cache(ix, "v2", prompt)
+    r = Router(ix)
+    d = r.route(inp(ix, "a", [*prompt, 1, 2, 3]), fleet())
+    assert d.chosen is not None and d.chosen.instance == "v2" and d.reason == "cache"
+    assert d.predicted_cached_tokens == 64 * BS
+    # the last token is never served from cache: a prompt of exactly 64 blocks can hit 63 of them
+    d = r.route(inp(ix, "b", prompt), fleet())
+    assert d.chosen is not None and d.chosen.cached_tokens == 63 * BS
+
+
+def test_kv_aware_trades_cache_against_queued_prefill() -> None:
+    ix = Indexer(BS)
+    prompt = list(range(5000, 5000 + 8 * BS))
+    cache(ix, "v0", prompt)
+    r = Router(ix, RouterConfig(speculative=False))
+    # v0 holds 8 blocks, but 10k tokens of prefill are queued there: go elsewhere
+    r.load.dispatch(RequestId("x"), InstanceId("v0"), 10_000)
+    d = r.route(inp(ix, "a", [*prompt, 7]), fleet())
+    assert d.chosen is not None and d.chosen.instance != "v0" and d.reason == "load"
+
+
+def test_burst_of_a_new_prefix_sticks_together() -> None:
+    ix = Indexer(BS)
+    r = Router(ix)
+    prefix = list(range(20_000, 20_000 + 100 * BS))
+    picks = []
+    for i in range(6):
+        req = inp(ix, f"r{i}", [*prefix, 9000 + i] * 1)
+        d = r.route(req, fleet(4), now=0.0)
+        assert d.chosen is not None
+        r.dispatched(req, d.chosen, now=0.0)
+        picks.append(d.chosen.instance)
+    assert len(set(picks)) == 1, picks  # speculative entries kept the burst on one instance
+
+
+def test_untrusted_instances_fall_back_to_load_alone() -> None:
+    ix = Indexer(BS)
+    prompt = list(range(100, 100 + 32 * BS))
+    cache(ix, "v1", prompt)
+    ix.sync(next(s for s in ix.sources() if s.instance == "v1")).trust = ix.trust(ix.sources()[0]).DEGRADED
+    r = Router(ix, RouterConfig(speculative=False))
+    d = r.route(inp(ix, "a", [*prompt, 1]), fleet())
+    by = {c.instance: c for c in d.ranked}
+    assert by["v1"].trust == "degraded" and by["v1"].cached_tokens == 0
+    assert d.reason == "load"
+
+
+def test_salts_never_match_each_other() -> None:
+    ix = Indexer(BS)
+    prompt = list(range(300, 300 + 16 * BS))
+    r = Router(ix)
+    a = inp(ix, "a", prompt, salt="tenant-a")
+    d = r.route(a, fleet(), now=0.0)
+    assert d.chosen is not None
+    r.dispatched(a, d.chosen, now=0.0)
+    b = r.candidates(inp(ix, "b", prompt, salt="tenant-b"), fleet(), now=0.0)
+    assert all(c.cached_tokens == 0 for c in b)
+
+
+def test_concurrency_threshold_spills_and_cap_waits() -> None:
+    ix = Indexer(BS)
+    prompt = list(range(700, 700 + 16 * BS))
+    cache(ix, "v0", prompt)
+    r = Router(ix, RouterConfig(concurrency_threshold=2, max_in_flight=3, speculative=False))
+    for i in range(2):
+        r.load.dispatch(RequestId(f"x{i}"), InstanceId("v0"), 0)
+    d = r.route(inp(ix, "a", [*prompt, 1]), fleet(2))
+    assert d.chosen is not None and d.chosen.instance == "v1" and d.reason == "spill"
+    for i in range(3):
+        r.load.dispatch(RequestId(f"y{i}"), InstanceId("v1"), 0)
+    r.load.dispatch(RequestId("x2"), InstanceId("v0"), 0)
+    d = r.route(inp(ix, "b", [*prompt, 1]), fleet(2))
+    assert d.chosen is None and d.reason == "at_capacity"
+    r.finished(RequestId("x0"))
+    assert r.route(inp(ix, "c", [*prompt, 1]), fleet(2)).chosen is not None
+
+
+def test_unhealthy_targets_are_never_chosen() -> None:
+    ix = Indexer(BS)
+    prompt = list(range(900, 900 + 16 * BS))
+    cache(ix, "v0", prompt)
+    targets = fleet(2)
+    targets[0].healthy = False
+    for policy in ("kv-aware", "prefix-hash", "least-loaded", "round-robin", "random"):
+        r = Router(ix, RouterConfig(policy=policy))
+        for i in range(5):
+            d = r.route(inp(ix, f"{policy}{i}", [*prompt, i]), targets)
+            assert d.chosen is not None and d.chosen.instance == "v1"
+    assert Router(ix).route(inp(ix, "z", prompt), [targets[0]]).reason == "no_target"
+
+
+def test_shadow_scoring_does_not_disturb_policies() -> None:
+    ix = Indexer(BS)
+    r1 = Router(ix, RouterConfig(policy="round-robin", shadow=True))
+    r2 = Router(ix, RouterConfig(policy="round-robin", shadow=False))
+    seq1, seq2 = [], []
+    for i in range(7):
+        q = inp(ix, str(i), list(range(i, i + 40)))
+        d1, d2 = r1.route(q, fleet()), r2.route(q, fleet())
+        assert d1.chosen and d2.chosen
+        seq1.append(d1.chosen.instance)
+        seq2.append(d2.chosen.instance)
+        assert set(d1.shadow) == {"kv-aware", "prefix-hash", "least-loaded", "random"}
+    assert seq1 == seq2
+
+
+def test_baselines_spread_load() -> None:
+    ix = Indexer(BS)
+    for policy in ("round-robin", "random", "least-loaded"):
+        r = Router(ix, RouterConfig(policy=policy, settings=r_settings(7)))
+        counts: Counter[str] = Counter()
+        for i in range(300):
+            q = inp(ix, f"{policy}{i}", [i] * 40)
+            d = r.route(q, fleet(3))
+            assert d.chosen is not None
+            counts[d.chosen.instance] += 1
+            if policy == "least-loaded":
+                r.dispatched(q, d.chosen, 0.0)
+        assert min(counts.values()) >= 70, (policy, counts)
+
+
+def r_settings(seed: int):  # type: ignore[no-untyped-def]
+    from kvrouter.routing.policies import PolicySettings
+
+    return PolicySettings(seed=seed)
+
+
+def test_prefix_hash_keeps_affinity_until_bounded_load() -> None:
+    ix = Indexer(BS)
+    r = Router(ix, RouterConfig(policy="prefix-hash"))
+    same = RouteInput(RequestId("a"), 100, None, b"system prompt A")
+    first = r.route(same, fleet(4)).chosen
+    assert first is not None
+    for i in range(3):  # affinity holds while the owner is within the bound
+        d = r.route(RouteInput(RequestId(f"s{i}"), 100, None, b"system prompt A"), fleet(4))
+        assert d.chosen is not None and d.chosen.target == first.target and d.reason == "affinity"
+    for i in range(4):
+        r.load.dispatch(RequestId(f"busy{i}"), InstanceId(first.target), 0)
+    d = r.route(RouteInput(RequestId("b"), 100, None, b"system prompt A"), fleet(4))
+    assert d.chosen is not None and d.chosen.target != first.target
+
+
+@settings(max_examples=50, deadline=None)
+@given(n=st.integers(2, 12), seed=st.integers(0, 10_000))
+def test_hash_ring_moves_only_the_keys_of_a_leaving_or_joining_instance(n: int, seed: int) -> None:
+    rng = random.Random(seed)
+    names = [InstanceId(f"i{k}") for k in range(n)]
+    ring = HashRing(names, vnodes=50)
+    keys = [rng.randbytes(12) for _ in range(300)]
+    before = {k: ring.walk(k)[0] for k in keys}
+    gone = rng.choice(names)
+    ring.remove(gone)
+    after = {k: ring.walk(k)[0] for k in keys}
+    assert all(after[k] == before[k] for k in keys if before[k] != gone)
+    ring.add(InstanceId("new"))
+    again = {k: ring.walk(k)[0] for k in keys}
+    assert all(again[k] in (after[k], "new") for k in keys)
