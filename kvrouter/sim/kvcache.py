@@ -1,0 +1,142 @@
+"""Per-request KV bookkeeping on top of the pool: vLLM's ``KVCacheManager`` for one full-attention group.
+
+::
+
+    request blocks:  | hit | hit | ext | new | new | new |          (block table, append-only)
+                     |<- touched ->|<-------- allocated ------->|
+                     |<-- num_cached: stored ------>|             full blocks announced so far
+
+* ``computed_blocks``: the longest run of cached leading blocks, capped at ``(num_tokens - 1) // bs``
+  blocks: vLLM must compute the last prompt token to get logits, and computed tokens stay block-aligned, so
+  a full hit recomputes the whole last block (kv_cache_manager.get_computed_blocks, ``max_cache_hit_length
+  = request.num_tokens - 1``).
+* ``allocate_slots``: fails (returns False) unless the free queue holds every new block *plus* every hit
+  block that is currently evictable (touching removes it from the queue); on success, blocks that are full
+  once this step's tokens are computed are cached and announced in one ``BlockStored`` per request per
+  step, chained to the request's previous block (caching happens at scheduling time, as in vLLM).
+* ``free``: reverse block order, so a finished request's tail blocks are evicted first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .blockpool import BlockPool
+from .events import BlockStored
+from .offload import CpuOffloadTier
+from .request import Request
+from .types import BlockHash, BlockId, RequestId
+
+
+class KVCacheManager:
+    """Block tables of running requests, prefix-cache lookups and allocation.  Pure."""
+
+    def __init__(self, pool: BlockPool, block_size: int, offload: CpuOffloadTier | None = None) -> None:
+        self.pool = pool
+        self.block_size = block_size
+        self.offload = offload
+        self._tables: dict[RequestId, list[BlockId]] = {}
+        self._num_cached: dict[RequestId, int] = {}  # leading blocks of the table already cached
+
+    @property
+    def caching(self) -> bool:
+        return self.pool.enable_caching
+
+    def blocks_of(self, request_id: RequestId) -> list[BlockId]:
+        return self._tables.get(request_id, [])
+
+    def num_requests(self) -> int:
+        return len(self._tables)
+
+    # ------------------------------------------------------------------ lookups
+    def computed_blocks(self, req: Request) -> list[BlockId]:
+        """GPU prefix-cache hit of a request about to be scheduled (emits nothing, touches nothing)."""
+        if not self.caching:
+            return []
+        return self.pool.longest_hit(req.block_hashes, (req.num_tokens - 1) // self.block_size)
+
+    def external_tokens(self, req: Request, num_local_blocks: int) -> int:
+        """Tokens the CPU tier can supply right after the GPU hit (block-aligned, same last-token cap)."""
+        if self.offload is None or not self.caching:
+            return 0
+        stop = (req.num_tokens - 1) // self.block_size
+        return self.offload.lookup(req.block_hashes, num_local_blocks, stop) * self.block_size
+
+    # ------------------------------------------------------------------ allocation
+    def allocate_slots(
+        self,
+        req: Request,
+        num_new_tokens: int,
+        new_hits: Sequence[BlockId] = (),
+        num_external_tokens: int = 0,
+    ) -> bool:
+        """Blocks for ``num_new_tokens`` more tokens of ``req`` (plus, at admission, its hits and loads)."""
+        bs = self.block_size
+        pool = self.pool
+        table = self._tables.get(req.request_id)
+        have = len(table) if table is not None else 0
+        num_local = req.num_computed_tokens + len(new_hits) * bs
+        total_computed = num_local + num_external_tokens
+        need = -(-(total_computed + num_new_tokens) // bs) - have - len(new_hits)
+        evictable_hits = sum(1 for b in new_hits if pool.ref_count(b) == 0)
+        if max(need, 0) + evictable_hits > pool.num_free:
+            return False
+        if table is None:
+            table = self._tables[req.request_id] = []
+        if new_hits:
+            pool.touch(new_hits)
+            table.extend(new_hits)
+            self._num_cached[req.request_id] = len(table)
+            if self.offload is not None:
+                self.offload.queue_store(req.block_hashes[: len(table)])
+        if need > 0:
+            table.extend(pool.get_new_blocks(need))
+        if self.caching:
+            full = min(total_computed + num_new_tokens, req.num_tokens) // bs
+            self._cache(req, table, full)
+        return True
+
+    def _cache(self, req: Request, table: list[BlockId], full: int) -> None:
+        rid = req.request_id
+        done = self._num_cached.get(rid, 0)
+        if full <= done:
+            return
+        req.ensure_hashes(full)
+        hashes: list[BlockHash] = req.block_hashes[done:full]
+        self.pool.cache_blocks(table[done:full], hashes)
+        self._num_cached[rid] = full
+        if self.pool.enable_events:
+            bs = self.block_size
+            self.pool.emit(
+                BlockStored(
+                    hashes,
+                    req.block_hashes[done - 1] if done else None,
+                    req.all_token_ids[done * bs : full * bs],
+                    bs,
+                    lora_id=req.lora_id,
+                    lora_name=req.lora_name,
+                    extra_keys=req.extra_keys(done, full),
+                )
+            )
+        if self.offload is not None:
+            self.offload.queue_store(hashes)
+
+    def free(self, req: Request) -> None:
+        """Release a finished, aborted or preempted request's blocks, tail first."""
+        table = self._tables.pop(req.request_id, None)
+        self._num_cached.pop(req.request_id, None)
+        if table:
+            self.pool.free_blocks(reversed(table))
+
+    def end_step(self) -> None:
+        """Complete this step's offload stores (their events follow the step's GPU events)."""
+        if self.offload is not None:
+            self.offload.flush()
+
+    def reset(self) -> bool:
+        """``reset_prefix_cache``: only with no request holding blocks."""
+        if self._tables or not self.pool.reset():
+            return False
+        if self.offload is not None:
+            self.offload.reset()
+        return True

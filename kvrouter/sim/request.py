@@ -1,0 +1,146 @@
+"""One request inside the engine model: its tokens, its block hashes, its progress.
+
+::
+
+    all_token_ids:  | prompt ........................ | out0 out1 ... |
+    block_hashes:   | h0 | h1 | ... full blocks only, extended as generated tokens fill blocks
+    num_computed:   tokens whose KV exists (cache hits count as computed)   <= num_tokens
+
+vLLM's rule, kept here: a token is sampled in a step after which ``num_computed == num_tokens``; the last
+sampled token is never fed back, so a request that ends holds KV for ``prompt + outputs - 1`` tokens.
+Output tokens are pseudo-random but fixed by the request's seed (the evaluator replays runs exactly).
+"""
+
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+
+from .hashing import block_extra_keys, chain_hashes, extra_digest
+from .types import BlockHash, RequestId
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"  # back in the waiting queue after losing its blocks
+    FINISHED = "finished"
+
+
+class Request:
+    """Mutable engine-side state of one request.  Built by ``Engine.add_request``; callers never mutate it."""
+
+    __slots__ = (
+        "_extra0",
+        "_extra_rest",
+        "_none_hash",
+        "_outputs",
+        "all_token_ids",
+        "block_hashes",
+        "block_size",
+        "cache_salt",
+        "lora_id",
+        "lora_name",
+        "max_tokens",
+        "num_cached_tokens",
+        "num_computed_tokens",
+        "num_preemptions",
+        "num_prompt_tokens",
+        "request_id",
+        "seed",
+        "status",
+        "vocab_size",
+    )
+
+    def __init__(
+        self,
+        request_id: RequestId,
+        prompt_token_ids: list[int],
+        max_tokens: int,
+        *,
+        block_size: int,
+        none_hash: int,
+        seed: int,
+        vocab_size: int,
+        cache_salt: str | None = None,
+        lora_name: str | None = None,
+        lora_id: int | None = None,
+        hash_blocks: bool = True,
+    ) -> None:
+        self.request_id = request_id
+        self.all_token_ids = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.max_tokens = max_tokens
+        self.block_size = block_size
+        self.cache_salt = cache_salt or None
+        self.lora_name = lora_name
+        self.lora_id = lora_id
+        self.seed = seed
+        self.vocab_size = vocab_size
+        self.status = Status.WAITING
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = -1  # set once, at first scheduling (vLLM's ``num_cached_tokens``)
+        self.num_preemptions = 0
+        self._none_hash = none_hash
+        self._extra0 = extra_digest(block_extra_keys(lora_name, self.cache_salt, 0))
+        self._extra_rest = extra_digest(block_extra_keys(lora_name, None, 1))
+        self._outputs: list[int] | None = None
+        # Prompt blocks are hashed once, here, like vLLM's Request (the hashes survive preemption).
+        self.block_hashes: list[BlockHash] = (
+            chain_hashes(
+                self.all_token_ids,
+                block_size,
+                parent=none_hash,
+                first_extra=self._extra0,
+                rest_extra=self._extra_rest,
+            )
+            if hash_blocks
+            else []
+        )
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.all_token_ids) - self.num_prompt_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    def ensure_hashes(self, num_blocks: int) -> None:
+        """Hash full blocks up to ``num_blocks`` (blocks completed by generated tokens)."""
+        have = len(self.block_hashes)
+        if num_blocks <= have:
+            return
+        parent = self.block_hashes[-1] if have else self._none_hash
+        first = self._extra0 if have == 0 else self._extra_rest
+        self.block_hashes.extend(
+            chain_hashes(
+                self.all_token_ids,
+                self.block_size,
+                parent=parent,
+                first_extra=first,
+                rest_extra=self._extra_rest,
+                start_block=have,
+                n_blocks=num_blocks - have,
+            )
+        )
+
+    def extra_keys(self, start_block: int, end_block: int) -> list[tuple[str, ...] | None]:
+        """The ``extra_keys`` list of a BlockStored event for blocks ``start_block .. end_block``."""
+        if self.lora_name is None and self.cache_salt is None:
+            return [None] * (end_block - start_block)
+        return [block_extra_keys(self.lora_name, self.cache_salt, i) for i in range(start_block, end_block)]
+
+    def append_output_token(self) -> int:
+        """Sample the next output token (deterministic for the request's seed)."""
+        if self._outputs is None:
+            rng = np.random.default_rng(self.seed)
+            self._outputs = rng.integers(0, self.vocab_size, size=self.max_tokens).tolist()
+        tok = self._outputs[self.num_output_tokens]
+        self.all_token_ids.append(tok)
+        return tok
