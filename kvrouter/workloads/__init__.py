@@ -1,0 +1,116 @@
+"""Workloads for ``kvrouter eval`` and the live demo: what requests are sent, and when.
+
+Pure and deterministic: a workload is a function of its parameters and seed.  No I/O except reading a
+trace file.
+
+::
+
+    registry ──make_workload(name, **overrides)──┐
+      shared_prefix  chat  rag  tenants           │
+      mooncake (trace files)                      ▼
+                                     Workload(requests, mode, token_space, metadata)
+                                       │            │              │
+                         BlockContentCache     reuse_ceiling    materialize(tokenize) ─ http_call (live)
+                         (per-segment hashes)  summarize
+
+Modules: ``spec`` (Request, Workload, Segment, TokenSpace), ``tokens`` (deterministic token streams),
+``text`` (synthetic words), ``blocks`` (block content hashes cached per segment), ``arrivals`` (arrival
+processes), ``build`` (generator scaffolding), ``shared_prefix`` / ``chat`` / ``rag`` / ``tenants``
+(generators), ``mooncake`` (trace loading), ``registry``, ``bounds`` (reuse ceiling), ``stats``,
+``live`` (materialize, HTTP bodies), ``errors``.
+"""
+
+from .arrivals import AllAtOnce, Arrival, Bursts, Constant, Poisson, Stage, Staged, arrival_times, scale_rate
+from .blocks import BlockContentCache, hash_token_array
+from .bounds import reuse_ceiling, reuse_ceiling_by, reuse_hits
+from .build import GeneratorParams, PromptForm
+from .chat import MultiTurnParams, ShortChatParams
+from .errors import (
+    ChecksumMismatch,
+    InvalidParameters,
+    NotMaterialized,
+    TraceFormatError,
+    UnknownWorkload,
+    WorkloadError,
+)
+from .live import AFFINITY_HEADER, HttpCall, Tokenize, http_call, materialize
+from .mooncake import DEFAULT_TRACE_DIR, MooncakeOptions, id_reuse, load_mooncake
+from .rag import RagParams
+from .registry import REGISTRY, MooncakeTraceParams, describe, list_workloads, make_workload, workload_params
+from .shared_prefix import (
+    Aws8kParams,
+    DynamoPrefixRatioParams,
+    LlmdPreciseParams,
+    LlmdSharedPrefixParams,
+    LlmdTieredParams,
+    SglangGspParams,
+    SharedPrefixParams,
+    VllmPrefixRepetitionParams,
+)
+from .spec import ChatMessage, ClosedLoop, OpenLoop, Request, Segment, TokenSpace, Workload
+from .stats import summarize
+from .tenants import TenantsParams
+from .tokens import output_tokens, prompt_ids, prompt_tokens
+
+__all__ = [
+    "AFFINITY_HEADER",
+    "DEFAULT_TRACE_DIR",
+    "REGISTRY",
+    "AllAtOnce",
+    "Arrival",
+    "Aws8kParams",
+    "BlockContentCache",
+    "Bursts",
+    "ChatMessage",
+    "ChecksumMismatch",
+    "ClosedLoop",
+    "Constant",
+    "DynamoPrefixRatioParams",
+    "GeneratorParams",
+    "HttpCall",
+    "InvalidParameters",
+    "LlmdPreciseParams",
+    "LlmdSharedPrefixParams",
+    "LlmdTieredParams",
+    "MooncakeOptions",
+    "MooncakeTraceParams",
+    "MultiTurnParams",
+    "NotMaterialized",
+    "OpenLoop",
+    "Poisson",
+    "PromptForm",
+    "RagParams",
+    "Request",
+    "Segment",
+    "SglangGspParams",
+    "SharedPrefixParams",
+    "ShortChatParams",
+    "Stage",
+    "Staged",
+    "TenantsParams",
+    "TokenSpace",
+    "Tokenize",
+    "TraceFormatError",
+    "UnknownWorkload",
+    "VllmPrefixRepetitionParams",
+    "Workload",
+    "WorkloadError",
+    "arrival_times",
+    "describe",
+    "hash_token_array",
+    "http_call",
+    "id_reuse",
+    "list_workloads",
+    "load_mooncake",
+    "make_workload",
+    "materialize",
+    "output_tokens",
+    "prompt_ids",
+    "prompt_tokens",
+    "reuse_ceiling",
+    "reuse_ceiling_by",
+    "reuse_hits",
+    "scale_rate",
+    "summarize",
+    "workload_params",
+]

@@ -1,0 +1,139 @@
+"""The request and workload types fed to ``kvrouter eval`` and to the live demo.
+
+A prompt is held lazily, as *segments*: each segment names a deterministic token stream (its ``key``) and
+how many of its leading tokens are used.  A prompt is the concatenation of its segments::
+
+    request.segments = (Segment(k_sys, 6000), Segment(k_q17, 1200))
+    tokens           = stream(k_sys)[:6000] ++ stream(k_q17)[:1200]
+
+Equal keys give equal tokens, so two prompts share a token-level prefix exactly when they share leading
+segments (and a segment used with two lengths shares the shorter one's tokens).  The workload never holds
+12,031 x 12k Python ints: a Mooncake trace is ~24 segments a request, and the evaluator's block hashes are
+cached per segment key (see ``blocks.py``).
+
+A request is in one of three forms:
+
+* tokens:    ``segments`` set (synthetic workloads, Mooncake traces);
+* explicit:  ``token_ids`` set (after ``materialize``, or built by hand);
+* text:      ``text`` or ``messages`` set, no token ids yet: ``materialize`` them with the model's
+             tokenizer before simulating.  ``num_prompt_tokens`` is then only an estimate (one word per
+             token).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from msgspec import Struct
+
+Role = Literal["system", "user", "assistant"]
+
+
+class Segment(Struct, frozen=True, array_like=True, gc=False):
+    """The first ``length`` tokens of the deterministic stream ``key`` (see ``tokens.stream_tokens``)."""
+
+    key: int
+    """Stream id, 0 <= key < 2**64; derived from the workload's seed and what the segment stands for."""
+    length: int
+    """Number of leading tokens of the stream used (>= 0)."""
+
+
+class ChatMessage(Struct, frozen=True, gc=False):
+    """One OpenAI-style chat message."""
+
+    role: Role
+    content: str
+
+
+class TokenSpace(Struct, frozen=True, kw_only=True):
+    """Which token ids synthetic streams draw from: ``low <= id < vocab_size``, minus ``excluded``.
+
+    The defaults fit Llama 3 (special ids start at 128000) and Qwen (151643); ``low`` skips the ids most
+    vocabularies give to control and byte tokens.  Set ``vocab_size`` to the served model's for live runs
+    that send token ids."""
+
+    vocab_size: int = 128_000
+    """One past the largest id a stream may emit."""
+    low: int = 1000
+    """Smallest id a stream may emit."""
+    excluded: tuple[int, ...] = ()
+    """Ids in ``[low, vocab_size)`` never emitted (special tokens of the served model)."""
+
+
+class OpenLoop(Struct, frozen=True, tag="open-loop", tag_field="type"):
+    """Requests arrive at their ``arrival_s`` whatever the fleet does."""
+
+
+class ClosedLoop(Struct, frozen=True, tag="closed-loop", tag_field="type"):
+    """``concurrency`` clients: whenever one finishes a request it sends the first request, in list order,
+    not sent yet and whose ``depends_on`` (if any) finished at least ``think_s`` ago.
+
+    Multi-turn workloads list conversations one after the other, so the clients behave like users each
+    running a conversation to its end before taking the next."""
+
+    concurrency: int
+    """Number of requests in flight at any time (>= 1)."""
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
+
+
+ArrivalMode = OpenLoop | ClosedLoop
+
+
+class Request(Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One request of a workload."""
+
+    id: str
+    """Unique within the workload."""
+    arrival_s: float | None
+    """Seconds from the start of the run; None in closed-loop workloads."""
+    max_output_tokens: int
+    """Tokens to generate (sent as ``max_tokens`` with ``ignore_eos``)."""
+    num_prompt_tokens: int
+    """Prompt length in tokens; an estimate (words) for text requests until materialized."""
+    segments: tuple[Segment, ...] = ()
+    """Lazy prompt tokens (tokens form)."""
+    token_ids: list[int] | None = None
+    """Explicit prompt tokens (explicit form); wins over ``segments``."""
+    text: str | None = None
+    """Prompt text for ``/v1/completions`` (text form)."""
+    messages: tuple[ChatMessage, ...] | None = None
+    """Chat messages for ``/v1/chat/completions`` (text form)."""
+    output_segments: tuple[Segment, ...] = ()
+    """The tokens a simulated engine should generate, when a later prompt contains them (multi-turn chat):
+    an engine that emits exactly these caches decode blocks that the next turn can hit.  Empty: any."""
+    cache_salt: str | None = None
+    """vLLM ``cache_salt``: requests under different salts never share cache blocks."""
+    tenant: str | None = None
+    """Who sent it, for per-tenant figures."""
+    session_id: str | None = None
+    """Conversation id of a multi-turn request."""
+    turn: int = 0
+    """Turn number within the session, from 0."""
+    depends_on: str | None = None
+    """Id of a request that must have finished before this one is sent (the previous turn)."""
+    think_s: float = 0.0
+    """Delay after ``depends_on`` finished before this request is sent."""
+    affinity_id: str | None = None
+    """Client affinity key: SageMaker ``X-Amzn-SageMaker-Prefix-Aware-Id`` / OpenAI ``prompt_cache_key``."""
+    group: str | None = None
+    """Which shared prefix the prompt belongs to, for analysis only."""
+
+
+class Workload(Struct, frozen=True, kw_only=True):
+    """A named, fully generated list of requests plus how they are to be released."""
+
+    name: str
+    requests: list[Request]
+    """In release order: sorted by ``arrival_s`` (open loop) or the order clients send them (closed)."""
+    mode: ArrivalMode
+    token_space: TokenSpace
+    """The id range the segments' streams draw from."""
+    metadata: dict[str, Any]
+    """The generator's parameters (``params``), evaluator hints (``hints``, e.g. intended instances)."""
+
+    @property
+    def closed_loop(self) -> bool:
+        return isinstance(self.mode, ClosedLoop)
