@@ -75,8 +75,6 @@ class KvAwareSettings(msgspec.Struct, frozen=True):
     """Prefill-token equivalent of one request in flight (each decodes in every later step)."""
     offload_value: float = 0.8
     """Worth of a CPU/STORAGE-tier hit relative to a GPU hit (it must be copied back first)."""
-    prefer_cached_within: float = 0.0
-    """Ties within this fraction of the best cost go to the target holding more of the prompt."""
 
 
 class KvAware:

@@ -130,7 +130,9 @@ class Router:
             if m and Trust(c.trust).usable:
                 gpu = min(m.tiers.get("GPU", 0), max_hit)
                 spec = min(m.speculative_blocks, max_hit - gpu)
-                off = min(m.matched_blocks - m.tiers.get("GPU", 0) - m.speculative_blocks, max_hit - gpu - spec)
+                off = min(
+                    m.matched_blocks - m.tiers.get("GPU", 0) - m.speculative_blocks, max_hit - gpu - spec
+                )
                 c.matched_blocks = min(m.matched_blocks, max_hit)
                 c.gpu_blocks, c.speculative_blocks, c.offload_blocks = gpu, spec, max(0, off)
                 c.cached_tokens = int((gpu + spec + offload_value * max(0, off)) * bs)
@@ -146,7 +148,10 @@ class Router:
         return out
 
     # ------------------------------------------------------------------ deciding
-    def route(self, inp: RouteInput, targets: list[Target], now: float | None = None) -> Decision:
+    def route(
+        self, inp: RouteInput, targets: list[Target], now: float | None = None, *, dry_run: bool = False
+    ) -> Decision:
+        """Choose a target.  ``dry_run`` (explain) leaves every policy's state as it was."""
         policy = self.policy_for(inp.model)
         cands = self.candidates(inp, targets, now)
         if not cands:
@@ -156,7 +161,7 @@ class Router:
         open_ = [c for c in cands if not cap or c.in_flight < cap]
         if not open_:
             return Decision(None, policy.name, "at_capacity", policy.rank(view, cands, dry_run=True))
-        ranked = policy.rank(view, open_)
+        ranked = policy.rank(view, open_, dry_run=dry_run)
         chosen = next((c for c in ranked if not c.saturated), ranked[0])
         reason = self._reason(policy.name, chosen, ranked)
         d = Decision(chosen, policy.name, reason, ranked, predicted_cached_tokens=chosen.cached_tokens)

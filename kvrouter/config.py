@@ -1,0 +1,136 @@
+"""The router's fleet file: the indexer's ``FleetConfig`` plus routing, limits, tenants and gateway.
+
+::
+
+    block_size: 16
+    tokenizer: /models/llama            # fleet-wide tokenizer (a local dir or an HF id in the local cache)
+    models:
+      llama: {tokenizer: /models/llama, policy: kv-aware}
+    instances: [...]                    # see indexer.config
+    routing:
+      policy: kv-aware                  # kv-aware | prefix-hash | least-loaded | round-robin | random
+      kv_aware: {compute_weight: 1.0, load_weight: 32, offload_value: 0.8}
+      prefix_hash: {prefix_length: 1024, load_bound: 1.25}
+    limits: {concurrency_threshold: 0, max_in_flight: 0, queue_size: 256, queue_timeout_s: 30}
+    tenants:
+      require_api_key: false
+      api_keys: {"sk-team-a": {name: team-a, salt: "a9f3..."}}
+    gateway: {request_timeout_s: 600, first_byte_timeout_s: 60, max_retries: 2, admin_token: null}
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+
+from indexer.config import FleetConfig, load_yaml, parse_fleet
+from indexer.errors import ConfigError
+
+from .routing.policies import POLICIES, KvAwareSettings, PolicySettings, PrefixHashSettings
+from .routing.router import RouterConfig
+
+
+class ModelConfig(msgspec.Struct, frozen=True):
+    tokenizer: str | None = None
+    """This model's tokenizer (overrides the fleet's)."""
+    chat_template: str | None = None
+    """A chat template file or string, when the tokenizer has none (vLLM's --chat-template)."""
+    policy: str | None = None
+    """Routing policy for this model (overrides routing.policy)."""
+
+
+class RoutingConfig(msgspec.Struct, frozen=True):
+    policy: str = "kv-aware"
+    kv_aware: KvAwareSettings = KvAwareSettings()
+    prefix_hash: PrefixHashSettings = PrefixHashSettings()
+    speculative: bool = True
+    """Speculative index entries for requests just sent (a burst of a new prefix stays together)."""
+    shadow: bool = True
+    """Shadow scoring: what every other policy would have chosen, as metrics."""
+    seed: int = 0
+
+
+class LimitsConfig(msgspec.Struct, frozen=True):
+    concurrency_threshold: int = 0
+    """Per-instance requests in flight at which new requests spill to the next-best instance (0: off)."""
+    max_in_flight: int = 0
+    """Per-instance hard cap; when all instances are at it, requests wait in the queue (0: no cap)."""
+    queue_size: int = 256
+    """Requests allowed to wait for capacity; beyond it the gateway answers 429 with Retry-After."""
+    queue_timeout_s: float = 30.0
+    """How long a request waits for capacity before a 429."""
+    retry_after_s: int = 1
+    max_body_bytes: int = 32 << 20
+    """Largest request body accepted (413 beyond)."""
+
+
+class Tenant(msgspec.Struct, frozen=True):
+    name: str
+    salt: str | None = None
+    """Injected as cache_salt into this tenant's requests, so its cache is its own."""
+
+
+class TenantsConfig(msgspec.Struct, frozen=True):
+    require_api_key: bool = False
+    """Reject OpenAI requests whose bearer key is not listed (401)."""
+    api_keys: dict[str, Tenant] = {}
+
+
+class GatewayConfig(msgspec.Struct, frozen=True):
+    connect_timeout_s: float = 2.0
+    first_byte_timeout_s: float = 120.0
+    """An upstream that sends no response headers in this time is taken as hung (failure, retried)."""
+    chunk_timeout_s: float = 120.0
+    """A stream silent this long is ended with an error event."""
+    request_timeout_s: float = 3600.0
+    max_retries: int = 2
+    """Retries on the next-best instance for connection errors and 5xx before the first byte."""
+    health_interval_s: float = 1.0
+    metrics_interval_s: float = 1.0
+    failure_threshold: int = 3
+    """Consecutive failures that take an instance out until its health check passes again."""
+    admin_token: str | None = None
+    """If set, /v1/route/explain, /v1/cache/lookup and /v1/fleet require `Authorization: Bearer <token>`."""
+    upstream_api_key: str | None = None
+    """If set, sent upstream as the bearer key instead of the client's."""
+    indexer_url: str | None = None
+    """Use a remote `kvrouter indexer` instead of the embedded one."""
+
+
+class RouterFleetConfig(FleetConfig, frozen=True, forbid_unknown_fields=True):
+    models: dict[str, ModelConfig] = {}
+    routing: RoutingConfig = RoutingConfig()
+    limits: LimitsConfig = LimitsConfig()
+    tenants: TenantsConfig = TenantsConfig()
+    gateway: GatewayConfig = GatewayConfig()
+
+    def validate(self) -> None:
+        super().validate()
+        for name in [self.routing.policy, *(m.policy for m in self.models.values() if m.policy)]:
+            if name not in POLICIES:
+                raise ConfigError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
+        if self.limits.queue_size < 0 or self.limits.queue_timeout_s <= 0:
+            raise ConfigError("limits: queue_size must be >= 0 and queue_timeout_s > 0")
+        if self.routing.prefix_hash.prefix_length <= 0:
+            raise ConfigError("routing.prefix_hash.prefix_length must be positive")
+
+    def router_config(self, policy: str | None = None) -> RouterConfig:
+        r = self.routing
+        return RouterConfig(
+            policy=policy or r.policy,
+            model_policies={k: m.policy for k, m in self.models.items() if m.policy},
+            concurrency_threshold=self.limits.concurrency_threshold,
+            max_in_flight=self.limits.max_in_flight,
+            speculative=r.speculative,
+            shadow=r.shadow,
+            settings=PolicySettings(kv_aware=r.kv_aware, prefix_hash=r.prefix_hash, seed=r.seed),
+        )
+
+    def tokenizer_for(self, model: str | None) -> str | None:
+        m = self.models.get(model or "")
+        return (m.tokenizer if m and m.tokenizer else None) or self.tokenizer
+
+
+def load_router_fleet(path: str | Path) -> RouterFleetConfig:
+    return parse_fleet(load_yaml(path), RouterFleetConfig)

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible gateway (aiohttp): parse, tokenize, route, proxy, observe."""

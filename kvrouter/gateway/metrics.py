@@ -1,0 +1,83 @@
+"""The gateway's Prometheus metrics, in a registry of its own (no process-global state)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+_TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry or CollectorRegistry(auto_describe=False)
+        self.requests = Counter(
+            "kvrouter_requests", "Requests by route and status", ["route", "status"], registry=r
+        )
+        self.decisions = Counter(
+            "kvrouter_decisions", "Routing decisions by policy and reason", ["policy", "reason"], registry=r
+        )
+        self.decision_seconds = Histogram(
+            "kvrouter_routing_decision_seconds",
+            "Render + tokenize + hash + look up + score, per request",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.prompt_tokens = Counter("kvrouter_prompt_tokens", "Prompt tokens routed", registry=r)
+        self.predicted_cached = Counter(
+            "kvrouter_predicted_cached_tokens",
+            "Cached prompt tokens the router predicted",
+            ["instance"],
+            registry=r,
+        )
+        self.reported_cached = Counter(
+            "kvrouter_reported_cached_tokens",
+            "Cached prompt tokens vLLM reported (usage.prompt_tokens_details.cached_tokens)",
+            ["instance"],
+            registry=r,
+        )
+        self.cached_error = Histogram(
+            "kvrouter_cached_tokens_error",
+            "Predicted minus reported cached tokens, per request with a usage report",
+            buckets=(-8192, -2048, -512, -128, -16, -1, 0, 1, 16, 128, 512, 2048, 8192),
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "kvrouter_instance_in_flight", "Requests in flight per target", ["target"], registry=r
+        )
+        self.healthy = Gauge(
+            "kvrouter_instance_healthy", "1 if the target is in rotation", ["target"], registry=r
+        )
+        self.retries = Counter(
+            "kvrouter_retries", "Retries on another instance, by reason", ["reason"], registry=r
+        )
+        self.spills = Counter(
+            "kvrouter_spills", "Requests spilled past the concurrency threshold", registry=r
+        )
+        self.rejections = Counter(
+            "kvrouter_rejections", "Requests rejected, by reason", ["reason"], registry=r
+        )
+        self.queue_depth = Gauge("kvrouter_queue_depth", "Requests waiting for capacity", registry=r)
+        self.upstream_ttft = Histogram(
+            "kvrouter_upstream_ttft_seconds",
+            "Time from dispatch to the first streamed token (or to the response, unstreamed)",
+            ["instance"],
+            buckets=_TTFT_BUCKETS,
+            registry=r,
+        )
+        self.shadow_cached = Counter(
+            "kvrouter_shadow_cached_tokens",
+            "Cached tokens each policy's choice would have had (shadow scoring, incl. the active policy)",
+            ["policy"],
+            registry=r,
+        )
+        self.shadow_agree = Counter(
+            "kvrouter_shadow_agreement",
+            "Requests where a shadow policy chose the same target",
+            ["policy"],
+            registry=r,
+        )
+        self.client_disconnects = Counter("kvrouter_client_disconnects", "Clients that went away", registry=r)
+        self.stream_errors = Counter(
+            "kvrouter_stream_errors", "Streams ended with an error event after they began", registry=r
+        )

@@ -1,0 +1,34 @@
+"""From a parsed request to the token ids vLLM will compute and our block hashes of them.
+
+Token-id prompts pass through.  Text prompts and chat messages go through the model's tokenizer (the
+tokenizer cache: chat template rendered exactly as vLLM does, long repeated prefixes not re-tokenized), run
+off the event loop.  A model without a tokenizer is routed without block hashes (by load and prefix text).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from indexer.hashing import I64Array, base_hash, chain, content_hashes
+
+from .requests import ParsedRequest
+
+
+class TokenSource(Protocol):
+    """Tokenizes a request as vLLM would; returns None when no tokenizer serves the model."""
+
+    async def tokens(self, req: ParsedRequest) -> list[int] | None: ...
+
+
+class PassThroughTokens:
+    """Only token-id prompts (no tokenizer configured)."""
+
+    async def tokens(self, req: ParsedRequest) -> list[int] | None:
+        return req.prompt if isinstance(req.prompt, list) else None
+
+
+def block_chains(
+    tokens: list[int], block_size: int, *, cache_salt: str | None, lora_name: str | None
+) -> I64Array:
+    """Our chain hashes of the prompt's full blocks, in the request's (salt, LoRA) namespace."""
+    return chain(content_hashes(tokens, block_size), base_hash(lora_name, cache_salt))

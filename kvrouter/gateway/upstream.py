@@ -1,0 +1,208 @@
+"""The fleet as the gateway sees it: which instances are in rotation, what they serve, how loaded.
+
+::
+
+    active checks   GET /health every health_interval_s  ──▶ healthy / unhealthy
+    passive checks  connection error           ──▶ out of rotation at once, until /health passes
+                    failure_threshold failures ──▶ out of rotation, until /health passes
+    engine load     GET /metrics every metrics_interval_s ──▶ vllm:num_requests_running / waiting per rank
+    models          GET /v1/models with each passing check ──▶ which instances serve which model
+
+A request never waits on an instance known to be dead: it is not a candidate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+import aiohttp
+import msgspec
+from prometheus_client.parser import text_string_to_metric_families
+
+from indexer.config import InstanceConfig
+
+from ..routing import InstanceId, LoadTracker
+from ..routing.router import Target
+
+log = logging.getLogger("kvrouter.gateway.upstream")
+
+
+class Upstream(msgspec.Struct):
+    cfg: InstanceConfig
+    healthy: bool = True
+    """Optimistic at start: the first failed check or connection error takes it out."""
+    failures: int = 0
+    served_models: list[str] = []
+    last_check: float | None = None
+
+    @property
+    def name(self) -> str:
+        return self.cfg.name
+
+    def targets(self) -> list[Target]:
+        has_events = self.cfg.events is not None
+        return [
+            Target(InstanceId(self.name), r, self.cfg.dp_size, has_events, self.healthy, self.cfg.weight)
+            for r in range(self.cfg.dp_size)
+        ]
+
+    def serves(self, model: str | None) -> bool:
+        if model is None:
+            return True
+        if self.cfg.models:
+            return model in self.cfg.models
+        return not self.served_models or model in self.served_models
+
+
+class UpstreamPool:
+    def __init__(
+        self,
+        instances: list[InstanceConfig],
+        load: LoadTracker,
+        *,
+        health_interval_s: float = 1.0,
+        metrics_interval_s: float = 1.0,
+        failure_threshold: int = 3,
+        on_change: Callable[[str, bool], None] | None = None,
+    ) -> None:
+        self.upstreams: dict[str, Upstream] = {i.name: Upstream(i) for i in instances if i.url}
+        self.load = load
+        self.health_interval_s = health_interval_s
+        self.metrics_interval_s = metrics_interval_s
+        self.failure_threshold = failure_threshold
+        self.on_change = on_change
+        self._tasks: list[asyncio.Task[None]] = []
+        self._session: aiohttp.ClientSession | None = None
+
+    # ------------------------------------------------------------------ queries
+    def targets(self, model: str | None) -> list[Target]:
+        return [t for u in self.upstreams.values() if u.serves(model) for t in u.targets()]
+
+    def known_model(self, model: str | None) -> bool:
+        return any(u.serves(model) for u in self.upstreams.values())
+
+    def models(self) -> list[str]:
+        names: dict[str, None] = {}
+        for u in self.upstreams.values():
+            for m in u.cfg.models or u.served_models:
+                names[m] = None
+        return list(names)
+
+    def url(self, name: str) -> str:
+        url = self.upstreams[name].cfg.url
+        assert url is not None
+        return url.rstrip("/")
+
+    # ------------------------------------------------------------------ passive checks
+    def _set(self, u: Upstream, healthy: bool) -> None:
+        if u.healthy != healthy:
+            u.healthy = healthy
+            log.warning(
+                "instance %s",
+                "back in rotation" if healthy else "out of rotation",
+                extra={"instance": u.name},
+            )
+            if self.on_change:
+                self.on_change(u.name, healthy)
+
+    def record_failure(self, name: str, *, connection: bool) -> None:
+        u = self.upstreams.get(name)
+        if u is None:
+            return
+        u.failures += 1
+        if connection or u.failures >= self.failure_threshold:
+            self._set(u, False)
+
+    def record_success(self, name: str) -> None:
+        u = self.upstreams.get(name)
+        if u is not None:
+            u.failures = 0
+
+    # ------------------------------------------------------------------ active checks
+    async def start(self, session: aiohttp.ClientSession) -> None:
+        self._session = session
+        await asyncio.gather(*(self._check(u) for u in self.upstreams.values()))
+        self._tasks = [
+            asyncio.create_task(self._health_loop(), name="health"),
+            asyncio.create_task(self._metrics_loop(), name="engine-metrics"),
+        ]
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._tasks = []
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.health_interval_s)
+            await asyncio.gather(*(self._check(u) for u in list(self.upstreams.values())))
+
+    async def _check(self, u: Upstream) -> None:
+        assert self._session is not None
+        url = (u.cfg.url or "").rstrip("/")
+        timeout = aiohttp.ClientTimeout(total=max(0.5, self.health_interval_s * 2))
+        ok = False
+        try:
+            async with self._session.get(f"{url}/health", timeout=timeout) as r:
+                ok = r.status == 200
+            if ok and not u.cfg.models:
+                async with self._session.get(f"{url}/v1/models", timeout=timeout) as r:
+                    if r.status == 200:
+                        data = await r.json()
+                        u.served_models = [
+                            m["id"] for m in data.get("data", []) if isinstance(m, dict) and "id" in m
+                        ]
+        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError):
+            ok = False
+        u.last_check = time.monotonic()
+        if ok:
+            u.failures = 0
+        self._set(u, ok)
+
+    async def _metrics_loop(self) -> None:
+        while True:
+            await asyncio.gather(*(self._scrape(u) for u in list(self.upstreams.values()) if u.healthy))
+            await asyncio.sleep(self.metrics_interval_s)
+
+    async def _scrape(self, u: Upstream) -> None:
+        assert self._session is not None
+        try:
+            async with self._session.get(
+                f"{(u.cfg.url or '').rstrip('/')}/metrics", timeout=aiohttp.ClientTimeout(total=2)
+            ) as r:
+                if r.status != 200:
+                    return
+                text = await r.text()
+        except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError):
+            return
+        running, waiting = parse_engine_load(text)
+        now = time.monotonic()
+        for t in u.targets():
+            rank = str(t.dp_rank)
+            self.load.observe_engine(
+                InstanceId(t.key), int(running.get(rank, 0)), int(waiting.get(rank, 0)), now
+            )
+
+
+def parse_engine_load(text: str) -> tuple[dict[str, float], dict[str, float]]:
+    """vllm:num_requests_running / waiting per engine (data-parallel rank) from /metrics text."""
+    running: dict[str, float] = {}
+    waiting: dict[str, float] = {}
+    try:
+        for fam in text_string_to_metric_families(text):
+            dest = {"vllm:num_requests_running": running, "vllm:num_requests_waiting": waiting}.get(fam.name)
+            if dest is None:
+                continue
+            for s in fam.samples:
+                eng = s.labels.get("engine", "0")
+                dest[eng] = dest.get(eng, 0.0) + s.value
+    except (ValueError, TypeError):
+        pass
+    return running, waiting
