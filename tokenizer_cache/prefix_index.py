@@ -1,0 +1,265 @@
+"""Cached texts, their tokens, and a datrie over chunk digests that finds the longest cached prefix.
+
+Raw text is never put in the trie (a 33,000-character key makes ``longest_prefix_item`` slow, and
+libdatrie's alphabet holds at most 255 symbols).  A text is cut at fixed character positions into chunks
+of ``chunk_chars``; each chunk maps to a 4-character digest over ``'\\x01'..'\\xff'``; the digests of a
+text's first k chunks, concatenated, form its k-th key::
+
+    text     |---- chunk 1 ----|---- chunk 2 ----|---- chunk 3 ----|-- tail --|
+    digests        d1                d2                d3            t(tail)
+    keys     d1,  d1d2,  d1d2d3,  d1d2d3t            (the last one: the entry's terminal key)
+
+``longest_prefix_item(digests of the query)`` returns the deepest key that prefixes the query, i.e. the
+cached entry sharing the most whole chunks with it, in one C call.  Digests can collide: a match is
+always verified (and extended to the exact common prefix) by comparing the texts themselves, so a
+collision costs a missed reuse, never a wrong token.
+
+Invariant (I): for every live entry E and every key k of E, ``k`` is in the trie and names a live entry
+F that also has k among its keys (a prefix, at digest granularity, of a key of F is a key of F).
+
+- insert(E): ``setdefault`` each key of E to E.  Existing keys keep naming their live owner; new ones
+  name E.  (I) holds.
+- evict(E): for each key of E, longest first, that names E: if a longer key lies below it, it names a
+  live F != E (E's longer keys were handled already), so re-point the key to F; otherwise delete it.
+  No other live entry G can need a deleted key k: k would be G's terminal key, so G's text would be a
+  whole-chunk prefix of E's, and such a G is never inserted while E is live (and is superseded when E
+  arrives after it).  The only exception is a digest collision, which again only costs reuse.
+
+Entries are immutable once built, so a caller may keep using one after it has been evicted.  The index
+serialises its own state with one lock; no tokenization happens under it.
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+import threading
+from array import array
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import datrie
+
+__all__ = ["Entry", "Match", "PrefixIndex", "common_prefix_len"]
+
+DIGEST_CHARS = 4
+# Map digest byte 0 to 1: the trie alphabet is '\x01'..'\xff' (255 symbols, libdatrie's limit).
+_NO_ZERO = bytes([1]) + bytes(range(1, 256))
+_MASK32 = 0xFFFFFFFF
+# Estimated bytes per cached token id: a list slot plus an int object (even when shared with another
+# entry, so the estimate stays an upper bound).
+_BYTES_PER_TOKEN = 8 + 32
+_ENTRY_OVERHEAD = 400
+
+
+class Entry:
+    """One cached text and its tokens (without special tokens), plus its reuse-boundary candidates.
+
+    ``seam_pos[i]`` is a character position in ``text`` that starts a word of the tokenization, and
+    ``seam_idx[i]`` the index in ``ids`` of the token that starts there.  Both arrays increase.
+    """
+
+    __slots__ = ("digests", "eid", "ids", "nbytes", "seam_idx", "seam_pos", "text")
+
+    def __init__(
+        self, eid: int, text: str, ids: list[int], seam_pos: array[int], seam_idx: array[int], digests: str
+    ) -> None:
+        self.eid = eid
+        self.text = text
+        self.ids = ids
+        self.seam_pos = seam_pos
+        self.seam_idx = seam_idx
+        self.digests = digests
+        self.nbytes = (
+            sys.getsizeof(text)
+            + 64
+            + _BYTES_PER_TOKEN * len(ids)
+            + seam_pos.itemsize * (len(seam_pos) + len(seam_idx))
+            + 128
+            + sys.getsizeof(digests)
+            # trie cells: one per new digest character at most, plus key tails
+            + 16 * len(digests)
+            + _ENTRY_OVERHEAD
+        )
+
+
+class Match:
+    """A lookup result: ``entry.text[:common] == query[:common]`` and ``common`` is maximal."""
+
+    __slots__ = ("common", "entry", "shared_chunks")
+
+    def __init__(self, entry: Entry, common: int, shared_chunks: int) -> None:
+        self.entry = entry
+        self.common = common
+        self.shared_chunks = shared_chunks
+
+
+def common_prefix_len(a: str, b: str, start: int = 0) -> int:
+    """Length of the common prefix of ``a`` and ``b``, given that they agree on ``[0, start)``."""
+    n = min(len(a), len(b))
+    if a[start:n] == b[start:n]:
+        return n
+    lo, hi = start, n  # a[:lo] == b[:lo]; a[:hi] != b[:hi]
+    while hi - lo > 32:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    while lo < hi and a[lo] == b[lo]:
+        lo += 1
+    return lo
+
+
+class PrefixIndex:
+    """LRU-bounded map from cached texts to entries, searchable by longest chunk-aligned prefix."""
+
+    def __init__(self, *, chunk_chars: int, max_bytes: int) -> None:
+        self.chunk_chars = chunk_chars
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._trie = datrie.BaseTrie(ranges=[("\x01", "\xff")])
+        self._entries: OrderedDict[int, Entry] = OrderedDict()  # LRU order: oldest first
+        self._next_eid = 1
+        self.bytes_held = 0
+        self.evictions = 0
+
+    # -- digests (pure, no lock) ------------------------------------------------------------------
+
+    def chunk_digests(self, text: str) -> str:
+        """Digest string of the whole chunks of ``text`` (``DIGEST_CHARS`` characters per chunk)."""
+        c = self.chunk_chars
+        k = len(text) // c
+        if k == 0:
+            return ""
+        hs = [hash(text[i : i + c]) & _MASK32 for i in range(0, k * c, c)]
+        return struct.pack(f"<{k}I", *hs).translate(_NO_ZERO).decode("latin-1")
+
+    def entry_digests(self, text: str, chunk_digests: str) -> str:
+        """All digests of a text to cache: its whole chunks, then its tail (if any) as terminal."""
+        tail = text[len(chunk_digests) // DIGEST_CHARS * self.chunk_chars :]
+        if not tail:
+            return chunk_digests
+        # A different function than the chunk digest, so a tail rarely equals a whole chunk's digest.
+        h = hash(("tail", tail)) & _MASK32
+        return chunk_digests + struct.pack("<I", h).translate(_NO_ZERO).decode("latin-1")
+
+    # -- queries --------------------------------------------------------------------------------
+
+    def lookup(self, text: str, digests: str) -> Match | None:
+        """The cached entry sharing the longest prefix with ``text`` (``digests`` from chunk_digests)."""
+        if not digests:
+            return None
+        with self._lock:
+            item = self._trie.longest_prefix_item(digests, None)
+            if item is None:
+                return None
+            key, eid = item
+            entry = self._entries[eid]
+            self._entries.move_to_end(eid)
+        shared = len(key) // DIGEST_CHARS
+        verified = shared * self.chunk_chars
+        if text[:verified] != entry.text[:verified]:
+            verified = 0  # digest collision: find the true common prefix from scratch
+        return Match(entry, common_prefix_len(text, entry.text, verified), shared)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def entries(self) -> list[Entry]:
+        """The live entries, least recently used first (a copy)."""
+        with self._lock:
+            return list(self._entries.values())
+
+    # -- updates --------------------------------------------------------------------------------
+
+    def insert(
+        self,
+        text: str,
+        ids: list[int],
+        seam_pos: array[int],
+        seam_idx: array[int],
+        digests: str,
+        *,
+        supersedes: Entry | None = None,
+    ) -> Entry | None:
+        """Cache ``text``; drop ``supersedes`` (an entry whose text prefixes this one) if given.
+
+        Returns the new entry, or None when it alone would exceed the byte budget.
+        """
+        with self._lock:
+            entry = Entry(self._next_eid, text, ids, seam_pos, seam_idx, digests)
+            if entry.nbytes > self.max_bytes:
+                return None
+            self._next_eid += 1
+            trie, eid, d = self._trie, entry.eid, DIGEST_CHARS
+            for k in range(d, len(digests) + 1, d):
+                trie.setdefault(digests[:k], eid)
+            self._entries[eid] = entry
+            self.bytes_held += entry.nbytes
+            if supersedes is not None and supersedes.eid in self._entries:
+                self._remove(supersedes)
+            while self.bytes_held > self.max_bytes and self._entries:
+                _, oldest = next(iter(self._entries.items()))
+                self._remove(oldest)
+                self.evictions += 1
+            return entry
+
+    def clear(self) -> None:
+        with self._lock:
+            self._trie = datrie.BaseTrie(ranges=[("\x01", "\xff")])
+            self._entries.clear()
+            self.bytes_held = 0
+
+    def _remove(self, entry: Entry) -> None:
+        """Drop ``entry`` and its keys, keeping invariant (I).  Caller holds the lock."""
+        trie, eid, d = self._trie, entry.eid, DIGEST_CHARS
+        digests = entry.digests
+        heir: int | None = None  # once a key is re-pointed, every shorter key of E has the same heir
+        for k in range(len(digests), 0, -d):
+            key = digests[:k]
+            if trie.get(key) != eid:
+                continue
+            if heir is None:
+                heir = self._descendant(key)
+            if heir is None:
+                del trie[key]
+            else:
+                trie[key] = heir
+        del self._entries[eid]
+        self.bytes_held -= entry.nbytes
+
+    def _descendant(self, key: str) -> int | None:
+        """The entry named by some key strictly longer than ``key``, or None."""
+        state = datrie.BaseState(self._trie)
+        if not state.walk(key) or state.is_leaf():
+            return None
+        it = datrie.BaseIterator(state)
+        while it.next():
+            if it.key():
+                return int(it.data())
+        return None
+
+    # -- checking -------------------------------------------------------------------------------
+
+    def check_invariants(self) -> None:
+        """Assert invariant (I) and the byte accounting (for tests; O(total key length))."""
+        with self._lock:
+            d = DIGEST_CHARS
+            for entry in self._entries.values():
+                for k in range(d, len(entry.digests) + 1, d):
+                    key = entry.digests[:k]
+                    owner = self._trie.get(key)
+                    assert owner in self._entries, (key, owner)
+                    owner_digests = self._entries[owner].digests
+                    assert owner_digests.startswith(key), "key names an entry that does not hold it"
+            assert self.bytes_held == sum(e.nbytes for e in self._entries.values())
+            assert self.bytes_held <= self.max_bytes
+            live = set(self._entries)
+            for _, owner in self._trie.items():
+                assert owner in live, "trie key names an evicted entry"
+
+
+def seam_arrays(pos: Sequence[int], idx: Sequence[int]) -> tuple[array[int], array[int]]:
+    """Compact int32 arrays for an entry's seams."""
+    return array("i", pos), array("i", idx)

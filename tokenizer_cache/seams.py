@@ -1,0 +1,259 @@
+"""Reusing a cached tokenization: where it is safe to cut, and why the result is exact.
+
+Notation.  f(X) is the tokenization of text X without special tokens (no post-processor), as produced
+by a Hugging Face ``tokenizers`` pipeline: (1) split around added tokens, (2) normalize each piece,
+(3) pre-tokenize each piece into *words*, (4) the model (BPE, Unigram, WordPiece) encodes each word on
+its own.  W(X) is the set of character positions where a word of X starts.  A cached entry holds a
+text C and f(C); the query is a text T with T[:m] == C[:m] (m maximal).
+
+The splice.  We pick b, a word start of C with b <= m - margin, and b', an earlier word start of C
+(b' <= b - overlap).  We tokenize G = T[b':] and accept only if (a) G's first tokens are exactly C's
+tokens between b' and b, and (b) G has a word starting exactly at b (relative position b - b') with no
+token straddling it.  Then::
+
+    f(T) = f(C)[tokens before b] + f(G)[tokens from b]
+
+    C  |=========== cached tokens reused ===========|~~ overlap ~~|-- margin --|...C's own continuation
+    T  |================ same text ================================| m ...T's continuation
+                                                  b'              b            m
+    G                                             |== re-tokenized, must match ==|== new tokens =====>
+
+Why this is exact.  Step (4) is word-local: a word's tokens depend on the word's characters only, so
+two texts whose word segmentations agree on a range get the same tokens there.  Two properties of
+steps (1)-(3) carry the rest:
+
+(R) bounded right context: whether p is in W(X), and the words before p, depend only on X[:p + R].
+    Regex splits scan left to right and decide a split from a few characters after it (``\\s+(?!\\S)``
+    looks one ahead; runs of letters, digits or spaces are cut where the run ends, and no word
+    boundary lies inside such a run); an added token starting before p is recognised from its own
+    characters.  The margin is at least the longest added token plus a few characters.
+(L) no long-range left context: if p is in W(X) and in W(Y), and X and Y agree after p, the words of X
+    and Y after p are the same, unless p is where one of the texts starts.  Regex splits restart at
+    a split point (the patterns use lookahead only, which ``reuse_blockers`` checks); the schemes that
+    treat the *start* of a text specially (ByteLevel ``add_prefix_space``, Metaspace ``prepend_scheme``,
+    a ``Prepend`` normalizer) touch only the first word.
+
+Proof.  T and C agree on [0, m) and b + R <= m, so by (R) b is in W(T) and the words before b are the
+same in T and C: the tokens before b are f(C)'s.  Check (b) shows b is in W(G) too; T and G agree
+after b, and b is not the start of either (b' < b), so by (L) the tokens after b are the same in T and
+in G.  The start-of-text effects that (L) excludes happen at b' in G, which is why G starts at b' and
+not at b; check (a) confirms that they, and any other influence of the missing left context, died out
+before b.  If a check fails we tokenize T in full and count a fallback.
+
+What this does not cover, and how it is handled: pipelines outside the set above (BPE dropout makes
+tokenization random; regexes with lookbehind or anchors break (L); unknown components) are refused by
+``reuse_blockers`` and then nothing is cached.  A pipeline with no pre-tokenizer (one word per piece,
+as in SentencePiece conversions without a splitter) has no word starts inside a piece, so nothing is
+reused there: exact, just not faster.  The property tests compare spliced and full tokenizations on
+byte-level BPE (DeepSeek's regexes), a trained GPT-2-style BPE and a Metaspace tokenizer.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+__all__ = [
+    "EncodingLike",
+    "Splice",
+    "longest_added_token",
+    "plan_splice",
+    "reuse_blockers",
+    "sample_seams",
+    "verify_splice",
+]
+
+
+class EncodingLike(Protocol):
+    """The parts of ``tokenizers.Encoding`` used here."""
+
+    @property
+    def ids(self) -> list[int]: ...
+
+    def token_to_word(self, token_index: int) -> int | None: ...
+
+    def token_to_chars(self, token_index: int) -> tuple[int, int] | None: ...
+
+
+def sample_seams(
+    enc: EncodingLike,
+    n_tokens: int,
+    *,
+    stride: int,
+    first_token: int,
+    min_rel_pos: int,
+    pos_offset: int,
+    idx_offset: int,
+    out_pos: list[int],
+    out_idx: list[int],
+) -> None:
+    """Append word starts of ``enc`` (about one per ``stride`` tokens after ``first_token``).
+
+    A seam is a token index i > 0 whose token starts a word (its word id differs from token i-1's) and
+    whose start is not inside token i-1 (``end(i-1) <= start(i)``: byte-level tokens that split one
+    character share its offsets).  Positions are shifted by ``pos_offset`` and indices by
+    ``idx_offset``; only relative positions > ``min_rel_pos`` are kept, in increasing order.
+    """
+    t2w, t2c = enc.token_to_word, enc.token_to_chars
+    last = min_rel_pos
+    i = first_token + stride
+    while i < n_tokens:
+        lo = max(i - stride + 1, first_token + 1, 1)  # search window (i - stride, i]
+        j, w = i, t2w(i)
+        while w is not None:
+            if t2w(j - 1) != w:
+                break  # token j starts a word
+            j -= 1
+            if j < lo:
+                w = None  # one word spans the whole window: no seam here
+        if w is not None:
+            cur, prev = t2c(j), t2c(j - 1)
+            if cur is not None and prev is not None and prev[1] <= cur[0] and cur[0] > last:
+                last = cur[0]
+                out_pos.append(cur[0] + pos_offset)
+                out_idx.append(j + idx_offset)
+        i += stride
+
+
+class Splice:
+    """A chosen seam: reuse ``cached_ids[:idx_b]``, re-tokenize the query from ``pos_b0``."""
+
+    __slots__ = ("idx_b", "idx_b0", "pos_b", "pos_b0", "seam_index")
+
+    def __init__(self, pos_b0: int, idx_b0: int, pos_b: int, idx_b: int, seam_index: int) -> None:
+        self.pos_b0 = pos_b0  # b'
+        self.idx_b0 = idx_b0
+        self.pos_b = pos_b  # b
+        self.idx_b = idx_b
+        self.seam_index = seam_index  # index of b in the entry's seam arrays
+
+
+def plan_splice(
+    seam_pos: Sequence[int], seam_idx: Sequence[int], common: int, *, margin: int, overlap: int
+) -> Splice | None:
+    """Pick b (the last seam <= common - margin) and b' (the last seam <= b - overlap), if both exist."""
+    j = bisect_right(seam_pos, common - margin) - 1
+    if j < 1:
+        return None
+    b = seam_pos[j]
+    jp = bisect_right(seam_pos, b - overlap, 0, j) - 1
+    if jp < 0:
+        return None
+    return Splice(seam_pos[jp], seam_idx[jp], b, seam_idx[j], j)
+
+
+def verify_splice(enc: EncodingLike, cached_ids: list[int], sp: Splice) -> bool:
+    """Checks (a) and (b) of the module docstring on ``enc`` = f(T[b':])."""
+    n = sp.idx_b - sp.idx_b0
+    ids = enc.ids
+    if ids[:n] != cached_ids[sp.idx_b0 : sp.idx_b]:
+        return False
+    if len(ids) == n:
+        return True  # nothing after b produces tokens (e.g. trailing text a normalizer removes)
+    beta = sp.pos_b - sp.pos_b0
+    cur = enc.token_to_chars(n)
+    prev = enc.token_to_chars(n - 1)
+    if cur is None or prev is None or cur[0] != beta or prev[1] > beta:
+        return False
+    w = enc.token_to_word(n)
+    return w is not None and w != enc.token_to_word(n - 1)
+
+
+# -- structural check of the pipeline ----------------------------------------------------------
+
+_OK_NORMALIZERS = {
+    "Sequence",
+    "NFC",
+    "NFD",
+    "NFKC",
+    "NFKD",
+    "Lowercase",
+    "StripAccents",
+    "Replace",
+    "Prepend",
+    "BertNormalizer",
+    "Precompiled",
+    "ByteLevel",
+    "Nmt",
+}
+_OK_PRE_TOKENIZERS = {
+    "Sequence",
+    "ByteLevel",
+    "Split",
+    "Metaspace",
+    "Whitespace",
+    "WhitespaceSplit",
+    "BertPreTokenizer",
+    "Punctuation",
+    "Digits",
+    "CharDelimiterSplit",
+    "UnicodeScripts",
+}
+_OK_MODELS = {"BPE", "Unigram", "WordPiece", "WordLevel"}
+
+
+def _regex_blockers(pattern: str) -> list[str]:
+    """Constructs that look left of the match start or anchor to the text ends (they break (L))."""
+    found: list[str] = []
+    i, in_class = 0, 0
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\" and i + 1 < len(pattern):
+            nxt = pattern[i + 1]
+            if not in_class and nxt in "bBAzZG":
+                found.append("\\" + nxt)
+            i += 2
+            continue
+        if in_class:
+            if ch == "[":
+                in_class += 1
+            elif ch == "]":
+                in_class -= 1
+        elif ch == "[":
+            in_class = 1
+            # a ']' right after '[' or '[^' is a literal member
+            if pattern[i + 1 : i + 2] == "]":
+                i += 1
+            elif pattern[i + 1 : i + 3] == "^]":
+                i += 2
+        elif ch in "^$":
+            found.append(ch)
+        elif pattern.startswith("(?<=", i) or pattern.startswith("(?<!", i):
+            found.append("lookbehind")
+        i += 1
+    return found
+
+
+def _walk(node: Any, kind: str, ok: set[str], out: list[str]) -> None:
+    if node is None:
+        return
+    typ = node.get("type")
+    if typ not in ok:
+        out.append(f"{kind} {typ}")
+        return
+    for child in node.get("normalizers") or node.get("pretokenizers") or []:
+        _walk(child, kind, ok, out)
+    if typ == "Split":
+        pat = node.get("pattern", {})
+        regex = pat.get("Regex")
+        if regex is not None:
+            out.extend(f"Split regex uses {b}" for b in _regex_blockers(regex))
+
+
+def reuse_blockers(tokenizer_json: dict[str, Any]) -> list[str]:
+    """Why prefix reuse would not be provably exact for this pipeline (empty list: reuse is on)."""
+    out: list[str] = []
+    model = tokenizer_json.get("model") or {}
+    if model.get("type") not in _OK_MODELS:
+        out.append(f"model {model.get('type')}")
+    if model.get("dropout"):
+        out.append("BPE dropout makes tokenization random")
+    _walk(tokenizer_json.get("normalizer"), "normalizer", _OK_NORMALIZERS, out)
+    _walk(tokenizer_json.get("pre_tokenizer"), "pre_tokenizer", _OK_PRE_TOKENIZERS, out)
+    return out
+
+
+def longest_added_token(tokenizer_json: dict[str, Any]) -> int:
+    """Length in characters of the longest added token (0 if none)."""
+    return max((len(t.get("content", "")) for t in tokenizer_json.get("added_tokens") or []), default=0)
