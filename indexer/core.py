@@ -31,7 +31,7 @@ from .hashing import (
 from .index import BlockIndex, SourceMatch
 from .sources import Action, Apply, Replay, Reset, SourceSync
 from .types import Medium, SourceKey, Trust
-from .wire import BatchDecoder, BlockRemoved, BlockStored, engine_hash_i64
+from .wire import BatchDecoder, BlockRemoved, BlockStored, engine_hash_i64, peek_ts
 
 _U64_MAX = (1 << 64) - 1
 
@@ -148,16 +148,16 @@ class Indexer:
     # ------------------------------------------------------------------ sequenced ingestion (shells)
     def on_message(self, source: SourceKey, seq: int, payload: bytes) -> list[int]:
         """A live message.  Returns the replay start sequences the shell must request, if any."""
-        return self._run(source, self.sync(source).on_live(seq, payload))
+        return self._run(source, self.sync(source).on_live(seq, payload, peek_ts(payload)))
 
     def on_connect(self, source: SourceKey) -> list[int]:
         return self._run(source, self.sync(source).on_connect())
 
-    def on_replay(self, source: SourceKey, seq: int, payload: bytes) -> None:
-        self._run(source, self.sync(source).on_replay(seq, payload))
+    def on_replay(self, source: SourceKey, seq: int, payload: bytes) -> list[int]:
+        return self._run(source, self.sync(source).on_replay(seq, payload, peek_ts(payload)))
 
-    def on_replay_end(self, source: SourceKey) -> None:
-        self._run(source, self.sync(source).on_replay_end())
+    def on_replay_end(self, source: SourceKey) -> list[int]:
+        return self._run(source, self.sync(source).on_replay_end())
 
     def _run(self, source: SourceKey, actions: list[Action]) -> list[int]:
         replays: list[int] = []

@@ -1,15 +1,21 @@
 """Sequence tracking for one event publisher (an instance's data-parallel rank), as a pure state machine.
 
-vLLM numbers the batches of each publisher process from 0, +1 per batch, and keeps the last
-``buffer_steps`` of them for replay.  From the sequence numbers alone we can tell::
+vLLM numbers the batches of each publisher process from 0, +1 per batch, stamps each with the engine's
+clock, and keeps the last ``buffer_steps`` of them for replay.  From (seq, ts) alone we can tell::
 
-    seq == last + 1    in order: apply
-    seq >  last + 1    a gap (HWM drop, slow joiner): ask for a replay from last + 1, buffer live batches
-    seq <= last        the engine restarted: its cache is gone, drop the source's state
-    first seq > 0      we joined late: ask for a replay from 0
+    seq == last + 1                  in order: apply
+    seq >  last + 1                  a gap (HWM drop, slow joiner): replay from last + 1, buffer live batches
+    seq <= last, live                the engine restarted (a PUB never repeats): drop the source's state
+    seq <= last, ts > last's ts      a batch of a newer engine process: it restarted (replayed or drained)
+    seq <= last, ts <= last's ts     a batch we already applied (replay overlap): skip
+    first seq > 0                    we joined late: replay from 0
+
+After a reconnect the replay starts at ``last`` itself, not ``last + 1``: if the engine that answers still
+has batch ``last`` with the same timestamp it is the same process; a later timestamp means it restarted
+while we were away, even if its new sequence already went past ours.
 
     COLD ──first batch──▶ LIVE ◀──replay end / timeout── SYNCING
-                           └────────gap / late join────────▶┘
+                           └───── gap / late join / reconnect ───▶┘
 
 Methods return the actions the shell must carry out, in order; nothing here does I/O.
 """
@@ -54,7 +60,8 @@ class SourceSync:
         self.phase = Phase.COLD
         self.trust = Trust.COLD
         self.last: int | None = None
-        self.pending: dict[int, bytes] = {}
+        self.last_ts: float | None = None
+        self.pending: dict[int, tuple[bytes, float | None]] = {}
         self.gaps = 0
         self.unfilled = 0
         self.restarts = 0
@@ -62,81 +69,112 @@ class SourceSync:
         self.dropped_pending = 0
         self._mid_stream = False  # the current sync fills a gap after applied batches (vs. a late join)
 
+    def _newer_process(self, seq: int, ts: float | None) -> bool:
+        return (
+            self.last is not None
+            and seq <= self.last
+            and ts is not None
+            and self.last_ts is not None
+            and ts > self.last_ts
+        )
+
     # ------------------------------------------------------------------ live stream
-    def on_live(self, seq: int, payload: bytes) -> list[Action]:
+    def on_live(self, seq: int, payload: bytes, ts: float | None = None) -> list[Action]:
         if self.phase is Phase.SYNCING:
+            if self._newer_process(seq, ts):
+                return self._restart(seq, payload, ts)
             if self.last is None or seq > self.last:
                 if len(self.pending) < self.max_pending:
-                    self.pending[seq] = payload
+                    self.pending[seq] = (payload, ts)
                 else:
                     self.dropped_pending += 1
             return []
         if self.phase is Phase.COLD:
-            return self._first(seq, payload)
+            return self._first(seq, payload, ts)
         last = self.last
         if last is None or seq == last + 1:
-            return self._apply(seq, payload)
+            return self._apply(seq, payload, ts)
         if seq <= last:
-            self.restarts += 1
-            self.last = None
-            self.trust = Trust.COLD
-            return [Reset(), *self._first(seq, payload)]
+            return self._restart(seq, payload, ts)
         self.gaps += 1
         if self.has_replay:
-            return self._start_sync(last + 1, seq, payload, mid_stream=True)
+            return self._start_sync(last + 1, seq, payload, ts, mid_stream=True)
         self.unfilled += 1
         self.trust = Trust.DEGRADED
-        return self._apply(seq, payload)
+        return self._apply(seq, payload, ts)
 
-    def _first(self, seq: int, payload: bytes) -> list[Action]:
+    def _restart(self, seq: int, payload: bytes, ts: float | None) -> list[Action]:
+        self.restarts += 1
+        self.last = self.last_ts = None
+        self.trust = Trust.COLD
+        self.phase = Phase.COLD
+        self.pending = {}
+        return [Reset(), *self._first(seq, payload, ts)]
+
+    def _first(self, seq: int, payload: bytes, ts: float | None) -> list[Action]:
         if seq == 0:
             self.phase = Phase.LIVE
             self.trust = Trust.EXACT
-            return self._apply(seq, payload)
+            return self._apply(seq, payload, ts)
         if self.has_replay:
-            return self._start_sync(0, seq, payload, mid_stream=False)
+            return self._start_sync(0, seq, payload, ts, mid_stream=False)
         self.phase = Phase.LIVE
         self.trust = Trust.PARTIAL
-        return self._apply(seq, payload)
+        return self._apply(seq, payload, ts)
 
-    def _start_sync(self, start: int, seq: int, payload: bytes, *, mid_stream: bool) -> list[Action]:
+    def _start_sync(
+        self, start: int, seq: int, payload: bytes, ts: float | None, *, mid_stream: bool
+    ) -> list[Action]:
         self.phase = Phase.SYNCING
         self._mid_stream = mid_stream
-        self.pending = {seq: payload}
+        self.pending = {seq: (payload, ts)}
         self.replays += 1
         return [Replay(start)]
 
-    def _apply(self, seq: int, payload: bytes) -> list[Action]:
+    def _apply(self, seq: int, payload: bytes, ts: float | None) -> list[Action]:
         self.last = seq
+        if ts is not None:
+            self.last_ts = ts
         return [Apply(seq, payload)]
 
     # ------------------------------------------------------------------ connection
     def on_connect(self) -> list[Action]:
-        """A (re)connection: ask for everything the engine still buffers, so a late start loses nothing."""
+        """A (re)connection: ask for everything the engine still buffers, so a late start loses nothing.
+        After earlier batches, start at ``last`` itself to tell the same engine from a restarted one."""
         if not self.has_replay or self.phase is Phase.SYNCING:
             return []
         self.phase = Phase.SYNCING
         self._mid_stream = self.last is not None
         self.pending = {}
         self.replays += 1
-        return [Replay(0 if self.last is None else self.last + 1)]
+        return [Replay(0 if self.last is None else self.last)]
 
     # ------------------------------------------------------------------ replay stream
-    def on_replay(self, seq: int, payload: bytes) -> list[Action]:
+    def on_replay(self, seq: int, payload: bytes, ts: float | None = None) -> list[Action]:
         if self.phase is not Phase.SYNCING:
             return []
+        if self._newer_process(seq, ts):
+            # The engine restarted while we were away: forget it, then replay the new process from 0.
+            self.restarts += 1
+            self.last = self.last_ts = None
+            self.trust = Trust.COLD
+            pending = dict(self.pending)
+            self.pending = {}
+            out: list[Action] = [Reset(), *self._start_sync(0, seq, payload, ts, mid_stream=False)]
+            self.pending.update({q: v for q, v in pending.items() if ts is None or (v[1] or 0) >= ts})
+            return out
         last = self.last
         if last is None:
             if seq == 0:
                 self.trust = Trust.EXACT
             elif self.trust is not Trust.DEGRADED:
                 self.trust = Trust.PARTIAL
-            return self._apply(seq, payload)
+            return self._apply(seq, payload, ts)
         if seq <= last:
             return []
         if seq > last + 1:
             self._unfilled()
-        return self._apply(seq, payload)
+        return self._apply(seq, payload, ts)
 
     def on_replay_end(self) -> list[Action]:
         """The replay finished (end marker) or timed out: apply what was buffered meanwhile, in order."""
@@ -144,8 +182,12 @@ class SourceSync:
             return []
         self.phase = Phase.LIVE
         out: list[Action] = []
-        for seq in sorted(self.pending):
-            payload = self.pending[seq]
+        pending, self.pending = self.pending, {}
+        for seq in sorted(pending):
+            payload, ts = pending[seq]
+            if self._newer_process(seq, ts):
+                out.extend(self._restart(seq, payload, ts))
+                continue
             last = self.last
             if last is None:
                 if seq == 0:
@@ -156,9 +198,8 @@ class SourceSync:
                 continue
             elif seq > last + 1:
                 self._unfilled()
-            out.extend(self._apply(seq, payload))
-        self.pending = {}
-        if self.last is None and self.trust is Trust.COLD and self.has_replay:
+            out.extend(self._apply(seq, payload, ts))
+        if self.phase is Phase.LIVE and self.last is None and self.trust is Trust.COLD and self.has_replay:
             # An empty replay: the engine has published nothing yet, so nothing was missed.
             self.trust = Trust.EXACT
         return out

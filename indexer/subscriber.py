@@ -239,7 +239,7 @@ class EventSubscriber:
         for start in starts:
             ep = self._replay_eps.get(src)
             if ep is None or self._closing:
-                self.indexer.on_replay_end(src)
+                self._request_replays(src, self.indexer.on_replay_end(src))
                 continue
             old = self._replay_tasks.pop(src, None)
             if old is not None:
@@ -274,7 +274,10 @@ class EventSubscriber:
                         self.counters["bad_replay_frames"] += 1
                         continue
                     got += 1
-                    self.indexer.on_replay(src, int.from_bytes(seq_b, "big"), payload)
+                    again = self.indexer.on_replay(src, int.from_bytes(seq_b, "big"), payload)
+                    if again:  # the engine restarted while we were away: replay the new process instead
+                        self._request_replays(src, again)
+                        return
                     if got % _YIELD_EVERY == 0:
                         await asyncio.sleep(0)
         except TimeoutError:
@@ -285,4 +288,4 @@ class EventSubscriber:
             if self._replay_tasks.get(src) is asyncio.current_task():
                 del self._replay_tasks[src]
         self.counters["replayed_batches"] += got
-        self.indexer.on_replay_end(src)
+        self._request_replays(src, self.indexer.on_replay_end(src))

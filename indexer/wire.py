@@ -21,6 +21,7 @@ keys and extra trailing array elements are ignored.
 
 from __future__ import annotations
 
+import struct
 from collections import Counter
 from typing import Any
 
@@ -121,6 +122,7 @@ class DecodedBatch(msgspec.Struct, gc=False):
     skipped: Counter[str]
 
 
+_F64 = struct.Struct(">d")
 _KNOWN_TAGS = frozenset({"BlockStored", "BlockRemoved", "AllBlocksCleared"})
 
 
@@ -255,6 +257,13 @@ class BatchDecoder:
         if isinstance(tag, str) and tag not in _KNOWN_TAGS:
             return "unknown_tag"
         return "bad_event"
+
+
+def peek_ts(payload: bytes) -> float | None:
+    """The batch timestamp of ``[float64 ts, ...]`` without decoding the rest (None for other shapes)."""
+    if len(payload) >= 10 and payload[0] in (0x92, 0x93) and payload[1] == 0xCB:
+        return float(_F64.unpack_from(payload, 2)[0])
+    return None
 
 
 def _peek_event_shape(payload: bytes) -> bool | None:
