@@ -55,6 +55,7 @@ def test_same_seed_same_workload(name: str) -> None:
         assert all(t is None for t in times)
     else:
         assert times == sorted(times) and all(t is not None and t >= 0 for t in times)
+    assert msgspec.json.decode(encoded(a), type=Workload) == a  # workloads can be saved and reloaded
     assert a.metadata["params"] == describe(name)["params"]
     assert a.metadata["hints"] == describe(name)["hints"]
 

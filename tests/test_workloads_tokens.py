@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from indexer.hashing import base_hash, block_hashes, content_hashes
+from indexer.hashing import TokenEncodingError, base_hash, block_hashes, content_hashes
 from kvrouter.workloads import (
     BlockContentCache,
     NotMaterialized,
@@ -95,6 +95,8 @@ def test_hash_token_array_is_the_indexers_hash() -> None:
     small = np.array([0, 1, 127, 128, 255, 256, 65535, 65536, 2**32 - 1], dtype=np.uint32)
     assert np.array_equal(hash_token_array(small, 3), content_hashes(small.tolist(), 3))
     assert len(hash_token_array(tokens[:15], 16)) == 0
+    with pytest.raises(TokenEncodingError):
+        hash_token_array(np.array([1, 2**32], dtype=np.int64), 1)
 
 
 segments_st = st.lists(

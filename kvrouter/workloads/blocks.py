@@ -25,7 +25,15 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from indexer.hashing import MAX_BLOCK_SIZE, I64Array, base_hash, chain, content_hashes, content_hashes_raw
+from indexer.hashing import (
+    MAX_BLOCK_SIZE,
+    I64Array,
+    TokenEncodingError,
+    base_hash,
+    chain,
+    content_hashes,
+    content_hashes_raw,
+)
 
 from .errors import NotMaterialized
 from .spec import Request, Segment, TokenSpace
@@ -43,6 +51,8 @@ def hash_token_array(tokens: U32Array | npt.NDArray[np.int64], block_size: int) 
     n = len(tokens)
     if n < block_size:
         return _EMPTY
+    if tokens.dtype != np.uint32 and (tokens.min() < 0 or tokens.max() >= 1 << 32):
+        raise TokenEncodingError("token ids must be ints in 0 .. 2**32-1")
     buf = np.empty(5 + 5 * n, dtype=np.uint8)
     buf[0] = 0xDD  # array32 header
     buf[1:5] = np.frombuffer(n.to_bytes(4, "big"), dtype=np.uint8)

@@ -14,12 +14,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-import msgspec
 import numpy as np
 from msgspec import Struct
 
 from .arrivals import AllAtOnce, Arrival, arrival_times, mode_of, request_count, sort_requests
-from .spec import Request, Role, Segment, TokenSpace, Workload
+from .spec import Request, Role, Segment, TokenSpace, Workload, plain
 from .text import TextCache, render_messages, render_text
 from .tokens import derive_key
 
@@ -101,7 +100,7 @@ def assemble(
         requests=sort_requests(requests),
         mode=mode_of(params.arrival),
         token_space=params.token_space,
-        metadata={"generator": name, "params": msgspec.to_builtins(params), "hints": dict(hints or {})},
+        metadata={"generator": name, "params": plain(params), "hints": dict(hints or {})},
     )
 
 

@@ -31,7 +31,7 @@ import numpy as np
 from msgspec import Struct
 
 from .errors import ChecksumMismatch, TraceFormatError
-from .spec import OpenLoop, Request, Segment, TokenSpace, Workload
+from .spec import OpenLoop, Request, Segment, TokenSpace, Workload, plain
 from .tokens import derive_key, derive_keys
 
 MOONCAKE_BLOCK_TOKENS = 512
@@ -165,7 +165,7 @@ def rows_to_workload(rows: list[tuple[int, MooncakeRow]], name: str, options: Mo
         token_space=options.token_space,
         metadata={
             "generator": "mooncake",
-            "params": msgspec.to_builtins(options),
+            "params": plain(options),
             "hints": {},
             "mooncake_block_tokens": MOONCAKE_BLOCK_TOKENS,
         },

@@ -48,7 +48,7 @@ from .shared_prefix import (
     dynamo_prefix_ratio,
     shared_prefix,
 )
-from .spec import Workload
+from .spec import Workload, plain
 from .tenants import TenantsParams, tenants
 
 
@@ -160,7 +160,7 @@ def describe(name: str) -> dict[str, Any]:
     return {
         "name": name,
         "description": entry.description,
-        "params": msgspec.to_builtins(entry.params_type()),
+        "params": plain(entry.params_type()),
         "hints": dict(entry.hints),
     }
 

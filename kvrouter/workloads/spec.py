@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+import msgspec
 from msgspec import Struct
 
 Role = Literal["system", "user", "assistant"]
@@ -113,7 +114,9 @@ class Request(Struct, frozen=True, kw_only=True, omit_defaults=True):
     turn: int = 0
     """Turn number within the session, from 0."""
     depends_on: str | None = None
-    """Id of a request that must have finished before this one is sent (the previous turn)."""
+    """Id of a request that must have finished before this one is sent (the previous turn).  An evaluator
+    honouring it sends the request at ``max(arrival_s, finish(depends_on) + think_s)`` in open loop, and
+    as the closed-loop rule says otherwise."""
     think_s: float = 0.0
     """Delay after ``depends_on`` finished before this request is sent."""
     affinity_id: str | None = None
@@ -132,8 +135,15 @@ class Workload(Struct, frozen=True, kw_only=True):
     token_space: TokenSpace
     """The id range the segments' streams draw from."""
     metadata: dict[str, Any]
-    """The generator's parameters (``params``), evaluator hints (``hints``, e.g. intended instances)."""
+    """JSON data: the generator's parameters (``params``), evaluator hints (``hints``, e.g. the peer's
+    instance count), and whatever the loader adds (``source``, ``materialized``)."""
 
     @property
     def closed_loop(self) -> bool:
         return isinstance(self.mode, ClosedLoop)
+
+
+def plain(value: Any) -> Any:
+    """``value`` as JSON data (dicts, lists, str, numbers, None): what ``metadata`` holds, so that a
+    workload survives a JSON round trip unchanged."""
+    return msgspec.json.decode(msgspec.json.encode(value))
