@@ -82,7 +82,8 @@ def _aligned_walk(segments: Sequence[Segment], block_size: int) -> tuple[list[tu
 class BlockContentCache:
     """Content hashes (``indexer.hashing`` ``H_k``) of prompts' full blocks, cached per segment key.
 
-    Not thread-safe: one owner (the evaluator's loop) uses it."""
+    Returned arrays may be read-only views of the cache.  Not thread-safe: one owner (the evaluator's
+    loop) uses it."""
 
     def __init__(self, space: TokenSpace, block_size: int) -> None:
         if not 0 < block_size <= MAX_BLOCK_SIZE:
@@ -111,6 +112,7 @@ class BlockContentCache:
         self.misses += 1
         bs = self.block_size
         hashes = hash_token_array(segments_tokens(self.space, (Segment(key, blocks * bs),)), bs)
+        hashes.setflags(write=False)
         self._by_key[key] = hashes
         return hashes
 
@@ -136,6 +138,7 @@ class BlockContentCache:
             blocks = np.fromiter((b for _, b in batch), dtype=np.int64, count=len(batch))
             # Each stream contributes whole blocks, so block boundaries of the concatenation are its own.
             hashes = hash_token_array(streams_tokens(self.space, keys, blocks * bs), bs)
+            hashes.setflags(write=False)
             ends = np.cumsum(blocks).tolist()
             for (key, count), stop in zip(batch, ends):
                 self._by_key[key] = hashes[stop - count : stop]

@@ -25,9 +25,11 @@ from .build import GeneratorParams, Keys, Renderer, assemble, rng_for, schedule
 from .spec import ClosedLoop, Request, Role, Segment, Workload
 
 
-def _check_lengths(**lengths: int | None) -> None:
+def _check_lengths(output_len: int, **lengths: int) -> None:
+    if output_len < 1:
+        raise ValueError(f"output_len must be >= 1 (vLLM's max_tokens), got {output_len}")
     for name, value in lengths.items():
-        if value is not None and value < 0:
+        if value < 0:
             raise ValueError(f"{name} must be >= 0, got {value}")
 
 
@@ -52,7 +54,7 @@ class SharedPrefixParams(GeneratorParams, frozen=True, kw_only=True, forbid_unkn
     def __post_init__(self) -> None:
         if self.num_groups < 1 or self.prompts_per_group < 1:
             raise ValueError("num_groups and prompts_per_group must be >= 1")
-        _check_lengths(system_len=self.system_len, question_len=self.question_len, output_len=self.output_len)
+        _check_lengths(self.output_len, system_len=self.system_len, question_len=self.question_len)
         if self.question_len_max is not None and self.question_len_max < self.question_len:
             raise ValueError("question_len_max must be >= question_len")
 
@@ -152,7 +154,7 @@ class DynamoPrefixRatioParams(GeneratorParams, frozen=True, kw_only=True, forbid
             raise ValueError(f"prefix_ratio must be in [0, 1], got {self.prefix_ratio}")
         if self.num_prefixes < 1:
             raise ValueError("num_prefixes must be >= 1")
-        _check_lengths(input_len=self.input_len, output_len=self.output_len)
+        _check_lengths(self.output_len, input_len=self.input_len)
 
 
 def shared_prefix(
