@@ -15,6 +15,7 @@ from kvrouter.workloads import (
     make_workload,
     materialize,
     reuse_ceiling,
+    tokenize_with,
 )
 from kvrouter.workloads.text import WORDS, segment_text
 
@@ -103,3 +104,24 @@ def test_http_calls() -> None:
     m = materialize(text, word_ids).requests[0]
     assert http_call(m, space, model="m").body["prompt"] == m.text
     assert http_call(m, space, model="m", send_ids=True).body["prompt"] == m.token_ids
+
+
+def test_tokenize_with_dispatches_on_form() -> None:
+    seen: list[object] = []
+
+    def encode_prompt(text: str) -> list[int]:
+        seen.append(text)
+        return [1, 2]
+
+    def encode_chat(messages: list[dict[str, str]]) -> list[int]:
+        seen.append(messages)
+        return [3, 4, 5]
+
+    chat = make_workload("sglang-gsp", form="chat", num_groups=1, prompts_per_group=2)
+    m = materialize(chat, tokenize_with(encode_prompt, encode_chat))
+    assert [r.token_ids for r in m.requests] == [[3, 4, 5]] * 2
+    assert isinstance(seen[0], list) and seen[0][0]["role"] == "system"
+    text = make_workload("sglang-gsp", form="text", num_groups=1, prompts_per_group=1)
+    assert materialize(text, tokenize_with(encode_prompt)).requests[0].token_ids == [1, 2]
+    with pytest.raises(NotMaterialized):
+        materialize(chat, tokenize_with(encode_prompt))

@@ -33,7 +33,7 @@ from .errors import (
     UnknownWorkload,
     WorkloadError,
 )
-from .live import AFFINITY_HEADER, HttpCall, Tokenize, http_call, materialize
+from .live import AFFINITY_HEADER, HttpCall, Tokenize, http_call, materialize, tokenize_with
 from .mooncake import DEFAULT_TRACE_DIR, MooncakeOptions, id_reuse, load_mooncake
 from .rag import RagParams
 from .registry import REGISTRY, MooncakeTraceParams, describe, list_workloads, make_workload, workload_params
@@ -112,5 +112,6 @@ __all__ = [
     "reuse_hits",
     "scale_rate",
     "summarize",
+    "tokenize_with",
     "workload_params",
 ]

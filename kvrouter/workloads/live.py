@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 from msgspec import Struct
 
+from .errors import NotMaterialized
 from .spec import Request, TokenSpace, Workload
 from .tokens import prompt_ids
 
@@ -28,6 +29,26 @@ Tokenize = Callable[[Request], list[int]]
 
 AFFINITY_HEADER = "X-Amzn-SageMaker-Prefix-Aware-Id"
 """SageMaker's affinity header; the OpenAI-style equivalent is the body field ``prompt_cache_key``."""
+
+
+def tokenize_with(
+    encode_prompt: Callable[[str], list[int]],
+    encode_chat: Callable[[list[dict[str, str]]], list[int]] | None = None,
+) -> Tokenize:
+    """A ``Tokenize`` from a tokenizer's two entry points, e.g. the tokenizer cache's
+    ``tokenize_with(tok.encode_prompt, tok.encode_chat)``: completion text through ``encode_prompt``,
+    chat messages (as OpenAI dicts) through ``encode_chat`` (the chat template included)."""
+
+    def tokenize(request: Request) -> list[int]:
+        if request.messages is not None:
+            if encode_chat is None:
+                raise NotMaterialized(f"request {request.id} is a chat request and no encode_chat was given")
+            return encode_chat([{"role": m.role, "content": m.content} for m in request.messages])
+        if request.text is None:
+            raise NotMaterialized(f"request {request.id} has no text to tokenize")
+        return encode_prompt(request.text)
+
+    return tokenize
 
 
 def materialize(workload: Workload, tokenize: Tokenize) -> Workload:
