@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from typing import cast
 
 from .events import AllBlocksCleared, BlockRemoved, KVEvent
 from .types import BlockHash, BlockId
@@ -48,7 +49,9 @@ class BlockPool:
         self.enable_events = enable_events
         self._hash: list[BlockHash | None] = [None] * num_blocks
         self._ref: list[int] = [0] * num_blocks
-        self._free: OrderedDict[BlockId, None] = OrderedDict.fromkeys(BlockId(i) for i in range(num_blocks))
+        self._free: OrderedDict[BlockId, None] = OrderedDict.fromkeys(
+            cast("Iterable[BlockId]", range(num_blocks))
+        )
         self._by_hash: dict[BlockHash, BlockId] = {}
         self._dups: dict[BlockHash, list[BlockId]] = {}  # further blocks with the same hash, oldest first
         self._events: list[KVEvent] = []

@@ -74,11 +74,16 @@ class KVCacheManager:
         bs = self.block_size
         pool = self.pool
         table = self._tables.get(req.request_id)
+        end = req.num_computed_tokens + len(new_hits) * bs + num_external_tokens + num_new_tokens
+        if table is not None and not new_hits and end <= len(table) * bs:
+            # Fast path (most decode steps): the slots exist; maybe a block just became full.
+            full = min(end, req.num_tokens) // bs
+            if self.caching and full > self._num_cached.get(req.request_id, 0):
+                self._cache(req, table, full)
+            return True
         have = len(table) if table is not None else 0
-        num_local = req.num_computed_tokens + len(new_hits) * bs
-        total_computed = num_local + num_external_tokens
-        need = -(-(total_computed + num_new_tokens) // bs) - have - len(new_hits)
-        evictable_hits = sum(1 for b in new_hits if pool.ref_count(b) == 0)
+        need = -(-end // bs) - have - len(new_hits)
+        evictable_hits = sum(1 for b in new_hits if pool.ref_count(b) == 0) if new_hits else 0
         if max(need, 0) + evictable_hits > pool.num_free:
             return False
         if table is None:
@@ -92,15 +97,14 @@ class KVCacheManager:
         if need > 0:
             table.extend(pool.get_new_blocks(need))
         if self.caching:
-            full = min(total_computed + num_new_tokens, req.num_tokens) // bs
-            self._cache(req, table, full)
+            self._cache(req, table, min(end, req.num_tokens) // bs)
         return True
 
     def _cache(self, req: Request, table: list[BlockId], full: int) -> None:
         rid = req.request_id
         done = self._num_cached.get(rid, 0)
         if full <= done:
-            return
+            return  # nothing newly full (most steps)
         req.ensure_hashes(full)
         hashes: list[BlockHash] = req.block_hashes[done:full]
         self.pool.cache_blocks(table[done:full], hashes)

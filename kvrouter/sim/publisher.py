@@ -11,7 +11,7 @@
                          ◀── [b"", seq8, payload] ...  [b"", END, b""]              releases <= 0.25
                          ◀── [b"", topic, seq8, payload] ...  [b"", b"", END, b""]  releases >= 0.26
 
-Payloads are written by ``indexer.encode.PayloadEncoder(release)``: any vLLM release's exact shape.
+Payloads are written by ``payload.PayloadWriter`` (``indexer.encode.PayloadEncoder``): any release's shape.
 
 Fault knobs (for tests and demos; each says what a router then sees):
 
@@ -43,10 +43,11 @@ import zmq
 import zmq.asyncio
 
 from indexer.config import offset_endpoint
-from indexer.encode import RELEASES, PayloadEncoder, version_tuple
+from indexer.encode import RELEASES, version_tuple
 
 from .errors import PublisherError, SimConfigError
-from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from .events import KVEvent
+from .payload import PayloadWriter
 
 log = logging.getLogger("kvrouter.sim.publisher")
 
@@ -126,9 +127,8 @@ class EventPublisher:
         self._own_ctx = ctx is None
         self._ctx = ctx if ctx is not None else zmq.asyncio.Context()
         self._sync_ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.shadow(self._ctx.underlying)
-        self._encoder = PayloadEncoder(config.release)
+        self._writer = PayloadWriter(config.release, config.dp_rank)
         self._new_replay_framing = version_tuple(config.release) >= (0, 26, 0)
-        self._placeholder_block_size_zero = version_tuple(config.release) >= (0, 33, 0)
         self._topic = config.topic.encode()
         self._rng = random.Random(config.seed)
         self.drop_rate = config.drop_rate
@@ -225,7 +225,7 @@ class EventPublisher:
         if not self._up:
             self.stats.refused += 1
             return None
-        payload = self._payload(events, time.time() if ts is None else ts)
+        payload = self._writer.payload(events, time.time() if ts is None else ts)
         seq = self._seq
         self._seq += 1
         self.stats.batches += 1
@@ -250,33 +250,6 @@ class EventPublisher:
             self.stats.sent += 1
         except zmq.Again:
             self.stats.dropped += 1
-
-    def _payload(self, events: Sequence[KVEvent], ts: float) -> bytes:
-        enc = self._encoder
-        out: list[msgspec.Struct] = []
-        for ev in events:
-            match ev:
-                case BlockStored():
-                    placeholder = not ev.token_ids and ev.medium != "GPU"
-                    out.append(
-                        enc.stored(
-                            ev.block_hashes,
-                            ev.parent_block_hash,
-                            ev.token_ids,
-                            0 if placeholder and self._placeholder_block_size_zero else ev.block_size,
-                            medium=ev.medium,
-                            lora_id=ev.lora_id,
-                            lora_name=ev.lora_name,
-                            extra_keys=[list(k) if k else None for k in ev.extra_keys]
-                            if ev.extra_keys is not None
-                            else None,
-                        )
-                    )
-                case BlockRemoved():
-                    out.append(enc.removed(ev.block_hashes, medium=ev.medium))
-                case AllBlocksCleared():
-                    out.append(enc.cleared())
-        return enc.batch(out, ts=ts, dp_rank=self.config.dp_rank)
 
     # ------------------------------------------------------------------ replay
     async def _serve_replay(self, router: zmq.asyncio.Socket) -> None:

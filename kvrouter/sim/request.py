@@ -29,7 +29,10 @@ class Status(enum.Enum):
 
 
 class Request:
-    """Mutable engine-side state of one request.  Built by ``Engine.add_request``; callers never mutate it."""
+    """Mutable engine-side state of one request.  Built by ``Engine.add_request``; callers never mutate it.
+
+    ``num_tokens`` (= len(all_token_ids)) and ``num_output_tokens`` are plain attributes kept in step by
+    ``append_output_token``, the only place tokens are added (they are read per request per step)."""
 
     __slots__ = (
         "_extra0",
@@ -45,8 +48,10 @@ class Request:
         "max_tokens",
         "num_cached_tokens",
         "num_computed_tokens",
+        "num_output_tokens",
         "num_preemptions",
         "num_prompt_tokens",
+        "num_tokens",
         "request_id",
         "seed",
         "status",
@@ -70,7 +75,8 @@ class Request:
     ) -> None:
         self.request_id = request_id
         self.all_token_ids = list(prompt_token_ids)
-        self.num_prompt_tokens = len(prompt_token_ids)
+        self.num_prompt_tokens = self.num_tokens = len(self.all_token_ids)
+        self.num_output_tokens = 0
         self.max_tokens = max_tokens
         self.block_size = block_size
         self.cache_salt = cache_salt or None
@@ -98,14 +104,6 @@ class Request:
             if hash_blocks
             else []
         )
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.all_token_ids)
-
-    @property
-    def num_output_tokens(self) -> int:
-        return len(self.all_token_ids) - self.num_prompt_tokens
 
     @property
     def is_finished(self) -> bool:
@@ -143,4 +141,6 @@ class Request:
             self._outputs = rng.integers(0, self.vocab_size, size=self.max_tokens).tolist()
         tok = self._outputs[self.num_output_tokens]
         self.all_token_ids.append(tok)
+        self.num_output_tokens += 1
+        self.num_tokens += 1
         return tok

@@ -201,38 +201,47 @@ class Scheduler:
         outputs: list[RequestOutput] = []
         c = self.counters
         finished: list[Request] = []
+        max_len = self.max_model_len
+        decode = prefill = pairs = context = generated = 0
         for req, n in scheduled:
-            decoding = n == 1 and req.num_output_tokens > 0 and req.num_computed_tokens == req.num_tokens - 1
             before = req.num_computed_tokens
-            if decoding:
-                stats.decode_tokens += 1
+            after = before + n
+            req.num_computed_tokens = after
+            context += after
+            if n == 1 and req.num_output_tokens and after == req.num_tokens:
+                decode += 1
+                pairs += after
             else:
-                stats.prefill_tokens += n
-            stats.attention_pairs += n * before + n * (n + 1) // 2
-            req.num_computed_tokens = before + n
-            stats.context_tokens += req.num_computed_tokens
-            if req.num_computed_tokens < req.num_tokens:
+                prefill += n
+                pairs += n * before + n * (n + 1) // 2
+            if after < req.num_tokens:
                 continue  # a prefill chunk: no token yet
             tok = req.append_output_token()
-            c.generation_tokens += 1
-            if req.num_output_tokens == 1:
+            generated += 1
+            n_out = req.num_output_tokens
+            if n_out == 1:
                 c.prompt_tokens += req.num_prompt_tokens
-            done = req.num_output_tokens >= req.max_tokens or req.num_tokens >= self.max_model_len
+            done = n_out >= req.max_tokens or req.num_tokens >= max_len
             outputs.append(
                 RequestOutput(
                     req.request_id,
                     [tok],
-                    req.num_output_tokens == 1,
+                    n_out == 1,
                     done,
                     "length" if done else None,
                     req.num_prompt_tokens,
-                    req.num_output_tokens,
-                    max(req.num_cached_tokens, 0),
+                    n_out,
+                    req.num_cached_tokens,
                 )
             )
             if done:
                 finished.append(req)
+        c.generation_tokens += generated
         stats.num_scheduled = len(scheduled)
+        stats.decode_tokens = decode
+        stats.prefill_tokens = prefill
+        stats.attention_pairs = pairs
+        stats.context_tokens = context
         if finished:
             for req in finished:
                 self.requests.pop(req.request_id, None)

@@ -1,0 +1,55 @@
+"""Writing a step's events as one vLLM batch payload, in any release's wire shape (pure, no sockets).
+
+Differences between releases are the encoder's business (``indexer.encode.PayloadEncoder``: positional
+events up to 0.23, maps from 0.24, no rank on 0.9, fields only ever appended); this module maps the
+engine's events onto it and applies the one per-release value rule the encoder cannot know: offload
+placeholders carry ``block_size`` 0 from 0.33 on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import msgspec
+
+from indexer.encode import PayloadEncoder, version_tuple
+
+from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+
+
+class PayloadWriter:
+    """Encodes event batches for one release and one data-parallel rank."""
+
+    def __init__(self, release: str = "0.33.0", dp_rank: int = 0) -> None:
+        self.encoder = PayloadEncoder(release)
+        self.release = release
+        self.dp_rank = dp_rank
+        self._placeholder_size_zero = version_tuple(release) >= (0, 33, 0)
+
+    def payload(self, events: Sequence[KVEvent], ts: float) -> bytes:
+        """``[ts, events, data_parallel_rank]`` (``[ts, events]`` on 0.9) as the release writes it."""
+        enc = self.encoder
+        out: list[msgspec.Struct] = []
+        for ev in events:
+            match ev:
+                case BlockStored():
+                    placeholder = not ev.token_ids and ev.medium != "GPU"
+                    out.append(
+                        enc.stored(
+                            ev.block_hashes,
+                            ev.parent_block_hash,
+                            ev.token_ids,
+                            0 if placeholder and self._placeholder_size_zero else ev.block_size,
+                            medium=ev.medium,
+                            lora_id=ev.lora_id,
+                            lora_name=ev.lora_name,
+                            extra_keys=None
+                            if ev.extra_keys is None
+                            else [list(k) if k else None for k in ev.extra_keys],
+                        )
+                    )
+                case BlockRemoved():
+                    out.append(enc.removed(ev.block_hashes, medium=ev.medium))
+                case AllBlocksCleared():
+                    out.append(enc.cleared())
+        return enc.batch(out, ts=ts, dp_rank=self.dp_rank)
