@@ -2,8 +2,8 @@
 
 Differences between releases are the encoder's business (``indexer.encode.PayloadEncoder``: positional
 events up to 0.23, maps from 0.24, no rank on 0.9, fields only ever appended); this module maps the
-engine's events onto it and applies the one per-release value rule the encoder cannot know: offload
-placeholders carry ``block_size`` 0 from 0.33 on.
+engine's events onto it and applies the value rules the encoder cannot know: offload placeholders (the
+``OffloadingConnector``'s stores) carry no ``group_idx`` nor ``extra_keys``, and ``block_size`` 0 from 0.33.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ class PayloadWriter:
                             extra_keys=None
                             if ev.extra_keys is None
                             else [list(k) if k else None for k in ev.extra_keys],
+                            group_idx=None if placeholder else 0,
                         )
                     )
                 case BlockRemoved():
