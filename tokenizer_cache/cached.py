@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
+from array import array
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any, NamedTuple
@@ -30,7 +31,7 @@ from .chat import ChatRenderer, ContentFormat
 from .config import CacheConfig, CacheStats
 from .errors import InvalidPromptError
 from .loading import HFTokenizer, load_chat_template, load_hf_tokenizer, raw_backend, special_wrap
-from .prefix_index import Entry, Match, PrefixIndex, seam_arrays
+from .prefix_index import Entry, Match, PrefixIndex
 from .seams import Splice, longest_added_token, plan_splice, reuse_blockers, sample_seams, verify_splice
 
 __all__ = ["CachedTokenizer", "Encoded"]
@@ -326,8 +327,7 @@ class CachedTokenizer:
         # Miss or fallback: full encode, then cache the text.
         enc = self._raw.encode(text, add_special_tokens=False)
         ids = enc.ids
-        pos: list[int] = []
-        idx: list[int] = []
+        pos, idx = array("i"), array("i")
         sample_seams(
             enc,
             len(ids),
@@ -339,8 +339,8 @@ class CachedTokenizer:
             out_pos=pos,
             out_idx=idx,
         )
-        sp, si = seam_arrays(pos, idx)
-        index.insert(text, list(ids), sp, si, index.entry_digests(text, digests))
+        known = match.shared_chunks if match is not None else 0
+        index.insert(text, tuple(ids), pos, idx, index.entry_digests(text, digests), known_keys=known)
         self._count(lookups=1, tokens_encoded=len(ids), **{outcome: 1})
         return ids, 0
 
@@ -360,18 +360,26 @@ class CachedTokenizer:
         if not verify_splice(enc, entry.ids, plan):
             return "fallbacks"
         new = enc.ids
-        ids = entry.ids[: plan.idx_b] + new[plan.idx_b - plan.idx_b0 :]
+        ids = entry.ids[: plan.idx_b] + tuple(new[plan.idx_b - plan.idx_b0 :])
         self._count(lookups=1, hits=1, tokens_reused=plan.idx_b, tokens_encoded=len(new))
         if len(text) > m:  # otherwise text is a prefix of the entry's, which already covers it
-            self._cache_spliced(text, entry, m, plan, enc, ids, digests)
+            self._cache_spliced(text, entry, m, plan, enc, ids, digests, match.shared_chunks)
         return list(ids), plan.idx_b
 
     def _cache_spliced(
-        self, text: str, entry: Entry, m: int, plan: Splice, enc: Any, ids: list[int], digests: str
+        self,
+        text: str,
+        entry: Entry,
+        m: int,
+        plan: Splice,
+        enc: Any,
+        ids: tuple[int, ...],
+        digests: str,
+        shared_chunks: int,
     ) -> None:
         """Cache the query: the entry's seams up to b are valid for it (same words), then G's."""
-        pos = list(entry.seam_pos[: plan.seam_index + 1])
-        idx = list(entry.seam_idx[: plan.seam_index + 1])
+        pos = entry.seam_pos[: plan.seam_index + 1]
+        idx = entry.seam_idx[: plan.seam_index + 1]
         sample_seams(
             enc,
             len(enc.ids),
@@ -383,6 +391,8 @@ class CachedTokenizer:
             out_pos=pos,
             out_idx=idx,
         )
-        sp, si = seam_arrays(pos, idx)
         supersedes = entry if m == len(entry.text) else None
-        self._index.insert(text, ids, sp, si, self._index.entry_digests(text, digests), supersedes=supersedes)
+        entry_digests = self._index.entry_digests(text, digests)
+        self._index.insert(
+            text, ids, pos, idx, entry_digests, known_keys=shared_chunks, supersedes=supersedes
+        )

@@ -22,7 +22,7 @@ class CacheConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Upper bound of the bytes held by cached entries (text, token ids, seams, trie keys; estimated
     conservatively).  The least recently used entries are evicted to stay under it."""
 
-    chunk_chars: int = 256
+    chunk_chars: int = 512
     """Granularity of the datrie index: texts are cut into chunks of this many characters and each
     chunk-aligned prefix gets one trie key.  Texts shorter than one chunk are never cached."""
 
@@ -34,7 +34,7 @@ class CacheConfig(msgspec.Struct, frozen=True, kw_only=True):
     """At least this many characters before the reuse boundary are tokenized again and must reproduce
     the cached tokens exactly (the resynchronisation check)."""
 
-    seam_stride_tokens: int = 8
+    seam_stride_tokens: int = 16
     """One reuse-boundary candidate (a word start) is recorded per this many tokens of a cached entry."""
 
     executor_workers: int = msgspec.field(default_factory=_default_workers)

@@ -14,16 +14,21 @@ cached entry sharing the most whole chunks with it, in one C call.  Digests can 
 always verified (and extended to the exact common prefix) by comparing the texts themselves, so a
 collision costs a missed reuse, never a wrong token.
 
-Invariant (I): for every live entry E and every key k of E, ``k`` is in the trie and names a live entry
-F that also has k among its keys (a prefix, at digest granularity, of a key of F is a key of F).
+Keys name *slots*, and a slot names an entry.  When a query extends a cached text C into T (a growing
+conversation), T takes over C's slot: every key of C now leads to T, whose text starts with C's, with
+no trie update beyond T's new keys.
 
-- insert(E): ``setdefault`` each key of E to E.  Existing keys keep naming their live owner; new ones
-  name E.  (I) holds.
-- evict(E): for each key of E, longest first, that names E: if a longer key lies below it, it names a
-  live F != E (E's longer keys were handled already), so re-point the key to F; otherwise delete it.
-  No other live entry G can need a deleted key k: k would be G's terminal key, so G's text would be a
-  whole-chunk prefix of E's, and such a G is never inserted while E is live (and is superseded when E
-  arrives after it).  The only exception is a digest collision, which again only costs reuse.
+Invariant (I): for every live entry E, each key of E is in the trie and names a slot whose entry's text
+starts with the text the key stands for.
+
+- insert(E): ``setdefault`` E's keys beyond those the lookup already found.  Existing keys keep their
+  slot; new ones name E's slot (C's slot when E supersedes C; C's text prefixes E's).  (I) holds.
+- evict(E): for each key naming E's slot (E's keys, and terminal keys of the entries it superseded),
+  longest first: if a longer key lies below it, that key names a live slot whose entry contains the
+  shorter key's text, so re-point to it; otherwise delete.  No live entry G can need a deleted key k:
+  k would be G's terminal key with nothing below it, so G's text would be a prefix of E's, and such a
+  G is never inserted while E is live (and is superseded when E arrives after it).  Digest collisions
+  can break this, at the cost of a missed reuse, never of a wrong token.
 
 Entries are immutable once built, so a caller may keep using one after it has been evicted.  The index
 serialises its own state with one lock; no tokenization happens under it.
@@ -36,7 +41,6 @@ import sys
 import threading
 from array import array
 from collections import OrderedDict
-from collections.abc import Sequence
 
 import datrie
 
@@ -57,12 +61,22 @@ class Entry:
 
     ``seam_pos[i]`` is a character position in ``text`` that starts a word of the tokenization, and
     ``seam_idx[i]`` the index in ``ids`` of the token that starts there.  Both arrays increase.
+
+    NOTE: ``ids`` is a tuple, not a list: the garbage collector stops tracking a tuple of ints after
+    one pass, while a list of 8k ints would be traversed by every full collection (milliseconds per
+    collection once the cache holds a few hundred entries).
     """
 
-    __slots__ = ("digests", "eid", "ids", "nbytes", "seam_idx", "seam_pos", "text")
+    __slots__ = ("digests", "eid", "ids", "nbytes", "seam_idx", "seam_pos", "slot", "text")
 
     def __init__(
-        self, eid: int, text: str, ids: list[int], seam_pos: array[int], seam_idx: array[int], digests: str
+        self,
+        eid: int,
+        text: str,
+        ids: tuple[int, ...],
+        seam_pos: array[int],
+        seam_idx: array[int],
+        digests: str,
     ) -> None:
         self.eid = eid
         self.text = text
@@ -70,6 +84,7 @@ class Entry:
         self.seam_pos = seam_pos
         self.seam_idx = seam_idx
         self.digests = digests
+        self.slot = 0
         self.nbytes = (
             sys.getsizeof(text)
             + 64
@@ -120,6 +135,8 @@ class PrefixIndex:
         self._lock = threading.Lock()
         self._trie = datrie.BaseTrie(ranges=[("\x01", "\xff")])
         self._entries: OrderedDict[int, Entry] = OrderedDict()  # LRU order: oldest first
+        self._slots: dict[int, int] = {}  # slot -> eid of the live entry it names
+        self._extra_keys: dict[int, list[str]] = {}  # slot -> terminal keys of superseded entries
         self._next_eid = 1
         self.bytes_held = 0
         self.evictions = 0
@@ -154,9 +171,9 @@ class PrefixIndex:
             item = self._trie.longest_prefix_item(digests, None)
             if item is None:
                 return None
-            key, eid = item
-            entry = self._entries[eid]
-            self._entries.move_to_end(eid)
+            key, slot = item
+            entry = self._entries[self._slots[slot]]
+            self._entries.move_to_end(entry.eid)
         shared = len(key) // DIGEST_CHARS
         verified = shared * self.chunk_chars
         if text[:verified] != entry.text[:verified]:
@@ -176,15 +193,17 @@ class PrefixIndex:
     def insert(
         self,
         text: str,
-        ids: list[int],
+        ids: tuple[int, ...],
         seam_pos: array[int],
         seam_idx: array[int],
         digests: str,
         *,
+        known_keys: int = 0,
         supersedes: Entry | None = None,
     ) -> Entry | None:
-        """Cache ``text``; drop ``supersedes`` (an entry whose text prefixes this one) if given.
+        """Cache ``text``; ``supersedes`` is an entry whose text prefixes this one (it is dropped).
 
+        ``known_keys``: how many leading keys of ``digests`` the lookup found in the trie already.
         Returns the new entry, or None when it alone would exceed the byte budget.
         """
         with self._lock:
@@ -192,13 +211,21 @@ class PrefixIndex:
             if entry.nbytes > self.max_bytes:
                 return None
             self._next_eid += 1
-            trie, eid, d = self._trie, entry.eid, DIGEST_CHARS
-            for k in range(d, len(digests) + 1, d):
-                trie.setdefault(digests[:k], eid)
-            self._entries[eid] = entry
+            old = supersedes if supersedes is not None and supersedes.eid in self._entries else None
+            if old is not None:
+                entry.slot = old.slot  # every key leading to the old text now leads to the new one
+                del self._entries[old.eid]
+                self.bytes_held -= old.nbytes
+                if len(old.text) % self.chunk_chars:  # its terminal key still names this slot
+                    self._extra_keys.setdefault(old.slot, []).append(old.digests)
+            else:
+                entry.slot = entry.eid
+            self._slots[entry.slot] = entry.eid
+            trie, slot, d = self._trie, entry.slot, DIGEST_CHARS
+            for k in range(max(known_keys, 0) * d + d, len(digests) + 1, d):
+                trie.setdefault(digests[:k], slot)
+            self._entries[entry.eid] = entry
             self.bytes_held += entry.nbytes
-            if supersedes is not None and supersedes.eid in self._entries:
-                self._remove(supersedes)
             while self.bytes_held > self.max_bytes and self._entries:
                 _, oldest = next(iter(self._entries.items()))
                 self._remove(oldest)
@@ -209,34 +236,42 @@ class PrefixIndex:
         with self._lock:
             self._trie = datrie.BaseTrie(ranges=[("\x01", "\xff")])
             self._entries.clear()
+            self._slots.clear()
+            self._extra_keys.clear()
             self.bytes_held = 0
 
     def _remove(self, entry: Entry) -> None:
-        """Drop ``entry`` and its keys, keeping invariant (I).  Caller holds the lock."""
-        trie, eid, d = self._trie, entry.eid, DIGEST_CHARS
-        digests = entry.digests
-        heir: int | None = None  # once a key is re-pointed, every shorter key of E has the same heir
-        for k in range(len(digests), 0, -d):
-            key = digests[:k]
-            if trie.get(key) != eid:
+        """Drop ``entry`` and the keys only its slot needs, keeping invariant (I).  Lock held."""
+        trie, slot, d = self._trie, entry.slot, DIGEST_CHARS
+        keys = [entry.digests[:k] for k in range(len(entry.digests), 0, -d)]
+        keys.extend(self._extra_keys.pop(slot, ()))
+        keys.sort(key=len, reverse=True)
+        heir: int | None = None  # once a key is re-pointed, every shorter one of E has the same heir
+        for key in keys:
+            if trie.get(key) != slot:
                 continue
-            if heir is None:
-                heir = self._descendant(key)
-            if heir is None:
+            if heir is None or not entry.digests.startswith(key):
+                found = self._descendant(key, slot)
+                if entry.digests.startswith(key):
+                    heir = found
+            else:
+                found = heir
+            if found is None:
                 del trie[key]
             else:
-                trie[key] = heir
-        del self._entries[eid]
+                trie[key] = found
+        del self._entries[entry.eid]
+        del self._slots[slot]
         self.bytes_held -= entry.nbytes
 
-    def _descendant(self, key: str) -> int | None:
-        """The entry named by some key strictly longer than ``key``, or None."""
+    def _descendant(self, key: str, slot: int) -> int | None:
+        """The slot named by some key strictly longer than ``key`` (other than ``slot``), or None."""
         state = datrie.BaseState(self._trie)
         if not state.walk(key) or state.is_leaf():
             return None
         it = datrie.BaseIterator(state)
         while it.next():
-            if it.key():
+            if it.key() and it.data() != slot:
                 return int(it.data())
         return None
 
@@ -247,19 +282,19 @@ class PrefixIndex:
         with self._lock:
             d = DIGEST_CHARS
             for entry in self._entries.values():
+                assert self._slots[entry.slot] == entry.eid
                 for k in range(d, len(entry.digests) + 1, d):
                     key = entry.digests[:k]
-                    owner = self._trie.get(key)
-                    assert owner in self._entries, (key, owner)
-                    owner_digests = self._entries[owner].digests
-                    assert owner_digests.startswith(key), "key names an entry that does not hold it"
+                    slot = self._trie.get(key)
+                    assert slot in self._slots, (key, slot)
+                    owner = self._entries[self._slots[slot]]
+                    terminal = k == len(entry.digests) and len(entry.text) % self.chunk_chars
+                    if terminal:
+                        assert owner.text.startswith(entry.text) or owner.digests.startswith(key)
+                    else:
+                        span = k // d * self.chunk_chars
+                        assert owner.text[:span] == entry.text[:span], "key leads to a different text"
             assert self.bytes_held == sum(e.nbytes for e in self._entries.values())
             assert self.bytes_held <= self.max_bytes
-            live = set(self._entries)
-            for _, owner in self._trie.items():
-                assert owner in live, "trie key names an evicted entry"
-
-
-def seam_arrays(pos: Sequence[int], idx: Sequence[int]) -> tuple[array[int], array[int]]:
-    """Compact int32 arrays for an entry's seams."""
-    return array("i", pos), array("i", idx)
+            for _, slot in self._trie.items():
+                assert slot in self._slots, "a trie key names a dead slot"

