@@ -354,3 +354,12 @@ def test_metrics_snapshot() -> None:
     m = e.metrics()
     assert (m.request_success_total, m.generation_tokens_total, m.prompt_tokens_total) == (2, 4, 16)
     assert isinstance(BlockRemoved([]), BlockRemoved)
+
+
+def test_given_output_tokens_are_generated_in_order() -> None:
+    e = make()
+    e.add_request("a", [1, 2, 3], 5, output_token_ids=[40, 41])
+    out = [t for s in run(e)[0] for o in s.outputs for t in o.new_token_ids]
+    assert out[:2] == [40, 41] and len(out) == 5
+    e.add_request("b", [1, 2, 3], 2, output_token_ids=[7, 8, 9])
+    assert [t for s in run(e)[0] for o in s.outputs for t in o.new_token_ids] == [7, 8]

@@ -177,8 +177,12 @@ class Engine:
         cache_salt: str | None = None,
         lora_name: str | None = None,
         seed: int | None = None,
+        output_token_ids: Sequence[int] | None = None,
     ) -> None:
-        """Queue a request.  Raises ``RequestRejected`` (a 400 in the shell) if vLLM would refuse it."""
+        """Queue a request.  Raises ``RequestRejected`` (a 400 in the shell) if vLLM would refuse it.
+
+        ``output_token_ids``: the tokens the request will generate, in order (a trace's recorded answer);
+        missing ones (and all, when None) are pseudo-random for ``seed`` (default: from the request id)."""
         rid = RequestId(request_id)
         if rid in self.scheduler.requests:
             raise DuplicateRequest(f"request {request_id!r} is already in the engine")
@@ -207,6 +211,7 @@ class Engine:
                 lora_name=lora_name,
                 lora_id=lora_id,
                 hash_blocks=self.config.cache.enable_prefix_caching,
+                output_token_ids=None if output_token_ids is None else list(output_token_ids),
             )
         )
 

@@ -60,6 +60,18 @@ def topic_for(instance: str, model: str) -> str:
     return f"kv@{instance}@{model}"
 
 
+async def _bind(sock: zmq.Socket[bytes] | zmq.asyncio.Socket, endpoint: str, retry_s: float) -> None:
+    deadline = time.monotonic() + retry_s
+    while True:
+        try:
+            sock.bind(endpoint)
+            return
+        except zmq.ZMQError as e:
+            if e.errno != zmq.EADDRINUSE or time.monotonic() >= deadline:
+                raise
+        await asyncio.sleep(0.05)
+
+
 class PublisherConfig(msgspec.Struct, frozen=True):
     endpoint: str = "tcp://127.0.0.1:5557"
     """PUB endpoint of data-parallel rank 0; rank r uses port + r (``indexer.config.offset_endpoint``)."""
@@ -143,6 +155,9 @@ class EventPublisher:
         self._router: zmq.asyncio.Socket | None = None
         self._task: asyncio.Task[None] | None = None
         self._up = False
+        self.bind_retry_s = 2.0
+        """How long ``start`` retries a port still in use (ZeroMQ frees a closed socket's port
+        asynchronously, so a restart right after a crash can find it busy for a moment)."""
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -166,7 +181,7 @@ class EventPublisher:
             if cfg.connect:
                 pub.connect(cfg.pub_endpoint)
             else:
-                pub.bind(cfg.pub_endpoint)
+                await _bind(pub, cfg.pub_endpoint, self.bind_retry_s)
         except zmq.ZMQError as e:
             pub.close(linger=0)
             raise PublisherError(f"cannot open PUB at {cfg.pub_endpoint}: {e}") from None
@@ -176,7 +191,7 @@ class EventPublisher:
             router = self._ctx.socket(zmq.ROUTER)
             router.setsockopt(zmq.LINGER, 0)
             try:
-                router.bind(rep)
+                await _bind(router, rep, self.bind_retry_s)
             except zmq.ZMQError as e:
                 router.close(linger=0)
                 self._close_sockets()

@@ -8,7 +8,8 @@
 
 vLLM's rule, kept here: a token is sampled in a step after which ``num_computed == num_tokens``; the last
 sampled token is never fed back, so a request that ends holds KV for ``prompt + outputs - 1`` tokens.
-Output tokens are pseudo-random but fixed by the request's seed (the evaluator replays runs exactly).
+Output tokens are given by the caller (a trace whose next turn quotes this answer) or pseudo-random but fixed
+by the request's seed (the evaluator replays runs exactly).
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ class Request:
         lora_name: str | None = None,
         lora_id: int | None = None,
         hash_blocks: bool = True,
+        output_token_ids: list[int] | None = None,
     ) -> None:
         self.request_id = request_id
         self.all_token_ids = list(prompt_token_ids)
@@ -92,6 +94,10 @@ class Request:
         self._extra0 = extra_digest(block_extra_keys(lora_name, self.cache_salt, 0))
         self._extra_rest = extra_digest(block_extra_keys(lora_name, None, 1))
         self._outputs: list[int] | None = None
+        if output_token_ids is not None:
+            self._outputs = output_token_ids[:max_tokens]
+            if len(self._outputs) < max_tokens:
+                self._outputs += self._draw(max_tokens - len(self._outputs))
         # Prompt blocks are hashed once, here, like vLLM's Request (the hashes survive preemption).
         self.block_hashes: list[BlockHash] = (
             chain_hashes(
@@ -134,11 +140,14 @@ class Request:
             return [None] * (end_block - start_block)
         return [block_extra_keys(self.lora_name, self.cache_salt, i) for i in range(start_block, end_block)]
 
+    def _draw(self, n: int) -> list[int]:
+        drawn: list[int] = np.random.default_rng(self.seed).integers(0, self.vocab_size, size=n).tolist()
+        return drawn
+
     def append_output_token(self) -> int:
-        """Sample the next output token (deterministic for the request's seed)."""
+        """Sample the next output token: the given ones first, then pseudo-random for the request's seed."""
         if self._outputs is None:
-            rng = np.random.default_rng(self.seed)
-            self._outputs = rng.integers(0, self.vocab_size, size=self.max_tokens).tolist()
+            self._outputs = self._draw(self.max_tokens)
         tok = self._outputs[self.num_output_tokens]
         self.all_token_ids.append(tok)
         self.num_output_tokens += 1
