@@ -352,7 +352,7 @@ class CachedTokenizer:
             self._count(lookups=1, hits=1, exact_hits=1, tokens_reused=len(entry.ids))
             return list(entry.ids), len(entry.ids)
         plan = plan_splice(
-            entry.seam_pos, entry.seam_idx, m, margin=self._margin, overlap=self.config.overlap_chars
+            entry.seam_pos, entry.seam_idx, m, text, margin=self._margin, overlap=self.config.overlap_chars
         )
         if plan is None:
             return "misses"

@@ -118,6 +118,10 @@ def sample_seams(
         i += stride
 
 
+# Seams searched, before the overlap point, for one that starts with a space.
+_SPACE_SEARCH = 4
+
+
 class Splice:
     """A chosen seam: reuse ``cached_ids[:idx_b]``, re-tokenize the query from ``pos_b0``."""
 
@@ -132,9 +136,20 @@ class Splice:
 
 
 def plan_splice(
-    seam_pos: Sequence[int], seam_idx: Sequence[int], common: int, *, margin: int, overlap: int
+    seam_pos: Sequence[int],
+    seam_idx: Sequence[int],
+    common: int,
+    text: str,
+    *,
+    margin: int,
+    overlap: int,
 ) -> Splice | None:
-    """Pick b (the last seam <= common - margin) and b' (the last seam <= b - overlap), if both exist."""
+    """Pick b (the last seam <= common - margin) and b' (a seam <= b - overlap), if both exist.
+
+    b' prefers a seam where ``text`` has a space, within a few seams: tokenizing from a space avoids
+    the start-of-text schemes that prepend one (ByteLevel ``add_prefix_space``, Metaspace), which
+    would otherwise change the first word of G and fail check (a).
+    """
     j = bisect_right(seam_pos, common - margin) - 1
     if j < 1:
         return None
@@ -142,6 +157,10 @@ def plan_splice(
     jp = bisect_right(seam_pos, b - overlap, 0, j) - 1
     if jp < 0:
         return None
+    for cand in range(jp, max(jp - _SPACE_SEARCH, -1), -1):
+        if text[seam_pos[cand]] == " ":
+            jp = cand
+            break
     return Splice(seam_pos[jp], seam_idx[jp], b, seam_idx[j], j)
 
 
