@@ -21,14 +21,16 @@ no trie update beyond T's new keys.
 Invariant (I): for every live entry E, each key of E is in the trie and names a slot whose entry's text
 starts with the text the key stands for.
 
-- insert(E): ``setdefault`` E's keys beyond those the lookup already found.  Existing keys keep their
-  slot; new ones name E's slot (C's slot when E supersedes C; C's text prefixes E's).  (I) holds.
+- insert(E): if E's last key already leads to an entry whose text starts with E's, E is not
+  inserted (a concurrent duplicate, or a prefix of a cached text).  Otherwise ``setdefault`` E's keys
+  beyond those the lookup already found: existing keys keep their slot; new ones name E's slot (C's
+  slot when E supersedes C; C's text prefixes E's).  (I) holds.
 - evict(E): for each key naming E's slot (E's keys, and terminal keys of the entries it superseded),
   longest first: if a longer key lies below it, that key names a live slot whose entry contains the
   shorter key's text, so re-point to it; otherwise delete.  No live entry G can need a deleted key k:
-  k would be G's terminal key with nothing below it, so G's text would be a prefix of E's, and such a
-  G is never inserted while E is live (and is superseded when E arrives after it).  Digest collisions
-  can break this, at the cost of a missed reuse, never of a wrong token.
+  k would be G's last key with nothing below it, so G's text would be a prefix of E's (or equal), and
+  insert refuses such a G while E is live.  If G came first, G's last key names G's slot, not E's.
+  Digest collisions can break this, at the cost of a missed reuse, never of a wrong token.
 
 Entries are immutable once built, so a caller may keep using one after it has been evicted.  The index
 serialises its own state with one lock; no tokenization happens under it.
@@ -204,9 +206,17 @@ class PrefixIndex:
         """Cache ``text``; ``supersedes`` is an entry whose text prefixes this one (it is dropped).
 
         ``known_keys``: how many leading keys of ``digests`` the lookup found in the trie already.
-        Returns the new entry, or None when it alone would exceed the byte budget.
+        Returns the new entry; the live entry that already covers ``text`` (whose text starts with it:
+        a concurrent duplicate, or a longer text), which is then not duplicated; or None when the entry
+        alone would exceed the byte budget.
         """
         with self._lock:
+            slot = self._trie.get(digests) if digests else None
+            if slot is not None:
+                owner = self._entries[self._slots[slot]]
+                if owner.text.startswith(text):  # (I) needs this: see "evict" in the module docstring
+                    self._entries.move_to_end(owner.eid)
+                    return owner
             entry = Entry(self._next_eid, text, ids, seam_pos, seam_idx, digests)
             if entry.nbytes > self.max_bytes:
                 return None
