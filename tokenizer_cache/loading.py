@@ -66,15 +66,14 @@ def load_hf_tokenizer(path: str, *, allow_download: bool = False) -> HFTokenizer
 
 def load_chat_template(value: str) -> str:
     """A chat template given as a file path or as the template text (like vLLM's ``--chat-template``)."""
-    p = Path(value)
-    try:
-        if len(value) < 4096 and p.is_file():
-            return p.read_text(encoding="utf-8")
-    except OSError as e:
-        raise TokenizerLoadError(f"cannot read chat template file {value!r}: {e}") from e
     if "{{" in value or "{%" in value:
-        return value
-    raise TokenizerLoadError(f"chat template {value!r} is neither a readable file nor a Jinja template")
+        return value  # template text (no sane path contains Jinja delimiters)
+    try:
+        return Path(value).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise TokenizerLoadError(
+            f"chat template {value!r} is neither a Jinja template nor a readable file: {e}"
+        ) from e
 
 
 def raw_backend(tok: HFTokenizer) -> tuple[tokenizers.Tokenizer, dict[str, Any]]:
