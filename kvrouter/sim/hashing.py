@@ -5,7 +5,8 @@ digest's last 8 bytes as an int.  That costs about a microsecond a block in Pyth
 evaluator (~9M blocks per run), so the model keeps the *structure* and changes the function::
 
     h_0 = mix(NONE_HASH, T_0, E_0)          NONE_HASH = mix of the engine's ``hash_seed``
-    h_k = mix(h_{k-1}, T_k, E_k)            T_k = a 64-bit hash of block k's token ids (one compiled pass)
+    h_k = mix(h_{k-1}, T_k, E_k)            T_k = a 64-bit hash of block k's token ids (one compiled pass:
+                                                  ``indexer.hashing.content_hashes``, reused for speed)
                                             E_k = digest of block k's extra keys, 0 when it has none
 
 so a hash still depends on every token before it, on the LoRA name (every block) and on ``cache_salt``

@@ -271,8 +271,8 @@ class EventPublisher:
         end = [b"", b"", END_SEQ, b""] if self._new_replay_framing else [b"", END_SEQ, b""]
         while True:
             frames = await router.recv_multipart()
-            if len(frames) < 2 or len(frames[-1]) != 8:
-                continue
+            if len(frames) != 3 or len(frames[2]) != 8:
+                continue  # vLLM ignores (logs) anything but [identity, b"", start_seq8]
             self.stats.replay_requests += 1
             if self.replay_muted:
                 continue
