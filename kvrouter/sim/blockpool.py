@@ -20,9 +20,10 @@ Invariants (checked by ``check()`` in the tests):
 
 Freed blocks: fresh ones (no hash) go to the *front* of the queue, to be reused first; cached ones go to the
 back in the order given, which the caller makes "tail block first" (vLLM frees a request's blocks in
-reverse so its last blocks are evicted first; fresh-first is vLLM's free_blocks since 2026, PR #33710 and
-follow-ups).  The queue is an OrderedDict: O(1) pop-front, remove-from-middle (a hit on a free block),
-append, and move-to-front.
+reverse so its last blocks are evicted first).  The fresh/cached split is current upstream
+``BlockPool.free_blocks`` (proposed in vllm PR #33710; PR #51482 refers to it as the behaviour with prefix
+caching on); earlier releases appended every freed block.  The queue is an OrderedDict: O(1) pop-front,
+remove-from-middle (a hit on a free block), append, and move-to-front.
 
 vLLM also reserves one "null block" (block 0) that is never allocated; ``num_blocks`` here counts usable
 blocks only, i.e. vLLM's ``num_gpu_blocks - 1``.
