@@ -21,7 +21,7 @@ from tokenizer_cache import (
     default_tokenizer_path,
     load_chat_template,
 )
-from tokenizer_cache.seams import reuse_blockers
+from tokenizer_cache.seams import AddedTokenMargin, reuse_blockers, start_sensitive
 
 TIGHT = CacheConfig(chunk_chars=32, margin_chars=8, overlap_chars=4, seam_stride_tokens=2)
 
@@ -221,3 +221,17 @@ def test_memory_bound_holds_under_churn(dirs: dict[str, str]) -> None:
     ct.check_invariants()
     st = ct.stats()
     assert st.evictions > 0 and st.entries > 0
+
+
+def test_start_sensitivity_and_added_token_margin(dirs: dict[str, str]) -> None:
+    def spec(name: str) -> dict[str, object]:
+        return json.loads((Path(dirs[name]) / "tokenizer.json").read_text(encoding="utf-8"))  # type: ignore[no-any-return]
+
+    assert not start_sensitive(spec("deepseek"))
+    assert start_sensitive(spec("bytelevel")) and start_sensitive(spec("metaspace"))
+    margin = AddedTokenMargin(spec("deepseek"))
+    assert margin.length == 36 and not margin.always
+    plain = "a plain sentence without any special token at its end, long enough"
+    assert margin.extra(plain, len(plain)) == 0
+    tagged = plain + "<｜end▁of"
+    assert margin.extra(tagged, len(tagged)) == 36

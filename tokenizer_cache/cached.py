@@ -32,7 +32,15 @@ from .config import CacheConfig, CacheStats
 from .errors import InvalidPromptError
 from .loading import HFTokenizer, load_chat_template, load_hf_tokenizer, raw_backend, special_wrap
 from .prefix_index import Entry, Match, PrefixIndex
-from .seams import Splice, longest_added_token, plan_splice, reuse_blockers, sample_seams, verify_splice
+from .seams import (
+    AddedTokenMargin,
+    Splice,
+    plan_splice,
+    reuse_blockers,
+    sample_seams,
+    start_sensitive,
+    verify_splice,
+)
 
 __all__ = ["CachedTokenizer", "Encoded"]
 
@@ -75,8 +83,9 @@ class CachedTokenizer:
         self._wrap = special_wrap(tok, self._raw)
         self.reuse_blockers = reuse_blockers(spec)
         self._reuse = not self.reuse_blockers and cfg.max_cache_bytes > 0
-        # (R) needs the margin to cover an added token that starts before the seam.
-        self._margin = max(cfg.margin_chars, longest_added_token(spec) + 8)
+        # (R) needs a margin; more of it when an added token may start just before the shared end.
+        self._added_margin = AddedTokenMargin(spec)
+        self._prefer_space = start_sensitive(spec)
         self._index = PrefixIndex(chunk_chars=cfg.chunk_chars, max_bytes=cfg.max_cache_bytes)
         self._renderer = ChatRenderer(
             tok,
@@ -352,7 +361,13 @@ class CachedTokenizer:
             self._count(lookups=1, hits=1, exact_hits=1, tokens_reused=len(entry.ids))
             return list(entry.ids), len(entry.ids)
         plan = plan_splice(
-            entry.seam_pos, entry.seam_idx, m, text, margin=self._margin, overlap=self.config.overlap_chars
+            entry.seam_pos,
+            entry.seam_idx,
+            m,
+            text,
+            margin=self.config.margin_chars + self._added_margin.extra(text, m),
+            overlap=self.config.overlap_chars,
+            prefer_space=self._prefer_space,
         )
         if plan is None:
             return "misses"

@@ -26,9 +26,10 @@ class CacheConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Granularity of the datrie index: texts are cut into chunks of this many characters and each
     chunk-aligned prefix gets one trie key.  Texts shorter than one chunk are never cached."""
 
-    margin_chars: int = 32
+    margin_chars: int = 16
     """Minimum distance, in characters, between the end of the text shared with a cached entry and the
-    reuse boundary.  Raised automatically to cover the longest added token of the vocabulary."""
+    reuse boundary (it covers the pre-tokenizer's look-ahead).  Grows by the longest added token when
+    one may start just before the end of the shared text."""
 
     overlap_chars: int = 16
     """At least this many characters before the reuse boundary are tokenized again and must reproduce

@@ -25,8 +25,10 @@ steps (1)-(3) carry the rest:
 (R) bounded right context: whether p is in W(X), and the words before p, depend only on X[:p + R].
     Regex splits scan left to right and decide a split from a few characters after it (``\\s+(?!\\S)``
     looks one ahead; runs of letters, digits or spaces are cut where the run ends, and no word
-    boundary lies inside such a run); an added token starting before p is recognised from its own
-    characters.  The margin is at least the longest added token plus a few characters.
+    boundary lies inside such a run, except digit groups counted from the run's start); an added
+    token starting before p is recognised from its own characters.  The margin (``margin_chars``)
+    covers the look-ahead and grows by the longest added token when one may start within reach
+    (``AddedTokenMargin``).
 (L) no long-range left context: if p is in W(X) and in W(Y), and X and Y agree after p, the words of X
     and Y after p are the same, unless p is where one of the texts starts.  Regex splits restart at
     a split point (the patterns use lookahead only, which ``reuse_blockers`` checks); the schemes that
@@ -50,17 +52,19 @@ byte-level BPE (DeepSeek's regexes), a trained GPT-2-style BPE and a Metaspace t
 
 from __future__ import annotations
 
+import re
 from bisect import bisect_right
 from collections.abc import MutableSequence, Sequence
 from typing import Any, Protocol
 
 __all__ = [
+    "AddedTokenMargin",
     "EncodingLike",
     "Splice",
-    "longest_added_token",
     "plan_splice",
     "reuse_blockers",
     "sample_seams",
+    "start_sensitive",
     "verify_splice",
 ]
 
@@ -143,12 +147,14 @@ def plan_splice(
     *,
     margin: int,
     overlap: int,
+    prefer_space: bool,
 ) -> Splice | None:
     """Pick b (the last seam <= common - margin) and b' (a seam <= b - overlap), if both exist.
 
-    b' prefers a seam where ``text`` has a space, within a few seams: tokenizing from a space avoids
-    the start-of-text schemes that prepend one (ByteLevel ``add_prefix_space``, Metaspace), which
-    would otherwise change the first word of G and fail check (a).
+    With ``prefer_space`` (pipelines with a start-of-text scheme), b' prefers a seam where ``text``
+    has a space, within a few seams: tokenizing from a space avoids the schemes that prepend one
+    (ByteLevel ``add_prefix_space``, Metaspace), which would otherwise change G's first word and fail
+    check (a).
     """
     j = bisect_right(seam_pos, common - margin) - 1
     if j < 1:
@@ -157,7 +163,7 @@ def plan_splice(
     jp = bisect_right(seam_pos, b - overlap, 0, j) - 1
     if jp < 0:
         return None
-    for cand in range(jp, max(jp - _SPACE_SEARCH, -1), -1):
+    for cand in range(jp, max(jp - _SPACE_SEARCH, -1) if prefer_space else jp, -1):
         if text[seam_pos[cand]] == " ":
             jp = cand
             break
@@ -275,6 +281,51 @@ def reuse_blockers(tokenizer_json: dict[str, Any]) -> list[str]:
     return out
 
 
-def longest_added_token(tokenizer_json: dict[str, Any]) -> int:
-    """Length in characters of the longest added token (0 if none)."""
-    return max((len(t.get("content", "")) for t in tokenizer_json.get("added_tokens") or []), default=0)
+def start_sensitive(tokenizer_json: dict[str, Any]) -> bool:
+    """Does the pipeline treat the start of a text specially (prepend a space or a meta-space)?"""
+    found: list[bool] = []
+
+    def visit(node: Any) -> None:
+        if not isinstance(node, dict):
+            return
+        typ = node.get("type")
+        if typ == "Prepend" or (typ == "ByteLevel" and node.get("add_prefix_space")):
+            found.append(True)
+        if typ == "Metaspace" and (
+            node.get("prepend_scheme", "always") != "never" or node.get("add_prefix_space")
+        ):
+            found.append(True)
+        for child in node.get("normalizers") or node.get("pretokenizers") or []:
+            visit(child)
+
+    visit(tokenizer_json.get("normalizer"))
+    visit(tokenizer_json.get("pre_tokenizer"))
+    return bool(found)
+
+
+class AddedTokenMargin:
+    """The extra margin (R) needs when an added token may start close before the end of the shared text.
+
+    An added token is recognised from its own characters, so a match starting at s is decided by
+    text[s : s + L] (L: the longest added token).  Only a match starting in (m - L, b) could see text
+    past m; if no added token's first character occurs in text[m - L - 1 : m], none can, and the base
+    margin is enough.  Tokens that absorb whitespace on their left (``lstrip``) or match normalized
+    text (under a normalizer) start elsewhere than their first character: then the margin always grows.
+    """
+
+    __slots__ = ("always", "first_chars", "length")
+
+    def __init__(self, tokenizer_json: dict[str, Any]) -> None:
+        tokens = [t for t in tokenizer_json.get("added_tokens") or [] if t.get("content")]
+        self.length = max((len(t["content"]) for t in tokens), default=0)
+        firsts = sorted({t["content"][0] for t in tokens})
+        self.first_chars = re.compile("[" + "".join(re.escape(c) for c in firsts) + "]") if firsts else None
+        has_normalizer = tokenizer_json.get("normalizer") is not None
+        self.always = any(t.get("lstrip") or (t.get("normalized") and has_normalizer) for t in tokens)
+
+    def extra(self, text: str, common: int) -> int:
+        if self.first_chars is None:
+            return 0
+        if self.always or self.first_chars.search(text, max(0, common - self.length - 1), common):
+            return self.length
+        return 0
