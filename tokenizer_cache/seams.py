@@ -320,7 +320,10 @@ class AddedTokenMargin:
         self.length = max((len(t["content"]) for t in tokens), default=0)
         firsts = sorted({t["content"][0] for t in tokens})
         self.first_chars = re.compile("[" + "".join(re.escape(c) for c in firsts) + "]") if firsts else None
-        has_normalizer = tokenizer_json.get("normalizer") is not None
+        norm = tokenizer_json.get("normalizer")
+        has_normalizer = norm is not None and not (
+            norm.get("type") == "Sequence" and not norm.get("normalizers")
+        )
         self.always = any(t.get("lstrip") or (t.get("normalized") and has_normalizer) for t in tokens)
 
     def extra(self, text: str, common: int) -> int:
