@@ -198,13 +198,34 @@ class Indexer:
                 sync.trust = Trust.EXACT
         self.last_event_ts[src] = batch.ts
         applied = 0
-        for ev in batch.events:
+        events = batch.events
+        i, n = 0, len(events)
+        while i < n:
+            ev = events[i]
+            if isinstance(ev, BlockRemoved):
+                # vLLM sends one BlockRemoved per evicted block; a run of them is one index call.
+                j = i + 1
+                while (
+                    j < n
+                    and isinstance(events[j], BlockRemoved)
+                    and events[j].medium == ev.medium  # type: ignore[union-attr]
+                    and events[j].group_idx == ev.group_idx  # type: ignore[union-attr]
+                ):
+                    j += 1
+                run = events[i:j]
+                c.events += j - i
+                try:
+                    self._removed(src, ev, [h for e in run for h in e.block_hashes])  # type: ignore[union-attr]
+                    applied += j - i
+                except (EventError, ValueError, TypeError, OverflowError) as e:
+                    c.event_errors[getattr(e, "reason", "bad_field")] += j - i
+                i = j
+                continue
+            i += 1
             c.events += 1
             try:
                 if isinstance(ev, BlockStored):
                     self._stored(src, ev)
-                elif isinstance(ev, BlockRemoved):
-                    self._removed(src, ev)
                 else:
                     self.index.clear_source(src)
                     c.clears += 1
@@ -251,7 +272,7 @@ class Indexer:
                 raise UnknownParent(f"{src.label()}: parent {ev.parent_block_hash!r}")
             prev = parent
         extras = ev.extra_keys
-        if extras:
+        if extras and any(extras):
             content = self._mix_extras(content, extras, ev.lora_name, first=ev.parent_block_hash is None)
         chains = chain(content, prev)
         self.index.store(src, engines, chains, medium)
@@ -272,12 +293,12 @@ class Indexer:
         self.index.store(src, engines[keep], chains[keep], medium)
         self.counters.blocks_stored += len(engines) - missing
 
-    def _removed(self, src: SourceKey, ev: BlockRemoved) -> None:
+    def _removed(self, src: SourceKey, ev: BlockRemoved, block_hashes: list[int | bytes]) -> None:
         if ev.group_idx not in (None, 0):
             self.counters.skipped_events["other_group"] += 1
             return
         medium = Medium.parse(ev.medium)
-        hashes = self._engine_array(ev.block_hashes)
+        hashes = self._engine_array(block_hashes)
         unknown = self.index.remove(src, hashes, medium)
         self.counters.blocks_removed += len(hashes) - unknown
         if unknown:

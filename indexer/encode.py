@@ -94,25 +94,25 @@ class PayloadEncoder:
         group_idx: int | None = 0,
         **more: Any,
     ) -> msgspec.Struct:
-        values: dict[str, Any] = {
-            "block_hashes": list(block_hashes),
-            "parent_block_hash": parent_block_hash,
-            "token_ids": list(token_ids),
-            "block_size": block_size,
-            "lora_id": lora_id,
-            "medium": medium,
-            "lora_name": lora_name,
-            "extra_keys": extra_keys,
-            "group_idx": group_idx,
-            **more,
-        }
-        return self._stored(**{f: values.get(f) for f, _ in self._stored_fields})
+        values = (
+            list(block_hashes),
+            parent_block_hash,
+            list(token_ids),
+            block_size,
+            lora_id,
+            medium,
+            lora_name,
+            extra_keys,
+            group_idx,
+        )
+        args = [*values, *(more.get(f) for f, _ in self._stored_fields[9:])]
+        return self._stored(*args[: len(self._stored_fields)])
 
     def removed(
         self, block_hashes: Sequence[int | bytes], *, medium: str | None = "GPU", group_idx: int | None = None
     ) -> msgspec.Struct:
-        values = {"block_hashes": list(block_hashes), "medium": medium, "group_idx": group_idx}
-        return self._removed(**{f: values.get(f) for f, _ in self._removed_fields})
+        args = (list(block_hashes), medium, group_idx, None, None)
+        return self._removed(*args[: len(self._removed_fields)])
 
     def cleared(self) -> msgspec.Struct:
         return self._cleared()

@@ -57,7 +57,7 @@ class SourceMatch(msgspec.Struct, gc=False):
 class _Spec(msgspec.Struct, gc=False):
     expiry: float
     slot: int
-    chains: list[int]
+    chains: I64Array
 
 
 class BlockIndex:
@@ -74,7 +74,7 @@ class BlockIndex:
         self._extra_refs: dict[tuple[int, Medium, int], int] = {}
         # speculative entries: one map per group, plus per-(slot, chain) expiry
         self._spec: list[cykhash.Int64toInt64Map] = []
-        self._spec_expiry: dict[tuple[int, int], float] = {}
+        self._spec_expiry: dict[int, cykhash.Int64toFloat64Map] = {}
         self._spec_queue: deque[_Spec] = deque()
 
     # ------------------------------------------------------------------ sources
@@ -159,6 +159,9 @@ class BlockIndex:
         slot = self._slots.get(source)
         if slot is None or n == 0:
             return n
+        if n > 1 and len(np.unique(engine_hashes)) < n:
+            # The same hash twice in one call: each removal must see the previous one's effect.
+            return sum(self.remove(source, engine_hashes[i : i + 1], medium) for i in range(n))
         em = self._engine[slot]
         assert em is not None
         g, bit = slot // GROUP, _bit(slot)
@@ -259,45 +262,61 @@ class BlockIndex:
         cykhash.Int64toInt64Map_to(smap, chains, masks, False, 0)
         cykhash.update_int64toint64map(smap, cykhash.Int64toInt64Map_from_buffers(chains, masks | bit))
         expiry = now + ttl
-        lst = chains.tolist()
-        for c in lst:
-            self._spec_expiry[(slot, c)] = expiry
-        self._spec_queue.append(_Spec(expiry, slot, lst))
+        exp = self._spec_expiry.get(slot)
+        if exp is None:
+            exp = self._spec_expiry[slot] = cykhash.Int64toFloat64Map()
+        cykhash.update_int64tofloat64map(
+            exp, cykhash.Int64toFloat64Map_from_buffers(chains, np.full(len(chains), expiry))
+        )
+        self._spec_queue.append(_Spec(expiry, slot, chains.copy()))
 
     def expire(self, now: float) -> None:
-        """Drop speculative entries whose time has passed.  Entries expire in the order they were added."""
+        """Drop speculative entries whose time has passed.  Entries expire in the order they were added; a
+        block re-sent later carries the later expiry, so an old queue item leaves it alone."""
         q = self._spec_queue
         while q and q[0].expiry <= now:
             item = q.popleft()
-            smap = self._spec[item.slot // GROUP]
-            bit = _bit(item.slot)
-            for c in item.chains:
-                exp = self._spec_expiry.get((item.slot, c))
-                if exp is not None and exp <= now:
-                    del self._spec_expiry[(item.slot, c)]
-                    if smap.get(c, 0) & bit:
-                        self._clear_bit(smap, c, bit)
+            exp = self._spec_expiry.get(item.slot)
+            if exp is None or not len(exp):
+                continue
+            cur = np.empty(len(item.chains), dtype=np.float64)
+            cykhash.Int64toFloat64Map_to(exp, item.chains, cur, False, np.inf)
+            self._drop_spec_chains(item.slot, item.chains[cur <= now])
 
     def speculative_entries(self) -> int:
-        return len(self._spec_expiry)
+        return sum(len(m) for m in self._spec_expiry.values())
 
-    def _confirm(self, slot: int, chains: I64Array) -> None:
+    def _drop_spec_chains(self, slot: int, chains: I64Array) -> None:
+        if not len(chains):
+            return
+        exp = self._spec_expiry[slot]
+        for c in chains.tolist():
+            exp.discard(c)
         g, bit = slot // GROUP, _bit(slot)
         smap = self._spec[g]
         masks = np.empty(len(chains), dtype=np.int64)
         cykhash.Int64toInt64Map_to(smap, chains, masks, False, 0)
-        for i in np.flatnonzero(masks & bit).tolist():
-            c = int(chains[i])
-            self._spec_expiry.pop((slot, c), None)
-            self._clear_bit(smap, c, bit)
+        rest = masks & ~bit
+        gone = rest == 0
+        for c in chains[gone].tolist():
+            smap.discard(c)
+        if not gone.all():
+            cykhash.update_int64toint64map(
+                smap, cykhash.Int64toInt64Map_from_buffers(chains[~gone], rest[~gone])
+            )
+
+    def _confirm(self, slot: int, chains: I64Array) -> None:
+        exp = self._spec_expiry.get(slot)
+        if exp is None or not len(exp):
+            return
+        cur = np.empty(len(chains), dtype=np.float64)
+        if cykhash.Int64toFloat64Map_to(exp, chains, cur, False, np.nan):
+            self._drop_spec_chains(slot, chains[~np.isnan(cur)])
 
     def _drop_spec(self, slot: int) -> None:
-        g, bit = slot // GROUP, _bit(slot)
-        smap = self._spec[g]
-        for key in [k for k in self._spec_expiry if k[0] == slot]:
-            del self._spec_expiry[key]
-            if smap.get(key[1], 0) & bit:
-                self._clear_bit(smap, key[1], bit)
+        exp = self._spec_expiry.get(slot)
+        if exp is not None and len(exp):
+            self._drop_spec_chains(slot, np.fromiter(exp.keys(), dtype=np.int64, count=len(exp)))
 
     # ------------------------------------------------------------------ reads
     def held_by_any(self, chain_hash: int) -> bool:
