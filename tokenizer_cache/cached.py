@@ -372,14 +372,16 @@ class CachedTokenizer:
         if plan is None:
             return "misses"
         enc = self._raw.encode(text[plan.pos_b0 :], add_special_tokens=False)
-        if not verify_splice(enc, entry.ids, plan):
+        new = enc.ids  # each access converts the whole list: read it once
+        if not verify_splice(enc, new, entry.ids, plan):
             return "fallbacks"
-        new = enc.ids
-        ids = entry.ids[: plan.idx_b] + tuple(new[plan.idx_b - plan.idx_b0 :])
+        out = list(entry.ids)
+        del out[plan.idx_b :]
+        out += new[plan.idx_b - plan.idx_b0 :]
         self._count(lookups=1, hits=1, tokens_reused=plan.idx_b, tokens_encoded=len(new))
         if len(text) > m:  # otherwise text is a prefix of the entry's, which already covers it
-            self._cache_spliced(text, entry, m, plan, enc, ids, digests, match.shared_chunks)
-        return list(ids), plan.idx_b
+            self._cache_spliced(text, entry, m, plan, enc, len(new), tuple(out), digests, match.shared_chunks)
+        return out, plan.idx_b
 
     def _cache_spliced(
         self,
@@ -388,6 +390,7 @@ class CachedTokenizer:
         m: int,
         plan: Splice,
         enc: Any,
+        n_new: int,
         ids: tuple[int, ...],
         digests: str,
         shared_chunks: int,
@@ -397,7 +400,7 @@ class CachedTokenizer:
         idx = entry.seam_idx[: plan.seam_index + 1]
         sample_seams(
             enc,
-            len(enc.ids),
+            n_new,
             stride=self.config.seam_stride_tokens,
             first_token=plan.idx_b - plan.idx_b0,
             min_rel_pos=plan.pos_b - plan.pos_b0,

@@ -177,10 +177,20 @@ class PrefixIndex:
             entry = self._entries[self._slots[slot]]
             self._entries.move_to_end(entry.eid)
         shared = len(key) // DIGEST_CHARS
-        verified = shared * self.chunk_chars
-        if text[:verified] != entry.text[:verified]:
-            verified = 0  # digest collision: find the true common prefix from scratch
-        return Match(entry, common_prefix_len(text, entry.text, verified), shared)
+        c = self.chunk_chars
+        verified = shared * c
+        if not text.startswith(entry.text[:verified]):
+            # digest collision: find the true common prefix from scratch
+            return Match(entry, common_prefix_len(text, entry.text), shared)
+        # The entry cannot share chunk shared+1 whole (its key for it would have matched), so the common
+        # prefix ends within one chunk; the loop only continues after a collision.
+        common = verified
+        while True:
+            a, b = text[common : common + c], entry.text[common : common + c]
+            n = common_prefix_len(a, b)
+            common += n
+            if n < c or not a:
+                return Match(entry, common, shared)
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -170,10 +170,9 @@ def plan_splice(
     return Splice(seam_pos[jp], seam_idx[jp], b, seam_idx[j], j)
 
 
-def verify_splice(enc: EncodingLike, cached_ids: Sequence[int], sp: Splice) -> bool:
-    """Checks (a) and (b) of the module docstring on ``enc`` = f(T[b':])."""
+def verify_splice(enc: EncodingLike, ids: list[int], cached_ids: Sequence[int], sp: Splice) -> bool:
+    """Checks (a) and (b) of the module docstring on ``enc`` = f(T[b':]) (``ids``: its ids)."""
     n = sp.idx_b - sp.idx_b0
-    ids = enc.ids
     if ids[:n] != list(cached_ids[sp.idx_b0 : sp.idx_b]):
         return False
     if len(ids) == n:
