@@ -92,7 +92,10 @@ class SourceSync:
         if self.phase is Phase.COLD:
             return self._first(seq, payload, ts)
         last = self.last
-        if last is None or seq == last + 1:
+        if last is None:
+            # Live, but nothing applied yet (an empty replay on connect): the first batch must be seq 0.
+            return self._first(seq, payload, ts)
+        if seq == last + 1:
             return self._apply(seq, payload, ts)
         if seq <= last:
             return self._restart(seq, payload, ts)

@@ -90,6 +90,13 @@ def test_connect_asks_for_replay_and_empty_replay_means_exact() -> None:
     assert applied(s.on_live(0, b"")) == [0]
 
 
+def test_batch_zero_lost_after_an_empty_replay_is_replayed() -> None:
+    s = SourceSync(has_replay=True)
+    s.on_connect()
+    s.on_replay_end()  # the engine had published nothing yet
+    assert s.on_live(1, b"x", 1.0) == [Replay(0)]  # seq 0 was lost on the way: fetch it
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     n=st.integers(1, 60),

@@ -1,0 +1,96 @@
+"""``kvrouter eval --trace FILE | --workload NAME --instances N [--policies ...] [--json OUT] [--csv OUT]``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import msgspec
+
+from ..routing.policies import KvAwareSettings, PolicySettings, PrefixHashSettings
+from ..sim.evaluation import DEFAULT_POLICIES, EvalSpec, evaluate, table, to_csv
+from ..sim.virtual_fleet import FleetSimConfig
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--trace", help="a Mooncake-format JSONL trace")
+    src.add_argument("--workload", help="a generated workload (see --list)")
+    src.add_argument("--list", action="store_true", help="list the generated workloads and exit")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=JSON", help="workload parameter override")
+    p.add_argument("--instances", type=int, default=8)
+    p.add_argument("--profile", default="llama-3.1-70b-8xh100")
+    p.add_argument("--capacity-blocks", type=int, default=None, help="KV blocks per instance (default: profile)")
+    p.add_argument("--policies", default=",".join(DEFAULT_POLICIES))
+    p.add_argument("--event-delay", type=float, default=0.005, help="seconds from engine step to router index")
+    p.add_argument("--event-loss", type=float, default=0.0, help="fraction of event batches lost")
+    p.add_argument("--net-latency", type=float, default=0.0005)
+    p.add_argument("--prefix-length", type=int, default=1024, help="prefix-hash: characters hashed")
+    p.add_argument("--load-bound", type=float, default=1.25, help="prefix-hash: bounded-load factor")
+    p.add_argument("--compute-weight", type=float, default=KvAwareSettings().compute_weight)
+    p.add_argument("--load-weight", type=float, default=KvAwareSettings().load_weight)
+    p.add_argument("--concurrency-threshold", type=int, default=0)
+    p.add_argument("--max-in-flight", type=int, default=0)
+    p.add_argument("--jobs", type=int, default=None, help="processes (default: one per core)")
+    p.add_argument("--series", action="store_true", help="include per-request TTFTs and load samples")
+    p.add_argument("--json", dest="json_out", help="write the result JSON here")
+    p.add_argument("--csv", dest="csv_out", help="write a CSV summary here")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def spec_from_args(a: argparse.Namespace) -> EvalSpec:
+    overrides = {}
+    for kv in a.set:
+        k, _, v = kv.partition("=")
+        try:
+            overrides[k] = json.loads(v)
+        except json.JSONDecodeError:
+            overrides[k] = v
+    return EvalSpec(
+        workload=a.workload,
+        trace=a.trace,
+        overrides=overrides,
+        fleet=FleetSimConfig(
+            instances=a.instances,
+            profile=a.profile,
+            capacity_blocks=a.capacity_blocks,
+            event_delay_s=a.event_delay,
+            event_loss=a.event_loss,
+            net_latency_s=a.net_latency,
+            seed=a.seed,
+        ),
+        policies=tuple(p for p in a.policies.split(",") if p),
+        settings=PolicySettings(
+            kv_aware=KvAwareSettings(compute_weight=a.compute_weight, load_weight=a.load_weight),
+            prefix_hash=PrefixHashSettings(prefix_length=a.prefix_length, load_bound=a.load_bound),
+            seed=a.seed,
+        ),
+        concurrency_threshold=a.concurrency_threshold,
+        max_in_flight=a.max_in_flight,
+        series=a.series,
+    )
+
+
+def run(a: argparse.Namespace) -> int:
+    if a.list:
+        from ..workloads.registry import describe, list_workloads
+
+        for name in list_workloads():
+            print(f"{name}: {describe(name).get('summary', '')}")
+        return 0
+    try:
+        spec = spec_from_args(a)
+        result = evaluate(spec, jobs=a.jobs, show_progress=not a.no_progress)
+    except (ValueError, OSError) as e:
+        print(f"kvrouter eval: {e}", file=sys.stderr)
+        return 2
+    print(table(result))
+    if a.json_out:
+        with open(a.json_out, "wb") as f:
+            f.write(msgspec.json.format(msgspec.json.encode(result), indent=1))
+    if a.csv_out:
+        with open(a.csv_out, "w") as f:
+            f.write(to_csv(result))
+    return 0
