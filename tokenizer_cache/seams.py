@@ -97,10 +97,11 @@ def sample_seams(
 ) -> None:
     """Append word starts of ``enc`` (about one per ``stride`` tokens after ``first_token``).
 
-    A seam is a token index i > 0 whose token starts a word (its word id differs from token i-1's) and
-    whose start is not inside token i-1 (``end(i-1) <= start(i)``: byte-level tokens that split one
-    character share its offsets).  Positions are shifted by ``pos_offset`` and indices by
-    ``idx_offset``; only relative positions > ``min_rel_pos`` are kept, in increasing order.
+    A seam is a token index i > 0 whose token starts a word (its word id differs from token i-1's).
+    Positions are shifted by ``pos_offset`` and indices by ``idx_offset``; only relative positions >
+    ``min_rel_pos`` are kept, in increasing order.  A seam whose position lies inside token i-1 (a
+    normalizer that expands one character into two words, as NFKC does with ligatures) is not
+    filtered here: ``verify_splice`` rejects it when it is used, at the cost of a fallback.
     """
     words = enc.word_ids  # one call: per-token lookups cost ~0.1 us each across the Rust boundary
     t2c = enc.token_to_chars
@@ -114,8 +115,8 @@ def sample_seams(
             if j < lo:
                 w = None  # one word spans the whole window: no seam here
         if w is not None:
-            cur, prev = t2c(j), t2c(j - 1)
-            if cur is not None and prev is not None and prev[1] <= cur[0] and cur[0] > last:
+            cur = t2c(j)
+            if cur is not None and cur[0] > last:
                 last = cur[0]
                 out_pos.append(cur[0] + pos_offset)
                 out_idx.append(j + idx_offset)

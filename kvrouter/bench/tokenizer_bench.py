@@ -5,11 +5,12 @@ followed by a new question of ``--question-tokens`` tokens, ``--queries`` times;
 with the prefix and one question.  Measured in the same run, on the same texts:
 
 - ``cached``: ``encode_prompt(prefix + new question)`` (p50/p99), against ``full``: the backend Rust
-  tokenizer encoding the same text from scratch; ``speedup_p50`` is their ratio.
+  tokenizer encoding the same text from scratch; ``speedup_p50`` is their ratio.  ``question_alone``
+  (tokenizing just the new question) is the floor no cache can go below.
 - ``cold``: ``encode_prompt`` of texts that share nothing with the cache (digests, lookup, full encode,
-  recording seams, inserting), against plain tokenization of the same texts, timed alternately;
-  ``cold_ratio_p50`` is cold / plain.
-- bytes held per cached token (the cache's own estimate, and the RSS growth while caching).
+  recording seams, inserting), against plain tokenization of the same texts, timed alternately
+  (minimum of ``--repeat``); ``cold_ratio_median_per_text`` is cold / plain.
+- bytes held per cached token (the cache's own estimate, and the Python heap growth).
 - the same for chat: an 8k-token system prompt and a new user turn through ``encode_chat`` (rendering
   included), against rendering plus a full encode.
 
@@ -22,12 +23,13 @@ import argparse
 import gc
 import random
 import time
+import tracemalloc
 from collections.abc import Callable
 from typing import Any
 
 from tokenizer_cache import CacheConfig, CachedTokenizer, default_tokenizer_path
 
-from .common import rss_bytes, summary_us
+from .common import summary_us
 
 # A ChatML-style template for tokenizers that ship none (the default DeepSeek tokenizer has none).
 BENCH_CHAT_TEMPLATE = (
@@ -100,11 +102,13 @@ def bench_prompts(a: argparse.Namespace, ct: CachedTokenizer, rng: random.Random
     ct.encode_prompt(prefix + questions[0])  # warm: cache the shared prefix
     cached: list[float] = []
     full: list[float] = []
+    alone: list[float] = []
     mismatches = 0
     for q in questions[1:]:
         text = prefix + q
         dt, got = _timed(ct.encode_prompt, text)
         cached.append(dt)
+        alone.append(_timed(_ids, backend, q, False)[0])
         if len(full) < a.full_samples:
             dt_full, want = _timed(_ids, backend, text, True)
             full.append(dt_full)
@@ -119,12 +123,16 @@ def bench_prompts(a: argparse.Namespace, ct: CachedTokenizer, rng: random.Random
         ),
         "cached": s_cached,
         "full": s_full,
+        "question_alone": summary_us(alone),
         "speedup_p50": round(s_full["p50_us"] / s_cached["p50_us"], 1),
         "mismatches": mismatches,
     }
 
 
 def bench_cold(a: argparse.Namespace, rng: random.Random) -> dict[str, Any]:
+    """Texts that share nothing with the cache.  Each text is timed ``--repeat`` times on both paths,
+    alternately, emptying the cache before each cold call; the minimum of each path is kept, which
+    filters out other processes' load (5 % is below the noise of a shared machine)."""
     cfg = CacheConfig(max_cache_bytes=a.max_cache_mb * 1024 * 1024, chunk_chars=a.chunk_chars)
     ct = CachedTokenizer.from_pretrained(a.tokenizer, config=cfg)
     backend = ct.hf_tokenizer.backend_tokenizer
@@ -134,33 +142,59 @@ def bench_cold(a: argparse.Namespace, rng: random.Random) -> dict[str, Any]:
         ct.encode_prompt(t[::-1])
     cold: list[float] = []
     plain: list[float] = []
+    ratios: list[float] = []
     mismatches = 0
-    gc.collect()
-    rss0 = rss_bytes()
-    for i, text in enumerate(texts):
-        order = (0, 1) if i % 2 else (1, 0)
-        for which in order:
-            if which:
-                dt, want = _timed(_ids, backend, text, True)
-                plain.append(dt)
-            else:
-                dt, got = _timed(ct.encode_prompt, text)
-                cold.append(dt)
+    for text in texts:
+        best_cold = best_plain = float("inf")
+        for r in range(a.repeat):
+            for which in (r % 2, 1 - r % 2):
+                if which:
+                    dt, want = _timed(_ids, backend, text, True)
+                    best_plain = min(best_plain, dt)
+                else:
+                    ct.clear()
+                    dt, got = _timed(ct.encode_prompt, text)
+                    best_cold = min(best_cold, dt)
         mismatches += got != want
-    gc.collect()
-    rss1 = rss_bytes()
+        cold.append(best_cold)
+        plain.append(best_plain)
+        ratios.append(best_cold / best_plain)
     st = ct.stats()
-    cached_tokens = sum(len(backend.encode(t, add_special_tokens=False).ids) for t in texts)
     s_cold, s_plain = summary_us(cold), summary_us(plain)
     ct.close()
     return {
         "cold": s_cold,
         "plain": s_plain,
         "cold_ratio_p50": round(s_cold["p50_us"] / s_plain["p50_us"], 3),
+        "cold_ratio_median_per_text": round(sorted(ratios)[len(ratios) // 2], 3),
         "mismatches": mismatches,
+        "misses": st.misses,
+    }
+
+
+def bench_memory(a: argparse.Namespace, rng: random.Random) -> dict[str, Any]:
+    """Bytes per cached token: the cache's own (conservative) estimate, and the Python heap growth
+    measured by tracemalloc (libdatrie's own allocations are not traced; the trie holds 4 bytes of
+    key per 512 characters of text)."""
+    cfg = CacheConfig(max_cache_bytes=a.max_cache_mb * 1024 * 1024, chunk_chars=a.chunk_chars)
+    ct = CachedTokenizer.from_pretrained(a.tokenizer, config=cfg)
+    texts = [text_of_tokens(ct, rng, a.prefix_tokens) for _ in range(a.memory_texts)]
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    kept = [ct.encode_prompt(t) for t in texts]
+    n_tokens = sum(len(k) for k in kept)
+    del kept
+    gc.collect()
+    after = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    st = ct.stats()
+    ct.close()
+    return {
         "entries": st.entries,
-        "bytes_held_per_cached_token": round(st.bytes_held / max(cached_tokens, 1), 1),
-        "rss_bytes_per_cached_token": round((rss1 - rss0) / max(cached_tokens, 1), 1),
+        "cached_tokens": n_tokens,
+        "bytes_held_per_cached_token": round(st.bytes_held / max(n_tokens, 1), 1),
+        "python_heap_bytes_per_cached_token": round((after - before) / max(n_tokens, 1), 1),
     }
 
 
@@ -205,7 +239,9 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--question-tokens", type=int, default=200)
     ap.add_argument("--queries", type=int, default=300)
     ap.add_argument("--full-samples", type=int, default=40, help="full encodes timed for the baseline")
-    ap.add_argument("--cold-texts", type=int, default=40)
+    ap.add_argument("--cold-texts", type=int, default=30)
+    ap.add_argument("--repeat", type=int, default=3, help="timings per cold text (the minimum is kept)")
+    ap.add_argument("--memory-texts", type=int, default=20)
     ap.add_argument("--chunk-chars", type=int, default=CacheConfig().chunk_chars)
     ap.add_argument("--max-cache-mb", type=int, default=256)
     ap.add_argument("--seed", type=int, default=1234)
@@ -223,11 +259,12 @@ def main(a: argparse.Namespace) -> dict[str, Any]:
     out["stats"] = {f: getattr(ct.stats(), f) for f in ct.stats().__struct_fields__}
     ct.close()
     out["cold"] = bench_cold(a, rng)
+    out["memory"] = bench_memory(a, rng)
     p, c, cold = out["prompt"], out["chat"], out["cold"]
     out["targets"] = {
         "cached_p50_le_500us": p["cached"]["p50_us"] <= 500,
         "speedup_gt_40x": p["speedup_p50"] > 40,
-        "cold_le_1_05x": cold["cold_ratio_p50"] <= 1.05,
+        "cold_le_1_05x": cold["cold_ratio_median_per_text"] <= 1.05,
         "exact": p["mismatches"] == 0 and c["mismatches"] == 0 and cold["mismatches"] == 0,
     }
     return out
