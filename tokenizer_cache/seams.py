@@ -33,7 +33,9 @@ steps (1)-(3) carry the rest:
     and Y after p are the same, unless p is where one of the texts starts.  Regex splits restart at
     a split point (the patterns use lookahead only, which ``reuse_blockers`` checks); the schemes that
     treat the *start* of a text specially (ByteLevel ``add_prefix_space``, Metaspace ``prepend_scheme``,
-    a ``Prepend`` normalizer) touch only the first word.
+    a ``Prepend`` normalizer) touch only the first word.  Normalizers act character by character,
+    except Unicode composition, which stays within a combining sequence (a seam inside one fails
+    check (a) or (b)).
 
 Proof.  T and C agree on [0, m) and b + R <= m, so by (R) b is in W(T) and the words before b are the
 same in T and C: the tokens before b are f(C)'s.  Check (b) shows b is in W(G) too; T and G agree
@@ -42,12 +44,17 @@ in G.  The start-of-text effects that (L) excludes happen at b' in G, which is w
 not at b; check (a) confirms that they, and any other influence of the missing left context, died out
 before b.  If a check fails we tokenize T in full and count a fallback.
 
+(R) and (L) are argued per component above, not proven for arbitrary regexes: ``reuse_blockers``
+admits only components for which the argument holds, the checks catch a seam where it does not (they
+are cheap: a few tokens of overlap), and the property tests compare against full tokenization.
+
 What this does not cover, and how it is handled: pipelines outside the set above (BPE dropout makes
 tokenization random; regexes with lookbehind or anchors break (L); unknown components) are refused by
 ``reuse_blockers`` and then nothing is cached.  A pipeline with no pre-tokenizer (one word per piece,
 as in SentencePiece conversions without a splitter) has no word starts inside a piece, so nothing is
 reused there: exact, just not faster.  The property tests compare spliced and full tokenizations on
-byte-level BPE (DeepSeek's regexes), a trained GPT-2-style BPE and a Metaspace tokenizer.
+byte-level BPE (DeepSeek's regexes), a trained GPT-2-style BPE with ``add_prefix_space``, a Metaspace
+Unigram with NFKC, and a BERT-style WordPiece.
 """
 
 from __future__ import annotations
