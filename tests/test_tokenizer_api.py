@@ -235,3 +235,17 @@ def test_start_sensitivity_and_added_token_margin(dirs: dict[str, str]) -> None:
     assert margin.extra(plain, len(plain)) == 0
     tagged = plain + "<｜end▁of"
     assert margin.extra(tagged, len(tagged)) == 36
+
+
+async def test_event_loop_keeps_running_while_tokenizing(dirs: dict[str, str]) -> None:
+    """The Rust work releases the GIL: the loop thread keeps ticking during a long encode."""
+    ct = CachedTokenizer.from_pretrained(dirs["bytelevel"], config=TIGHT)
+    text = corpus_text(random.Random(7), 20000)
+    task = asyncio.ensure_future(ct.aencode_prompt(text))
+    ticks = 0
+    while not task.done():
+        ticks += 1
+        await asyncio.sleep(0)
+    assert (await task) == ct.encode_uncached(text)
+    assert ticks > 20, ticks
+    ct.close()

@@ -13,7 +13,7 @@ Request path of ``encode_prompt(text)`` (the chat path renders first, then does 
       |                          v
       +--------------> C.ids[:idx(b)] + new tokens --> cache T (superseding C if C prefixes T)
 
-Tokenization always runs outside the index lock; the Rust tokenizer releases the GIL, so the async
+Tokenization always runs outside the index lock and releases the GIL (see ``_encode``), so the async
 methods run whole calls on a thread pool and several requests tokenize in parallel.
 """
 
@@ -321,11 +321,19 @@ class CachedTokenizer:
             return Encoded(content, reused)
         return Encoded(wrap.apply(content), len(wrap.prefix) + reused if reused else 0)
 
+    def _encode(self, text: str) -> Any:
+        """Content encoding of ``text`` (a ``tokenizers.Encoding``).
+
+        NOTE: ``encode_batch`` releases the GIL and ``encode`` does not (tokenizers 0.15-0.23), so a
+        one-text batch lets other threads, and the event loop, run while the Rust code works.
+        """
+        return self._raw.encode_batch([text], add_special_tokens=False)[0]
+
     def _content(self, text: str) -> tuple[list[int], int]:
         """Content tokens of ``text`` (no special tokens added) and how many came from the cache."""
         index = self._index
         if not self._reuse or len(text) < index.chunk_chars:
-            ids = self._raw.encode(text, add_special_tokens=False).ids
+            ids = self._encode(text).ids
             self._count(tokens_encoded=len(ids))
             return ids, 0
         digests = index.chunk_digests(text)
@@ -334,7 +342,7 @@ class CachedTokenizer:
         if not isinstance(outcome, str):
             return outcome
         # Miss or fallback: full encode, then cache the text.
-        enc = self._raw.encode(text, add_special_tokens=False)
+        enc = self._encode(text)
         ids = enc.ids
         pos, idx = array("i"), array("i")
         sample_seams(
@@ -371,7 +379,7 @@ class CachedTokenizer:
         )
         if plan is None:
             return "misses"
-        enc = self._raw.encode(text[plan.pos_b0 :], add_special_tokens=False)
+        enc = self._encode(text[plan.pos_b0 :])
         new = enc.ids  # each access converts the whole list: read it once
         if not verify_splice(enc, new, entry.ids, plan):
             return "fallbacks"
