@@ -77,6 +77,8 @@ class PayloadEncoder:
         self._removed_fields = _fields_at(_REMOVED_FIELDS, release)
         self._stored = _make_struct("BlockStored", self._stored_fields, positional)
         self._removed = _make_struct("BlockRemoved", self._removed_fields, positional)
+        self._removed_has_medium = len(self._removed_fields) > 1
+        self._removed_tpl: dict[str | None, tuple[bytes, bytes]] = {}
         self._cleared = _make_struct("AllBlocksCleared", [], positional)
         self._enc = msgspec.msgpack.Encoder()
 
@@ -111,13 +113,32 @@ class PayloadEncoder:
     def removed(
         self, block_hashes: Sequence[int | bytes], *, medium: str | None = "GPU", group_idx: int | None = None
     ) -> msgspec.Struct:
+        if group_idx is None or len(self._removed_fields) < 3:
+            # later fields default to None: the same bytes as passing them (the hot path: one per eviction)
+            return (
+                self._removed(list(block_hashes), medium)
+                if self._removed_has_medium
+                else self._removed(list(block_hashes))
+            )
         args = (list(block_hashes), medium, group_idx, None, None)
         return self._removed(*args[: len(self._removed_fields)])
+
+    def removed_raw(self, block_hash: int, medium: str | None = "GPU") -> msgspec.Raw:
+        """``removed([block_hash], medium=medium)`` already encoded: the same bytes, built from a per-medium
+        template.  One BlockRemoved is sent per evicted block, so this is the encoder's hot path."""
+        tpl = self._removed_tpl.get(medium)
+        if tpl is None:
+            sentinel = 0xFEDCBA9876543210
+            full = self._enc.encode(self.removed([sentinel], medium=medium))
+            mark = self._enc.encode(sentinel)
+            pre, _, post = full.partition(mark)
+            tpl = self._removed_tpl[medium] = (pre, post)
+        return msgspec.Raw(tpl[0] + self._enc.encode(block_hash) + tpl[1])
 
     def cleared(self) -> msgspec.Struct:
         return self._cleared()
 
-    def batch(self, events: Sequence[msgspec.Struct], *, ts: float, dp_rank: int = 0) -> bytes:
+    def batch(self, events: Sequence[msgspec.Struct | msgspec.Raw], *, ts: float, dp_rank: int = 0) -> bytes:
         """One payload: ``[ts, events]`` (0.9) or ``[ts, events, data_parallel_rank]``."""
         body: list[Any] = [ts, list(events)]
         if self.has_rank:

@@ -155,3 +155,11 @@ def test_bad_blocks_are_counted_by_reason() -> None:
     }
     assert ix.block_size_mismatch == {SourceKey("v", 0): 8}
     assert ix.trust(SourceKey("v", 0)).value == "degraded"
+
+
+@pytest.mark.parametrize("release", RELEASES)
+@pytest.mark.parametrize("h", [0, 5, 300, 2**40, 2**64 - 1])
+def test_removed_raw_is_byte_identical(release: str, h: int) -> None:
+    e = PayloadEncoder(release)
+    for medium in ("GPU", "CPU", None):
+        assert e.batch([e.removed_raw(h, medium)], ts=TS) == e.batch([e.removed([h], medium=medium)], ts=TS)

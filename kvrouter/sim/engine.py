@@ -26,7 +26,7 @@ from .hashing import block_extra_keys, chain_hashes, extra_digest, none_hash, wa
 from .kvcache import KVCacheManager
 from .offload import CpuOffloadTier
 from .request import Request
-from .scheduler import RequestOutput, Scheduler, SchedulerConfig
+from .scheduler import BatchStats, RequestOutput, Scheduler, SchedulerConfig
 from .timing import TimingModel, get_profile
 from .types import BlockHash, RequestId
 
@@ -240,6 +240,33 @@ class Engine:
             stats.loaded_tokens,
             preempted,
         )
+
+    def step_many(self, max_steps: int, max_duration_s: float) -> StepResult:
+        """Up to ``max_steps`` steps as one when they would be alike (every running request decoding,
+        nothing waiting, no preemption, no request finishing early), bounded by ``max_duration_s`` of
+        modelled time; otherwise exactly ``step()``.  The evaluator uses it to skip through long decode
+        phases: cache contents, events and timings equal those of the separate steps, except that the
+        events come as one batch at the end and outputs carry several tokens."""
+        sch = self.scheduler
+        k = sch.decode_run_length(max_steps)
+        if k < 2:
+            return self.step()
+        first = self.timing.step_time(
+            BatchStats(
+                num_scheduled=len(sch.running),
+                decode_tokens=len(sch.running),
+                attention_pairs=sum(r.num_tokens for r in sch.running),
+                context_tokens=sum(r.num_tokens for r in sch.running),
+            )
+        )
+        if first > 0 and max_duration_s != float("inf"):
+            k = min(k, int(max_duration_s // first))
+        if k < 2:
+            return self.step()
+        outputs, steps = sch.run_decodes(k)
+        self.steps += k
+        n = steps[0].num_scheduled
+        return StepResult(outputs, sum(self.timing.step_time(st) for st in steps), n, 0, n * k, 0, [])
 
     def take_events(self) -> list[KVEvent]:
         """This step's KV events, in order (empty when events are disabled)."""

@@ -29,7 +29,7 @@ class PayloadWriter:
     def payload(self, events: Sequence[KVEvent], ts: float) -> bytes:
         """``[ts, events, data_parallel_rank]`` (``[ts, events]`` on 0.9) as the release writes it."""
         enc = self.encoder
-        out: list[msgspec.Struct] = []
+        out: list[msgspec.Struct | msgspec.Raw] = []
         for ev in events:
             match ev:
                 case BlockStored():
@@ -49,6 +49,8 @@ class PayloadWriter:
                             group_idx=None if placeholder else 0,
                         )
                     )
+                case BlockRemoved() if len(ev.block_hashes) == 1:
+                    out.append(enc.removed_raw(ev.block_hashes[0], medium=ev.medium))
                 case BlockRemoved():
                     out.append(enc.removed(ev.block_hashes, medium=ev.medium))
                 case AllBlocksCleared():

@@ -251,6 +251,87 @@ class Scheduler:
             self.running[:] = [r for r in self.running if r.status is not Status.FINISHED]
         return outputs
 
+    # ------------------------------------------------------------------ coalesced decode
+    def decode_run_length(self, max_steps: int) -> int:
+        """How many coming steps are alike and may run as one: every running request decoding (one token
+        each), nothing waiting, the batch within the token budget, no request finishing before the last
+        of them, and enough free blocks that no step would preempt.  0 when the next step is not such."""
+        running = self.running
+        if self.waiting or not running or len(running) > self.config.max_num_batched_tokens:
+            return 0
+        k = max_steps
+        for req in running:
+            if req.num_tokens - req.num_computed_tokens != 1 or not req.num_output_tokens:
+                return 0
+            k = min(k, req.max_tokens - req.num_output_tokens, self.max_model_len - req.num_tokens)
+        if k < 2:
+            return 0
+        bs = self.kv.block_size
+        while k >= 2:
+            need = sum(
+                max(0, -(-(r.num_tokens + k - 1) // bs) - len(self.kv.blocks_of(r.request_id)))
+                for r in running
+            )
+            if need <= self.kv.pool.num_free:
+                return k
+            k //= 2
+        return 0
+
+    def run_decodes(self, k: int) -> tuple[list[RequestOutput], list[BatchStats]]:
+        """``k`` decode steps of the running batch at once (``decode_run_length`` said they are alike).
+
+        Each request samples k tokens; its blocks are allocated and cached as the k steps would have
+        (full blocks of known tokens only, in the same order per request), so cache contents and events
+        are those of k separate steps, one batch of events instead of k.  Returns the outputs and the k
+        steps' statistics, for the timing model."""
+        kv = self.kv
+        c = self.counters
+        running = self.running
+        base_ctx = sum(r.num_tokens for r in running)
+        n = len(running)
+        outputs: list[RequestOutput] = []
+        max_len = self.max_model_len
+        for req in running:
+            new = [req.append_output_token() for _ in range(k - 1)]
+            ok = kv.allocate_slots(req, k)
+            assert ok, "decode_run_length checked the free blocks"
+            req.num_computed_tokens += k
+            new.append(req.append_output_token())
+            n_out = req.num_output_tokens
+            done = n_out >= req.max_tokens or req.num_tokens >= max_len
+            outputs.append(
+                RequestOutput(
+                    req.request_id,
+                    new,
+                    False,
+                    done,
+                    "length" if done else None,
+                    req.num_prompt_tokens,
+                    n_out,
+                    req.num_cached_tokens,
+                )
+            )
+        c.generation_tokens += k * n
+        steps = [
+            BatchStats(
+                num_scheduled=n,
+                decode_tokens=n,
+                attention_pairs=base_ctx + j * n,
+                context_tokens=base_ctx + j * n,
+            )
+            for j in range(k)
+        ]
+        finished = [running[i] for i, o in enumerate(outputs) if o.finished]
+        for req in finished:
+            self.requests.pop(req.request_id, None)
+            kv.free(req)
+            req.status = Status.FINISHED
+            c.finished += 1
+        if finished:
+            self.running[:] = [r for r in running if r.status is not Status.FINISHED]
+        kv.end_step()
+        return outputs, steps
+
     def preempt_all(self) -> list[RequestId]:
         """Preempt every running request (``reset_prefix_cache(reset_running_requests=True)``)."""
         ids: list[RequestId] = []

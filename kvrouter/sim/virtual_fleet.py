@@ -116,7 +116,10 @@ class VirtualFleet:
         *,
         hashes: BlockContentCache | None = None,
         progress: Callable[[int], None] | None = None,
+        pooled_of: int = 1,
     ) -> None:
+        """``pooled_of`` > 1 builds the pooled-cache bound: one engine with that many instances' capacity
+        and speed (same batch limits scaled by the caller)."""
         self.w = workload
         self.cfg = cfg
         self.clock = _Clock()
@@ -125,11 +128,17 @@ class VirtualFleet:
         self.hashes = hashes or BlockContentCache(workload.token_space, cfg.block_size)
         self.progress = progress
         self.rng = random.Random(cfg.seed)
+        capacity = cfg.capacity_blocks
+        if capacity is None and pooled_of > 1:
+            from .timing import get_profile
+
+            capacity = get_profile(cfg.profile).kv_capacity_blocks(cfg.block_size) * pooled_of
         ecfg = EngineConfig(
             profile=cfg.profile,
+            speed=float(pooled_of),
             cache=CacheConfig(
                 block_size=cfg.block_size,
-                num_gpu_blocks=cfg.capacity_blocks,
+                num_gpu_blocks=capacity,
                 cpu_offload_blocks=cfg.cpu_offload_blocks,
             ),
             scheduler=SchedulerConfig(
@@ -156,6 +165,9 @@ class VirtualFleet:
         self.load_samples: list[list[int]] = []
         self._closed_next = 0
         self._last_finish = 0.0
+        # Times at which the router may hand some engine a new request (arrivals, finishes that free a
+        # slot, dispatches on their way): an engine may coalesce decode steps only up to the next one.
+        self._activity: list[float] = []
 
     # ------------------------------------------------------------------ running
     def run(self) -> FleetRun:
@@ -169,7 +181,7 @@ class VirtualFleet:
                 if r.depends_on is not None and r.depends_on in self.by_id:
                     self.dependents.setdefault(r.depends_on, []).append(r)
                 else:
-                    self.clock.at(r.arrival_s or 0.0, partial(self._arrive, r))
+                    self._at_activity(r.arrival_s or 0.0, partial(self._arrive, r))
         self.clock.at(0.0, self._sample)
         self.clock.run()
         recs = [self.records[r.id] for r in reqs if r.id in self.records]
@@ -203,7 +215,7 @@ class VirtualFleet:
             ):
                 self.dependents.setdefault(dep, []).append(r)
                 continue
-            self.clock.at(now + (r.think_s if dep else 0.0), partial(self._arrive, r))
+            self._at_activity(now + (r.think_s if dep else 0.0), partial(self._arrive, r))
             return
 
     # ------------------------------------------------------------------ router side
@@ -239,7 +251,7 @@ class VirtualFleet:
         rec.predicted_cached_tokens = d.chosen.cached_tokens
         self.router.dispatched(inp, d.chosen, now)
         i = self.names.index(d.chosen.instance)
-        self.clock.at(now + self.cfg.net_latency_s, lambda: self._engine_add(i, rid))
+        self._at_activity(now + self.cfg.net_latency_s, partial(self._engine_add, i, rid))
         return True
 
     def _reject(self, rid: str) -> None:
@@ -255,7 +267,7 @@ class VirtualFleet:
         self._last_finish = max(self._last_finish, now)
         for dep in self.dependents.pop(rid, []):
             at = max(dep.arrival_s or 0.0, now + dep.think_s)
-            self.clock.at(at, partial(self._arrive, dep))
+            self._at_activity(at, partial(self._arrive, dep))
         if self.w.closed_loop:
             self._release_closed(now)
 
@@ -294,9 +306,19 @@ class VirtualFleet:
             self.busy[i] = True
             self.clock.at(self.clock.now, lambda: self._engine_step(i))
 
+    def _at_activity(self, t: float, fn: Callable[[], None]) -> None:
+        heapq.heappush(self._activity, t)
+        self.clock.at(t, fn)
+
+    def _next_activity(self) -> float:
+        act, now = self._activity, self.clock.now
+        while act and act[0] < now:
+            heapq.heappop(act)
+        return act[0] if act else float("inf")
+
     def _engine_step(self, i: int) -> None:
         eng = self.engines[i]
-        res = eng.step()
+        res = eng.step_many(100_000, self._next_activity() - self.clock.now)
         end = self.clock.now + res.duration_s
         self.work[i] += res.prefill_tokens + res.decode_tokens
         events = eng.take_events()
@@ -315,7 +337,7 @@ class VirtualFleet:
                 self.clock.at(t, partial(self._first_token, rid, t))
             if o.finished:
                 cached, n_out = o.cached_tokens, o.num_output_tokens
-                self.clock.at(end + lat, partial(self._finish, rid, cached, n_out))
+                self._at_activity(end + lat, partial(self._finish, rid, cached, n_out))
         if eng.has_work():
             self.clock.at(max(end, self.clock.now + 1e-9), lambda: self._engine_step(i))
         else:
