@@ -25,12 +25,14 @@ starts with the text the key stands for.
   inserted (a concurrent duplicate, or a prefix of a cached text).  Otherwise ``setdefault`` E's keys
   beyond those the lookup already found: existing keys keep their slot; new ones name E's slot (C's
   slot when E supersedes C; C's text prefixes E's).  (I) holds.
-- evict(E): for each key naming E's slot (E's keys, and terminal keys of the entries it superseded),
-  longest first: if a longer key lies below it, that key names a live slot whose entry contains the
-  shorter key's text, so re-point to it; otherwise delete.  No live entry G can need a deleted key k:
-  k would be G's last key with nothing below it, so G's text would be a prefix of E's (or equal), and
-  insert refuses such a G while E is live.  If G came first, G's last key names G's slot, not E's.
-  Digest collisions can break this, at the cost of a missed reuse, never of a wrong token.
+- evict(E): a slot owns a suffix of its entry's keys (those it set, plus those it inherited), and
+  the terminal keys of the entries it superseded.  For each, longest first: if a longer key lies
+  below it, that key names a live slot whose entry contains the shorter key's text, so re-point to it
+  (and every shorter key with it: the same heir holds them); otherwise delete.  No live entry G can
+  need a deleted key k: k would be G's last key with nothing below it, so G's text would be a prefix
+  of E's (or equal), and insert refuses such a G while E is live.  If G came first, G's last key
+  names G's slot, not E's.  Digest collisions can break this, at the cost of a missed reuse, never
+  of a wrong token.
 
 Entries are immutable once built, so a caller may keep using one after it has been evicted.  The index
 serialises its own state with one lock; no tokenization happens under it.
@@ -56,6 +58,8 @@ _MASK32 = 0xFFFFFFFF
 # entry, so the estimate stays an upper bound).
 _BYTES_PER_TOKEN = 8 + 32
 _ENTRY_OVERHEAD = 400
+# Most recently used entries examined when choosing the heir of an evicted entry's keys.
+_HEIR_SCAN = 64
 
 
 class Entry:
@@ -139,6 +143,8 @@ class PrefixIndex:
         self._entries: OrderedDict[int, Entry] = OrderedDict()  # LRU order: oldest first
         self._slots: dict[int, int] = {}  # slot -> eid of the live entry it names
         self._extra_keys: dict[int, list[str]] = {}  # slot -> terminal keys of superseded entries
+        # slot -> k such that the slot's entry owns its keys k, k+1, ... (key k: its first k digests)
+        self._slot_low: dict[int, int] = {}
         self._next_eid = 1
         self.bytes_held = 0
         self.evictions = 0
@@ -241,9 +247,17 @@ class PrefixIndex:
             else:
                 entry.slot = entry.eid
             self._slots[entry.slot] = entry.eid
+            # Keys known_keys+1.. are set when absent; once one is absent all longer ones are (a longer
+            # key's owner would hold the shorter one, by (I)), so the slot owns a suffix of the keys.
             trie, slot, d = self._trie, entry.slot, DIGEST_CHARS
-            for k in range(max(known_keys, 0) * d + d, len(digests) + 1, d):
-                trie.setdefault(digests[:k], slot)
+            low = len(digests) // d + 1
+            for k in range(max(known_keys, 0) + 1, len(digests) // d + 1):
+                if trie.setdefault(digests[: k * d], slot) == slot:
+                    low = k
+                    break
+            for k in range(low + 1, len(digests) // d + 1):
+                trie[digests[: k * d]] = slot
+            self._slot_low[slot] = min(low, self._slot_low.get(slot, low))
             self._entries[entry.eid] = entry
             self.bytes_held += entry.nbytes
             while self.bytes_held > self.max_bytes and self._entries:
@@ -258,42 +272,55 @@ class PrefixIndex:
             self._entries.clear()
             self._slots.clear()
             self._extra_keys.clear()
+            self._slot_low.clear()
             self.bytes_held = 0
 
     def _remove(self, entry: Entry) -> None:
         """Drop ``entry`` and the keys only its slot needs, keeping invariant (I).  Lock held."""
         trie, slot, d = self._trie, entry.slot, DIGEST_CHARS
-        keys = [entry.digests[:k] for k in range(len(entry.digests), 0, -d)]
-        keys.extend(self._extra_keys.pop(slot, ()))
-        keys.sort(key=len, reverse=True)
-        heir: int | None = None  # once a key is re-pointed, every shorter one of E has the same heir
-        for key in keys:
-            if trie.get(key) != slot:
-                continue
-            if heir is None or not entry.digests.startswith(key):
-                found = self._descendant(key, slot)
-                if entry.digests.startswith(key):
-                    heir = found
+        for key in self._extra_keys.pop(slot, ()):  # superseded terminals: deepest in their branch
+            if trie.get(key) == slot:
+                self._release(key, slot)
+        low = self._slot_low.pop(slot)
+        heir: int | None = None
+        for k in range(len(entry.digests) // d, low - 1, -1):
+            key = entry.digests[: k * d]
+            if heir is None:
+                heir = self._release(key, slot)
+                if heir is not None:
+                    self._slot_low[heir] = min(low, self._slot_low[heir])
             else:
-                found = heir
-            if found is None:
-                del trie[key]
-            else:
-                trie[key] = found
+                trie[key] = heir  # a longer key of E has a live descendant: so does this one
         del self._entries[entry.eid]
         del self._slots[slot]
         self.bytes_held -= entry.nbytes
 
-    def _descendant(self, key: str, slot: int) -> int | None:
-        """The slot named by some key strictly longer than ``key`` (other than ``slot``), or None."""
+    def _release(self, key: str, slot: int) -> int | None:
+        """Re-point ``key`` (named by ``slot``) to a live slot below it, or delete it; return the heir.
+
+        The heir is preferably the most recently used entry holding the key, so that it is evicted
+        last and the keys do not move again soon.
+        """
         state = datrie.BaseState(self._trie)
-        if not state.walk(key) or state.is_leaf():
-            return None
-        it = datrie.BaseIterator(state)
-        while it.next():
-            if it.key() and it.data() != slot:
-                return int(it.data())
-        return None
+        heir: int | None = None
+        if state.walk(key) and not state.is_leaf():
+            for n, e in enumerate(reversed(self._entries.values())):
+                if e.slot != slot and e.digests.startswith(key):
+                    heir = e.slot
+                    break
+                if n >= _HEIR_SCAN:
+                    break
+            if heir is None:
+                it = datrie.BaseIterator(state)
+                while it.next():
+                    if it.key() and it.data() != slot:
+                        heir = int(it.data())
+                        break
+        if heir is None:
+            del self._trie[key]
+        else:
+            self._trie[key] = heir
+        return heir
 
     # -- checking -------------------------------------------------------------------------------
 
@@ -314,6 +341,9 @@ class PrefixIndex:
                     else:
                         span = k // d * self.chunk_chars
                         assert owner.text[:span] == entry.text[:span], "key leads to a different text"
+                low = self._slot_low[entry.slot]
+                for k in range(low, len(entry.digests) // d + 1):
+                    assert self._trie.get(entry.digests[: k * d]) == entry.slot, "slot lost a key it owns"
             assert self.bytes_held == sum(e.nbytes for e in self._entries.values())
             assert self.bytes_held <= self.max_bytes
             for _, slot in self._trie.items():
