@@ -122,3 +122,28 @@ def test_random_inserts_and_evictions_keep_invariant(ops: list[tuple[str, int, i
             if len(e.text) >= 16:
                 m = ix.lookup(e.text, ix.chunk_digests(e.text))
                 assert m is not None and m.common >= len(e.text) // 16 * 16
+
+
+def test_heir_ranges_that_straddle_another_entrys_keys() -> None:
+    """E first; G shares E's first 2 chunks; H shares G's first 4.  Evicting E makes H (the most
+    recently used holder) the heir of E's first 2 keys, while keys 3-4 stay G's."""
+    c = 16
+    e_text = "".join(f"E{k}" * 8 for k in range(6))
+    g_text = e_text[: 2 * c] + "".join(f"G{k}" * 8 for k in range(4))
+    h_text = g_text[: 4 * c] + "".join(f"H{k}" * 8 for k in range(3))
+    ix = PrefixIndex(chunk_chars=c, max_bytes=1 << 30)
+    for t in (e_text, g_text, h_text):
+        _add(ix, t)
+    ix.check_invariants()
+    ix.max_bytes = sum(e.nbytes for e in ix.entries()) - 1  # the next insert evicts E
+    _add(ix, "Z" * 64)
+    assert [e.text for e in ix.entries()] == [g_text, h_text, "Z" * 64]
+    ix.check_invariants()
+    scratch = _add(PrefixIndex(chunk_chars=c, max_bytes=1 << 30), "Y" * 64)
+    assert scratch is not None
+    ix.max_bytes = ix.bytes_held + scratch.nbytes - 1  # the next insert evicts G: keys 3-4 move to H
+    _add(ix, "Y" * 64)
+    assert [e.text for e in ix.entries()] == [h_text, "Z" * 64, "Y" * 64]
+    ix.check_invariants()
+    m = ix.lookup(h_text, ix.chunk_digests(h_text))
+    assert m is not None and m.entry.text == h_text and m.common == len(h_text)

@@ -25,10 +25,11 @@ starts with the text the key stands for.
   inserted (a concurrent duplicate, or a prefix of a cached text).  Otherwise ``setdefault`` E's keys
   beyond those the lookup already found: existing keys keep their slot; new ones name E's slot (C's
   slot when E supersedes C; C's text prefixes E's).  (I) holds.
-- evict(E): a slot owns a suffix of its entry's keys (those it set, plus those it inherited), and
-  the terminal keys of the entries it superseded.  For each, longest first: if a longer key lies
-  below it, that key names a live slot whose entry contains the shorter key's text, so re-point to it
-  (and every shorter key with it: the same heir holds them); otherwise delete.  No live entry G can
+- evict(E): a slot names only keys of its entry from some length on (those it set, plus those it
+  inherited), and the terminal keys of the entries it superseded.  For each key naming E's slot,
+  longest first: if a longer key lies below it, that key names a live slot whose entry contains the
+  shorter key's text, so re-point to it (and every shorter key with it: the same heir holds them);
+  otherwise delete.  No live entry G can
   need a deleted key k: k would be G's last key with nothing below it, so G's text would be a prefix
   of E's (or equal), and insert refuses such a G while E is live.  If G came first, G's last key
   names G's slot, not E's.  Digest collisions can break this, at the cost of a missed reuse, never
@@ -143,7 +144,8 @@ class PrefixIndex:
         self._entries: OrderedDict[int, Entry] = OrderedDict()  # LRU order: oldest first
         self._slots: dict[int, int] = {}  # slot -> eid of the live entry it names
         self._extra_keys: dict[int, list[str]] = {}  # slot -> terminal keys of superseded entries
-        # slot -> k such that the slot's entry owns its keys k, k+1, ... (key k: its first k digests)
+        # slot -> k such that the slot names none of its entry's keys shorter than key k (its first k
+        # digests); eviction only looks at keys k and longer
         self._slot_low: dict[int, int] = {}
         self._next_eid = 1
         self.bytes_held = 0
@@ -285,6 +287,8 @@ class PrefixIndex:
         heir: int | None = None
         for k in range(len(entry.digests) // d, low - 1, -1):
             key = entry.digests[: k * d]
+            if trie.get(key) != slot:
+                continue  # held by an older entry (an heir's range can straddle another's keys)
             if heir is None:
                 heir = self._release(key, slot)
                 if heir is not None:
@@ -342,8 +346,8 @@ class PrefixIndex:
                         span = k // d * self.chunk_chars
                         assert owner.text[:span] == entry.text[:span], "key leads to a different text"
                 low = self._slot_low[entry.slot]
-                for k in range(low, len(entry.digests) // d + 1):
-                    assert self._trie.get(entry.digests[: k * d]) == entry.slot, "slot lost a key it owns"
+                for k in range(1, min(low, len(entry.digests) // d + 1)):
+                    assert self._trie.get(entry.digests[: k * d]) != entry.slot, "a key below the slot's low"
             assert self.bytes_held == sum(e.nbytes for e in self._entries.values())
             assert self.bytes_held <= self.max_bytes
             for _, slot in self._trie.items():
