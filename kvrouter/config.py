@@ -99,6 +99,8 @@ class GatewayConfig(msgspec.Struct, frozen=True):
 
 
 class RouterFleetConfig(FleetConfig, frozen=True, forbid_unknown_fields=True):
+    chat_template: str | None = None
+    """The fleet's chat template (a file or a Jinja string), when its tokenizer has none."""
     models: dict[str, ModelConfig] = {}
     routing: RoutingConfig = RoutingConfig()
     limits: LimitsConfig = LimitsConfig()

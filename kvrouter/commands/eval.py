@@ -1,4 +1,4 @@
-"""``kvrouter eval --trace FILE | --workload NAME --instances N [--policies ...] [--json OUT] [--csv OUT]``."""
+"""``kvrouter eval --trace FILE | --workload NAME --instances N [--policies ...] [--json OUT]``."""
 
 from __future__ import annotations
 
@@ -18,12 +18,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src.add_argument("--trace", help="a Mooncake-format JSONL trace")
     src.add_argument("--workload", help="a generated workload (see --list)")
     src.add_argument("--list", action="store_true", help="list the generated workloads and exit")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=JSON", help="workload parameter override")
+    p.add_argument(
+        "--set", action="append", default=[], metavar="KEY=JSON", help="workload parameter override"
+    )
     p.add_argument("--instances", type=int, default=8)
     p.add_argument("--profile", default="llama-3.1-70b-8xh100")
-    p.add_argument("--capacity-blocks", type=int, default=None, help="KV blocks per instance (default: profile)")
+    p.add_argument(
+        "--capacity-blocks", type=int, default=None, help="KV blocks per instance (default: profile)"
+    )
     p.add_argument("--policies", default=",".join(DEFAULT_POLICIES))
-    p.add_argument("--event-delay", type=float, default=0.005, help="seconds from engine step to router index")
+    p.add_argument(
+        "--event-delay", type=float, default=0.005, help="seconds from engine step to router index"
+    )
     p.add_argument("--event-loss", type=float, default=0.0, help="fraction of event batches lost")
     p.add_argument("--net-latency", type=float, default=0.0005)
     p.add_argument("--prefix-length", type=int, default=1024, help="prefix-hash: characters hashed")

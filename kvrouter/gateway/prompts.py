@@ -1,0 +1,68 @@
+"""The gateway's token source: the tokenizer cache, one tokenizer per served model.
+
+Chat requests are rendered with the model's chat template exactly as vLLM renders them (the request's
+``tools``, ``chat_template_kwargs``, ``add_generation_prompt``, ``continue_final_message`` and ``documents``
+honoured) and tokenized without special tokens; completions text is tokenized with them; token-id prompts
+pass through.  Tokenization runs on the tokenizer cache's thread pool, off the event loop.  A template
+error is the client's: a 400 with the reason.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from tokenizer_cache import ChatTemplateError, InvalidPromptError, TokenizerCacheError, TokenizerRegistry
+
+from ..config import RouterFleetConfig
+from .requests import BadRequest, ParsedRequest
+
+
+class FleetTokens:
+    """``TokenSource`` over a ``TokenizerRegistry``; models without a tokenizer are routed untokenized."""
+
+    def __init__(self, registry: TokenizerRegistry | None) -> None:
+        self.registry = registry
+
+    @classmethod
+    def from_config(cls, cfg: RouterFleetConfig) -> FleetTokens:
+        raw = msgspec.to_builtins(cfg)
+        if not raw.get("tokenizer") and not any(m.get("tokenizer") for m in raw.get("models", {}).values()):
+            return cls(None)
+        return cls(TokenizerRegistry.from_fleet(raw))
+
+    async def tokens(self, req: ParsedRequest) -> list[int] | None:
+        if isinstance(req.prompt, list):
+            return req.prompt
+        if self.registry is None:
+            return None
+        try:
+            tok = self.registry.get(req.model)
+        except TokenizerCacheError:
+            return None  # this model has no tokenizer: route it by load and prefix text
+        b = req.body
+        try:
+            if req.messages is not None:
+                kwargs: dict[str, Any] = {
+                    "add_generation_prompt": b.get("add_generation_prompt", True) is not False,
+                    "continue_final_message": b.get("continue_final_message", False) is True,
+                }
+                if b.get("documents") is not None:
+                    kwargs["documents"] = b["documents"]
+                return await tok.aencode_chat(
+                    req.messages,
+                    tools=b.get("tools"),
+                    chat_template_kwargs=b.get("chat_template_kwargs"),
+                    **kwargs,
+                )
+            assert isinstance(req.prompt, str)
+            return await tok.aencode_prompt(
+                req.prompt, add_special_tokens=b.get("add_special_tokens", True) is not False
+            )
+        except (ChatTemplateError, InvalidPromptError) as e:
+            raise BadRequest(str(e)) from None
+
+    def close(self) -> None:
+        if self.registry is not None:
+            self.registry.close()
