@@ -249,3 +249,22 @@ async def test_event_loop_keeps_running_while_tokenizing(dirs: dict[str, str]) -
     assert (await task) == ct.encode_uncached(text)
     assert ticks > 20, ticks
     ct.close()
+
+
+def test_pipeline_without_word_splits_stays_exact(dirs: dict[str, str], tmp_path: Path) -> None:
+    """Metaspace with split=False: one word per piece, so no seam exists; every text is a miss."""
+    spec = json.loads((Path(dirs["metaspace"]) / "tokenizer.json").read_text(encoding="utf-8"))
+    spec["pre_tokenizer"]["split"] = False
+    d = tmp_path / "nosplit"
+    d.mkdir()
+    (d / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+    (d / "tokenizer_config.json").write_bytes(
+        (Path(dirs["metaspace"]) / "tokenizer_config.json").read_bytes()
+    )
+    ct = CachedTokenizer.from_pretrained(str(d), config=TIGHT)
+    rng = random.Random(8)
+    base = corpus_text(rng, 60)
+    for cut in range(0, len(base), 17):
+        text = base[:cut] + corpus_text(rng, 3)
+        assert ct.encode_prompt(text) == ct.encode_uncached(text)
+    assert ct.stats().hits == ct.stats().exact_hits
