@@ -240,11 +240,14 @@ class SimInstance:
         return lost
 
     async def recover(self) -> None:
-        """Back after a crash: publishers reopen (from sequence 0), requests are admitted again."""
+        """Coming back after a crash: publishers reopen (from sequence 0).  Requests are admitted again
+        only after ``resume()`` (the server calls it once its port is open again)."""
         for rank in self.ranks:
             if rank.publisher is not None:
                 await rank.publisher.restart()
                 self._apply_publisher_faults(rank.publisher)
+
+    def resume(self) -> None:
         self.faults.crashed = False
 
     # ------------------------------------------------------------------ requests

@@ -473,5 +473,7 @@ class SimServer:
             await self.instance.recover()
             if self._runner is not None:
                 await self._open()
+            # No await between the port opening and this: no request can see a half-restarted instance.
+            self.instance.resume()
             log.warning("instance restarted", extra={"instance": self.name})
             return lost
