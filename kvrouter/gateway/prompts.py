@@ -13,7 +13,13 @@ from typing import Any
 
 import msgspec
 
-from tokenizer_cache import ChatTemplateError, InvalidPromptError, TokenizerCacheError, TokenizerRegistry
+from tokenizer_cache import (
+    ChatTemplateError,
+    InvalidPromptError,
+    TokenizerCacheError,
+    TokenizerRegistry,
+    UnsupportedContentError,
+)
 
 from ..config import RouterFleetConfig
 from .requests import BadRequest, ParsedRequest
@@ -50,6 +56,8 @@ class FleetTokens:
                 }
                 if b.get("documents") is not None:
                     kwargs["documents"] = b["documents"]
+                if b.get("add_special_tokens") is True:
+                    kwargs["add_special_tokens"] = True
                 return await tok.aencode_chat(
                     req.messages,
                     tools=b.get("tools"),
@@ -60,6 +68,8 @@ class FleetTokens:
             return await tok.aencode_prompt(
                 req.prompt, add_special_tokens=b.get("add_special_tokens", True) is not False
             )
+        except UnsupportedContentError:
+            return None  # images/audio: their tokens depend on the model's processor; route untokenized
         except (ChatTemplateError, InvalidPromptError) as e:
             raise BadRequest(str(e)) from None
 

@@ -67,10 +67,12 @@ class Policy(Protocol):
 
 
 class KvAwareSettings(msgspec.Struct, frozen=True):
-    compute_weight: float = 1.0
+    compute_weight: float = 8.0
     """Extra weight of the prefill a choice adds to the fleet.  The first term of the cost is this request's
     wait (queued + own prefill); this one charges the capacity it takes from every later request, so a
-    target that must recompute a prefix another target holds loses even when it is idle right now."""
+    target that must recompute a prefix another target holds loses even when it is idle right now.
+    Tuned with ``kvrouter eval`` on the Mooncake conversation trace (3x rate, 8 instances): 1 -> hit rate
+    88 % of the pooled-cache bound, 3 -> 88 %, 8 -> 96 %, 20 -> 99 % with mean TTFT +4 %."""
     load_weight: float = 32.0
     """Prefill-token equivalent of one request in flight (each decodes in every later step)."""
     offload_value: float = 0.8
