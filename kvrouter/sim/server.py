@@ -91,11 +91,13 @@ def _alive(inst: SimInstance) -> None:
         raise EngineUnavailable("The engine is dead (simulated fault).")
 
 
-def _drop_connection(request: web.Request) -> web.StreamResponse:
-    """What a crashed vLLM does to a client: the TCP connection goes away mid-answer."""
+def _drop_connection(request: web.Request, resp: web.StreamResponse | None = None) -> web.StreamResponse:
+    """What a crashed vLLM does to a client: the TCP connection goes away mid-answer.  The response
+    returned (the stream already started, if any) never reaches the client: aiohttp finds the transport
+    gone and drops it quietly."""
     if request.transport is not None:
         request.transport.abort()
-    return web.Response()  # never reaches the client
+    return resp if resp is not None else web.Response()
 
 
 @web.middleware
@@ -161,14 +163,20 @@ async def _generate(
     )
     model = args.model or inst.config.model
     chat = isinstance(args, ChatArgs)
+    resp: web.StreamResponse | None = None
     try:
-        if args.stream:
-            return await _stream(request, inst, req, args, model, chat)
-        return await _collect(inst, req, model, chat)
+        if not args.stream:
+            return await _collect(inst, req, model, chat)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
+        await resp.prepare(request)
+        await _stream(resp, inst, req, args, model, chat)
+        return resp
     except EngineCrashed:
-        return _drop_connection(request)
+        return _drop_connection(request, resp)
+    except ConnectionResetError:  # the client left between two chunks; aiohttp drops the rest quietly
+        return resp or web.Response()
     finally:
-        req.close()
+        req.close()  # a request still in the engine (its client gone) is aborted there
 
 
 async def _collect(inst: SimInstance, req: InFlight, model: str, chat: bool) -> web.Response:
@@ -184,15 +192,14 @@ async def _collect(inst: SimInstance, req: InFlight, model: str, chat: bool) -> 
 
 
 async def _stream(
-    request: web.Request,
+    resp: web.StreamResponse,
     inst: SimInstance,
     req: InFlight,
     args: CompletionArgs | ChatArgs,
     model: str,
     chat: bool,
-) -> web.StreamResponse:
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
-    await resp.prepare(request)
+) -> None:
+    """SSE: one chunk per engine step that produced a token, as vLLM streams."""
     rid, created, piece = req.request_id, int(time.time()), inst.vocab.piece
     first = True
     while True:
@@ -220,7 +227,6 @@ async def _stream(
         await resp.write(usage_chunk(rid, created, model, kind, total))
     await resp.write(SSE_DONE)
     await resp.write_eof()
-    return resp
 
 
 # ---------------------------------------------------------------------------------------------- vLLM extras
