@@ -12,7 +12,7 @@ import pytest
 
 from indexer import Indexer, SourceKey
 from indexer.subscriber import EventSubscriber
-from kvrouter.sim.fleet import SimFleet, SimFleetConfig
+from kvrouter.sim.fleet import SimFleet, SimFleetConfig, free_port_block
 
 from .test_sim_server_support import BS, shared_tokenizer, until
 
@@ -85,5 +85,53 @@ async def test_indexer_fed_by_a_live_fleet_agrees_with_every_engine(release: str
             assert all(p is not None and p.stats.sent > 2 for p in pubs)
             assert ix.counters.blocks_removed > 0 and ix.counters.clears == 4  # evictions and resets flowed
             assert not ix.counters.event_errors
+        finally:
+            await sub.stop()
+
+
+async def test_bind_mode_publishers_connect_to_the_indexer() -> None:
+    tok, _ = shared_tokenizer()
+    bind = f"tcp://127.0.0.1:{free_port_block(1)}"
+    cfg = SimFleetConfig(instances=2, profile="test", capacity_blocks=256, bind=bind, speed=4.0)
+    async with SimFleet(cfg, tokenizer=tok) as fleet, aiohttp.ClientSession() as http:
+        fleet_cfg = fleet.fleet_config()
+        assert fleet_cfg.bind == bind and all(i.events is None and i.replay for i in fleet_cfg.instances)
+        ix = Indexer(BS)
+        sub = EventSubscriber(ix, fleet_cfg)
+        await sub.start()
+        sources = [SourceKey(i.name, 0) for i in fleet_cfg.instances]
+        rng = random.Random(3)
+        try:
+            prompts: list[list[int]] = []
+
+            async def send(url: str) -> None:
+                prompt = [rng.randrange(1000, 30000) for _ in range(rng.randrange(40, 200))]
+                prompts.append(prompt)
+                async with http.post(f"{url}/v1/completions", json={"prompt": prompt, "max_tokens": 2}) as r:
+                    assert r.status == 200
+
+            # Each instance's topic kv@<name>@<model> names it; keep sending until both are known.
+            for _ in range(100):
+                await asyncio.gather(*(send(u) for u in fleet.urls))
+                await asyncio.sleep(0.02)
+                if all(s in sub.status and sub.status[s].messages for s in sources):
+                    break
+            for url in fleet.urls:
+                async with http.post(f"{url}/reset_prefix_cache") as resp:
+                    assert resp.status == 200
+            prompts.clear()
+            for _ in range(10):
+                await asyncio.gather(*(send(u) for u in fleet.urls))
+
+            def agrees() -> bool:
+                for tokens in prompts:
+                    got = {m.instance: m.matched_blocks for m in ix.lookup(tokens).instances}
+                    for s in fleet.servers:
+                        if got.get(s.name, 0) != s.instance.ranks[0].engine.cached_prefix_blocks(tokens):
+                            return False
+                return True
+
+            await until(agrees, timeout=10.0, what="index == engines (bind mode)")
+            assert any(got.matched_blocks for got in ix.lookup(prompts[-1]).instances)
         finally:
             await sub.stop()

@@ -56,6 +56,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-events", action="store_true", help="publish no KV events")
     p.add_argument("--no-replay", action="store_true", help="no replay ROUTER")
     p.add_argument("--topic", default="", help="topic (frame 0) of event messages")
+    p.add_argument(
+        "--bind",
+        default=None,
+        metavar="ENDPOINT",
+        help="bind mode: publishers connect to the indexer's SUB here",
+    )
     p.add_argument("--seed", type=int, default=0)
     f = p.add_argument_group("faults at start (change them at run time with POST /sim/faults)")
     f.add_argument("--drop-rate", type=float, default=0.0, help="fraction of event batches dropped")
@@ -86,6 +92,7 @@ def config_from_args(a: argparse.Namespace) -> SimFleetConfig:
         events=not a.no_events,
         replay=not (a.no_replay or a.no_events),
         topic=a.topic,
+        bind=a.bind,
         tokenizer=a.tokenizer,
         chat_template=a.chat_template,
         answer_tokens=a.answer_tokens,

@@ -91,6 +91,9 @@ class SimFleetConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Serve replay (needs ``events``)."""
     topic: str = ""
     """Frame 0 of every event message."""
+    bind: str | None = None
+    """Bind mode: the indexer binds a SUB here and every publisher connects to it (topic
+    ``kv@<name>@<model>``; dp_size 1 only).  Written as the fleet file's ``bind``."""
     tokenizer: str | None = None
     """Tokenizer directory or cached hub name; None: ``tokenizer_cache.default_tokenizer_path()``."""
     chat_template: str | None = None
@@ -149,6 +152,7 @@ class SimFleetConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                     engine=engine,
                     release=self.release,
                     topic=self.topic,
+                    connect_endpoint=self.bind,
                     answer_tokens=self.answer_tokens,
                     seed=self.seed + i,
                     faults=self.faults,
@@ -297,6 +301,8 @@ class SimFleet:
             "tokenizer": cfg.tokenizer or default_tokenizer_path(),
             "instances": instances,
         }
+        if cfg.bind is not None:
+            out["bind"] = cfg.bind
         if self.chat_template is not None:
             out["models"] = {cfg.model: {"chat_template": self.chat_template}}
         return out

@@ -34,7 +34,7 @@ from .errors import RequestRejected, SimConfigError
 from .faults import FaultConfig, FaultState, FaultStatus, FaultUpdate
 from .openai_api import BadRequest, EngineUnavailable, ModelNotFound, too_long
 from .prom import RequestStats
-from .publisher import EventPublisher, PublisherConfig
+from .publisher import EventPublisher, PublisherConfig, topic_for
 from .rank import Crashed, EngineRank, Item
 from .scheduler import RequestOutput
 
@@ -66,7 +66,10 @@ class SimInstanceConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
     release: str = "0.33.0"
     """vLLM release whose KV-event wire format is published."""
     topic: str = ""
-    """Frame 0 of every event message."""
+    """Frame 0 of every event message (in bind mode, default ``kv@<name>@<model>``)."""
+    connect_endpoint: str | None = None
+    """Bind mode: every PUB connects to this endpoint (the indexer's bound SUB) instead of binding
+    ``events_port``, as vLLM does when its endpoint names a host rather than ``*``."""
     answer_tokens: int = 256
     """Mean length of an answer ending with EOS (see ``answers``); 0: answers always run to max_tokens."""
     seed: int = 0
@@ -83,14 +86,39 @@ class SimInstanceConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
             raise SimConfigError(f"unknown vLLM release {self.release!r}; known: {', '.join(RELEASES)}")
         if self.answer_tokens < 0:
             raise SimConfigError("answer_tokens must be >= 0")
-        if self.replay_port is not None and self.events_port is None:
+        if self.replay_port is not None and self.events_port is None and self.connect_endpoint is None:
             raise SimConfigError("replay needs events")
+        if self.connect_endpoint is not None and self.dp_size > 1:
+            # vLLM offsets the endpoint by the rank even when connecting; an indexer binds one port.
+            raise SimConfigError("bind mode (connect_endpoint) supports dp_size 1 only")
         self.engine.validate()
         self.faults.validate()
 
     @property
     def events_endpoint(self) -> str | None:
-        return None if self.events_port is None else f"tcp://{self.host}:{self.events_port}"
+        """Where subscribers connect (None in bind mode: the publishers connect out)."""
+        if self.connect_endpoint is not None or self.events_port is None:
+            return None
+        return f"tcp://{self.host}:{self.events_port}"
+
+    def publisher_config(self, rank: int) -> PublisherConfig | None:
+        if self.connect_endpoint is not None:
+            endpoint, connect = self.connect_endpoint, True
+            topic = self.topic or topic_for(self.name, self.model)
+        elif self.events_port is not None:
+            endpoint, connect, topic = f"tcp://{self.host}:{self.events_port}", False, self.topic
+        else:
+            return None
+        return PublisherConfig(
+            endpoint=endpoint,
+            replay_endpoint=self.replay_endpoint,
+            connect=connect,
+            topic=topic,
+            release=self.release,
+            dp_rank=rank,
+            drop_rate=self.faults.drop_rate,
+            seed=self.seed * 1000 + rank,
+        )
 
     @property
     def replay_endpoint(self) -> str | None:
@@ -192,20 +220,8 @@ class SimInstance:
         self.faults = FaultState(config.faults)
         self.ranks: list[EngineRank] = []
         for r in range(config.dp_size):
-            pub = None
-            if config.events_endpoint is not None:
-                pub = EventPublisher(
-                    PublisherConfig(
-                        endpoint=config.events_endpoint,
-                        replay_endpoint=config.replay_endpoint,
-                        topic=config.topic,
-                        release=config.release,
-                        dp_rank=r,
-                        drop_rate=config.faults.drop_rate,
-                        seed=config.seed * 1000 + r,
-                    ),
-                    ctx=zmq_ctx,
-                )
+            pcfg = config.publisher_config(r)
+            pub = None if pcfg is None else EventPublisher(pcfg, ctx=zmq_ctx)
             self.ranks.append(EngineRank(r, Engine(config.engine), pub, self.faults))
         self.stats = [RequestStats() for _ in self.ranks]
         self.max_model_len = self.ranks[0].engine.max_model_len
