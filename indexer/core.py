@@ -11,11 +11,13 @@ Pure: no sockets, no clock (callers pass ``now``), counters are plain attributes
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import msgspec
 import numpy as np
 
+from . import snapshot as _snapshot
+from .backend import IndexBackend
 from .errors import BadBlockShape, BlockSizeMismatch, DecodeError, EventError, UnknownParent
 from .hashing import (
     I64Array,
@@ -57,6 +59,14 @@ class LookupResult(msgspec.Struct, gc=False):
         return max(self.instances, key=lambda m: m.matched_blocks, default=None)
 
 
+class SpeculativeEntry(msgspec.Struct, gc=False):
+    """A speculative entry this process added (``Indexer.speculative_outbox``), for a shell to share."""
+
+    source: SourceKey
+    chains: I64Array
+    now: float
+
+
 class Counters(msgspec.Struct):
     """Ingestion counters, exported by the shells as Prometheus metrics."""
 
@@ -84,13 +94,20 @@ class Indexer:
         *,
         max_blocks_per_source: int = 8_000_000,
         speculative_ttl: float = 5.0,
+        index: IndexBackend | None = None,
     ) -> None:
+        """``index``: another backend (e.g. ``indexer.redis_index.RedisBlockIndex``); default in process."""
         if block_size <= 0:
             raise ValueError("block_size must be positive")
         self.block_size = block_size
         self.speculative_ttl = speculative_ttl
         warmup()
-        self.index = BlockIndex(max_blocks_per_source=max_blocks_per_source)
+        self.index: IndexBackend = (
+            index if index is not None else BlockIndex(max_blocks_per_source=max_blocks_per_source)
+        )
+        self.speculative_outbox: list[SpeculativeEntry] | None = None
+        """When a list, every ``add_speculative`` is also appended here for a shell to deliver (shared
+        router state); the shell drains it.  None (the default): nothing is kept."""
         self.counters = Counters()
         self._decoder = BatchDecoder()
         self._syncs: dict[SourceKey, SourceSync] = {}
@@ -422,3 +439,14 @@ class Indexer:
     # ------------------------------------------------------------------ speculative entries
     def add_speculative(self, source: SourceKey, chains: I64Array, *, now: float) -> None:
         self.index.add_speculative(source, chains, now=now, ttl=self.speculative_ttl)
+        if self.speculative_outbox is not None:
+            self.speculative_outbox.append(SpeculativeEntry(source, chains, now))
+
+    # ------------------------------------------------------------------ warm restart
+    def snapshot(self, *, created_at: float = 0.0) -> bytes:
+        """Blocks, sequence positions, last timestamps and trust, versioned (see ``indexer.snapshot``)."""
+        return _snapshot.take(self, created_at=created_at)
+
+    def restore(self, data: bytes, *, only: Collection[SourceKey] | None = None) -> list[SourceKey]:
+        """Load a snapshot before subscribing; the on-connect replay then fills only what was missed."""
+        return _snapshot.restore(self, data, only=only)

@@ -23,7 +23,8 @@ Pure: no I/O, no clock (speculative entries take ``now`` from the caller).
 
 from __future__ import annotations
 
-from collections import deque
+import heapq
+import itertools
 
 import cykhash
 import msgspec
@@ -60,6 +61,28 @@ class _Spec(msgspec.Struct, gc=False):
     chains: I64Array
 
 
+class SourceBlocks(msgspec.Struct, array_like=True, gc=False):
+    """One source's blocks as plain int64 little-endian arrays: the unit of a snapshot.
+
+    ``engines[i]`` resolves to ``engine_chains[i]``; ``held[m]`` lists the chains held in medium ``m``;
+    ``extra_chains[m]`` / ``extra_counts[m]`` the references beyond the first (duplicate stores)."""
+
+    source: SourceKey
+    engines: bytes
+    engine_chains: bytes
+    held: list[bytes]
+    extra_chains: list[bytes]
+    extra_counts: list[bytes]
+
+
+def _i64(a: np.ndarray) -> bytes:
+    return np.ascontiguousarray(a, dtype="<i8").tobytes()
+
+
+def _arr(b: bytes) -> I64Array:
+    return np.frombuffer(b, dtype="<i8").astype(np.int64)
+
+
 class BlockIndex:
     """The pure index.  Not thread-safe: one owner applies writes; reads are synchronous calls."""
 
@@ -75,7 +98,10 @@ class BlockIndex:
         # speculative entries: one map per group, plus per-(slot, chain) expiry
         self._spec: list[cykhash.Int64toInt64Map] = []
         self._spec_expiry: dict[int, cykhash.Int64toFloat64Map] = {}
-        self._spec_queue: deque[_Spec] = deque()
+        # A heap by expiry: peers' entries (shared router state) arrive with what is left of their TTL, so
+        # entries are not added in expiry order.
+        self._spec_queue: list[tuple[float, int, _Spec]] = []
+        self._spec_seq = itertools.count()
 
     # ------------------------------------------------------------------ sources
     def slot_of(self, source: SourceKey) -> int:
@@ -268,14 +294,14 @@ class BlockIndex:
         cykhash.update_int64tofloat64map(
             exp, cykhash.Int64toFloat64Map_from_buffers(chains, np.full(len(chains), expiry))
         )
-        self._spec_queue.append(_Spec(expiry, slot, chains.copy()))
+        heapq.heappush(self._spec_queue, (expiry, next(self._spec_seq), _Spec(expiry, slot, chains.copy())))
 
     def expire(self, now: float) -> None:
-        """Drop speculative entries whose time has passed.  Entries expire in the order they were added; a
-        block re-sent later carries the later expiry, so an old queue item leaves it alone."""
+        """Drop speculative entries whose time has passed, earliest expiry first; a block re-sent later
+        carries the later expiry, so an old queue item leaves it alone."""
         q = self._spec_queue
-        while q and q[0].expiry <= now:
-            item = q.popleft()
+        while q and q[0][0] <= now:
+            item = heapq.heappop(q)[2]
             exp = self._spec_expiry.get(item.slot)
             if exp is None or not len(exp):
                 continue
@@ -317,6 +343,66 @@ class BlockIndex:
         exp = self._spec_expiry.get(slot)
         if exp is not None and len(exp):
             self._drop_spec_chains(slot, np.fromiter(exp.keys(), dtype=np.int64, count=len(exp)))
+
+    # ------------------------------------------------------------------ snapshots
+    def export_sources(self) -> list[SourceBlocks]:
+        """Every source's blocks (speculative entries excluded: they live seconds, on a process clock)."""
+        tables: dict[tuple[Medium, int], tuple[I64Array, I64Array]] = {}
+
+        def table(m: Medium, g: int) -> tuple[I64Array, I64Array]:
+            t = tables.get((m, g))
+            if t is None:
+                gmap = self._maps[m][g]
+                keys = np.fromiter(gmap.keys(), dtype=np.int64, count=len(gmap))
+                vals = np.empty(len(keys), dtype=np.int64)
+                cykhash.Int64toInt64Map_to(gmap, keys, vals, False, 0)
+                t = tables[(m, g)] = (keys, vals)
+            return t
+
+        extra: dict[tuple[int, Medium], list[tuple[int, int]]] = {}
+        for (slot, m, c), n in self._extra_refs.items():
+            extra.setdefault((slot, m), []).append((c, n))
+        out = []
+        for source, slot in self._slots.items():
+            g, bit = slot // GROUP, _bit(slot)
+            em = self._engine[slot]
+            assert em is not None
+            engines = np.fromiter(em.keys(), dtype=np.int64, count=len(em))
+            chains = np.empty(len(engines), dtype=np.int64)
+            cykhash.Int64toInt64Map_to(em, engines, chains, False, 0)
+            held, xc, xn = [], [], []
+            for m in MEDIA:
+                keys, vals = table(m, g) if self._counts[slot][m] else (np.zeros(0, np.int64),) * 2
+                held.append(_i64(keys[(vals & bit) != 0]))
+                pairs = extra.get((slot, m), [])
+                xc.append(_i64(np.array([c for c, _ in pairs], dtype=np.int64)))
+                xn.append(_i64(np.array([n for _, n in pairs], dtype=np.int64)))
+            out.append(SourceBlocks(source, _i64(engines), _i64(chains), held, xc, xn))
+        return out
+
+    def import_sources(self, blocks: list[SourceBlocks]) -> None:
+        """Load exported sources into this index; each must hold nothing here yet."""
+        for sb in blocks:
+            slot = self.slot_of(SourceKey(*sb.source))
+            if any(self._counts[slot]):
+                raise ValueError(f"{sb.source[0]}/{sb.source[1]} already holds blocks")
+            g, bit = slot // GROUP, _bit(slot)
+            em = self._engine[slot]
+            assert em is not None
+            cykhash.update_int64toint64map(
+                em, cykhash.Int64toInt64Map_from_buffers(_arr(sb.engines), _arr(sb.engine_chains))
+            )
+            for m in MEDIA:
+                chains = _arr(sb.held[m])
+                gmap = self._maps[m][g]
+                masks = np.empty(len(chains), dtype=np.int64)
+                cykhash.Int64toInt64Map_to(gmap, chains, masks, False, 0)
+                cykhash.update_int64toint64map(
+                    gmap, cykhash.Int64toInt64Map_from_buffers(chains, masks | bit)
+                )
+                self._counts[slot][m] = len(chains)
+                for c, n in zip(_arr(sb.extra_chains[m]).tolist(), _arr(sb.extra_counts[m]).tolist()):
+                    self._extra_refs[(slot, m, c)] = n
 
     # ------------------------------------------------------------------ reads
     def held_by_any(self, chain_hash: int) -> bool:

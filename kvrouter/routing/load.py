@@ -8,10 +8,13 @@
 The router's own view is exact for its own requests and immediate; the engines' ``/metrics`` (running and
 waiting requests) add what other routers or direct clients put there.  ``observe_engine`` records the
 latter; ``load()`` combines them: the engine's count wins when it is higher (other traffic), the router's
-when it is higher (the scrape is stale).
+when it is higher (the scrape is stale).  With several router replicas, ``set_external`` adds what the
+others have in flight here (shared router state, ``kvrouter.replicas``) to the router's own count.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import msgspec
 
@@ -34,9 +37,16 @@ class InstanceLoad(msgspec.Struct):
     engine_waiting: int = 0
     """From the engine's /metrics: vllm:num_requests_waiting."""
     engine_seen_at: float | None = None
+    external_in_flight: int = 0
+    """Requests other router replicas have in flight here (shared router state; 0 with one router)."""
+    external_prefill_tokens: int = 0
+    """Prompt tokens other router replicas sent here that are still to prefill (shared router state)."""
 
     def effective_in_flight(self) -> int:
-        return max(self.in_flight, self.engine_running + self.engine_waiting)
+        return max(self.in_flight + self.external_in_flight, self.engine_running + self.engine_waiting)
+
+    def effective_pending_prefill_tokens(self) -> int:
+        return self.pending_prefill_tokens + self.external_prefill_tokens
 
 
 class _Req(msgspec.Struct):
@@ -94,6 +104,15 @@ class LoadTracker:
     def observe_engine(self, inst: InstanceId, running: int, waiting: int, now: float) -> None:
         load = self.get(inst)
         load.engine_running, load.engine_waiting, load.engine_seen_at = running, waiting, now
+
+    def set_external(self, loads: Mapping[InstanceId, tuple[int, int]]) -> None:
+        """Other replicas' (in flight, prefill tokens) per instance; instances absent here get zero."""
+        for inst, load in self.loads.items():
+            if inst not in loads:
+                load.external_in_flight = load.external_prefill_tokens = 0
+        for inst, (n, tokens) in loads.items():
+            load = self.get(inst)
+            load.external_in_flight, load.external_prefill_tokens = n, tokens
 
     def instance_of(self, rid: RequestId) -> InstanceId | None:
         r = self._reqs.get(rid)

@@ -1,0 +1,34 @@
+"""Router replicas that agree: shared in-flight load and speculative entries, and warm restarts.
+
+::
+
+    replica 1 ─┐  every 200 ms, one round trip (Lua):                  ┌─ LoadTracker.external_in_flight
+    replica 2 ─┼─ publish own lease (load) + new speculative entries ──┤
+    replica N ─┘  read peers' leases + peers' entries since cursor ────┴─ index speculative layer
+
+Every replica subscribes to every instance's KV events itself (ZeroMQ PUB/SUB), so the block index
+needs no shared store on the hot path; what only routers know (in flight per target, speculative entries
+for requests just sent) goes through Redis as expiring leases.  The request path never waits for Redis.
+
+``config``    ``SharedStateConfig`` (one struct, validated once)
+``state``     ``ReplicaState``: the pure half (what to publish, how to take peers' state in)
+``store``     ``ReplicaStore`` seam: ``RedisReplicaStore`` (Lua) and ``MemoryReplicaHub`` (virtual time)
+``shared``    ``SharedState``: the asyncio loop, failure counting, resynchronisation
+``warm``      ``WarmRestart``: periodic index snapshots to a file or Redis, restore at start
+"""
+
+from .config import SharedStateConfig
+from .shared import SharedState
+from .state import ReplicaState, SyncReply, SyncRequest
+from .store import MemoryReplicaHub, RedisReplicaStore, ReplicaStore
+
+__all__ = [
+    "MemoryReplicaHub",
+    "RedisReplicaStore",
+    "ReplicaState",
+    "ReplicaStore",
+    "SharedState",
+    "SharedStateConfig",
+    "SyncReply",
+    "SyncRequest",
+]

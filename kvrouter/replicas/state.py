@@ -1,0 +1,173 @@
+"""What one router replica shares and takes in, as pure values: no I/O, no clock (``now`` comes in).
+
+::
+
+    Router.load (own in flight, own prefill) ──┐
+    Indexer.speculative_outbox (entries sent) ──┴─ request(now) ─▶ SyncRequest ─▶ store (Redis / memory)
+                                                                                     │ one round trip
+    LoadTracker.set_external(sum of peers) ◀──┬─ apply(reply, now) ◀─ SyncReply ◀────┘
+    BlockIndex.add_speculative(peer entries) ◀┘   (with what is left of each entry's TTL)
+
+The hot path never waits for this: routing reads the local ``LoadTracker`` and index, which hold the
+peers' state as of the last round trip (~``interval_s`` old).  Peer entries go straight into the index,
+not through ``Indexer.add_speculative``, so they are never published again (no echo between replicas).
+
+Clocks: a batch's entries carry the TTL left when published; the store stamps the batch with its own
+clock (a stream id) and the reply carries the store's time, so a reader subtracts the batch's age on
+the store's clock and never compares two hosts' clocks.
+"""
+
+from __future__ import annotations
+
+import msgspec
+import numpy as np
+
+from indexer import SourceKey
+from indexer.core import SpeculativeEntry
+
+from ..routing import InstanceId, Router
+
+
+class SpecWire(msgspec.Struct, array_like=True, gc=False):
+    """One speculative entry as published: chains are int64 little-endian."""
+
+    instance: str
+    dp_rank: int
+    chains: bytes
+    ttl_left_ms: int
+
+
+LoadReport = dict[str, tuple[int, int]]
+"""target -> (requests in flight, prompt tokens still to prefill), this replica's own."""
+
+
+class SyncRequest(msgspec.Struct, frozen=True):
+    replica: str
+    lease_ms: int
+    loads: bytes
+    """msgpack ``LoadReport``."""
+    specs: bytes
+    """msgpack ``list[SpecWire]``; empty when there is nothing new."""
+    cursor: str
+    """Last speculative batch id read; "" reads the whole window (start, or after an outage)."""
+    window_ms: int
+    max_read: int
+
+
+class SyncReply(msgspec.Struct, frozen=True):
+    server_ms: int
+    """The store's clock when it answered."""
+    cursor: str
+    peer_loads: list[bytes]
+    """Each live peer's ``LoadReport`` (expired leases are not here)."""
+    peer_specs: list[tuple[int, bytes]]
+    """(the store's time when published, ms; msgpack ``list[SpecWire]``) of peers' batches since cursor."""
+
+
+_ENC = msgspec.msgpack.Encoder()
+_LOADS = msgspec.msgpack.Decoder(LoadReport)
+_SPECS = msgspec.msgpack.Decoder(list[SpecWire])
+
+
+class ReplicaState:
+    """The pure half of shared router state for one replica (owned by the event loop's thread)."""
+
+    def __init__(
+        self, router: Router, replica: str, *, speculative: bool = True, max_unsent: int = 20_000
+    ) -> None:
+        self.router = router
+        self.replica = replica
+        self.speculative = speculative
+        self.max_unsent = max_unsent
+        self.cursor = ""
+        self.unsent: list[SpeculativeEntry] = []
+        self.peers = 0
+        self.applied_entries = 0
+        self.decode_errors = 0
+        self.dropped_entries = 0
+
+    # ------------------------------------------------------------------ outgoing
+    def take_outbox(self, now: float) -> None:
+        """Move what the router sent since the last call into ``unsent`` (kept until published)."""
+        box = self.router.indexer.speculative_outbox
+        if box:
+            self.unsent.extend(box)
+            box.clear()
+        ttl = self.router.indexer.speculative_ttl
+        keep = [e for e in self.unsent if e.now + ttl > now][-self.max_unsent :] if self.unsent else []
+        self.dropped_entries += len(self.unsent) - len(keep)
+        self.unsent = keep
+
+    def request(self, now: float, *, lease_s: float, window_s: float, max_read: int) -> SyncRequest:
+        self.take_outbox(now)
+        loads: LoadReport = {
+            str(inst): (load.in_flight, load.pending_prefill_tokens)
+            for inst, load in self.router.load.loads.items()
+            if load.in_flight > 0
+        }
+        ttl = self.router.indexer.speculative_ttl
+        specs = [
+            SpecWire(
+                e.source.instance,
+                e.source.dp_rank,
+                np.ascontiguousarray(e.chains, dtype="<i8").tobytes(),
+                int((e.now + ttl - now) * 1000),
+            )
+            for e in self.unsent
+        ]
+        return SyncRequest(
+            self.replica,
+            int(lease_s * 1000),
+            _ENC.encode(loads),
+            _ENC.encode(specs) if specs else b"",
+            self.cursor,
+            int(window_s * 1000),
+            max_read,
+        )
+
+    def published(self) -> None:
+        """The last request reached the store: its speculative entries need not be sent again."""
+        self.unsent = []
+
+    # ------------------------------------------------------------------ incoming
+    def apply(self, reply: SyncReply, now: float) -> None:
+        """Peers' load replaces the previous view; peers' new speculative entries join the index."""
+        totals: dict[InstanceId, tuple[int, int]] = {}
+        self.peers = len(reply.peer_loads)
+        for raw in reply.peer_loads:
+            try:
+                report = _LOADS.decode(raw)
+            except msgspec.DecodeError:
+                self.decode_errors += 1
+                continue
+            for target, (n, tokens) in report.items():
+                cur = totals.get(InstanceId(target), (0, 0))
+                totals[InstanceId(target)] = (cur[0] + n, cur[1] + tokens)
+        self.router.load.set_external(totals)
+        self.cursor = reply.cursor
+        if not self.speculative:
+            return
+        index = self.router.indexer.index
+        for published_ms, raw in reply.peer_specs:
+            try:
+                batch = _SPECS.decode(raw)
+            except msgspec.DecodeError:
+                self.decode_errors += 1
+                continue
+            age_ms = reply.server_ms - published_ms
+            for e in batch:
+                left = (e.ttl_left_ms - age_ms) / 1000
+                if left <= 0 or not e.chains:
+                    continue
+                chains = np.frombuffer(e.chains, dtype="<i8").astype(np.int64)
+                index.add_speculative(SourceKey(e.instance, e.dp_rank), chains, now=now, ttl=left)
+                self.applied_entries += 1
+
+    def forget_peers(self) -> None:
+        """Peers' load is unknown (the store is unreachable past a lease): route on the local view."""
+        self.router.load.set_external({})
+        self.peers = 0
+
+    def resync(self) -> None:
+        """Read the whole window again at the next round trip (after an outage or a store restart)."""
+        self.cursor = ""
