@@ -36,7 +36,7 @@ in an asyncio program, one Redis call per lookup (~0.1-1 ms) sits in the event l
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import redis
@@ -46,7 +46,7 @@ from .backend import IndexBackend
 from .errors import SourceOverCapacity
 from .hashing import I64Array
 from .index import SourceMatch
-from .types import ChainHash, Medium, SourceKey
+from .types import ChainHash, Medium, SourceKey, Trust
 
 _Arg = bytes | str | int | float
 _NEVER = -1e300  # before any expire(now): every speculative entry counts, as in process
@@ -204,6 +204,23 @@ class RedisBlockIndex:
 
     def speculative_entries(self) -> int:
         return int(self._spec_entries(args=[self.prefix, repr(self._now)]))
+
+    # ------------------------------------------------------------------ trust (outside the index seam)
+    def publish_trust(self, trust: Mapping[SourceKey, Trust], *, ttl_s: float) -> None:
+        """The ingesting side: every source's trust, replaced atomically, gone after ``ttl_s`` unless
+        published again, so readers stop trusting the index of an indexer that died."""
+        key = self.prefix + b":trust"
+        pipe = self.client.pipeline(transaction=True)
+        pipe.delete(key)
+        if trust:
+            pipe.hset(key, mapping={_enc(s): t.value for s, t in trust.items()})
+            pipe.pexpire(key, int(ttl_s * 1000))
+        pipe.execute()
+
+    def read_trust(self) -> dict[SourceKey, Trust]:
+        """The reading side (stateless routers): the trust the ingesting indexer last published."""
+        raw: dict[bytes, bytes] = self.client.hgetall(self.prefix + b":trust")  # type: ignore[assignment]
+        return {_dec(k): Trust(v.decode()) for k, v in raw.items()}
 
 
 def _satisfies(i: RedisBlockIndex) -> IndexBackend:

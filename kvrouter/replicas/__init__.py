@@ -2,7 +2,7 @@
 
 ::
 
-    replica 1 ─┐  every 200 ms, one round trip (Lua):                  ┌─ LoadTracker.external_in_flight
+    replica 1 ─┐  every interval_s (50 ms), one round trip (Lua):      ┌─ LoadTracker.external_in_flight
     replica 2 ─┼─ publish own lease (load) + new speculative entries ──┤
     replica N ─┘  read peers' leases + peers' entries since cursor ────┴─ index speculative layer
 

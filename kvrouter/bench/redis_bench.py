@@ -1,0 +1,202 @@
+"""Redis-backed state: lookup latency of ``RedisBlockIndex`` next to the in-process index, and the hit rate
+of several router replicas sharing state next to one router.
+
+lookup     the ``indexer_bench`` workload (8 instances, 2000 x 128-block sequences over 50 shared prefixes,
+           30 % of tails removed) ingested as vLLM payloads by one ``Indexer`` per backend; then 2000
+           8k-token queries (512 blocks: 40 % live sequence + new tokens, 40 % shared prefix + new, 20 %
+           miss), each timed as the router calls it (``lookup_chains`` on precomputed chain hashes, so
+           hashing is excluded and equal for both).  Also: Redis server CPU per lookup (INFO
+           commandstats), Redis memory per indexed pair, ingest rate, and that both backends answer alike.
+agreement  ``ReplicatedFleet`` (virtual time, the gateway's Router and Indexer, the engine model): one
+           router, N replicas each alone, and N replicas sharing state through ``MemoryReplicaHub`` (the
+           Redis store's semantics) at each sync interval, on workloads with bursts of new prefixes.
+
+A redis-server is started on 127.0.0.1 for the run unless ``--redis-url`` names one (it is flushed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+import redis
+
+from indexer import Indexer
+from indexer.redis_index import RedisBlockIndex
+
+from . import indexer_bench
+from .common import summary_us
+
+AGREEMENT_CASES: dict[str, tuple[str, dict[str, Any]]] = {
+    "llmd-precise@60qps": ("llmd-precise", {"num_requests": 750, "arrival": {"type": "poisson", "rate": 60}}),
+    "sglang-gsp@150qps": ("sglang-gsp", {"num_requests": 1024, "arrival": {"type": "poisson", "rate": 150}}),
+    "sglang-gsp@400qps": ("sglang-gsp", {"num_requests": 1024, "arrival": {"type": "poisson", "rate": 400}}),
+    "sglang-gsp@all-at-once": ("sglang-gsp", {"num_requests": 1024}),
+}
+
+
+@contextmanager
+def local_redis(url: str | None) -> Iterator[str]:
+    """The given Redis, or a throwaway redis-server on a free port below 32768."""
+    if url:
+        yield url
+        return
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RuntimeError("redis-server not found: install it or pass --redis-url")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1] % 12000 + 20000
+    workdir = tempfile.mkdtemp(prefix="kvrouter-bench-redis-")
+    cmd = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    proc = subprocess.Popen([*cmd, "--dir", workdir], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        client = redis.Redis(host="127.0.0.1", port=port)
+        for _ in range(200):
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.025)
+        client.close()
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.kill()
+        proc.wait()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _ingest(ix: Indexer, w: dict[str, Any]) -> float:
+    t0 = time.perf_counter()
+    for inst, payload, _ in w["stored"] + w["removed"]:
+        ix.apply_payload(inst, payload)
+    assert not ix.counters.event_errors, ix.counters.event_errors
+    return time.perf_counter() - t0
+
+
+def _answers(ix: Indexer, chains: np.ndarray, n: int) -> list[tuple[str, int, int]]:
+    res = ix.lookup_chains(chains, n).instances
+    return sorted((m.instance, m.matched_blocks, m.tiers.get("GPU", 0)) for m in res if m.matched_blocks)
+
+
+def run_lookup(a: argparse.Namespace, url: str) -> dict[str, Any]:
+    w = indexer_bench.build(a)
+    client = redis.Redis.from_url(url, decode_responses=False)
+    client.flushdb()
+    backends = {
+        "memory": Indexer(a.block_size),
+        "redis": Indexer(a.block_size, index=RedisBlockIndex(client, namespace="bench")),
+    }
+    blocks = sum(x[2] for x in w["stored"] + w["removed"])
+    out: dict[str, Any] = {"indexed_pairs": w["pairs"]}
+    for name, ix in backends.items():
+        out[f"{name}_ingest_blocks_per_s"] = round(blocks / _ingest(ix, w), 1)
+    mem = client.info("memory")
+    out["redis_used_memory_bytes"] = mem["used_memory"]
+    out["redis_bytes_per_indexed_pair"] = round(mem["used_memory"] / w["pairs"], 1)
+    queries = [(kind, backends["memory"].chain_hashes(q), len(q)) for kind, q in w["queries"]]
+    assert all(len(c) == a.query_blocks for _, c, _ in queries)
+    for _, c, n in queries[:50]:  # warm both
+        for ix in backends.values():
+            ix.lookup_chains(c, n)
+    equal = all(
+        _answers(backends["memory"], c, n) == _answers(backends["redis"], c, n) for _, c, n in queries
+    )
+    out["answers_equal"] = equal
+    client.config_resetstat()
+    for name, ix in backends.items():
+        lat: dict[str, list[float]] = {"all": [], "hit_seq": [], "hit_prefix": [], "miss": []}
+        for kind, c, n in queries:
+            t0 = time.perf_counter()
+            ix.lookup_chains(c, n)
+            dt = time.perf_counter() - t0
+            lat["all"].append(dt)
+            lat[kind].append(dt)
+        out[f"{name}_lookup_8k"] = {k: summary_us(v) for k, v in lat.items()}
+    stats = client.info("commandstats").get("cmdstat_evalsha", {})
+    out["redis_server_us_per_lookup"] = stats.get("usec_per_call")
+    m, r = out["memory_lookup_8k"]["all"], out["redis_lookup_8k"]["all"]
+    out["redis_over_memory_p50"] = round(r["p50_us"] / m["p50_us"], 1)
+    out["redis_over_memory_p99"] = round(r["p99_us"] / m["p99_us"], 1)
+    client.close()
+    return out
+
+
+def run_agreement(a: argparse.Namespace) -> dict[str, Any]:
+    from ..replicas.virtual import ReplicaSimConfig, ReplicatedFleet
+    from ..routing import RouterConfig
+    from ..sim.evaluation import EvalSpec, load_workload, summarize
+    from ..sim.virtual_fleet import FleetSimConfig
+    from ..workloads.blocks import BlockContentCache
+
+    n = a.replicas
+    configs = {"1 router": ReplicaSimConfig(replicas=1), f"{n} alone": ReplicaSimConfig(n, share=False)}
+    for iv in a.intervals:
+        configs[f"{n} shared @{iv * 1000:g}ms"] = ReplicaSimConfig(n, interval_s=iv)
+    out: dict[str, Any] = {}
+    for case in a.cases:
+        wl, overrides = AGREEMENT_CASES[case]
+        spec = EvalSpec(
+            workload=wl, overrides=overrides, fleet=FleetSimConfig(instances=a.instances, seed=a.seed)
+        )
+        work = load_workload(spec)
+        cache = BlockContentCache(work.token_space, spec.fleet.block_size)
+        cache.warm(work.requests)
+        rc = RouterConfig(policy="kv-aware", shadow=False)
+        rows: dict[str, Any] = {}
+        for name, rcfg in configs.items():
+            s = summarize(ReplicatedFleet(work, spec.fleet, rc, rcfg, hashes=cache).run())
+            rows[name] = {"hit_rate": round(s["hit_rate"], 4), "ttft_p50_s": round(s["ttft_p50_s"], 4)}
+        base = rows["1 router"]["hit_rate"]
+        for row in rows.values():
+            row["points_below_1_router"] = round((base - row["hit_rate"]) * 100, 2)
+        out[case] = rows
+    return out
+
+
+def add_args(ap: argparse.ArgumentParser) -> None:
+    indexer_bench.add_args(ap)
+    ap.add_argument(
+        "--redis-url", default=None, help="an existing Redis to use (flushed!); default: spawn one"
+    )
+    ap.add_argument("--skip-lookup", action="store_true")
+    ap.add_argument("--skip-agreement", action="store_true")
+    ap.add_argument("--replicas", type=int, default=4)
+    ap.add_argument("--instances", type=int, default=8)
+    ap.add_argument("--intervals", type=float, nargs="+", default=[0.05, 0.2], help="sync periods, seconds")
+    ap.add_argument("--cases", nargs="+", default=list(AGREEMENT_CASES), choices=list(AGREEMENT_CASES))
+
+
+def main(a: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {"bench": "redis", "config": {k: v for k, v in vars(a).items() if k != "func"}}
+    if not a.skip_lookup:
+        with local_redis(a.redis_url) as url:
+            out["lookup"] = run_lookup(a, url)
+    if not a.skip_agreement:
+        out["agreement"] = run_agreement(a)
+        worst = {
+            case: rows[name]["points_below_1_router"]
+            for case, rows in out["agreement"].items()
+            for name in rows
+            if name.startswith(f"{a.replicas} shared @{a.intervals[0] * 1000:g}ms")
+        }
+        out["targets"] = {"replicas_within_2_points": {c: p <= 2.0 for c, p in worst.items()}}
+    return out
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_args(parser)
+    print(json.dumps(main(parser.parse_args()), indent=2), file=sys.stdout)
