@@ -9,6 +9,9 @@
     models          GET /v1/models with each passing check ──▶ which instances serve which model
 
 A request never waits on an instance known to be dead: it is not a candidate.
+
+Membership (``kvrouter.membership``) changes the pool at run time: ``add`` (health-checked before it takes
+traffic), ``drain`` (no new requests; ``in_flight`` tells when its last one is done), ``remove``.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ class Upstream(msgspec.Struct):
     failures: int = 0
     served_models: list[str] = []
     last_check: float | None = None
+    draining: bool = False
+    """Leaving the fleet: no new requests (it is not a candidate); requests in flight run to the end."""
 
     @property
     def name(self) -> str:
@@ -80,7 +85,7 @@ class UpstreamPool:
 
     # ------------------------------------------------------------------ queries
     def targets(self, model: str | None) -> list[Target]:
-        return [t for u in self.upstreams.values() if u.serves(model) for t in u.targets()]
+        return [t for u in self.upstreams.values() if u.serves(model) and not u.draining for t in u.targets()]
 
     def known_model(self, model: str | None) -> bool:
         return any(u.serves(model) for u in self.upstreams.values())
@@ -97,6 +102,43 @@ class UpstreamPool:
         assert url is not None
         return url.rstrip("/")
 
+    # ------------------------------------------------------------------ membership
+    async def add(self, cfg: InstanceConfig) -> Upstream | None:
+        """Add an instance (None if it has no url: nothing to proxy to).  A known name only takes the new
+        config.  Once the pool runs, a new instance takes traffic only after its first health check passes."""
+        if not cfg.url:
+            return None
+        u = self.upstreams.get(cfg.name)
+        if u is not None:
+            u.cfg = cfg
+            return u
+        u = self.upstreams[cfg.name] = Upstream(cfg, healthy=self._session is None)
+        if self._session is not None:
+            await self._check(u)
+        return u
+
+    def drain(self, name: str, draining: bool = True) -> None:
+        """Stop (or, with ``draining=False``, resume) routing new requests to ``name``."""
+        u = self.upstreams.get(name)
+        if u is not None:
+            u.draining = draining
+
+    def in_flight(self, name: str) -> int:
+        """Requests this router sent to ``name`` that have not finished (all its ranks)."""
+        u = self.upstreams.get(name)
+        if u is None:
+            return 0
+        loads = self.load.loads
+        return sum(loads[k].in_flight for t in u.targets() if (k := InstanceId(t.key)) in loads)
+
+    def remove(self, name: str) -> Upstream | None:
+        """Drop ``name`` and its load accounting (requests still in flight no longer count anywhere)."""
+        u = self.upstreams.pop(name, None)
+        if u is not None:
+            for t in u.targets():
+                self.load.forget(InstanceId(t.key))
+        return u
+
     # ------------------------------------------------------------------ passive checks
     def _set(self, u: Upstream, healthy: bool) -> None:
         if u.healthy != healthy:
@@ -106,7 +148,8 @@ class UpstreamPool:
                 "back in rotation" if healthy else "out of rotation",
                 extra={"instance": u.name},
             )
-            if self.on_change:
+            # A check that was under way when its instance was removed reports to no one.
+            if self.on_change and self.upstreams.get(u.name) is u:
                 self.on_change(u.name, healthy)
 
     def record_failure(self, name: str, *, connection: bool) -> None:
