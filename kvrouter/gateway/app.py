@@ -108,6 +108,10 @@ class Gateway:
         )
         if self.subscriber:
             await self.subscriber.start()
+        models: list[str | None] = [None, *self.cfg.models]
+        for inst in self.cfg.instances:
+            models.extend(m for m in inst.models if m not in models)
+        await self.tokens.warm(models)
         await self.pool.start(self.session)
         for u in self.pool.upstreams.values():
             self._health_changed(u.name, u.healthy)
@@ -202,7 +206,8 @@ class Gateway:
         finally:
             self.metrics.queue_depth.set(self.gate.waiting)
         self.record_decision(d)
-        self.metrics.decision_seconds.observe(time.perf_counter() - t0)
+        decision_s = time.perf_counter() - t0
+        self.metrics.decision_seconds.observe(decision_s)
         if d.chosen is None:
             self.metrics.rejections.labels(d.reason).inc()
             return web.json_response(
@@ -223,7 +228,11 @@ class Gateway:
             return nd.chosen
 
         assert self.proxy is not None
-        extra = {"x-kvrouter-policy": d.policy, "x-kvrouter-reason": d.reason}
+        extra = {
+            "x-kvrouter-policy": d.policy,
+            "x-kvrouter-reason": d.reason,
+            "x-kvrouter-decision-ms": f"{decision_s * 1e3:.3f}",
+        }
         log.debug("routed", extra={"request": inp.request_id, "target": d.chosen.target, "reason": d.reason})
         return await self.proxy.forward(request, req, inp, d.chosen, reroute, path_of(req), extra)
 

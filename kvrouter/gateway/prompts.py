@@ -73,6 +73,19 @@ class FleetTokens:
         except (ChatTemplateError, InvalidPromptError) as e:
             raise BadRequest(str(e)) from None
 
+    async def warm(self, models: list[str | None]) -> None:
+        """Load the tokenizers now (off the event loop), so the first requests do not wait for a load."""
+        if self.registry is None:
+            return
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        for m in models:
+            try:
+                await loop.run_in_executor(None, self.registry.get, m)
+            except TokenizerCacheError:
+                continue
+
     def close(self) -> None:
         if self.registry is not None:
             self.registry.close()

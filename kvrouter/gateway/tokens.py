@@ -19,9 +19,15 @@ class TokenSource(Protocol):
 
     async def tokens(self, req: ParsedRequest) -> list[int] | None: ...
 
+    async def warm(self, models: list[str | None]) -> None:
+        """Load what the first requests would otherwise wait for."""
+
 
 class PassThroughTokens:
     """Only token-id prompts (no tokenizer configured)."""
+
+    async def warm(self, models: list[str | None]) -> None:
+        return None
 
     async def tokens(self, req: ParsedRequest) -> list[int] | None:
         return req.prompt if isinstance(req.prompt, list) else None

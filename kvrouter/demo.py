@@ -1,0 +1,214 @@
+"""``kvrouter demo``: a simulated fleet, the gateway with its embedded indexer, one workload under each
+policy through the real HTTP path, and a table.
+
+::
+
+    kvrouter sim (subprocess: N instances, KV events over ZeroMQ) ── fleet file
+         ▲ reset caches between policies                            │
+    this process: load generator ── HTTP ──▶ kvrouter serve --policy P (subprocess, per policy)
+
+Separate processes keep the client, the gateway and the fleet from sharing one event loop (two cores).
+Each policy starts from empty caches (vLLM's /reset_prefix_cache), so every row sees the same work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import msgspec
+
+from .loadgen import LiveRecord, drive
+from .workloads import make_workload
+from .workloads.spec import Workload
+
+POLICIES = ("kv-aware", "prefix-hash", "least-loaded", "round-robin")
+
+
+class DemoConfig(msgspec.Struct, frozen=True):
+    instances: int = 4
+    profile: str = "qwen3-32b-2xh100"
+    speed: float = 4.0
+    """The fleet runs this many times faster than the modelled GPUs (keeps the demo short)."""
+    groups: int = 12
+    """Shared system prompts (tenants, apps) ..."""
+    per_group: int = 10
+    """... each used by this many requests."""
+    system_tokens: int = 2000
+    question_tokens: int = 120
+    output_tokens: int = 24
+    concurrency: int = 12
+    policies: tuple[str, ...] = POLICIES
+    seed: int = 7
+    base_port: int = 0
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _kvrouter(*args: str) -> list[str]:
+    return [sys.executable, "-m", "kvrouter.cli", *args]
+
+
+async def _wait_http(url: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as s:
+        while time.monotonic() < deadline:
+            try:
+                async with s.get(url) as r:
+                    if r.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.1)
+    raise RuntimeError(f"{url} did not come up in {timeout} s")
+
+
+def workload(cfg: DemoConfig) -> Workload:
+    return make_workload(
+        "sglang-gsp",
+        form="chat",
+        seed=cfg.seed,
+        num_groups=cfg.groups,
+        prompts_per_group=cfg.per_group,
+        system_len=cfg.system_tokens,
+        question_len=cfg.question_tokens,
+        output_len=cfg.output_tokens,
+    )
+
+
+def summarize(recs: list[LiveRecord], wall: float) -> dict[str, Any]:
+    ok = [r for r in recs if r.status == 200 and r.error is None]
+    ttft = sorted(r.ttft_s for r in ok if r.ttft_s is not None)
+    dec = sorted(r.decision_ms for r in ok if r.decision_ms is not None)
+
+    def q(v: list[float], p: float) -> float:
+        return v[min(len(v) - 1, int(p * len(v)))] if v else float("nan")
+
+    prompt = sum(r.prompt_tokens for r in ok)
+    return {
+        "requests": len(recs),
+        "errors": len(recs) - len(ok),
+        "hit_rate": sum(r.cached_tokens for r in ok) / prompt if prompt else 0.0,
+        "ttft_p50_ms": q(ttft, 0.5) * 1e3,
+        "ttft_p90_ms": q(ttft, 0.9) * 1e3,
+        "throughput_tok_s": sum(r.output_tokens for r in ok) / wall if wall else 0.0,
+        "req_s": len(ok) / wall if wall else 0.0,
+        "decision_p50_ms": q(dec, 0.5),
+        "decision_p90_ms": q(dec, 0.9),
+        "instances_used": len({r.instance for r in ok}),
+        "mean_ttft_ms": statistics.fmean(ttft) * 1e3 if ttft else float("nan"),
+    }
+
+
+def table(results: dict[str, dict[str, Any]]) -> str:
+    head = ("policy", "hit rate", "TTFT p50", "TTFT p90", "tok/s", "req/s", "decision p50", "errors")
+    rows = [head]
+    for name, r in results.items():
+        rows.append(
+            (
+                name,
+                f"{r['hit_rate']:.1%}",
+                f"{r['ttft_p50_ms']:.0f} ms",
+                f"{r['ttft_p90_ms']:.0f} ms",
+                f"{r['throughput_tok_s']:.0f}",
+                f"{r['req_s']:.1f}",
+                f"{r['decision_p50_ms']:.2f} ms",
+                str(r["errors"]),
+            )
+        )
+    w = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    return "\n".join("  ".join(c.rjust(w[i]) for i, c in enumerate(row)) for row in rows)
+
+
+async def run_demo(cfg: DemoConfig, *, out: Any = sys.stdout) -> dict[str, dict[str, Any]]:
+    from tqdm import tqdm
+
+    wl = workload(cfg)
+    tmp = Path(tempfile.mkdtemp(prefix="kvrouter-demo-"))
+    fleet_file = tmp / "fleet.yaml"
+    env = {**os.environ, "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}
+    logs = open(tmp / "processes.log", "w")  # noqa: SIM115 - closed in finally
+    print(
+        f"kvrouter demo: {cfg.instances} simulated vLLM instances ({cfg.profile}, {cfg.speed:g}x), "
+        f"{len(wl.requests)} chat requests ({cfg.groups} shared {cfg.system_tokens}-token system prompts), "
+        f"{cfg.concurrency} clients; logs in {tmp}",
+        file=out,
+        flush=True,
+    )
+    sim = subprocess.Popen(
+        _kvrouter(
+            "--log-level", "WARNING", "sim", "--instances", str(cfg.instances),
+            "--fleet-out", str(fleet_file), "--profile", cfg.profile, "--speed", str(cfg.speed),
+            "--base-port", str(cfg.base_port), "--answer-tokens", "0",
+        ),
+        stdout=logs,
+        stderr=logs,
+        env=env,
+    )  # fmt: skip
+    results: dict[str, dict[str, Any]] = {}
+    try:
+        deadline = time.monotonic() + 120
+        while not fleet_file.exists():
+            if sim.poll() is not None:
+                raise RuntimeError(f"kvrouter sim exited ({sim.returncode}); see {tmp / 'processes.log'}")
+            if time.monotonic() > deadline:
+                raise RuntimeError("the simulated fleet did not come up")
+            await asyncio.sleep(0.2)
+        import yaml
+
+        urls = [i["url"] for i in yaml.safe_load(fleet_file.read_text())["instances"]]
+        for policy in cfg.policies:
+            async with aiohttp.ClientSession() as s:
+                for u in urls:  # every policy starts from empty caches
+                    async with s.post(f"{u}/reset_prefix_cache") as r:
+                        await r.read()
+            port = _port()
+            gw = subprocess.Popen(
+                _kvrouter("--log-level", "WARNING", "serve", "--fleet", str(fleet_file), "--port", str(port),
+                          "--policy", policy),
+                stdout=logs,
+                stderr=logs,
+                env=env,
+            )  # fmt: skip
+            try:
+                base = f"http://127.0.0.1:{port}"
+                await _wait_http(f"{base}/health")
+                await asyncio.sleep(0.5)  # event subscriptions connect and replay
+                bar = tqdm(total=len(wl.requests), desc=f"{policy:>12}", unit="req", file=out, leave=True)
+                t0 = time.perf_counter()
+                recs = await drive(
+                    base, wl, model="sim-model", concurrency=cfg.concurrency, progress=bar.update
+                )
+                wall = time.perf_counter() - t0
+                bar.close()
+                results[policy] = summarize(recs, wall)
+            finally:
+                gw.send_signal(signal.SIGINT)
+                try:
+                    gw.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    gw.kill()
+    finally:
+        sim.send_signal(signal.SIGTERM)
+        try:
+            sim.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            sim.kill()
+        logs.close()
+    print(file=out)
+    print(table(results), file=out, flush=True)
+    return results

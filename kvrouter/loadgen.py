@@ -1,0 +1,118 @@
+"""Driving a workload through a real HTTP endpoint (the gateway, or one vLLM) and recording what each
+request saw: time to first token, end-to-end latency, prompt and cached tokens as vLLM reported them, and
+the instance the gateway chose.  Used by ``kvrouter demo`` and by the live-vs-simulation agreement check.
+
+Open loop (requests at their arrival times) or closed loop (N clients, the next request as soon as one
+finishes); streaming with ``include_usage``, so ``cached_tokens`` comes from vLLM's own usage report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import aiohttp
+import msgspec
+
+from .workloads.live import http_call
+from .workloads.spec import Workload
+
+
+class LiveRecord(msgspec.Struct):
+    id: str
+    status: int = 0
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    instance: str | None = None
+    decision_ms: float | None = None
+    error: str | None = None
+
+
+def _usage(line: bytes, rec: LiveRecord) -> None:
+    if b'"usage"' not in line:
+        return
+    try:
+        obj = msgspec.json.decode(line[6:])
+    except msgspec.DecodeError:
+        return
+    u = obj.get("usage") if isinstance(obj, dict) else None
+    if isinstance(u, dict):
+        rec.prompt_tokens = int(u.get("prompt_tokens") or 0)
+        rec.output_tokens = int(u.get("completion_tokens") or 0)
+        d = u.get("prompt_tokens_details") or {}
+        rec.cached_tokens = int(d.get("cached_tokens") or 0) if isinstance(d, dict) else 0
+
+
+async def one(session: aiohttp.ClientSession, base: str, wl: Workload, idx: int, model: str) -> LiveRecord:
+    req = wl.requests[idx]
+    call = http_call(req, wl.token_space, model=model, stream=True)
+    rec = LiveRecord(req.id)
+    t0 = time.perf_counter()
+    try:
+        async with session.post(base + call.path, json=call.body, headers=call.headers) as r:
+            rec.status = r.status
+            rec.instance = r.headers.get("x-kvrouter-instance")
+            dm = r.headers.get("x-kvrouter-decision-ms")
+            rec.decision_ms = float(dm) if dm else None
+            if r.status != 200:
+                rec.error = (await r.text())[:200]
+                return rec
+            buf = b""
+            async for chunk in r.content.iter_any():
+                if rec.ttft_s is None and b'"content":""' not in chunk and b"data: {" in chunk:
+                    rec.ttft_s = time.perf_counter() - t0
+                buf += chunk
+                *lines, buf = buf.split(b"\n\n")
+                for line in lines:
+                    _usage(line, rec)
+            rec.e2e_s = time.perf_counter() - t0
+    except (aiohttp.ClientError, TimeoutError) as e:
+        rec.error = repr(e)
+    return rec
+
+
+async def drive(
+    base: str,
+    wl: Workload,
+    *,
+    model: str,
+    concurrency: int | None = None,
+    progress: Callable[[int], None] | None = None,
+    timeout_s: float = 600.0,
+) -> list[LiveRecord]:
+    """Send every request of ``wl`` to ``base``; closed loop with ``concurrency`` clients if given, else
+    at the workload's arrival times."""
+    n = len(wl.requests)
+    out: list[LiveRecord | None] = [None] * n
+    conn = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=timeout_s)) as s:
+
+        async def run(i: int) -> None:
+            out[i] = await one(s, base, wl, i, model)
+            if progress:
+                progress(1)
+
+        if concurrency:
+            nxt = 0
+
+            async def client() -> None:
+                nonlocal nxt
+                while nxt < n:
+                    i, nxt = nxt, nxt + 1
+                    await run(i)
+
+            await asyncio.gather(*(client() for _ in range(concurrency)))
+        else:
+            t0 = time.perf_counter()
+            tasks = []
+            for i, r in enumerate(wl.requests):
+                delay = (r.arrival_s or 0.0) - (time.perf_counter() - t0)
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                tasks.append(asyncio.create_task(run(i)))
+            await asyncio.gather(*tasks)
+    return [r for r in out if r is not None]
