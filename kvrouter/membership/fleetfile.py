@@ -24,15 +24,25 @@ import logging
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from indexer.errors import ConfigError
 
-from ..config import RouterFleetConfig, load_router_fleet
 from .errors import FleetReloadError
 from .model import sections_changed
 from .reconcile import Reconciler
 
+if TYPE_CHECKING:
+    from ..config import RouterFleetConfig
+
 log = logging.getLogger("kvrouter.membership.fleetfile")
+
+
+def load_router_fleet(path: Path) -> RouterFleetConfig:
+    # NOTE: imported here, not at the top: kvrouter.config imports membership.config (its sections).
+    from ..config import load_router_fleet as load
+
+    return load(path)
 
 
 class FleetFileWatcher:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
@@ -25,13 +25,15 @@ from indexer import Indexer
 from indexer.config import InstanceConfig
 from indexer.subscriber import EventSubscriber
 
-from ..config import RouterFleetConfig
 from ..gateway.upstream import UpstreamPool
 from .applier import FleetMembership
 from .config import DiscoveryConfig, KubeConnection, MembershipConfig, kube_connection
 from .discovery import EndpointSliceDiscovery
 from .fleetfile import FleetFileWatcher
 from .reconcile import Reconciler
+
+if TYPE_CHECKING:  # kvrouter.config imports membership.config: no import of it at load time
+    from ..config import RouterFleetConfig
 
 FLEET_SOURCE = "fleet"
 K8S_SOURCE = "kubernetes"
