@@ -15,8 +15,8 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check indexer tokenizer_cache kvrouter tests bench
-	$(BIN)/ruff format --check indexer tokenizer_cache kvrouter tests bench
+	$(BIN)/ruff check indexer tokenizer_cache kvrouter tests
+	$(BIN)/ruff format --check indexer tokenizer_cache kvrouter tests
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -130,10 +130,13 @@ async def test_the_openai_client_works_streaming_and_not(fleet: SimFleet) -> Non
 async def test_bad_requests_get_a_4xx_with_a_reason(
     fleet: SimFleet, path: str, body: bytes, status: int, needle: str
 ) -> None:
-    async with gateway(fleet) as (_, base), aiohttp.ClientSession() as s:
-        async with s.post(f"{base}{path}", data=body, headers={"Content-Type": "application/json"}) as r:
-            assert r.status == status
-            assert needle in await r.text()
+    async with (
+        gateway(fleet) as (_, base),
+        aiohttp.ClientSession() as s,
+        s.post(f"{base}{path}", data=body, headers={"Content-Type": "application/json"}) as r,
+    ):
+        assert r.status == status
+        assert needle in await r.text()
 
 
 async def test_explain_shows_every_candidate_without_sending(fleet: SimFleet) -> None:

@@ -174,14 +174,17 @@ class Random:
 
     def __init__(self, rng: random.Random | None = None) -> None:
         self.rng = rng or random.Random(0)
+        self._dry = 0
 
     def rank(self, req: RouteView, cands: list[Candidate], *, dry_run: bool = False) -> list[Candidate]:
-        rng = self.rng
-        if dry_run:  # draw from a copy, leaving the real sequence untouched
-            rng = random.Random()
-            rng.setstate(self.rng.getstate())
         out = sorted(cands, key=lambda c: c.target)
-        rng.shuffle(out)
+        if dry_run:
+            # A uniform-enough shuffle that leaves the real generator's sequence untouched.
+            self._dry += 1
+            salt = self._dry
+            out.sort(key=lambda c: hash((c.target, salt)))
+        else:
+            self.rng.shuffle(out)
         for i, c in enumerate(out):
             c.score = float(i)
         return out

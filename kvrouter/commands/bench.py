@@ -1,0 +1,57 @@
+"""``kvrouter bench [indexer|tokenizer|routing|gateway|redis|all]``: benchmarks, one JSON document out.
+
+Each benchmark is a module of ``kvrouter.bench`` with ``add_args(parser)`` and ``main(args) -> dict``;
+peers (Dynamo's RadixTree, sglang-router) are measured in the same run when ``shared/peerbench`` and its
+venvs are present.  Quote medians and ratios from one run: these machines are noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import time
+from typing import Any
+
+BENCHES = {
+    "indexer": "kvrouter.bench.indexer_bench",
+    "tokenizer": "kvrouter.bench.tokenizer_bench",
+    "routing": "kvrouter.bench.routing_bench",
+    "gateway": "kvrouter.bench.gateway_bench",
+    "redis": "kvrouter.bench.redis_bench",
+}
+ALL = ("indexer", "tokenizer", "routing", "gateway")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("which", nargs="?", default="all", choices=[*BENCHES, "all"])
+    p.add_argument("--out", default=None, help="also write the JSON here")
+
+
+def _run(name: str) -> dict[str, Any]:
+    mod = importlib.import_module(BENCHES[name])
+    ap = argparse.ArgumentParser()
+    mod.add_args(ap)
+    t0 = time.perf_counter()
+    try:
+        res: dict[str, Any] = mod.main(ap.parse_args([]))
+    except Exception as e:  # a benchmark that cannot run says why; the others still report
+        res = {"error": repr(e)}
+    res["bench_wall_s"] = round(time.perf_counter() - t0, 1)
+    return res
+
+
+def run(a: argparse.Namespace) -> int:
+    names = ALL if a.which == "all" else (a.which,)
+    out = {name: _run(name) for name in names}
+    text = json.dumps(out, indent=1, default=str)
+    print(text)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text)
+    return 0 if all("error" not in r for r in out.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(run(argparse.Namespace(which="all", out=None)))
