@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from typing import Annotated, Any, Protocol
+from typing import Annotated, Any, Protocol, runtime_checkable
 
 import msgspec
 from aiohttp import web
@@ -56,6 +56,7 @@ class PromptError(Exception):
         self.status = status
 
 
+@runtime_checkable
 class PromptEncoder(Protocol):
     """Turns a lookup's ``prompt`` or ``messages`` into the token ids vLLM would compute."""
 

@@ -264,3 +264,60 @@ async def test_a_client_that_disconnects_frees_its_slot(fleet: SimFleet) -> None
             ),
             timeout=3.0,
         )
+
+
+async def test_cache_lookup_accepts_messages_and_prompts(fleet: SimFleet) -> None:
+    rng = random.Random(5)
+    system = words(rng, 300)
+    msgs = [{"role": "system", "content": system}, {"role": "user", "content": "lookup me"}]
+    async with gateway(fleet) as (gw, base), aiohttp.ClientSession() as s:
+        st, h, _ = await post(
+            s, f"{base}/v1/chat/completions", {"model": MODEL, "max_tokens": 2, "messages": msgs}
+        )
+        assert st == 200
+        target = h["x-kvrouter-instance"]
+        await until(lambda: any(gw.indexer.index.blocks(src)[0] > 0 for src in gw.indexer.sources()))
+        st, _, d = await post(s, f"{base}/v1/cache/lookup", {"model": MODEL, "messages": msgs})
+        assert st == 200
+        best = max(d["instances"], key=lambda m: m["matched_blocks"])
+        assert best["instance"] == target and best["matched_tokens"] >= 300
+        st, _, d = await post(s, f"{base}/v1/cache/lookup", {"model": MODEL, "messages": [{"role": 5}]})
+        assert st == 400
+
+
+async def test_tenants_get_their_salt_and_admin_routes_need_the_token(fleet: SimFleet) -> None:
+    over = {
+        "tenants": {
+            "require_api_key": True,
+            "api_keys": {"key-a": {"name": "a", "salt": "salt-a"}, "key-b": {"name": "b", "salt": "salt-b"}},
+        },
+        "gateway": {"admin_token": "sekret"},
+    }
+    prompt = "tenant shared prompt " * 60
+    async with gateway(fleet, **over) as (gw, base), aiohttp.ClientSession() as s:
+        body = {"model": MODEL, "prompt": prompt, "max_tokens": 2}
+        async with s.post(f"{base}/v1/completions", json=body) as r:
+            assert r.status == 401
+        async with s.post(
+            f"{base}/v1/completions", json=body, headers={"Authorization": "Bearer key-a"}
+        ) as r:
+            assert r.status == 200
+        await until(lambda: any(gw.indexer.index.blocks(src)[0] > 0 for src in gw.indexer.sources()))
+        # tenant b sends the same prompt, even claiming a's salt: it never sees a's blocks
+        body_b = {**body, "cache_salt": "salt-a"}
+        async with s.post(
+            f"{base}/v1/completions", json=body_b, headers={"Authorization": "Bearer key-b"}
+        ) as r:
+            assert r.status == 200
+            assert r.headers["x-kvrouter-cached-tokens"] == "0"
+            assert (await r.json())["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        async with s.post(
+            f"{base}/v1/completions", json=body, headers={"Authorization": "Bearer key-a"}
+        ) as r:
+            assert int(r.headers["x-kvrouter-cached-tokens"]) > 0
+        async with s.post(f"{base}/v1/route/explain", json=body) as r:
+            assert r.status == 401
+        async with s.post(
+            f"{base}/v1/route/explain", json=body, headers={"Authorization": "Bearer sekret"}
+        ) as r:
+            assert r.status == 200

@@ -26,7 +26,10 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         log.error("%s", e)
         return 2
-    app = build(fleet)
+    from kvrouter.config import load_router_fleet
+    from kvrouter.gateway.prompts import FleetTokens
+
+    app = build(fleet, encoder=FleetTokens.from_config(load_router_fleet(args.fleet)))
     log.info(
         "indexer listening", extra={"host": args.host, "port": args.port, "instances": len(fleet.instances)}
     )

@@ -132,6 +132,9 @@ class Gateway:
         auth = request.headers.get("Authorization", "")
         key = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
         tenant = t.api_keys.get(key)
+        admin = self.cfg.gateway.admin_token
+        if tenant is None and admin and key == admin and request.path in _ADMIN_PATHS:
+            return None  # an operator on an admin route (explain): no tenant of its own
         if tenant is None:
             if t.require_api_key:
                 raise BadRequest("missing or unknown API key", status=401)
@@ -365,7 +368,8 @@ def build_gateway(gw: Gateway) -> web.Application:
     # the indexer's own handlers, on this gateway's indexer
     app[ixs.INDEXER] = gw.indexer
     app[ixs.SUBSCRIBER] = gw.subscriber
-    app[ixs.ENCODER] = None
+    encoder = gw.tokens if isinstance(gw.tokens, ixs.PromptEncoder) else None
+    app[ixs.ENCODER] = encoder
     app[ixs.REGISTRY] = gw.metrics.registry
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:

@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 
+from indexer.service import LookupRequest, PromptError
 from tokenizer_cache import (
     ChatTemplateError,
     InvalidPromptError,
@@ -22,7 +23,7 @@ from tokenizer_cache import (
 )
 
 from ..config import RouterFleetConfig
-from .requests import BadRequest, ParsedRequest
+from .requests import BadRequest, Kind, ParsedRequest, parse_body
 
 
 class FleetTokens:
@@ -72,6 +73,30 @@ class FleetTokens:
             return None  # images/audio: their tokens depend on the model's processor; route untokenized
         except (ChatTemplateError, InvalidPromptError) as e:
             raise BadRequest(str(e)) from None
+
+    async def encode_lookup(self, req: LookupRequest) -> list[int]:
+        """The cache-hit API's ``prompt`` / ``messages`` (``indexer.service.PromptEncoder``)."""
+        body: dict[str, Any] = {"model": req.model}
+        if req.messages is not None:
+            body.update(
+                messages=req.messages,
+                tools=req.tools,
+                chat_template_kwargs=req.chat_template_kwargs,
+                add_generation_prompt=req.add_generation_prompt,
+                continue_final_message=req.continue_final_message,
+            )
+            kind: Kind = "chat"
+        else:
+            body["prompt"] = req.prompt
+            kind = "completions"
+        try:
+            parsed = parse_body(msgspec.json.encode(body), kind)
+            ids = await self.tokens(parsed)
+        except BadRequest as e:
+            raise PromptError(e.reason, e.status) from None
+        if ids is None:
+            raise PromptError(f"no tokenizer for model {req.model!r}: send token_ids")
+        return ids
 
     async def warm(self, models: list[str | None]) -> None:
         """Load the tokenizers now (off the event loop), so the first requests do not wait for a load."""
