@@ -321,3 +321,38 @@ async def test_tenants_get_their_salt_and_admin_routes_need_the_token(fleet: Sim
             f"{base}/v1/route/explain", json=body, headers={"Authorization": "Bearer sekret"}
         ) as r:
             assert r.status == 200
+
+
+async def test_remote_indexer_mode(fleet: SimFleet) -> None:
+    """The gateway pointed at a standalone `kvrouter indexer`: events indexed there, routing the same."""
+    from aiohttp.test_utils import TestServer
+
+    from indexer import service as ixs
+
+    app = ixs.build(fleet.fleet_config())
+    ix_server = TestServer(app, host="127.0.0.1")
+    await ix_server.start_server()
+    try:
+        url = str(ix_server.make_url("")).rstrip("/")
+        remote_ix = app[ixs.INDEXER]
+        rng = random.Random(9)
+        prompt = words(rng, 400)
+        async with gateway(fleet, gateway={"indexer_url": url}) as (gw, base), aiohttp.ClientSession() as s:
+            assert gw.subscriber is None
+            st, h, _ = await post(
+                s, f"{base}/v1/completions", {"model": MODEL, "prompt": prompt + " one", "max_tokens": 2}
+            )
+            assert st == 200
+            first = h["x-kvrouter-instance"]
+            await until(lambda: any(remote_ix.index.blocks(src)[0] > 0 for src in remote_ix.sources()))
+            st, h, d = await post(
+                s, f"{base}/v1/completions", {"model": MODEL, "prompt": prompt + " two", "max_tokens": 2}
+            )
+            assert st == 200 and h["x-kvrouter-instance"] == first
+            assert (
+                int(h["x-kvrouter-cached-tokens"])
+                == d["usage"]["prompt_tokens_details"]["cached_tokens"]
+                > 300
+            )
+    finally:
+        await ix_server.close()

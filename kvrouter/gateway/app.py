@@ -19,10 +19,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
+import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from indexer import Indexer
+from indexer import Indexer, LookupResult
 from indexer import service as ixs
 from indexer.metrics import IndexerCollector
 from indexer.subscriber import EventSubscriber
@@ -60,7 +61,9 @@ class Gateway:
         self.indexer = Indexer(
             cfg.block_size, max_blocks_per_source=o.max_blocks_per_source, speculative_ttl=o.speculative_ttl_s
         )
-        self.subscriber = EventSubscriber(self.indexer, cfg) if subscribe else None
+        # With a remote indexer, events are indexed there; this router keeps only its speculative entries.
+        remote_index = cfg.gateway.indexer_url is not None
+        self.subscriber = EventSubscriber(self.indexer, cfg) if subscribe and not remote_index else None
         self.router = Router(self.indexer, cfg.router_config(policy))
         self.metrics = GatewayMetrics()
         self.metrics.registry.register(IndexerCollector(self.indexer, self.subscriber))
@@ -141,7 +144,9 @@ class Gateway:
             return None
         return tenant.salt
 
-    async def prepare(self, request: web.Request, kind: Kind | None) -> tuple[ParsedRequest, RouteInput]:
+    async def prepare(
+        self, request: web.Request, kind: Kind | None
+    ) -> tuple[ParsedRequest, RouteInput, list[int] | None]:
         raw = await request.read()
         req = parse_body(raw, kind, request.headers.get(SAGEMAKER_AFFINITY))
         salt = self.tenant_salt(request)
@@ -161,11 +166,37 @@ class Gateway:
         key = ((req.affinity or "") + "\x00" + text).encode()
         n = len(tokens) if tokens is not None else max(1, len(text) // 4)
         inp = RouteInput(RequestId(f"r{next(self._ids)}"), n, chains, key, req.model)
-        return req, inp
+        return req, inp, tokens
 
-    def decide(self, inp: RouteInput, exclude: set[str] | None = None, *, dry_run: bool = False) -> Decision:
+    def decide(
+        self,
+        inp: RouteInput,
+        exclude: set[str] | None = None,
+        *,
+        dry_run: bool = False,
+        remote: LookupResult | None = None,
+    ) -> Decision:
         targets = [t for t in self.pool.targets(inp.model) if not exclude or t.key not in exclude]
-        return self.router.route(inp, targets, time.monotonic(), dry_run=dry_run)
+        return self.router.route(inp, targets, time.monotonic(), dry_run=dry_run, remote=remote)
+
+    async def remote_lookup(self, req: ParsedRequest, tokens: list[int] | None) -> LookupResult | None:
+        """With ``gateway.indexer_url``: the remote indexer's answer (None if it cannot be had: the router
+        then routes this request on load alone, and says so in its metrics)."""
+        url = self.cfg.gateway.indexer_url
+        if not url or tokens is None or self.session is None:
+            return None
+        body = {"token_ids": tokens, "cache_salt": req.cache_salt, "lora_name": req.lora_name}
+        try:
+            async with self.session.post(
+                f"{url.rstrip('/')}/v1/cache/lookup", json=body, timeout=aiohttp.ClientTimeout(total=0.5)
+            ) as r:
+                if r.status != 200:
+                    raise ValueError(f"status {r.status}")
+                return msgspec.json.decode(await r.read(), type=LookupResult)
+        except (aiohttp.ClientError, TimeoutError, ValueError, msgspec.DecodeError) as e:
+            self.metrics.rejections.labels("remote_index_unavailable").inc()
+            log.warning("remote indexer lookup failed", extra={"error": str(e)})
+            return None
 
     def record_decision(self, d: Decision) -> None:
         self.metrics.decisions.labels(d.policy, d.reason).inc()
@@ -183,10 +214,11 @@ class Gateway:
         self, request: web.Request, kind: Kind | None, path_of: Callable[[ParsedRequest], str]
     ) -> web.StreamResponse:
         t0 = time.perf_counter()
-        req, inp = await self.prepare(request, kind)
+        req, inp, tokens = await self.prepare(request, kind)
+        remote = await self.remote_lookup(req, tokens)
 
         def attempt() -> Decision | None:
-            d = self.decide(inp)
+            d = self.decide(inp, remote=remote)
             return None if d.reason == "at_capacity" else d
 
         self.metrics.queue_depth.set(self.gate.waiting + 1)
@@ -326,8 +358,8 @@ async def metrics(request: web.Request) -> web.Response:
 async def explain(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
     t0 = time.perf_counter()
-    _, inp = await gw.prepare(request, None)
-    d = gw.decide(inp, dry_run=True)
+    req, inp, tokens = await gw.prepare(request, None)
+    d = gw.decide(inp, dry_run=True, remote=await gw.remote_lookup(req, tokens))
     out: dict[str, Any] = {
         "policy": d.policy,
         "reason": d.reason,

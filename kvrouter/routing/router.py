@@ -16,7 +16,7 @@ from __future__ import annotations
 import msgspec
 import numpy as np
 
-from indexer import Indexer, SourceKey, Trust
+from indexer import Indexer, InstanceMatch, LookupResult, SourceKey, Trust
 from indexer.hashing import I64Array
 
 from .load import LoadTracker
@@ -102,13 +102,27 @@ class Router:
         return self.policy(name)
 
     # ------------------------------------------------------------------ candidates
-    def candidates(self, inp: RouteInput, targets: list[Target], now: float | None = None) -> list[Candidate]:
+    def candidates(
+        self,
+        inp: RouteInput,
+        targets: list[Target],
+        now: float | None = None,
+        remote: LookupResult | None = None,
+    ) -> list[Candidate]:
+        """Every healthy target with its predicted cached tokens and load.  ``remote``: a lookup answered by
+        a remote indexer (events are indexed there); this router's own speculative entries still count."""
         bs = self.indexer.block_size
         max_hit = max(0, (inp.num_tokens - 1) // bs)  # vLLM always recomputes the last prompt token
-        matches = {}
+        matches: dict[tuple[str, int], InstanceMatch] = {}
         if inp.chains is not None and len(inp.chains):
             res = self.indexer.lookup_chains(inp.chains, inp.num_tokens, now=now)
             matches = {(m.instance, m.dp_rank): m for m in res.instances}
+        if remote is not None:
+            local = matches
+            matches = {
+                (m.instance, m.dp_rank): _merge_remote(m, local.get((m.instance, m.dp_rank)))
+                for m in remote.instances
+            }
         offload_value = self.config.settings.kv_aware.offload_value
         out: list[Candidate] = []
         for t in targets:
@@ -149,11 +163,17 @@ class Router:
 
     # ------------------------------------------------------------------ deciding
     def route(
-        self, inp: RouteInput, targets: list[Target], now: float | None = None, *, dry_run: bool = False
+        self,
+        inp: RouteInput,
+        targets: list[Target],
+        now: float | None = None,
+        *,
+        dry_run: bool = False,
+        remote: LookupResult | None = None,
     ) -> Decision:
         """Choose a target.  ``dry_run`` (explain) leaves every policy's state as it was."""
         policy = self.policy_for(inp.model)
-        cands = self.candidates(inp, targets, now)
+        cands = self.candidates(inp, targets, now, remote)
         if not cands:
             return Decision(None, policy.name, "no_target", [])
         view = RouteView(inp.num_tokens, inp.prefix_key)
@@ -207,3 +227,13 @@ class Router:
     @staticmethod
     def no_chains() -> I64Array:
         return _EMPTY
+
+
+def _merge_remote(remote: InstanceMatch, local: InstanceMatch | None) -> InstanceMatch:
+    """A remote indexer's match, extended by this router's speculative entries for the same target."""
+    spec = local.speculative_blocks if local else 0
+    if spec <= remote.matched_blocks:
+        return remote
+    return msgspec.structs.replace(
+        remote, matched_blocks=spec, speculative_blocks=spec - remote.matched_blocks
+    )
