@@ -18,7 +18,7 @@ from functools import partial
 
 import msgspec
 
-from indexer import Indexer, SourceKey
+from indexer import Indexer, LookupResult, SourceKey
 from indexer.hashing import I64Array
 
 from ..routing import InstanceId, RequestId, RouteInput, Router, RouterConfig
@@ -93,8 +93,14 @@ class _PrefillAwareRouter(Router):
     """The router with peers' queued prefill in its candidates' ``pending_prefill_tokens`` (the one-line
     change proposed for ``Router.candidates``: ``load.effective_pending_prefill_tokens()``)."""
 
-    def candidates(self, inp: RouteInput, targets: list[Target], now: float | None = None) -> list[Candidate]:
-        out = super().candidates(inp, targets, now)
+    def candidates(
+        self,
+        inp: RouteInput,
+        targets: list[Target],
+        now: float | None = None,
+        remote: LookupResult | None = None,
+    ) -> list[Candidate]:
+        out = super().candidates(inp, targets, now, remote)
         for c in out:
             c.pending_prefill_tokens += self.load.get(InstanceId(c.target)).external_prefill_tokens
         return out
