@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import msgspec
+import numpy as np
 
 RELEASES = (
     "0.9.0", "0.10.0", "0.10.2", "0.11.0", "0.13.0", "0.16.0", "0.20.0", "0.23.0",
@@ -134,6 +135,39 @@ class PayloadEncoder:
             pre, _, post = full.partition(mark)
             tpl = self._removed_tpl[medium] = (pre, post)
         return msgspec.Raw(tpl[0] + self._enc.encode(block_hash) + tpl[1])
+
+    def removed_run(self, block_hashes: Sequence[int], medium: str | None = "GPU") -> bytes:
+        """``len(block_hashes)`` one-hash BlockRemoved events, encoded back to back (no array header): what
+        vLLM sends when a step evicts that many blocks.  Vectorised when every hash needs the 9-byte uint64
+        form (the usual case for 64-bit hashes); byte-identical to encoding each ``removed([h])``."""
+        if not block_hashes:
+            return b""
+        arr = np.asarray(block_hashes, dtype=np.uint64) if min(block_hashes) >= 0 else None
+        if arr is None or int(arr.min()) < 1 << 32 or max(block_hashes) >= 1 << 64:
+            return b"".join(bytes(self.removed_raw(h, medium)) for h in block_hashes)
+        self.removed_raw(int(arr[0]), medium)  # make sure the template exists
+        pre, post = self._removed_tpl[medium]
+        n, lp, lq = len(arr), len(pre), len(post)
+        rows = np.empty((n, lp + 9 + lq), dtype=np.uint8)
+        rows[:, :lp] = np.frombuffer(pre, dtype=np.uint8)
+        rows[:, lp] = 0xCF
+        rows[:, lp + 1 : lp + 9] = arr.astype(">u8").view(np.uint8).reshape(n, 8)
+        rows[:, lp + 9 :] = np.frombuffer(post, dtype=np.uint8)
+        return rows.tobytes()
+
+    def batch_of_encoded(self, parts: Sequence[bytes], count: int, *, ts: float, dp_rank: int = 0) -> bytes:
+        """A payload whose events are already encoded (``parts`` concatenate to ``count`` events)."""
+        if count < 16:
+            header = bytes([0x90 | count])
+        elif count < 1 << 16:
+            header = b"\xdc" + count.to_bytes(2, "big")
+        else:
+            header = b"\xdd" + count.to_bytes(4, "big")
+        events = msgspec.Raw(header + b"".join(parts))
+        body: list[Any] = [ts, events]
+        if self.has_rank:
+            body.append(dp_rank)
+        return self._enc.encode(body)
 
     def cleared(self) -> msgspec.Struct:
         return self._cleared()

@@ -163,3 +163,19 @@ def test_removed_raw_is_byte_identical(release: str, h: int) -> None:
     e = PayloadEncoder(release)
     for medium in ("GPU", "CPU", None):
         assert e.batch([e.removed_raw(h, medium)], ts=TS) == e.batch([e.removed([h], medium=medium)], ts=TS)
+
+
+@pytest.mark.parametrize("release", ["0.9.0", "0.23.0", "0.33.0"])
+def test_batches_of_encoded_runs_are_byte_identical(release: str) -> None:
+    e = PayloadEncoder(release)
+    big = [2**63 + 5, 2**40 + 1, 2**64 - 1]
+    small = [5, 300, 2**40]
+    for hashes in (big, small):
+        evs = [e.removed([h]) for h in hashes] + [e.stored([1], None, range(16), 16)]
+        want = e.batch(evs, ts=TS, dp_rank=1)
+        parts = [e.removed_run(hashes), msgspec.msgpack.encode(evs[-1])]
+        assert e.batch_of_encoded(parts, len(evs), ts=TS, dp_rank=1) == want
+    many = [e.removed([2**50 + i]) for i in range(70_000)]
+    assert e.batch_of_encoded([e.removed_run([2**50 + i for i in range(70_000)])], 70_000, ts=TS) == e.batch(
+        many, ts=TS
+    )
