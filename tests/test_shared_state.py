@@ -221,3 +221,44 @@ def test_config_is_validated_and_the_env_names_the_url() -> None:
     assert cfg.redis_url == "redis://10.0.0.1:6379/0" and SharedStateConfig().with_env({}).redis_url is None
     a, b = SharedStateConfig().resolved_replica_id(), SharedStateConfig().resolved_replica_id()
     assert a != b
+    from kvrouter.replicas import SnapshotConfig, store_for
+
+    with pytest.raises(ConfigError):
+        SnapshotConfig(path="/x", redis_key="k").validate()
+    with pytest.raises(ConfigError):
+        store_for(SnapshotConfig(redis_key="k"), None)
+    assert store_for(SnapshotConfig(), None) is None and not SnapshotConfig().enabled
+
+
+async def test_wired_beside_a_gateway_its_metrics_join_the_gateways_registry(ns_flush: RedisServer) -> None:
+    """The wiring proposed for ``Gateway``: ``SharedState`` and ``WarmRestart`` on the gateway's router,
+    indexer and registry (no name clashes with the gateway's or the indexer's metrics)."""
+    from prometheus_client import generate_latest
+
+    from indexer.config import InstanceConfig
+    from kvrouter.config import RouterFleetConfig
+    from kvrouter.gateway.app import Gateway
+    from kvrouter.replicas import SnapshotConfig, WarmRestart, store_for
+
+    cfg = RouterFleetConfig(block_size=BS, instances=[InstanceConfig("w0", url="http://127.0.0.1:9")])
+    gw = Gateway(cfg, subscribe=False)
+    shared = SharedState(gw.router, config(ns_flush.url, "gw"), registry=gw.metrics.registry)
+    store = store_for(SnapshotConfig(redis_key="{t}:snapshot"), ns_flush.url)
+    assert store is not None
+    warm = WarmRestart(gw.indexer, store, registry=gw.metrics.registry)
+    assert await warm.restore() == []
+    await shared.start()
+    try:
+        text = generate_latest(gw.metrics.registry).decode()
+        for name in (
+            "kvrouter_shared_state_up 1.0",
+            "kvrouter_shared_state_peers",
+            "kvrouter_index_snapshots_total",
+        ):
+            assert name in text
+    finally:
+        await shared.stop()
+        await warm.stop()  # a last snapshot, then the store's own client is closed
+    check = store_for(SnapshotConfig(redis_key="{t}:snapshot"), ns_flush.url)
+    assert check is not None and await check.load() is not None
+    await check.close()

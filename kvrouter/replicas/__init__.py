@@ -17,10 +17,11 @@ for requests just sent) goes through Redis as expiring leases.  The request path
 ``warm``      ``WarmRestart``: periodic index snapshots to a file or Redis, restore at start
 """
 
-from .config import SharedStateConfig
+from .config import SharedStateConfig, SnapshotConfig
 from .shared import SharedState
 from .state import ReplicaState, SyncReply, SyncRequest
 from .store import MemoryReplicaHub, RedisReplicaStore, ReplicaStore
+from .warm import WarmRestart, mark_restored, store_for
 
 __all__ = [
     "MemoryReplicaHub",
@@ -29,6 +30,10 @@ __all__ = [
     "ReplicaStore",
     "SharedState",
     "SharedStateConfig",
+    "SnapshotConfig",
     "SyncReply",
     "SyncRequest",
+    "WarmRestart",
+    "mark_restored",
+    "store_for",
 ]

@@ -62,3 +62,25 @@ class SharedStateConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
 
     def resolved_replica_id(self) -> str:
         return self.replica_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+class SnapshotConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    path: str | None = None
+    """Snapshot file (replaced atomically); None with ``redis_key`` unset: no warm restart."""
+    redis_key: str | None = None
+    """Or a key in the replicas' Redis (``replicas.redis_url``), e.g. ``{kvrouter}:snapshot:<replica>``."""
+    interval_s: float = 60.0
+    """Snapshot period; one more is taken at shutdown.  Taking one stops the event loop briefly (~1 s per
+    8M indexed pairs), so keep it coarse."""
+    ttl_s: float | None = None
+    """Expiry of the Redis key (a router gone that long starts cold); None: never."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.path is not None or self.redis_key is not None
+
+    def validate(self) -> None:
+        if self.path is not None and self.redis_key is not None:
+            raise ConfigError("snapshot: set path or redis_key, not both")
+        if self.interval_s <= 0:
+            raise ConfigError("snapshot: interval_s must be positive")

@@ -30,8 +30,11 @@ import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from indexer import Indexer, SourceKey
+from indexer.errors import ConfigError
 from indexer.snapshot import SnapshotError
 from indexer.subscriber import EventSubscriber
+
+from .config import SnapshotConfig
 
 log = logging.getLogger("kvrouter.replicas.warm")
 
@@ -41,6 +44,10 @@ class SnapshotStore(Protocol):
 
     async def load(self) -> bytes | None:
         """The latest snapshot, or None if there is none."""
+        ...
+
+    async def close(self) -> None:
+        """Release what the store opened itself (``WarmRestart.stop`` calls it)."""
         ...
 
 
@@ -76,16 +83,25 @@ class FileSnapshotStore:
     async def load(self) -> bytes | None:
         return await asyncio.to_thread(self._load)
 
+    async def close(self) -> None:
+        pass
+
 
 class RedisSnapshotStore:
     """One Redis key (``SET`` replaces it atomically), optionally expiring."""
 
     def __init__(
-        self, client: aioredis.Redis, key: str = "{kvrouter}:snapshot", ttl_s: float | None = None
+        self,
+        client: aioredis.Redis,
+        key: str = "{kvrouter}:snapshot",
+        ttl_s: float | None = None,
+        *,
+        owns_client: bool = False,
     ) -> None:
         self.client = client
         self.key = key
         self.ttl_ms = None if ttl_s is None else int(ttl_s * 1000)
+        self.owns_client = owns_client
 
     async def save(self, data: bytes) -> None:
         await self.client.set(self.key, data, px=self.ttl_ms)
@@ -93,6 +109,22 @@ class RedisSnapshotStore:
     async def load(self) -> bytes | None:
         raw = await self.client.get(self.key)
         return raw.encode() if isinstance(raw, str) else raw
+
+    async def close(self) -> None:
+        if self.owns_client:
+            await self.client.aclose()
+
+
+def store_for(cfg: SnapshotConfig, redis_url: str | None) -> SnapshotStore | None:
+    """The store the config names (None: warm restart off)."""
+    if cfg.path is not None:
+        return FileSnapshotStore(cfg.path)
+    if cfg.redis_key is not None:
+        if redis_url is None:
+            raise ConfigError("snapshot.redis_key needs replicas.redis_url")
+        client = aioredis.Redis.from_url(redis_url, decode_responses=False)
+        return RedisSnapshotStore(client, cfg.redis_key, cfg.ttl_s, owns_client=True)
+    return None
 
 
 def mark_restored(subscriber: EventSubscriber, sources: Collection[SourceKey], now: float) -> None:
@@ -179,6 +211,7 @@ class WarmRestart:
                 await task
         if final:
             await self.save_once()
+        await self.store.close()
 
     async def _run(self) -> None:
         while True:
