@@ -94,7 +94,7 @@ class Gateway:
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
-        conn = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True)
+        conn = aiohttp.TCPConnector(limit=0, ttl_dns_cache=10, enable_cleanup_closed=True)
         self.session = aiohttp.ClientSession(connector=conn, auto_decompress=False)
         g = self.cfg.gateway
         self.proxy = Proxy(
@@ -318,6 +318,11 @@ async def invocations(request: web.Request) -> web.StreamResponse:
     return await request.app[GATEWAY].route_and_forward(request, None, lambda r: paths[r.kind])
 
 
+async def livez(request: web.Request) -> web.Response:
+    """Liveness: the event loop answers (unlike /health, not tied to the fleet's state)."""
+    return web.Response(text="ok")
+
+
 async def ping(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
     up = any(u.healthy for u in gw.pool.upstreams.values())
@@ -415,6 +420,7 @@ def build_gateway(gw: Gateway) -> web.Application:
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_post("/invocations", invocations)
     app.router.add_get("/ping", ping)
+    app.router.add_get("/livez", livez)
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/metrics", metrics)

@@ -27,13 +27,13 @@ class GatewayMetrics:
         self.predicted_cached = Counter(
             "kvrouter_predicted_cached_tokens",
             "Cached prompt tokens the router predicted",
-            ["instance"],
+            ["target"],
             registry=r,
         )
         self.reported_cached = Counter(
             "kvrouter_reported_cached_tokens",
             "Cached prompt tokens vLLM reported (usage.prompt_tokens_details.cached_tokens)",
-            ["instance"],
+            ["target"],
             registry=r,
         )
         self.cached_error = Histogram(
@@ -61,7 +61,7 @@ class GatewayMetrics:
         self.upstream_ttft = Histogram(
             "kvrouter_upstream_ttft_seconds",
             "Time from dispatch to the first streamed token (or to the response, unstreamed)",
-            ["instance"],
+            ["target"],
             buckets=_TTFT_BUCKETS,
             registry=r,
         )
