@@ -274,3 +274,17 @@ async def test_bad_fault_updates_are_400(server: SimServer, http: aiohttp.Client
     async with http.get(f"{server.url}/sim/faults") as r:
         status = await r.json()
     assert status["drop_rate"] == 0.0 and status["slowdown"] == 1.0
+
+
+async def test_keep_alive_connections_do_not_outlive_a_crash(
+    server: SimServer, http: aiohttp.ClientSession
+) -> None:
+    async with http.get(f"{server.url}/health") as r:  # leaves an idle keep-alive connection in the pool
+        assert r.status == 200
+    assert server._runner is not None and server._runner.server is not None
+    assert len(server._runner.server.connections) == 1
+    await server.crash(down_s=0.0)
+    assert server._runner.server.connections == []  # closed, as a dead process's sockets are
+    await asyncio.sleep(0.1)
+    async with http.get(f"{server.url}/health", timeout=aiohttp.ClientTimeout(total=3)) as r:
+        assert r.status == 200  # a fresh connection, not a hang on the stale one

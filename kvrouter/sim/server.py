@@ -166,7 +166,12 @@ class SimServer:
                 self._site = None
             lost = await self.instance.crash()  # in-flight handlers get EngineCrashed and cut their links
             if self._runner is not None and self._runner.server is not None:
-                self._runner.server.pre_shutdown()  # idle keep-alive connections close too
+                # Every connection goes, idle keep-alive ones included, as the kernel closes a dead
+                # process's sockets.  (``Server.pre_shutdown()`` is not enough: it ends an idle
+                # connection's handler but leaves its socket open, and a client reusing it would wait
+                # forever.)  Pending writes are flushed first, so the admin's answer still arrives.
+                for conn in self._runner.server.connections:
+                    conn.force_close()
             log.warning("instance crashed", extra={"instance": self.name, "lost": lost, "down_s": down_s})
             if down_s:
                 await asyncio.sleep(down_s)
