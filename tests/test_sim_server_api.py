@@ -194,6 +194,7 @@ async def test_client_disconnect_aborts_in_engine(server: SimServer, http: aioht
     [
         ("/v1/completions", b"{not json", "not valid JSON"),
         ("/v1/completions", {"model": MODEL}, "'prompt' is required"),
+        ("/v1/completions", {"prompt": ""}, "prompt cannot be empty"),
         ("/v1/completions", {"prompt": "x", "max_tokens": 0}, "max_tokens must be at least 1"),
         ("/v1/completions", {"prompt": "x", "max_tokens": "3"}, "'max_tokens' must be an int"),
         ("/v1/completions", {"prompt": "x", "cache_salt": ""}, "cache_salt"),
@@ -308,9 +309,11 @@ async def test_tokenize_detokenize_models_health_version(
     async with http.get(f"{server.url}/v1/models") as r:
         models = await r.json()
     assert models["object"] == "list" and [m["id"] for m in models["data"]] == [MODEL]
-    assert models["data"][0]["owned_by"] == "vllm" and models["data"][0]["max_model_len"] > 0
-    async with http.get(f"{server.url}/health") as r:
-        assert r.status == 200
+    card = models["data"][0]
+    assert card["owned_by"] == "vllm" and card["max_model_len"] > 0 and card["root"] == MODEL
+    assert card["permission"][0]["object"] == "model_permission"
+    async with http.get(f"{server.url}/health") as r, http.post(f"{server.url}/ping") as p:
+        assert r.status == 200 and p.status == 200
     async with http.get(f"{server.url}/version") as r:
         assert (await r.json())["version"] == "0.33.0"
 

@@ -57,11 +57,14 @@ class AnswerVocab:
     def from_tokenizer(cls, tok: CachedTokenizer, max_words: int = 4096) -> AnswerVocab:
         """Up to ``max_words`` whole-word tokens of ``tok`` (lowest ids: the most frequent merges)."""
         raw = tok.hf_tokenizer.backend_tokenizer
-        candidates = sorted(i for s, i in raw.get_vocab(with_added_tokens=False).items() if _WORD.match(s))
+        vocab = raw.get_vocab(with_added_tokens=False)
+        candidates = sorted(i for s, i in vocab.items() if _WORD.match(s))
         pieces: dict[int, str] = {}
+        spelled = {i: s for s, i in vocab.items()}
         for i in candidates:
             text = raw.decode([i])
-            # The decoded piece must be " word" (a SentencePiece decoder may strip the leading space).
+            if spelled[i][0] == "▁" and not text.startswith(" "):
+                text = " " + text  # SentencePiece decoders drop a lone token's leading space; streams keep it
             if text.startswith(" ") and text[1:].isalpha():
                 pieces[i] = text
                 if len(pieces) >= max_words:

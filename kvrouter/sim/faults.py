@@ -103,13 +103,19 @@ class FaultStatus(msgspec.Struct, frozen=True):
     """Answer of ``GET``/``POST /sim/faults``."""
 
     drop_rate: float
+    """Fraction of event batches dropped."""
     dead: bool
+    """/health and the OpenAI routes answer 503."""
     latency_s: float
+    """Added delay per OpenAI request."""
     slowdown: float
+    """Step duration multiplier."""
     stalled_for_s: float
     """Seconds of engine stall left (0: stepping)."""
     stall_events: bool
+    """Publishers hold their batches."""
     mute_replay: bool
+    """Replay requests are swallowed."""
     crashed: bool
     """The instance is down after a crash (only visible in-process: its port is closed)."""
     crashes: int

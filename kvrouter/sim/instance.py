@@ -41,7 +41,7 @@ from .scheduler import RequestOutput
 DEFAULT_PROFILE = "qwen3-32b-2xh100"
 """Default timing profile of ``kvrouter sim``: Qwen3-32B on 2 x H100 (17 ms decode steps, ~13k prompt
 tokens/s) in real time.  Its steps are long enough that eight busy instances fit on two cores, and a
-cached prefix visibly cuts time to first token (a 4k-token prompt: ~0.3 s cold, a few ms when cached)."""
+cached prefix visibly cuts time to first token (a 4k-token prompt: 0.33 s cold, 18 ms when cached)."""
 
 
 class SimInstanceConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -311,6 +311,8 @@ class SimInstance:
         if self.faults.crashed:
             raise EngineUnavailable("the engine is down")
         rank = self.pick_rank(rank_header)
+        if not prompt:
+            raise BadRequest("The decoder prompt cannot be empty", param="prompt")
         err = too_long(self.max_model_len, len(prompt), max_tokens)
         if err is not None:
             raise err

@@ -102,7 +102,22 @@ async def models(request: web.Request) -> web.Response:
             "root": name,
             "parent": parent,
             "max_model_len": inst.max_model_len,
-            "permission": [],
+            "permission": [
+                {
+                    "id": f"modelperm-{name}",
+                    "object": "model_permission",
+                    "created": inst.created,
+                    "allow_create_engine": False,
+                    "allow_sampling": True,
+                    "allow_logprobs": True,
+                    "allow_search_indices": False,
+                    "allow_view": True,
+                    "allow_fine_tuning": False,
+                    "organization": "*",
+                    "group": None,
+                    "is_blocking": False,
+                }
+            ],
         }
 
     data = [card(cfg.model, None), *(card(n, cfg.model) for n in cfg.lora_names)]

@@ -4,7 +4,7 @@
 
     SimServer ── AppRunner (handler_cancellation) ── TCPSite (host, port)
         app:  openai_routes   POST /v1/completions  /v1/chat/completions
-              routes          GET /v1/models /health /metrics /version, POST /tokenize /detokenize
+              routes          GET /v1/models /health /ping /metrics /version, POST /tokenize /detokenize
                               /reset_prefix_cache, GET|POST /sim/faults, GET /sim/state
         lifecycle (cleanup_ctx): the instance's publishers and rank loops
 
@@ -80,6 +80,8 @@ def build_app(inst: SimInstance, crash: CrashHook) -> web.Application:
     r.add_post("/v1/chat/completions", chat_completions)
     r.add_get("/v1/models", models)
     r.add_get("/health", health)
+    r.add_get("/ping", health)  # vLLM's SageMaker liveness route: /health's answer
+    r.add_post("/ping", health)
     r.add_get("/metrics", metrics)
     r.add_get("/version", version)
     r.add_post("/tokenize", tokenize)
