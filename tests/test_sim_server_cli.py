@@ -3,6 +3,7 @@ describes the running fleet, and SIGTERM stops everything cleanly (exit 0, every
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import socket
 import subprocess
@@ -13,9 +14,9 @@ from pathlib import Path
 import aiohttp
 
 from indexer.config import load_fleet
-from kvrouter.sim.fleet import free_port_block
+from kvrouter.sim.fleet import SimFleet, SimFleetConfig, free_port_block
 
-from .test_sim_server_support import until
+from .test_sim_server_support import shared_tokenizer, until
 
 
 async def test_kvrouter_sim_writes_fleet_file_when_healthy_and_stops_on_sigterm(tmp_path: Path) -> None:
@@ -63,3 +64,25 @@ async def test_kvrouter_sim_writes_fleet_file_when_healthy_and_stops_on_sigterm(
             proc.stdout.close()
         if proc.stderr:
             proc.stderr.close()
+
+
+async def test_a_stopped_fleet_leaves_no_task_and_no_port() -> None:
+    tok, _ = shared_tokenizer()
+    before = asyncio.all_tasks()
+    fleet = SimFleet(SimFleetConfig(instances=2, dp_size=2, profile="test"), tokenizer=tok)
+    await fleet.start()
+    ports = [s.port for s in fleet.servers]
+    assert len(asyncio.all_tasks() - before) >= 8  # rank loops and replay routers
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"{fleet.urls[0]}/v1/completions", json={"prompt": "x"}) as r,
+    ):
+        assert r.status == 200
+    await fleet.stop()
+    await fleet.stop()  # idempotent
+    assert asyncio.all_tasks() - before == set()
+    for p in range(ports[0], ports[-1] + 5):
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", p))
+            s.listen()

@@ -186,13 +186,20 @@ class SimFleet:
     """N simulated instances in this process.  ``start()``/``stop()`` or ``async with``."""
 
     def __init__(
-        self, config: SimFleetConfig | None = None, *, tokenizer: CachedTokenizer | None = None
+        self,
+        config: SimFleetConfig | None = None,
+        *,
+        tokenizer: CachedTokenizer | None = None,
+        chat_template: str | None = None,
     ) -> None:
+        """``tokenizer``: share one already loaded (loading takes seconds; the fleet does not close it),
+        with ``chat_template``, the template it was built with beyond its own (``load_sim_tokenizer``'s
+        second result), for the fleet file.  Without ``tokenizer``, ``config.tokenizer`` is loaded."""
         self.config = config or SimFleetConfig()
         self.config.validate()
         self._tokenizer = tokenizer
         self._own_tokenizer = tokenizer is None
-        self.chat_template: str | None = None
+        self.chat_template: str | None = chat_template
         """The chat template the instances apply beyond the tokenizer's own (written to the fleet file)."""
         self.servers: list[SimServer] = []
         self._zmq: zmq.asyncio.Context | None = None
