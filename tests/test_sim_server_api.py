@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import random
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -364,3 +365,45 @@ async def _post(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> 
     async with http.post(url, json=body) as r:
         assert r.status == 200
         await r.read()
+
+
+_FUZZ_VALUES: list[object] = [
+    None, True, 0, -1, 3, 2**70, 1.5, "", "x", [], [1, 2, 3], [[1, 2]], ["a", "b"], {}, {"a": 1},
+    [{"role": "user", "content": "hi"}], [{"role": "user"}], [{"role": 5, "content": "x"}],
+    [{"role": "user", "content": None}], [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+    [{"type": "function", "function": {"name": "f"}}], {"include_usage": "yes"}, {"thinking": True},
+]  # fmt: skip
+_FUZZ_FIELDS = [
+    "prompt", "messages", "max_tokens", "max_completion_tokens", "stream", "stream_options", "cache_salt",
+    "n", "temperature", "top_p", "seed", "ignore_eos", "model", "tools", "chat_template_kwargs",
+    "add_generation_prompt", "continue_final_message", "echo", "logprobs", "tokens", "add_special_tokens",
+]  # fmt: skip
+
+
+async def test_random_bodies_never_get_a_500(server: SimServer, http: aiohttp.ClientSession) -> None:
+    rng = random.Random(0)  # seed 0; vary it to explore
+    seen: dict[int, int] = {}
+    for _ in range(300):
+        path = rng.choice(["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"])
+        body: dict[str, object] = {
+            f: rng.choice(_FUZZ_VALUES) for f in rng.sample(_FUZZ_FIELDS, rng.randrange(6))
+        }
+        if rng.random() < 0.5:
+            body["prompt"] = rng.choice(["hi", [5, 6, 7], ""])
+        if rng.random() < 0.5:
+            body["messages"] = [{"role": "user", "content": "hi"}]
+        for key in ("max_tokens", "max_completion_tokens"):
+            if not isinstance(body.get(key), int) or body[key] > 50:  # type: ignore[operator]
+                body[key] = 3  # keep generation short
+        raw = (
+            rng.choice([b"", b"[", b"null", b'"s"', b"\xff"])
+            if rng.random() < 0.05
+            else msgspec.json.encode(body)
+        )
+        async with http.post(
+            f"{server.url}{path}", data=raw, headers={"Content-Type": "application/json"}
+        ) as r:
+            await r.read()
+            assert r.status < 500, (path, raw)
+            seen[r.status] = seen.get(r.status, 0) + 1
+    assert seen.get(200, 0) > 20 and seen.get(400, 0) > 100

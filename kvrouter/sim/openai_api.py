@@ -182,32 +182,37 @@ def parse_completion(body: object) -> CompletionArgs:
     return CompletionArgs(prompt=p, **_common(body, ("max_tokens",)))
 
 
-def parse_chat(body: object) -> ChatArgs:
+def parse_chat(body: object, *, sampling: bool = True) -> ChatArgs:
+    """A chat body; ``sampling=False`` reads only what renders the prompt (``/tokenize``)."""
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
         raise BadRequest("'messages' must be a non-empty list of objects", param="messages")
-    if body.get("chat_template") is not None or "chat_template" in (body.get("chat_template_kwargs") or {}):
+    kwargs = _opt(body, "chat_template_kwargs", "dict")
+    if body.get("chat_template") is not None or "chat_template" in (kwargs or {}):
         raise BadRequest(
             "Chat template is passed with request, but --trust-request-chat-template is not set. "
             "Refused request with untrusted chat template.",
             param="chat_template",
         )
-    if body.get("logprobs") or body.get("top_logprobs") is not None:
-        raise BadRequest("the simulated vLLM instance does not support logprobs", param="logprobs")
     tools = _opt(body, "tools", "list")
     if tools is not None and not all(isinstance(t, dict) for t in tools):
         raise BadRequest("'tools' must be a list of objects", param="tools")
     agp = _opt(body, "add_generation_prompt", "bool")
     cfm = _opt(body, "continue_final_message", "bool")
+    common: dict[str, Any] = {}
+    if sampling:
+        if body.get("logprobs") or body.get("top_logprobs") is not None:
+            raise BadRequest("the simulated vLLM instance does not support logprobs", param="logprobs")
+        common = _common(body, ("max_completion_tokens", "max_tokens"))
     return ChatArgs(
         messages=msgs,
         tools=tools,
-        chat_template_kwargs=_opt(body, "chat_template_kwargs", "dict"),
+        chat_template_kwargs=kwargs,
         add_generation_prompt=True if agp is None else agp,
         continue_final_message=bool(cfm),
-        **_common(body, ("max_completion_tokens", "max_tokens")),
+        **common,
     )
 
 

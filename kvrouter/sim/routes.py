@@ -144,7 +144,7 @@ async def tokenize(request: web.Request) -> web.Response:
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     if "messages" in body:
-        args = parse_chat(body)
+        args = parse_chat(body, sampling=False)
         special = body.get("add_special_tokens", False)
         if not isinstance(special, bool):
             raise BadRequest("'add_special_tokens' must be a bool", param="add_special_tokens")
