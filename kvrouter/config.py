@@ -27,6 +27,8 @@ import msgspec
 from indexer.config import FleetConfig, load_yaml, parse_fleet
 from indexer.errors import ConfigError
 
+from .membership.config import DiscoveryConfig, MembershipConfig
+from .replicas.config import SharedStateConfig, SnapshotConfig
 from .routing.policies import POLICIES, KvAwareSettings, PolicySettings, PrefixHashSettings
 from .routing.router import RouterConfig
 
@@ -106,9 +108,22 @@ class RouterFleetConfig(FleetConfig, frozen=True, forbid_unknown_fields=True):
     limits: LimitsConfig = LimitsConfig()
     tenants: TenantsConfig = TenantsConfig()
     gateway: GatewayConfig = GatewayConfig()
+    replicas: SharedStateConfig = SharedStateConfig()
+    """Replicas sharing in-flight load and speculative entries through Redis (``KVROUTER_REDIS_URL``)."""
+    snapshot: SnapshotConfig = SnapshotConfig()
+    """Periodic index snapshots (a file or a Redis key) for warm restarts."""
+    membership: MembershipConfig = MembershipConfig()
+    """Fleet-file reload and draining of leaving instances."""
+    discovery: DiscoveryConfig | None = None
+    """Kubernetes discovery: instances from the EndpointSlices of a vLLM Service."""
 
     def validate(self) -> None:
         super().validate()
+        self.replicas.validate()
+        self.snapshot.validate()
+        self.membership.validate()
+        if self.discovery is not None:
+            self.discovery.validate()
         for name in [self.routing.policy, *(m.policy for m in self.models.values() if m.policy)]:
             if name not in POLICIES:
                 raise ConfigError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
@@ -135,4 +150,5 @@ class RouterFleetConfig(FleetConfig, frozen=True, forbid_unknown_fields=True):
 
 
 def load_router_fleet(path: str | Path) -> RouterFleetConfig:
-    return parse_fleet(load_yaml(path), RouterFleetConfig)
+    cfg = parse_fleet(load_yaml(path), RouterFleetConfig)
+    return msgspec.structs.replace(cfg, replicas=cfg.replicas.with_env())

@@ -8,6 +8,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -230,24 +231,29 @@ def test_config_is_validated_and_the_env_names_the_url() -> None:
     assert store_for(SnapshotConfig(), None) is None and not SnapshotConfig().enabled
 
 
-async def test_wired_beside_a_gateway_its_metrics_join_the_gateways_registry(ns_flush: RedisServer) -> None:
-    """The wiring proposed for ``Gateway``: ``SharedState`` and ``WarmRestart`` on the gateway's router,
-    indexer and registry (no name clashes with the gateway's or the indexer's metrics)."""
+async def test_the_gateway_wires_shared_state_and_snapshots(ns_flush: RedisServer, tmp_path: Path) -> None:
+    """``replicas.redis_url`` and ``snapshot.path`` in the fleet file: the gateway shares its state, snapshots
+    its index, and both report on the gateway's registry (no name clashes)."""
     from prometheus_client import generate_latest
 
-    from indexer.config import InstanceConfig
+    from indexer.config import InstanceConfig, parse_fleet
     from kvrouter.config import RouterFleetConfig
     from kvrouter.gateway.app import Gateway
-    from kvrouter.replicas import SnapshotConfig, WarmRestart, store_for
 
-    cfg = RouterFleetConfig(block_size=BS, instances=[InstanceConfig("w0", url="http://127.0.0.1:9")])
-    gw = Gateway(cfg, subscribe=False)
-    shared = SharedState(gw.router, config(ns_flush.url, "gw"), registry=gw.metrics.registry)
-    store = store_for(SnapshotConfig(redis_key="{t}:snapshot"), ns_flush.url)
-    assert store is not None
-    warm = WarmRestart(gw.indexer, store, registry=gw.metrics.registry)
-    assert await warm.restore() == []
-    await shared.start()
+    snap = tmp_path / "index.snapshot"
+    cfg = parse_fleet(
+        {
+            "block_size": BS,
+            "instances": [{"name": "w0", "url": "http://127.0.0.1:9", "events": "tcp://127.0.0.1:9"}],
+            "replicas": {"redis_url": ns_flush.url, "namespace": "gw"},
+            "snapshot": {"path": str(snap)},
+        },
+        RouterFleetConfig,
+    )
+    assert cfg.instances[0] == InstanceConfig("w0", url="http://127.0.0.1:9", events="tcp://127.0.0.1:9")
+    gw = Gateway(cfg)
+    assert gw.shared is not None and gw.warm is not None
+    await gw.start()
     try:
         text = generate_latest(gw.metrics.registry).decode()
         for name in (
@@ -257,8 +263,5 @@ async def test_wired_beside_a_gateway_its_metrics_join_the_gateways_registry(ns_
         ):
             assert name in text
     finally:
-        await shared.stop()
-        await warm.stop()  # a last snapshot, then the store's own client is closed
-    check = store_for(SnapshotConfig(redis_key="{t}:snapshot"), ns_flush.url)
-    assert check is not None and await check.load() is not None
-    await check.close()
+        await gw.stop()
+    assert snap.exists()  # the last snapshot at shutdown

@@ -40,7 +40,13 @@ def run(args: argparse.Namespace) -> int:
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     except ImportError:
         pass
-    gw = Gateway(cfg, tokens=FleetTokens.from_config(cfg), policy=args.policy, subscribe=not args.no_events)
+    gw = Gateway(
+        cfg,
+        tokens=FleetTokens.from_config(cfg),
+        policy=args.policy,
+        subscribe=not args.no_events,
+        fleet_path=args.fleet,
+    )
     app = build_gateway(gw)
     log.info(
         "gateway listening",

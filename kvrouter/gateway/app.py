@@ -25,10 +25,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from indexer import Indexer, LookupResult
 from indexer import service as ixs
+from indexer.config import InstanceConfig
 from indexer.metrics import IndexerCollector
 from indexer.subscriber import EventSubscriber
 
 from ..config import RouterFleetConfig
+from ..membership import MembershipRuntime
+from ..membership.metrics import MembershipCollector
+from ..replicas import SharedState, WarmRestart, mark_restored, store_for
 from ..routing import RequestId, RouteInput, Router
 from ..routing.policies import Candidate
 from ..routing.router import Decision
@@ -55,6 +59,7 @@ class Gateway:
         tokens: TokenSource | None = None,
         policy: str | None = None,
         subscribe: bool = True,
+        fleet_path: str | None = None,
     ) -> None:
         self.cfg = cfg
         o = cfg.indexer
@@ -77,7 +82,29 @@ class Gateway:
             on_change=self._health_changed,
         )
         self.tokens = tokens or PassThroughTokens()
+        rep = cfg.replicas
+        self.shared = SharedState(self.router, rep, registry=self.metrics.registry) if rep.redis_url else None
+        store = store_for(cfg.snapshot, rep.redis_url)
+        self.warm = (
+            WarmRestart(
+                self.indexer, store, interval_s=cfg.snapshot.interval_s, registry=self.metrics.registry
+            )
+            if store is not None and self.subscriber is not None
+            else None
+        )
         self.gate = CapacityGate(cfg.limits.queue_size, cfg.limits.queue_timeout_s)
+        self.membership = MembershipRuntime(
+            self.pool,
+            self.indexer,
+            self.subscriber,
+            cfg,
+            fleet_path=fleet_path,
+            options=cfg.membership,
+            discovery=cfg.discovery,
+            on_added=self._instance_added,
+            on_removed=self._instance_removed,
+        )
+        self.metrics.registry.register(MembershipCollector(self.membership))
         self._ids = itertools.count()
         self.session: aiohttp.ClientSession | None = None
         self.proxy: Proxy | None = None
@@ -87,6 +114,18 @@ class Gateway:
             self.metrics.healthy.labels(t.key).set(1 if healthy else 0)
         if healthy:
             self.gate.release()
+
+    def _instance_added(self, inst: InstanceConfig) -> None:
+        u = self.pool.upstreams.get(inst.name)
+        if u is not None:
+            self._health_changed(inst.name, u.healthy)
+
+    def _instance_removed(self, inst: InstanceConfig) -> None:
+        keys = [inst.name] if inst.dp_size == 1 else [f"{inst.name}/{r}" for r in range(inst.dp_size)]
+        for key in keys:
+            for gauge in (self.metrics.healthy, self.metrics.in_flight):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(key)
 
     def _finished(self) -> None:
         self.gate.release()
@@ -109,8 +148,18 @@ class Gateway:
             upstream_api_key=g.upstream_api_key,
             on_finish=self._finished,
         )
+        restored = []
+        if self.warm is not None:
+            only = None if self.cfg.bind else [s for i in self.cfg.instances for s in i.sources()]
+            restored = await self.warm.restore(only=only)
         if self.subscriber:
             await self.subscriber.start()
+            if restored:
+                mark_restored(self.subscriber, restored, time.monotonic())
+        if self.warm is not None:
+            await self.warm.start()
+        if self.shared is not None:
+            await self.shared.start()
         models: list[str | None] = [None, *self.cfg.models]
         for inst in self.cfg.instances:
             models.extend(m for m in inst.models if m not in models)
@@ -118,11 +167,17 @@ class Gateway:
         await self.pool.start(self.session)
         for u in self.pool.upstreams.values():
             self._health_changed(u.name, u.healthy)
+        await self.membership.start(self.session)
 
     async def stop(self) -> None:
+        await self.membership.stop()
+        if self.shared is not None:
+            await self.shared.stop()
         await self.pool.stop()
         if self.subscriber:
             await self.subscriber.stop()
+        if self.warm is not None:
+            await self.warm.stop()
         if self.session:
             await self.session.close()
 
@@ -325,7 +380,7 @@ async def livez(request: web.Request) -> web.Response:
 
 async def ping(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
-    up = any(u.healthy for u in gw.pool.upstreams.values())
+    up = any(u.healthy and not u.draining for u in gw.pool.upstreams.values())
     return web.Response(status=200 if up else 503)
 
 
@@ -341,6 +396,7 @@ async def health(request: web.Request) -> web.Response:
         "instances": ups,
         "index": ixs.source_state(gw.indexer, gw.subscriber),
         "block_size_mismatch": {k.label(): v for k, v in gw.indexer.block_size_mismatch.items()},
+        "membership": gw.membership.state(),
     }
     return web.json_response(body, status=200 if healthy else 503)
 
@@ -354,7 +410,7 @@ async def models(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
     for key, load in gw.router.load.loads.items():
-        gw.metrics.in_flight.labels(key).set(load.in_flight)
+        gw.metrics.in_flight.labels(key).set(load.effective_in_flight())
     return web.Response(
         body=generate_latest(gw.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
     )

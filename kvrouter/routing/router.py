@@ -134,7 +134,7 @@ class Router:
                 t.dp_rank,
                 t.key,
                 in_flight=load.effective_in_flight(),
-                pending_prefill_tokens=load.pending_prefill_tokens,
+                pending_prefill_tokens=load.effective_pending_prefill_tokens(),
                 decoding=max(load.decoding, load.engine_running - load.prefilling),
                 weight=t.weight,
             )
