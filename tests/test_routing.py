@@ -196,3 +196,17 @@ def test_hash_ring_moves_only_the_keys_of_a_leaving_or_joining_instance(n: int, 
     ring.add(InstanceId("new"))
     again = {k: ring.walk(k)[0] for k in keys}
     assert all(again[k] in (after[k], "new") for k in keys)
+
+
+def test_replicas_agree_on_a_cold_prefix_and_cold_prefixes_spread() -> None:
+    """Exact ties on an idle fleet are broken by consistent hashing of the prefix: two routers that share
+    nothing pick the same target for the same new prefix, and different prefixes land all over."""
+    a, b = Router(Indexer(BS)), Router(Indexer(BS))
+    picks = Counter()
+    for i in range(60):
+        key = f"system prompt number {i}".encode()
+        da = a.route(RouteInput(RequestId(f"a{i}"), 500, None, key), fleet(4))
+        db = b.route(RouteInput(RequestId(f"b{i}"), 500, None, key), fleet(4))
+        assert da.chosen and db.chosen and da.chosen.target == db.chosen.target
+        picks[da.chosen.target] += 1
+    assert len(picks) == 4 and min(picks.values()) >= 6, picks

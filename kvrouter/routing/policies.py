@@ -84,6 +84,7 @@ class KvAware:
 
     def __init__(self, settings: KvAwareSettings | None = None) -> None:
         self.s = settings or KvAwareSettings()
+        self.ring = HashRing(vnodes=40)
 
     def cost(self, req: RouteView, c: Candidate) -> float:
         to_compute = max(0, req.num_tokens - c.cached_tokens)
@@ -97,8 +98,20 @@ class KvAware:
     def rank(self, req: RouteView, cands: list[Candidate], *, dry_run: bool = False) -> list[Candidate]:
         for c in cands:
             c.score = self.cost(req, c)
-        # Ties (equal cost) go to the less loaded, then the more cached, then a stable order.
-        return sorted(cands, key=lambda c: (c.score, c.in_flight, -c.cached_tokens, c.target))
+        # Ties (equal cost) go to the less loaded, then the more cached.  Exact ties that remain (an idle
+        # fleet, a prefix nobody holds) are broken by consistent hashing of the prompt's prefix: every
+        # router replica, seeing the same state, then picks the same target for the same new prefix.
+        out = sorted(cands, key=lambda c: (c.score, c.in_flight, -c.cached_tokens))
+        if len(out) > 1 and req.prefix_key:
+            first = (out[0].score, out[0].in_flight, out[0].cached_tokens)
+            tied = [c for c in out if (c.score, c.in_flight, c.cached_tokens) == first]
+            if len(tied) > 1:
+                for c in tied:
+                    self.ring.add(InstanceId(c.target))
+                order = {t: i for i, t in enumerate(self.ring.walk(req.prefix_key))}
+                tied.sort(key=lambda c: order.get(c.target, len(order)))
+                out = tied + out[len(tied) :]
+        return out
 
 
 class PrefixHashSettings(msgspec.Struct, frozen=True):
