@@ -407,3 +407,23 @@ async def test_random_bodies_never_get_a_500(server: SimServer, http: aiohttp.Cl
             assert r.status < 500, (path, raw)
             seen[r.status] = seen.get(r.status, 0) + 1
     assert seen.get(200, 0) > 20 and seen.get(400, 0) > 100
+
+
+async def test_lora_adapters_are_served_and_keyed_apart(http: aiohttp.ClientSession) -> None:
+    async with running(instance_config(lora_names=["tuned"])) as server:
+        async with http.get(f"{server.url}/v1/models") as r:
+            cards = {m["id"]: m for m in (await r.json())["data"]}
+        assert cards["tuned"]["parent"] == MODEL and cards[MODEL]["parent"] is None
+        prompt = long_text(150, seed=5)
+        hits = []
+        for model in ("tuned", MODEL, "tuned"):
+            body = {"model": model, "prompt": prompt, "max_tokens": 1}
+            async with http.post(f"{server.url}/v1/completions", json=body) as r:
+                hits.append((await r.json())["usage"]["prompt_tokens_details"]["cached_tokens"])
+        assert hits[0] == 0 and hits[1] == 0 and hits[2] > 0  # the adapter's blocks are not the base model's
+        tok, _ = shared_tokenizer()
+        engine = server.instance.ranks[0].engine
+        tokens = tok.encode_prompt(prompt)
+        assert (
+            engine.cached_prefix_blocks(tokens, lora_name="tuned") == engine.cached_prefix_blocks(tokens) > 0
+        )

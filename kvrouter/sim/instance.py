@@ -30,7 +30,7 @@ from tokenizer_cache import CachedTokenizer
 
 from .answers import AnswerVocab
 from .engine import Engine, EngineConfig
-from .errors import RequestRejected, SimConfigError
+from .errors import RequestRejected, SimConfigError, SimError
 from .faults import FaultConfig, FaultState, FaultStatus, FaultUpdate
 from .openai_api import BadRequest, EngineUnavailable, ModelNotFound, too_long
 from .prom import RequestStats
@@ -129,8 +129,10 @@ class SimInstanceConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
         return [self.model, *self.lora_names]
 
 
-class EngineCrashed(Exception):
-    """The instance crashed while the request was in it."""
+class EngineCrashed(SimError):
+    """The instance crashed while the request was in it (the shell cuts the client's connection)."""
+
+    reason = "crashed"
 
 
 class InFlight:
