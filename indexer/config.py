@@ -85,6 +85,10 @@ class IndexerOptions(msgspec.Struct, frozen=True):
     """Batches buffered per source while a replay runs."""
     queue_size: int = 10_000
     """Bounded per-source ingest queue: beyond it batches are dropped, counted, and recovered by replay."""
+    idle_probe_s: float = 1.0
+    """A connected source with a replay endpoint that has sent nothing for this long is asked once for
+    anything after its last batch (a replay from ``last``).  vLLM sends no heartbeat, so a lost final batch
+    would otherwise stay unnoticed until the engine's next step, however long that takes.  0: never."""
 
 
 class FleetConfig(msgspec.Struct, frozen=True):

@@ -170,6 +170,10 @@ class Indexer:
     def on_connect(self, source: SourceKey) -> list[int]:
         return self._run(source, self.sync(source).on_connect())
 
+    def on_idle(self, source: SourceKey) -> list[int]:
+        """The source has been quiet for a while: the replay that would reveal a lost last batch, if any."""
+        return self._run(source, self.sync(source).on_idle())
+
     def on_replay(self, source: SourceKey, seq: int, payload: bytes) -> list[int]:
         return self._run(source, self.sync(source).on_replay(seq, payload, peek_ts(payload)))
 
@@ -236,6 +240,8 @@ class Indexer:
                     applied += j - i
                 except (EventError, ValueError, TypeError, OverflowError) as e:
                     c.event_errors[getattr(e, "reason", "bad_field")] += j - i
+                except RecursionError:
+                    c.event_errors["too_deep"] += j - i
                 i = j
                 continue
             i += 1
@@ -254,6 +260,9 @@ class Indexer:
                     self.sync(src).mark_degraded()
             except (ValueError, TypeError, OverflowError):
                 c.event_errors["bad_field"] += 1
+            except RecursionError:
+                # extra_keys nested near the recursion limit decode, then fail to re-encode for hashing
+                c.event_errors["too_deep"] += 1
         return applied
 
     def _stored(self, src: SourceKey, ev: BlockStored) -> None:

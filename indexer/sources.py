@@ -152,6 +152,13 @@ class SourceSync:
         self.replays += 1
         return [Replay(0 if self.last is None else self.last)]
 
+    def on_idle(self) -> list[Action]:
+        """The source went quiet: ask once for anything after ``last``, as a reconnect does (vLLM sends no
+        heartbeat, so a dropped final batch would otherwise be seen only at the engine's next step)."""
+        if self.phase is not Phase.LIVE or self.last is None:
+            return []
+        return self.on_connect()
+
     # ------------------------------------------------------------------ replay stream
     def on_replay(self, seq: int, payload: bytes, ts: float | None = None) -> list[Action]:
         if self.phase is not Phase.SYNCING:

@@ -51,6 +51,8 @@ class SourceStatus(msgspec.Struct):
     disconnected_at: float | None = None
     messages: int = 0
     last_message_at: float | None = None
+    probed: bool = False
+    """An idle probe (``IndexerOptions.idle_probe_s``) went out since the last message."""
 
 
 class EventSubscriber:
@@ -150,9 +152,10 @@ class EventSubscriber:
         poller = zmq.asyncio.Poller()
         poller.register(sub, zmq.POLLIN)
         poller.register(mon, zmq.POLLIN)
+        timeout = self._poll_timeout_ms()
         try:
             while True:
-                events = dict(await poller.poll(timeout=1000))
+                events = dict(await poller.poll(timeout=timeout))
                 if mon in events:
                     self._on_monitor(src, status, parse_monitor_message(await mon.recv_multipart()))
                 if sub in events:
@@ -161,6 +164,7 @@ class EventSubscriber:
                         if not int(sub.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
                             break
                 self._check_stale(src, status)
+                self._check_idle(src, status)
                 await asyncio.sleep(0)
         finally:
             sub.disable_monitor()
@@ -190,7 +194,39 @@ class EventSubscriber:
             status.disconnected_at = None
             self.counters["stale_drops"] += 1
 
+    def _poll_timeout_ms(self) -> int:
+        """Wake often enough to notice a source going idle (at most every second)."""
+        probe = self.opts.idle_probe_s
+        return 1000 if probe <= 0 else max(10, int(min(1.0, probe / 2) * 1000))
+
+    def _check_idle(self, src: SourceKey, status: SourceStatus) -> None:
+        """Probe once per quiet spell: a replay from ``last`` brings any batch that was lost at the tail."""
+        probe = self.opts.idle_probe_s
+        if (
+            probe <= 0
+            or status.probed
+            or not status.connected
+            or status.last_message_at is None
+            or src not in self._replay_eps
+            or src in self._replay_tasks
+            or time.monotonic() - status.last_message_at < probe
+        ):
+            return
+        status.probed = True
+        starts = self.indexer.on_idle(src)
+        if starts:
+            self.counters["idle_probes"] += 1
+        self._request_replays(src, starts)
+
     def _on_frames(self, src: SourceKey | None, status: SourceStatus | None, frames: list[bytes]) -> None:
+        """One message.  Nothing it holds may stop the loop that read it (in bind mode, every source's)."""
+        try:
+            self._handle_frames(src, status, frames)
+        except Exception:  # a bug, not bad input (that is counted by reason): count, log, keep reading
+            self.counters["internal_errors"] += 1
+            log.exception("kv event message not handled", extra={"source": src.label() if src else None})
+
+    def _handle_frames(self, src: SourceKey | None, status: SourceStatus | None, frames: list[bytes]) -> None:
         if len(frames) != 3 or len(frames[1]) != 8:
             self.counters["bad_frames"] += 1
             return
@@ -203,6 +239,7 @@ class EventSubscriber:
         if status is not None:
             status.messages += 1
             status.last_message_at = time.monotonic()
+            status.probed = False
         seq = int.from_bytes(seq_b, "big")
         self._request_replays(src, self.indexer.on_message(src, seq, payload))
 
@@ -226,13 +263,19 @@ class EventSubscriber:
 
     async def _bind_loop(self, sub: zmq.asyncio.Socket) -> None:
         sub.setsockopt(zmq.SUBSCRIBE, b"")
-        n = 0
+        timeout = self._poll_timeout_ms()
+        poller = zmq.asyncio.Poller()
+        poller.register(sub, zmq.POLLIN)
         while True:
-            frames = await sub.recv_multipart()
-            self._on_frames(None, None, frames)
-            n += 1
-            if n % _YIELD_EVERY == 0:
-                await asyncio.sleep(0)
+            if await poller.poll(timeout=timeout):
+                for _ in range(_YIELD_EVERY):
+                    self._on_frames(None, None, await sub.recv_multipart())
+                    if not int(sub.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                        break
+            for src, status in list(self.status.items()):
+                if status.endpoint == self.fleet.bind:
+                    self._check_idle(src, status)
+            await asyncio.sleep(0)
 
     # ------------------------------------------------------------------ replay
     def _request_replays(self, src: SourceKey, starts: list[int]) -> None:
@@ -283,6 +326,10 @@ class EventSubscriber:
         except TimeoutError:
             self.counters["replay_timeouts"] += 1
             log.warning("replay timed out", extra={"source": src.label(), "start": start, "received": got})
+        except (zmq.ZMQError, ValueError, TypeError, RuntimeError):
+            # Never leave the source syncing forever: whatever stopped the replay, end it below.
+            self.counters["internal_errors"] += 1
+            log.exception("replay failed", extra={"source": src.label(), "start": start})
         finally:
             dealer.close(linger=0)
             if self._replay_tasks.get(src) is asyncio.current_task():

@@ -169,10 +169,10 @@ class BatchDecoder:
         if shape is not None:
             try:
                 fast = (self._fast_m if shape else self._fast_p).decode(payload)
-            except (msgspec.ValidationError, msgspec.DecodeError):
+            except _MALFORMED:
                 pass
             else:
-                if fast.data_parallel_rank is None or fast.data_parallel_rank >= 0:
+                if _rank_ok(fast.data_parallel_rank):
                     return DecodedBatch(fast.ts, list(fast.events), fast.data_parallel_rank, Counter())
         first = payload[0]
         try:
@@ -182,13 +182,11 @@ class BatchDecoder:
                 batch = self._batch_map.decode(payload)
             else:
                 raise DecodeError("batch_shape", f"first byte 0x{first:02x}")
-        except msgspec.ValidationError as e:
-            raise DecodeError("batch_shape", str(e)) from None
-        except msgspec.DecodeError as e:
-            raise DecodeError("msgpack", str(e)) from None
+        except _MALFORMED as e:
+            raise DecodeError(_reason(e, "batch_shape"), str(e)[:200]) from None
         rank = batch.data_parallel_rank
-        if rank is not None and rank < 0:
-            raise DecodeError("batch_shape", f"negative data_parallel_rank {rank}")
+        if not _rank_ok(rank):
+            raise DecodeError("batch_shape", f"data_parallel_rank {rank} outside 0..{MAX_DP_RANK}")
         events, skipped = self._decode_events(bytes(batch.events))
         return DecodedBatch(batch.ts, events, rank, skipped)
 
@@ -198,12 +196,16 @@ class BatchDecoder:
             raise DecodeError("empty")
         try:
             if _is_array_header(payload[0]):
-                return self._batch_array.decode(payload).data_parallel_rank
-            if _is_map_header(payload[0]):
-                return self._batch_map.decode(payload).data_parallel_rank
-        except (msgspec.ValidationError, msgspec.DecodeError) as e:
-            raise DecodeError("batch_shape", str(e)) from None
-        raise DecodeError("batch_shape", f"first byte 0x{payload[0]:02x}")
+                rank = self._batch_array.decode(payload).data_parallel_rank
+            elif _is_map_header(payload[0]):
+                rank = self._batch_map.decode(payload).data_parallel_rank
+            else:
+                raise DecodeError("batch_shape", f"first byte 0x{payload[0]:02x}")
+        except _MALFORMED as e:
+            raise DecodeError(_reason(e, "batch_shape"), str(e)[:200]) from None
+        if not _rank_ok(rank):
+            raise DecodeError("batch_shape", f"data_parallel_rank {rank} outside 0..{MAX_DP_RANK}")
+        return rank
 
     def _decode_events(self, raw: bytes) -> tuple[list[Event], Counter[str]]:
         skipped: Counter[str] = Counter()
@@ -216,13 +218,13 @@ class BatchDecoder:
         whole = self._p_list if _is_array_header(elem) else self._m_list
         try:
             return list(whole.decode(raw)), skipped
-        except (msgspec.ValidationError, msgspec.DecodeError):
+        except _MALFORMED:
             pass
         # Slow path: isolate the bad events.
         try:
             parts = self._raw_list.decode(raw)
-        except msgspec.DecodeError as e:
-            raise DecodeError("msgpack", str(e)) from None
+        except _MALFORMED as e:
+            raise DecodeError(_reason(e, "events_shape"), str(e)[:200]) from None
         out: list[Event] = []
         for part in parts:
             ev = self._decode_one(bytes(part), skipped)
@@ -237,18 +239,16 @@ class BatchDecoder:
         one = self._p_one if _is_array_header(raw[0]) else self._m_one
         try:
             return one.decode(raw)
-        except msgspec.ValidationError:
-            skipped[self._why(raw)] += 1
-        except msgspec.DecodeError:
-            skipped["msgpack"] += 1
+        except _MALFORMED as e:
+            skipped[self._why(raw) if isinstance(e, msgspec.ValidationError) else _reason(e, "")] += 1
         return None
 
     def _why(self, raw: bytes) -> str:
         """Tell an unknown tag (a newer vLLM's event: expected, harmless) from a malformed event."""
         try:
             obj = self._any.decode(raw)
-        except msgspec.DecodeError:
-            return "msgpack"
+        except _MALFORMED as e:
+            return _reason(e, "bad_event")
         tag = None
         if isinstance(obj, list) and obj:
             tag = obj[0]
@@ -257,6 +257,29 @@ class BatchDecoder:
         if isinstance(tag, str) and tag not in _KNOWN_TAGS:
             return "unknown_tag"
         return "bad_event"
+
+
+MAX_DP_RANK = (1 << 16) - 1
+"""Largest ``data_parallel_rank`` accepted.  No deployment has this many ranks; a larger value is corrupt or
+hostile, and each distinct rank would otherwise become a source of its own (state that grows per payload)."""
+
+_MALFORMED = (msgspec.DecodeError, UnicodeDecodeError, RecursionError)
+"""What msgspec raises on bad input: ``DecodeError`` (``ValidationError`` is one: the wrong shape), but
+also ``UnicodeDecodeError`` for a str that is not UTF-8 and ``RecursionError`` for nesting deeper than the
+interpreter allows.  None of them may escape to the subscriber's loop."""
+
+
+def _reason(e: BaseException, invalid: str) -> str:
+    """The counted reason of a decode failure; ``invalid`` for well-formed msgpack of the wrong shape."""
+    if isinstance(e, RecursionError):
+        return "too_deep"
+    if isinstance(e, msgspec.ValidationError) and invalid:
+        return invalid
+    return "msgpack"  # malformed msgpack, or a str that is not UTF-8
+
+
+def _rank_ok(rank: int | None) -> bool:
+    return rank is None or 0 <= rank <= MAX_DP_RANK
 
 
 def peek_ts(payload: bytes) -> float | None:
