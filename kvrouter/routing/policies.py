@@ -108,7 +108,7 @@ class KvAware:
             if len(tied) > 1:
                 for c in tied:
                     self.ring.add(InstanceId(c.target))
-                order = {t: i for i, t in enumerate(self.ring.walk(req.prefix_key))}
+                order: dict[str, int] = {str(t): i for i, t in enumerate(self.ring.walk(req.prefix_key))}
                 tied.sort(key=lambda c: order.get(c.target, len(order)))
                 out = tied + out[len(tied) :]
         return out
