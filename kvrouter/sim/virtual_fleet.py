@@ -24,7 +24,6 @@ from collections.abc import Callable
 from functools import partial
 
 import msgspec
-import numpy as np
 
 from indexer import Indexer, SourceKey
 from indexer.hashing import I64Array
@@ -32,8 +31,8 @@ from indexer.hashing import I64Array
 from ..routing import InstanceId, RequestId, RouteInput, Router, RouterConfig
 from ..routing.router import Target
 from ..workloads.blocks import BlockContentCache
-from ..workloads.spec import Request, Workload
-from ..workloads.tokens import output_tokens, prompt_ids
+from ..workloads.spec import Request, Segment, TokenSpace, Workload
+from ..workloads.tokens import output_tokens, prompt_ids, segments_tokens
 from .engine import CacheConfig, Engine, EngineConfig
 from .errors import RequestRejected
 from .payload import PayloadWriter
@@ -125,6 +124,7 @@ class VirtualFleet:
         self.clock = _Clock()
         self.indexer = Indexer(cfg.block_size)
         self.router = Router(self.indexer, router_cfg)
+        self.prefix_length = router_cfg.settings.prefix_hash.prefix_length
         self.hashes = hashes or BlockContentCache(workload.token_space, cfg.block_size)
         self.progress = progress
         self.rng = random.Random(cfg.seed)
@@ -223,12 +223,8 @@ class VirtualFleet:
         now = self.clock.now
         chains: I64Array = self.hashes.chain_hashes(r)
         n = r.num_prompt_tokens
-        key = (
-            np.asarray(chains[:64]).tobytes()
-            if r.text is None and not r.messages
-            else (r.text or "").encode()
-        )
-        inp = RouteInput(RequestId(r.id), n, chains, (r.affinity_id or "").encode() + b"\0" + key)
+        text = prefix_text(r, self.w.token_space, self.prefix_length)
+        inp = RouteInput(RequestId(r.id), n, chains, ((r.affinity_id or "") + "\0" + text).encode())
         self.inputs[r.id] = inp
         self.records[r.id] = RequestRecord(r.id, now, n)
         self._try_route(r.id, queue_if_full=True)
@@ -348,6 +344,29 @@ class VirtualFleet:
             self.indexer.on_message(SourceKey(name, 0), seq, payload)  # gaps are seen and distrusted
         else:
             self.indexer.apply_payload(name, payload)
+
+
+def prefix_text(r: Request, space: TokenSpace, n_chars: int) -> str:
+    """The first ``n_chars`` of the text prefix-hash routing reads, exactly as the gateway builds it from
+    the HTTP body ``http_call`` sends (``ParsedRequest.prefix_text``): chat message contents joined by
+    newlines, the completion text, or the token ids joined by spaces.  NOTE: a different key here than in
+    the gateway would make prefix-hash in ``kvrouter eval`` a different policy from the one deployed."""
+    if r.messages is not None:
+        return "\n".join(m.content for m in r.messages)[:n_chars]
+    if r.text is not None:
+        return r.text[:n_chars]
+    k = n_chars // 2 + 1  # every id takes at least two characters (a digit and a space)
+    if r.token_ids is not None:
+        ids = r.token_ids[:k]
+    else:
+        segs, left = [], k
+        for s in r.segments:
+            if left <= 0:
+                break
+            segs.append(Segment(s.key, min(s.length, left)))
+            left -= s.length
+        ids = segments_tokens(space, segs).tolist()
+    return " ".join(map(str, ids))[:n_chars]
 
 
 def _supports_output(eng: Engine) -> bool:
