@@ -177,8 +177,9 @@ class Indexer:
     def on_replay(self, source: SourceKey, seq: int, payload: bytes) -> list[int]:
         return self._run(source, self.sync(source).on_replay(seq, payload, peek_ts(payload)))
 
-    def on_replay_end(self, source: SourceKey) -> list[int]:
-        return self._run(source, self.sync(source).on_replay_end())
+    def on_replay_end(self, source: SourceKey, *, complete: bool = True) -> list[int]:
+        """The replay ended: with its end marker (``complete``), or by timeout / not at all."""
+        return self._run(source, self.sync(source).on_replay_end(complete=complete))
 
     def _run(self, source: SourceKey, actions: list[Action]) -> list[int]:
         replays: list[int] = []

@@ -68,6 +68,8 @@ class SourceSync:
         self.replays = 0
         self.dropped_pending = 0
         self._mid_stream = False  # the current sync fills a gap after applied batches (vs. a late join)
+        self._from_last = False  # the current replay started at ``last`` itself (reconnect, idle probe)
+        self._received = 0  # replayed batches received in the current sync
 
     def _newer_process(self, seq: int, ts: float | None) -> bool:
         return (
@@ -130,6 +132,8 @@ class SourceSync:
     ) -> list[Action]:
         self.phase = Phase.SYNCING
         self._mid_stream = mid_stream
+        self._from_last = False
+        self._received = 0
         self.pending = {seq: (payload, ts)}
         self.replays += 1
         return [Replay(start)]
@@ -148,6 +152,8 @@ class SourceSync:
             return []
         self.phase = Phase.SYNCING
         self._mid_stream = self.last is not None
+        self._from_last = self.last is not None
+        self._received = 0
         self.pending = {}
         self.replays += 1
         return [Replay(0 if self.last is None else self.last)]
@@ -163,6 +169,7 @@ class SourceSync:
     def on_replay(self, seq: int, payload: bytes, ts: float | None = None) -> list[Action]:
         if self.phase is not Phase.SYNCING:
             return []
+        self._received += 1
         if self._newer_process(seq, ts):
             # The engine restarted while we were away: forget it, then replay the new process from 0.
             self.restarts += 1
@@ -186,10 +193,13 @@ class SourceSync:
             self._unfilled()
         return self._apply(seq, payload, ts)
 
-    def on_replay_end(self) -> list[Action]:
-        """The replay finished (end marker) or timed out: apply what was buffered meanwhile, in order."""
+    def on_replay_end(self, *, complete: bool = True) -> list[Action]:
+        """The replay finished (end marker; ``complete``) or timed out or could not be asked for: apply
+        what was buffered meanwhile, in order."""
         if self.phase is not Phase.SYNCING:
             return []
+        if complete and self._from_last and not self._received:
+            return self._restarted_below_last()
         self.phase = Phase.LIVE
         out: list[Action] = []
         pending, self.pending = self.pending, {}
@@ -213,6 +223,19 @@ class SourceSync:
             # An empty replay: the engine has published nothing yet, so nothing was missed.
             self.trust = Trust.EXACT
         return out
+
+    def _restarted_below_last(self) -> list[Action]:
+        """A replay from ``last`` came back empty: the engine holds no batch at or after ``last``.  One
+        process always keeps its newest batch and a publisher never goes back, so this is a new process
+        whose sequence has not reached ours yet (its batches would all look like old ones): forget the
+        source and replay the new process from 0, keeping the live batches buffered meanwhile."""
+        self.restarts += 1
+        self.last = self.last_ts = None
+        self.trust = Trust.COLD
+        self._mid_stream = self._from_last = False
+        self._received = 0
+        self.replays += 1
+        return [Reset(), Replay(0)]
 
     def _unfilled(self) -> None:
         self.unfilled += 1

@@ -282,7 +282,7 @@ class EventSubscriber:
         for start in starts:
             ep = self._replay_eps.get(src)
             if ep is None or self._closing:
-                self._request_replays(src, self.indexer.on_replay_end(src))
+                self._request_replays(src, self.indexer.on_replay_end(src, complete=False))
                 continue
             old = self._replay_tasks.pop(src, None)
             if old is not None:
@@ -299,6 +299,7 @@ class EventSubscriber:
         dealer.setsockopt(zmq.LINGER, 0)
         dealer.connect(endpoint)
         got = 0
+        ended = False
         try:
             async with asyncio.timeout(self.opts.replay_timeout_s):
                 await dealer.send_multipart([b"", start.to_bytes(8, "big")])
@@ -312,6 +313,7 @@ class EventSubscriber:
                         self.counters["bad_replay_frames"] += 1
                         continue
                     if seq_b == END_SEQ:
+                        ended = True
                         break
                     if len(seq_b) != 8:
                         self.counters["bad_replay_frames"] += 1
@@ -335,4 +337,4 @@ class EventSubscriber:
             if self._replay_tasks.get(src) is asyncio.current_task():
                 del self._replay_tasks[src]
         self.counters["replayed_batches"] += got
-        self._request_replays(src, self.indexer.on_replay_end(src))
+        self._request_replays(src, self.indexer.on_replay_end(src, complete=ended))
