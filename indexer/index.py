@@ -216,14 +216,7 @@ class BlockIndex:
             engine_hashes, chains, masks = engine_hashes[keep], chains[keep], masks[keep]
         if not len(chains):
             return unknown
-        rest = masks & ~bit
-        gone = rest == 0
-        for c in chains[gone].tolist():
-            gmap.discard(c)
-        if not gone.all():
-            cykhash.update_int64toint64map(
-                gmap, cykhash.Int64toInt64Map_from_buffers(chains[~gone], rest[~gone])
-            )
+        self._clear_bits(gmap, chains, masks, bit)
         self._counts[slot][medium] -= len(chains)
         # Engine ids go once the source holds the block in no medium at all.
         elsewhere = np.zeros(len(chains), dtype=bool)
@@ -266,6 +259,18 @@ class BlockIndex:
         self._keys[slot] = None
         self._engine[slot] = None
         self._free.append(slot)
+
+    @staticmethod
+    def _clear_bits(gmap: cykhash.Int64toInt64Map, chains: I64Array, masks: I64Array, bit: int) -> None:
+        """Clear ``bit`` in the masks of ``chains`` (currently ``masks``); a key whose mask empties goes."""
+        rest = masks & ~bit
+        gone = rest == 0
+        for c in chains[gone].tolist():
+            gmap.discard(c)
+        if not gone.all():
+            cykhash.update_int64toint64map(
+                gmap, cykhash.Int64toInt64Map_from_buffers(chains[~gone], rest[~gone])
+            )
 
     @staticmethod
     def _clear_bit(gmap: cykhash.Int64toInt64Map, c: int, bit: int) -> None:
@@ -322,14 +327,7 @@ class BlockIndex:
         smap = self._spec[g]
         masks = np.empty(len(chains), dtype=np.int64)
         cykhash.Int64toInt64Map_to(smap, chains, masks, False, 0)
-        rest = masks & ~bit
-        gone = rest == 0
-        for c in chains[gone].tolist():
-            smap.discard(c)
-        if not gone.all():
-            cykhash.update_int64toint64map(
-                smap, cykhash.Int64toInt64Map_from_buffers(chains[~gone], rest[~gone])
-            )
+        self._clear_bits(smap, chains, masks, bit)
 
     def _confirm(self, slot: int, chains: I64Array) -> None:
         exp = self._spec_expiry.get(slot)
