@@ -25,6 +25,7 @@ from .hashing import (
     base_hash,
     chain,
     chain_one,
+    chained_hashes,
     content_hashes,
     content_hashes_raw,
     stable_key_hash,
@@ -409,7 +410,7 @@ class Indexer:
         parts: list[I64Array] = []
         while done < total:
             n = min(chunk, total - done)
-            chains = chain(content_hashes(tokens, bs, done, n), prev)
+            chains = chained_hashes(tokens, bs, done, n, prev)
             parts.append(chains)
             done += n
             prev = int(chains[-1])

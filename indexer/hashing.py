@@ -151,6 +151,17 @@ def _chain(content: Any, prev: Any, out: Any) -> None:
         out[i] = c
 
 
+@njit(cache=True, nogil=True)
+def _parse_chain(
+    buf: Any, pos: int, block_size: int, max_blocks: int, prev: Any, out: Any
+) -> tuple[int, int]:
+    """``_parse_blocks`` then ``_chain`` in place, in one call (the lookup's hot path)."""
+    got, end = _parse_blocks(buf, pos, block_size, max_blocks, out)
+    if got > 0:
+        _chain(out[:got], prev, out[:got])
+    return got, end
+
+
 def array_header(raw: bytes | memoryview) -> tuple[int, int]:
     """(element count, header length) of a msgpack array."""
     if not raw:
@@ -213,6 +224,29 @@ def _header_len(b: int) -> int:
     return 1 if b < 0xDC else (3 if b == 0xDC else 5)
 
 
+def chained_hashes(
+    tokens: Sequence[int], block_size: int, start_block: int, n_blocks: int, prev: int
+) -> I64Array:
+    """Chain hashes of full blocks ``start_block .. start_block + n_blocks`` of ``tokens`` after a block
+    chained ``prev``: ``chain(content_hashes(...), prev)`` in one compiled pass."""
+    full = len(tokens) // block_size - start_block
+    n = min(n_blocks, full)
+    if n <= 0:
+        return _EMPTY_I64
+    lo = start_block * block_size
+    try:
+        raw = _ENCODE(tokens[lo : lo + n * block_size])
+    except (TypeError, OverflowError):
+        return chain(content_hashes(tokens, block_size, start_block, n), prev)
+    out = np.empty(n, dtype=np.uint64)
+    got, _ = _parse_chain(
+        np.frombuffer(raw, dtype=np.uint8), _header_len(raw[0]), block_size, n, np.uint64(prev & _MASK), out
+    )
+    if got != n:
+        raise TokenEncodingError("token ids must be ints in 0 .. 2**32-1")
+    return out.view(np.int64)
+
+
 def chain(content: I64Array, prev: int) -> I64Array:
     """Chain values of the blocks whose content hashes are ``content``, after a block chained ``prev``.
 
@@ -226,6 +260,7 @@ def chain(content: I64Array, prev: int) -> I64Array:
 def warmup() -> None:
     """Compile (or load from numba's cache) the hashing kernels now rather than on the first event."""
     block_hashes(list(range(32)), 16)
+    chained_hashes(list(range(32)), 16, 0, 2, 0)
 
 
 def chain_one(content: int, prev: int) -> ChainHash:

@@ -179,3 +179,14 @@ def test_batches_of_encoded_runs_are_byte_identical(release: str) -> None:
     assert e.batch_of_encoded([e.removed_run([2**50 + i for i in range(70_000)])], 70_000, ts=TS) == e.batch(
         many, ts=TS
     )
+
+
+def test_chained_hashes_equal_chaining_content_hashes() -> None:
+    from indexer.hashing import chain, chained_hashes, content_hashes
+
+    toks = [(i * 7919) % 130_000 for i in range(1000)]
+    for start, n, prev in ((0, 10**6, 0), (3, 20, 12345), (61, 5, -7), (70, 5, 1)):
+        assert (
+            chained_hashes(toks, 16, start, n, prev).tolist()
+            == chain(content_hashes(toks, 16, start, n), prev).tolist()
+        )
