@@ -63,6 +63,10 @@ class LimitsConfig(msgspec.Struct, frozen=True):
     queue_timeout_s: float = 30.0
     """How long a request waits for capacity before a 429."""
     retry_after_s: int = 1
+    max_requests: int = 4096
+    """OpenAI requests the gateway holds at once, streams included; beyond it the next gets 429 with
+    Retry-After before its body is read (0: no limit).  The bound that holds when the gateway's own CPU is
+    the bottleneck, which no per-instance cap sees."""
     max_body_bytes: int = 32 << 20
     """Largest request body accepted (413 beyond)."""
 
@@ -129,6 +133,8 @@ class RouterFleetConfig(FleetConfig, frozen=True, forbid_unknown_fields=True):
                 raise ConfigError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
         if self.limits.queue_size < 0 or self.limits.queue_timeout_s <= 0:
             raise ConfigError("limits: queue_size must be >= 0 and queue_timeout_s > 0")
+        if self.limits.max_requests < 0:
+            raise ConfigError("limits: max_requests must be >= 0")
         if self.routing.prefix_hash.prefix_length <= 0:
             raise ConfigError("routing.prefix_hash.prefix_length must be positive")
 

@@ -81,3 +81,8 @@ class GatewayMetrics:
         self.stream_errors = Counter(
             "kvrouter_stream_errors", "Streams ended with an error event after they began", registry=r
         )
+        self.loop_tasks = Gauge(
+            "kvrouter_event_loop_tasks",
+            "Tasks alive on the gateway's event loop when scraped (a steady climb is a leak)",
+            registry=r,
+        )

@@ -1,0 +1,212 @@
+"""Separate processes for the load and flood scenarios, and what the kernel says about them.
+
+::
+
+    this process (load generator, measurements) ──HTTP──▶ kvrouter serve (subprocess) ──▶ kvrouter sim
+                                                  │            ▲ RSS, open fds: /proc/<pid>
+                                                  └─ GET /metrics: loop tasks, requests, rejections
+
+Every process binds 127.0.0.1 only, gets SIGINT then SIGKILL after a bound, and logs into one file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO, Any
+
+import aiohttp
+import yaml
+
+from .stack import ScenarioError, free_port
+
+STOP_TIMEOUT_S = 10.0
+
+
+def kvrouter_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "kvrouter.cli", "--log-level", "WARNING", *args]
+
+
+class Proc:
+    """A child process: ``start``, ``stop`` (SIGINT, then SIGKILL past ``STOP_TIMEOUT_S``)."""
+
+    def __init__(self, argv: list[str], log: IO[bytes], env: dict[str, str] | None = None) -> None:
+        self.argv = argv
+        self.log = log
+        self.env = env
+        self.p: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        if self.p is None:
+            raise ScenarioError("process not started")
+        return self.p.pid
+
+    def start(self) -> None:
+        env = {**os.environ, "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1", **(self.env or {})}
+        self.p = subprocess.Popen(self.argv, stdout=self.log, stderr=self.log, env=env)
+
+    def alive(self) -> bool:
+        return self.p is not None and self.p.poll() is None
+
+    def stop(self, sig: int = signal.SIGINT) -> None:
+        p, self.p = self.p, None
+        if p is None or p.poll() is not None:
+            return
+        p.send_signal(sig)
+        try:
+            p.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=STOP_TIMEOUT_S)
+
+
+def rss_mb(pid: int) -> float:
+    """Resident set size of ``pid`` in MiB (Linux ``/proc``)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise ScenarioError(f"no VmRSS for {pid}")
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def tcp_sockets(pid: int) -> int:
+    """Open socket file descriptors of ``pid`` (client and server connections, listeners)."""
+    n = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:"):
+                n += 1
+    return n
+
+
+def slope_per_min(samples: list[tuple[float, float]]) -> float:
+    """Least-squares slope of (t seconds, value) samples, per minute."""
+    if len(samples) < 3:
+        return 0.0
+    n = len(samples)
+    mt = sum(t for t, _ in samples) / n
+    mv = sum(v for _, v in samples) / n
+    den = sum((t - mt) ** 2 for t, _ in samples)
+    return 0.0 if den == 0 else 60.0 * sum((t - mt) * (v - mv) for t, v in samples) / den
+
+
+async def wait_http(url: str, timeout_s: float = 90.0, proc: Proc | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as s:
+        while time.monotonic() < deadline:
+            if proc is not None and not proc.alive():
+                raise ScenarioError(f"{proc.argv[3:5]} exited while starting")
+            try:
+                async with s.get(url) as r:
+                    if r.status == 200:
+                        return
+            except (aiohttp.ClientError, TimeoutError):
+                pass
+            await asyncio.sleep(0.1)
+    raise ScenarioError(f"{url} did not come up in {timeout_s} s")
+
+
+async def metric(session: aiohttp.ClientSession, base: str, name: str, labels: str = "") -> float:
+    """The sum of a metric's samples whose label text contains ``labels`` (0 if absent)."""
+    async with session.get(f"{base}/metrics") as r:
+        text = await r.text()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and (line[len(name)] in " {") and labels in line:
+            with contextlib.suppress(ValueError):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+class SimProcess:
+    """``kvrouter sim`` in a child process; ``fleet`` is its fleet file once it is up."""
+
+    def __init__(self, workdir: Path, log: IO[bytes], *args: str) -> None:
+        self.fleet_file = workdir / "fleet.yaml"
+        self.proc = Proc(
+            kvrouter_argv("sim", "--fleet-out", str(self.fleet_file), "--base-port", "0", *args), log
+        )
+
+    async def start(self, timeout_s: float = 120.0) -> dict[str, Any]:
+        self.proc.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.fleet_file.exists():
+            if not self.proc.alive():
+                raise ScenarioError("kvrouter sim exited while starting")
+            if time.monotonic() > deadline:
+                raise ScenarioError("the simulated fleet did not come up")
+            await asyncio.sleep(0.1)
+        fleet: dict[str, Any] = yaml.safe_load(self.fleet_file.read_text())
+        return fleet
+
+    def stop(self) -> None:
+        self.proc.stop(signal.SIGTERM)
+
+
+class ServeProcess:
+    """``kvrouter serve`` (the gateway) or ``kvrouter indexer`` in a child process, on a free port."""
+
+    def __init__(self, command: str, fleet: dict[str, Any], workdir: Path, log: IO[bytes], name: str) -> None:
+        self.port = free_port()
+        path = workdir / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(fleet, sort_keys=False))
+        self.proc = Proc(kvrouter_argv(command, "--fleet", str(path), "--port", str(self.port)), log)
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self, health: str = "/livez") -> None:
+        self.proc.start()
+        await wait_http(self.base + health, proc=self.proc)
+
+    def stop(self) -> None:
+        self.proc.stop()
+
+
+def redis_binary() -> str | None:
+    return shutil.which("redis-server")
+
+
+class RedisProcess:
+    """A ``redis-server`` on 127.0.0.1 that persists nothing; ``stop`` kills it (a crash, to clients)."""
+
+    def __init__(self, log: IO[bytes], workdir: Path, port: int | None = None) -> None:
+        binary = redis_binary()
+        if binary is None:
+            raise ScenarioError("redis-server is not installed")
+        self.port = port or free_port()
+        argv = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        argv += ["--dir", str(workdir), "--daemonize", "no", "--loglevel", "warning"]
+        self.proc = Proc(argv, log)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    async def start(self) -> None:
+        self.proc.start()
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                _, w = await asyncio.open_connection("127.0.0.1", self.port)
+                w.close()
+                return
+            except OSError:
+                if time.monotonic() > deadline or not self.proc.alive():
+                    raise ScenarioError("redis-server did not start") from None
+                await asyncio.sleep(0.05)
+
+    def kill(self) -> None:
+        self.proc.stop(signal.SIGKILL)
