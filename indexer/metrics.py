@@ -71,6 +71,16 @@ class IndexerCollector(Collector):
         unfilled = CounterMetricFamily(f"{p}_unfilled_gaps", "Gaps replay could not fill", labels=["source"])
         replays = CounterMetricFamily(f"{p}_replays", "Replays requested", labels=["source"])
         restarts = CounterMetricFamily(f"{p}_restarts", "Engine restarts detected", labels=["source"])
+        dropped = CounterMetricFamily(
+            f"{p}_dropped_pending",
+            "Live batches dropped while a replay ran (max_pending reached; a gap replay fills later)",
+            labels=["source"],
+        )
+        stale = CounterMetricFamily(
+            f"{p}_stale_live",
+            "Live batches skipped because a replay had already applied them (the socket's queue lagged)",
+            labels=["source"],
+        )
         mismatch = GaugeMetricFamily(
             f"{p}_block_size_mismatch",
             "Block size seen in events when it differs from the fleet's",
@@ -96,10 +106,25 @@ class IndexerCollector(Collector):
             unfilled.add_metric([label], sync.unfilled)
             replays.add_metric([label], sync.replays)
             restarts.add_metric([label], sync.restarts)
+            dropped.add_metric([label], sync.dropped_pending)
+            stale.add_metric([label], sync.stale_live)
             mismatch.add_metric([label], ix.block_size_mismatch.get(src, 0))
             if self.sub is not None and src in self.sub.status:
                 connected.add_metric([label], 1.0 if self.sub.status[src].connected else 0.0)
-        yield from (blocks, trust, seq, lag, gaps, unfilled, replays, restarts, mismatch, connected)
+        yield from (
+            blocks,
+            trust,
+            seq,
+            lag,
+            gaps,
+            unfilled,
+            replays,
+            restarts,
+            dropped,
+            stale,
+            mismatch,
+            connected,
+        )
         if self.sub is not None:
             fam = CounterMetricFamily(
                 f"{p}_transport", "Transport events (connects, replays, bad frames)", labels=["kind"]

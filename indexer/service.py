@@ -129,6 +129,8 @@ def source_state(ix: Indexer, sub: EventSubscriber | None) -> list[dict[str, Any
                 "unfilled_gaps": sync.unfilled,
                 "replays": sync.replays,
                 "restarts": sync.restarts,
+                "dropped_pending": sync.dropped_pending,
+                "stale_live": sync.stale_live,
                 "block_size_mismatch": ix.block_size_mismatch.get(src),
                 "blocks": {Medium(m).name: n for m, n in blocks.items()},
             }

@@ -5,7 +5,8 @@ clock, and keeps the last ``buffer_steps`` of them for replay.  From (seq, ts) a
 
     seq == last + 1                  in order: apply
     seq >  last + 1                  a gap (HWM drop, slow joiner): replay from last + 1, buffer live batches
-    seq <= last, live                the engine restarted (a PUB never repeats): drop the source's state
+    seq <= last, live, ts newer      the engine restarted (a PUB never repeats): drop the source's state
+    seq <= last, live, ts not newer  a batch a replay already applied, still queued in the socket: skip
     seq <= last, ts > last's ts      a batch of a newer engine process: it restarted (replayed or drained)
     seq <= last, ts <= last's ts     a batch we already applied (replay overlap): skip
     first seq > 0                    we joined late: replay from 0
@@ -67,6 +68,8 @@ class SourceSync:
         self.restarts = 0
         self.replays = 0
         self.dropped_pending = 0
+        self.stale_live = 0
+        """Live batches already applied by a replay that ran ahead of the socket's queue (skipped)."""
         self._mid_stream = False  # the current sync fills a gap after applied batches (vs. a late join)
         self._from_last = False  # the current replay started at ``last`` itself (reconnect, idle probe)
         self._received = 0  # replayed batches received in the current sync
@@ -100,6 +103,12 @@ class SourceSync:
         if seq == last + 1:
             return self._apply(seq, payload, ts)
         if seq <= last:
+            if ts is not None and self.last_ts is not None and ts <= self.last_ts:
+                # Not newer than what we applied: a batch the replay already brought, still queued in the
+                # SUB socket when the replay raced ahead of the live stream.  Skip it; a restart would
+                # wipe the source (a new process stamps its batches later than our last one).
+                self.stale_live += 1
+                return []
             return self._restart(seq, payload, ts)
         self.gaps += 1
         if self.has_replay:

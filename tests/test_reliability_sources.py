@@ -68,3 +68,18 @@ def test_a_restored_index_forgets_an_engine_that_restarted_below_its_position() 
     ix.on_replay_end(src)
     assert ix.trust(src) is Trust.EXACT
     assert max(m.matched_blocks for m in ix.lookup([5, 6, 7, 8]).instances) == 1
+
+
+def test_a_live_batch_a_replay_already_applied_is_skipped_not_a_restart() -> None:
+    """Under a flood the replay runs ahead of the SUB socket's queue; the queued batches are old, not a
+    restarted engine (before this rule every one of them wiped the source)."""
+    s = live_at(10, ts=10.0)
+    assert s.on_live(20, b"p20", 20.0) == [Replay(11)]  # a gap
+    for q in range(11, 51):
+        s.on_replay(q, b"", float(q))
+    s.on_replay_end()
+    assert s.last == 50 and s.trust is Trust.EXACT
+    assert s.on_live(21, b"", 21.0) == []  # still queued in the socket, already applied
+    assert s.restarts == 0 and s.stale_live == 1 and s.trust is Trust.EXACT
+    out = s.on_live(0, b"n0", 99.0)  # a new process: back to 0, stamped later
+    assert out[0] == Reset() and s.restarts == 1

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import itertools
 import logging
 import time
@@ -47,6 +48,11 @@ log = logging.getLogger("kvrouter.gateway")
 
 SAGEMAKER_AFFINITY = "X-Amzn-SageMaker-Prefix-Aware-Id"
 _ADMIN_PATHS = ("/v1/route/explain", "/v1/cache/lookup", "/v1/fleet")
+
+
+def _same_secret(given: str, expected: str) -> bool:
+    """Constant-time comparison: how long a wrong token takes to refuse says nothing about the right one."""
+    return hmac.compare_digest(given.encode(), expected.encode())
 
 
 class Gateway:
@@ -193,7 +199,7 @@ class Gateway:
         key = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
         tenant = t.api_keys.get(key)
         admin = self.cfg.gateway.admin_token
-        if tenant is None and admin and key == admin and request.path in _ADMIN_PATHS:
+        if tenant is None and admin and _same_secret(key, admin) and request.path in _ADMIN_PATHS:
             return None  # an operator on an admin route (explain): no tenant of its own
         if tenant is None:
             if t.require_api_key:
@@ -357,7 +363,11 @@ async def errors_mw(
     gw = request.app[GATEWAY]
     route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unknown"
     token = gw.cfg.gateway.admin_token
-    if token and request.path in _ADMIN_PATHS and request.headers.get("Authorization") != f"Bearer {token}":
+    if (
+        token
+        and request.path in _ADMIN_PATHS
+        and not _same_secret(request.headers.get("Authorization", ""), f"Bearer {token}")
+    ):
         gw.metrics.requests.labels(route, "401").inc()
         return _err(401, "admin token required")
     try:
