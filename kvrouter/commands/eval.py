@@ -36,7 +36,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--load-bound", type=float, default=1.25, help="prefix-hash: bounded-load factor")
     p.add_argument("--compute-weight", type=float, default=KvAwareSettings().compute_weight)
     p.add_argument("--load-weight", type=float, default=KvAwareSettings().load_weight)
-    p.add_argument("--concurrency-threshold", type=int, default=0)
+    p.add_argument(
+        "--concurrency-threshold",
+        type=int,
+        default=0,
+        help="spill threshold (0: the engines' max_num_seqs; -1: none)",
+    )
     p.add_argument("--max-in-flight", type=int, default=0)
     p.add_argument("--jobs", type=int, default=None, help="processes (default: one per core)")
     p.add_argument("--series", action="store_true", help="include per-request TTFTs and load samples")

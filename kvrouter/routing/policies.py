@@ -75,6 +75,10 @@ class KvAwareSettings(msgspec.Struct, frozen=True):
     88 % of the pooled-cache bound, 3 -> 88 %, 8 -> 96 %, 20 -> 99 % with mean TTFT +4 %."""
     load_weight: float = 32.0
     """Prefill-token equivalent of one request in flight (each decodes in every later step)."""
+    load_bound: float = 1.5
+    """A target with more than ``load_bound`` x (mean + 1) requests in flight is chosen only if every target
+    is (consistent hashing's bounded-load idea): cache affinity never piles a hot prefix onto one instance
+    while the others idle.  0 disables the guard."""
     offload_value: float = 0.8
     """Worth of a CPU/STORAGE-tier hit relative to a GPU hit (it must be copied back first)."""
 
@@ -98,10 +102,17 @@ class KvAware:
     def rank(self, req: RouteView, cands: list[Candidate], *, dry_run: bool = False) -> list[Candidate]:
         for c in cands:
             c.score = self.cost(req, c)
-        # Ties (equal cost) go to the less loaded, then the more cached.  Exact ties that remain (an idle
-        # fleet, a prefix nobody holds) are broken by consistent hashing of the prompt's prefix: every
-        # router replica, seeing the same state, then picks the same target for the same new prefix.
-        out = sorted(cands, key=lambda c: (c.score, c.in_flight, -c.cached_tokens))
+        # Over-bound targets go last; ties (equal cost) go to the less loaded, then the more cached.  Exact
+        # ties that remain (an idle fleet, a prefix nobody holds) are broken by consistent hashing of the
+        # prompt's prefix: every router replica, seeing the same state, picks the same target for it.
+        over: set[str] = set()
+        if self.s.load_bound and len(cands) > 1:
+            mean = sum(c.in_flight / max(c.weight, 1e-6) for c in cands) / len(cands)
+            cap = self.s.load_bound * (mean + 1)
+            over = {c.target for c in cands if c.in_flight / max(c.weight, 1e-6) > cap}
+            if len(over) == len(cands):
+                over = set()
+        out = sorted(cands, key=lambda c: (c.target in over, c.score, c.in_flight, -c.cached_tokens))
         if len(out) > 1 and req.prefix_key:
             first = (out[0].score, out[0].in_flight, out[0].cached_tokens)
             tied = [c for c in out if (c.score, c.in_flight, c.cached_tokens) == first]

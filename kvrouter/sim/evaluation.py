@@ -30,6 +30,8 @@ from ..workloads.spec import Workload
 from .virtual_fleet import FleetRun, FleetSimConfig, VirtualFleet
 
 DEFAULT_POLICIES = ("kv-aware", "prefix-hash", "least-loaded", "round-robin", "random")
+READS_INDEX = frozenset({"kv-aware"})
+"""Policies that read the KV index; the others run without KV events (same routing, less work)."""
 
 
 class EvalSpec(msgspec.Struct, frozen=True):
@@ -118,9 +120,12 @@ def summarize(run: FleetRun, *, series: bool = False) -> dict[str, Any]:
 
 
 def _router_config(spec: EvalSpec, policy: str) -> RouterConfig:
+    # As a well-configured deployment: spill at the engines' max_num_seqs (beyond it a request waits for a
+    # whole generation to finish), unless the spec says otherwise (-1: no threshold).
+    threshold = spec.concurrency_threshold or spec.fleet.max_num_seqs
     return RouterConfig(
         policy=policy,
-        concurrency_threshold=spec.concurrency_threshold,
+        concurrency_threshold=max(0, threshold),
         max_in_flight=spec.max_in_flight,
         speculative=spec.speculative,
         shadow=False,
@@ -143,6 +148,7 @@ def run_one(
         n = f.instances
         pooled = msgspec.structs.replace(
             f,
+            events=False,
             instances=1,
             capacity_blocks=None if f.capacity_blocks is None else f.capacity_blocks * n,
             max_num_seqs=f.max_num_seqs * n,
@@ -153,8 +159,11 @@ def run_one(
         )
         run = vf.run()
     else:
-        run = VirtualFleet(w, spec.fleet, _router_config(spec, policy), hashes=cache, progress=progress).run()
+        fleet = spec.fleet if policy in READS_INDEX else msgspec.structs.replace(spec.fleet, events=False)
+        run = VirtualFleet(w, fleet, _router_config(spec, policy), hashes=cache, progress=progress).run()
     res = summarize(run, series=spec.series)
+    if policy not in READS_INDEX:  # no events: the router had nothing to predict from
+        res["prediction_abs_error_mean_tokens"] = res["prediction_exact_fraction"] = None
     res["wall_s"] = time.perf_counter() - t0
     return res
 

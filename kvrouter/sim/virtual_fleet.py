@@ -55,6 +55,9 @@ class FleetSimConfig(msgspec.Struct, frozen=True):
     net_latency_s: float = 0.0005
     """One way, router <-> engine."""
     release: str = "0.33.0"
+    events: bool = True
+    """Publish KV events to the router's index.  Policies that never read the index (prefix-hash and the
+    baselines) route identically without them, so ``kvrouter eval`` turns them off there to save time."""
     queue_size: int = 100_000
     sample_interval_s: float = 1.0
     seed: int = 0
@@ -138,6 +141,7 @@ class VirtualFleet:
             speed=float(pooled_of),
             cache=CacheConfig(
                 block_size=cfg.block_size,
+                enable_kv_cache_events=cfg.events,
                 num_gpu_blocks=capacity,
                 cpu_offload_blocks=cfg.cpu_offload_blocks,
             ),
