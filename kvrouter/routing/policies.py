@@ -75,10 +75,11 @@ class KvAwareSettings(msgspec.Struct, frozen=True):
     88 % of the pooled-cache bound, 3 -> 88 %, 8 -> 96 %, 20 -> 99 % with mean TTFT +4 %."""
     load_weight: float = 32.0
     """Prefill-token equivalent of one request in flight (each decodes in every later step)."""
-    load_bound: float = 1.5
-    """A target with more than ``load_bound`` x (mean + 1) requests in flight is chosen only if every target
-    is (consistent hashing's bounded-load idea): cache affinity never piles a hot prefix onto one instance
-    while the others idle.  0 disables the guard."""
+    load_bound: float = 0.0
+    """If > 0, a target with more than ``load_bound`` x (mean + 1) requests in flight is chosen only if every
+    target is (consistent hashing's bounded-load idea).  Off by default: at small loads it breaks up bursts
+    that should stay together, and ``limits.concurrency_threshold`` (vLLM's max_num_seqs) guards the cliff
+    that matters."""
     offload_value: float = 0.8
     """Worth of a CPU/STORAGE-tier hit relative to a GPU hit (it must be copied back first)."""
 
