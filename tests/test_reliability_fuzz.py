@@ -18,6 +18,7 @@ from indexer.wire import MAX_DP_RANK
 from kvrouter.reliability.event_fuzz import EventFuzzConfig, event_fuzz_result, run_event_fuzz
 from kvrouter.sim import BlockStored
 from kvrouter.sim.publisher import EventPublisher, PublisherConfig
+from kvrouter.sim.types import BlockHash
 
 from .conftest import free_port
 
@@ -110,11 +111,11 @@ async def test_a_lost_last_batch_is_found_by_the_idle_probe() -> None:
     try:
         await until(lambda: sub.status[src].connected)
         first = list(range(100, 100 + BS))
-        pub.publish([BlockStored([11], None, first, BS)])
+        pub.publish([BlockStored([BlockHash(11)], None, first, BS)])
         await until(lambda: held(ix, first) == 1)
         pub.set_drop_rate(1.0)
         last = list(range(500, 500 + BS))
-        pub.publish([BlockStored([22], None, last, BS)])  # lost, and nothing follows it
+        pub.publish([BlockStored([BlockHash(22)], None, last, BS)])  # lost, and nothing follows it
         t0 = time.monotonic()
         await until(lambda: held(ix, last) == 1, timeout=3.0)
         assert time.monotonic() - t0 >= 0.25  # found by the probe, not by a later batch

@@ -27,7 +27,17 @@ from kvrouter.sim.fleet import SimFleet
 from kvrouter.sim.server import SimServer
 
 from .figures import Figure, ScenarioResult, at_least, at_most, exactly
-from .stack import MODEL, GatewayProc, Resources, ScenarioError, client, completion, set_faults, until
+from .stack import (
+    MODEL,
+    GatewayProc,
+    Resources,
+    ScenarioError,
+    client,
+    completion,
+    set_faults,
+    subscribed,
+    until,
+)
 
 
 class GapConfig(msgspec.Struct, frozen=True):
@@ -73,7 +83,7 @@ async def gap(res: Resources, cfg: GapConfig) -> ScenarioResult:
             gw = g.gateway
             victim, other = fleet.servers[0], fleet.servers[1]
             vsrc = SourceKey(victim.name, 0)
-            await until(lambda: all(x.connected for x in gw.subscriber.status.values()), 10, "subscriptions")  # type: ignore[union-attr]
+            await until(lambda: subscribed(g), 10, "subscriptions")
             a, b = prompt(), prompt()
             # Place A on the victim and B on another instance, straight to the engines.
             for srv, p in ((victim, a), (other, b)):

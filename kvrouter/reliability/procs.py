@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import aiohttp
+import msgspec
 import yaml
 
 from .stack import ScenarioError, free_port
@@ -88,6 +89,38 @@ def tcp_sockets(pid: int) -> int:
             if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:"):
                 n += 1
     return n
+
+
+class TcpConn(msgspec.Struct, frozen=True):
+    local_port: int
+    remote_port: int
+    state: str
+    """``ESTABLISHED``, ``CLOSE_WAIT``, ``LISTEN``... (Linux ``/proc/net/tcp``)."""
+
+
+_TCP_STATES = {
+    "01": "ESTABLISHED", "02": "SYN_SENT", "03": "SYN_RECV", "04": "FIN_WAIT1", "05": "FIN_WAIT2",
+    "06": "TIME_WAIT", "07": "CLOSE", "08": "CLOSE_WAIT", "09": "LAST_ACK", "0A": "LISTEN", "0B": "CLOSING",
+}  # fmt: skip
+
+
+def tcp_connections(pid: int) -> list[TcpConn]:
+    """The TCP sockets ``pid`` holds open, with their ports and states."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if link.startswith("socket:["):
+                inodes.add(link[8:-1])
+    out = []
+    for table in ("tcp", "tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+                f = line.split()
+                if f[9] in inodes:
+                    local, remote = f[1].rsplit(":", 1)[1], f[2].rsplit(":", 1)[1]
+                    out.append(TcpConn(int(local, 16), int(remote, 16), _TCP_STATES.get(f[3], f[3])))
+    return out
 
 
 def slope_per_min(samples: list[tuple[float, float]]) -> float:

@@ -9,8 +9,8 @@ replicas resynchronise when it is back.
            request is still queued at its instance (latency fault): only A's shared speculative entry can
            make B choose A's instance for its cache
 
-``kvrouter serve`` does not start ``SharedState`` yet; the scenario attaches it to each gateway's router
-as ``kvrouter.replicas`` documents.
+Each gateway runs the fleet file's ``replicas: {redis_url: ...}`` (``Gateway.shared``), as ``kvrouter serve``
+does.
 """
 
 from __future__ import annotations
@@ -23,13 +23,12 @@ from pathlib import Path
 
 import aiohttp
 import msgspec
-from prometheus_client import CollectorRegistry
 
-from kvrouter.replicas import SharedState, SharedStateConfig
+from kvrouter.replicas import SharedState
 
 from .figures import Figure, ScenarioResult, at_most, exactly
 from .procs import RedisProcess, redis_binary
-from .stack import MODEL, GatewayProc, Resources, client, completion, set_faults, until
+from .stack import MODEL, GatewayProc, Resources, ScenarioError, client, completion, set_faults, until
 
 
 class RedisOutageConfig(msgspec.Struct, frozen=True):
@@ -89,19 +88,15 @@ async def redis_outage(res: Resources, cfg: RedisOutageConfig) -> ScenarioResult
     try:
         fleet = res.fleet(cfg.instances, seed=cfg.seed)
         async with fleet:
-            a, b = await res.gateway(fleet), await res.gateway(fleet)
+            rep = {"redis_url": redis.url, "namespace": f"rel{cfg.seed}", "interval_s": cfg.interval_s}
+            rep["lease_s"] = 1.0
+            a = await res.gateway(fleet, {"replicas": {**rep, "replica_id": "replica-a"}})
+            b = await res.gateway(fleet, {"replicas": {**rep, "replica_id": "replica-b"}})
             async with a, b, client() as s:
-                for i, g in enumerate((a, b)):
-                    sc = SharedStateConfig(
-                        redis_url=redis.url,
-                        namespace=f"rel{cfg.seed}",
-                        replica_id=f"replica-{i}",
-                        interval_s=cfg.interval_s,
-                        lease_s=1.0,
-                    )
-                    st = SharedState(g.gateway.router, sc, registry=CollectorRegistry(auto_describe=False))
-                    await st.start()
-                    states.append(st)
+                for g in (a, b):
+                    if g.gateway.shared is None:
+                        raise ScenarioError("the gateway did not start shared state")
+                    states.append(g.gateway.shared)
                 await until(
                     lambda: all(x.status()["peers"] == 1 for x in states), 5, "replicas see each other"
                 )
@@ -131,8 +126,6 @@ async def redis_outage(res: Resources, cfg: RedisOutageConfig) -> ScenarioResult
                     await set_faults(s, srv.url, latency_s=0.0)
                 outage_s = t_back - t_kill
     finally:
-        for st in states:
-            await st.stop()
         redis.kill()
         log.close()
     figures = [

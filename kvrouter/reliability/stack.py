@@ -205,6 +205,14 @@ async def set_faults(session: aiohttp.ClientSession, url: str, **faults: Any) ->
             raise
 
 
+def subscribed(g: GatewayProc) -> bool:
+    """Whether the gateway's subscriber is connected to every event source."""
+    sub = g.gateway.subscriber
+    if sub is None:
+        raise ScenarioError("the gateway does not subscribe to events")
+    return all(st.connected for st in sub.status.values())
+
+
 async def until(cond: Callable[[], bool], timeout: float = 5.0, what: str = "condition") -> float:
     """Wait for ``cond``; returns the seconds it took.  Raises ``ScenarioError`` on timeout."""
     t0 = time.monotonic()
