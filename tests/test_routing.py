@@ -210,3 +210,20 @@ def test_replicas_agree_on_a_cold_prefix_and_cold_prefixes_spread() -> None:
         assert da.chosen and db.chosen and da.chosen.target == db.chosen.target
         picks[da.chosen.target] += 1
     assert len(picks) == 4 and min(picks.values()) >= 6, picks
+
+
+def test_instances_without_events_are_routed_by_load_and_speculative_entries() -> None:
+    """No `events` endpoint: the index never hears from it, so it earns cache credit only from the router's
+    own speculative entries (a burst still sticks); nothing raises."""
+    ix = Indexer(BS)
+    r = Router(ix)
+    targets = [Target(InstanceId(f"w{i}"), has_events=False) for i in range(3)]
+    prefix = list(range(40_000, 40_000 + 40 * BS))
+    picks = []
+    for i in range(4):
+        q = inp(ix, f"n{i}", [*prefix, i])
+        d = r.route(q, targets, now=0.0)
+        assert d.chosen is not None and d.chosen.trust == "none"
+        r.dispatched(q, d.chosen, now=0.0)
+        picks.append(d.chosen.target)
+    assert len(set(picks)) == 1

@@ -51,9 +51,14 @@ def peerbench_dir() -> Path | None:
 
 
 def peer_python(venv: str) -> Path | None:
+    """A peer venv's python ($PEER_VENVS, default ~/.cache/peerbench, as ``setup.sh`` makes them); the
+    harnesses read $PEER_VENVS themselves, so it is set for them here."""
     root = Path(os.environ.get("PEER_VENVS", Path.home() / ".cache" / "peerbench"))
     py = root / venv / "bin" / "python"
-    return py if py.exists() else None
+    if not py.exists():
+        return None
+    os.environ.setdefault("PEER_VENVS", str(root))
+    return py
 
 
 def run_peer(cmd: list[str], timeout: float = 900) -> dict[str, Any] | None:

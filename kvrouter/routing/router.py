@@ -141,7 +141,7 @@ class Router:
             m = matches.get((t.instance, t.dp_rank))
             if t.has_events:
                 c.trust = m.trust if m else self.indexer.trust(SourceKey(t.instance, t.dp_rank)).value
-            if m and Trust(c.trust).usable:
+            if m and t.has_events and Trust(c.trust).usable:
                 gpu = min(m.tiers.get("GPU", 0), max_hit)
                 spec = min(m.speculative_blocks, max_hit - gpu)
                 off = min(
