@@ -70,6 +70,9 @@ class EventSubscriber:
         self.counters: Counter[str] = Counter()
         self._tasks: dict[str, list[asyncio.Task[None]]] = {}
         self._replay_tasks: dict[SourceKey, asyncio.Task[None]] = {}
+        self._replays_alive: set[asyncio.Task[None]] = set()
+        """Every replay task not finished yet, the cancelled ones included: stop() awaits them all, so no
+        DEALER outlives the subscriber (a pending one would also block the context's term)."""
         self._replay_eps: dict[SourceKey, str] = {}
         self._bind_task: asyncio.Task[None] | None = None
         self._bind_sock: zmq.asyncio.Socket | None = None
@@ -87,7 +90,7 @@ class EventSubscriber:
 
     async def stop(self) -> None:
         self._closing = True
-        tasks = [t for ts in self._tasks.values() for t in ts] + list(self._replay_tasks.values())
+        tasks = [t for ts in self._tasks.values() for t in ts] + list(self._replays_alive)
         if self._bind_task:
             tasks.append(self._bind_task)
         for t in tasks:
@@ -100,7 +103,7 @@ class EventSubscriber:
         if self._bind_sock is not None:
             self._bind_sock.close(linger=0)
         if self._own_ctx:
-            self.ctx.term()
+            self.ctx.destroy(linger=0)  # closes whatever socket is left instead of waiting on it forever
 
     def add_instance(self, inst: InstanceConfig) -> None:
         """Subscribe to a (new) instance: one task per data-parallel rank."""
@@ -132,6 +135,8 @@ class EventSubscriber:
             rt = self._replay_tasks.pop(src, None)
             if rt:
                 rt.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await rt
         self.indexer.remove_instance(name)
 
     # ------------------------------------------------------------------ sockets
@@ -288,9 +293,10 @@ class EventSubscriber:
             if old is not None:
                 old.cancel()
             self.counters["replay_requests"] += 1
-            self._replay_tasks[src] = asyncio.create_task(
-                self._replay(src, ep, start), name=f"replay-{src.label()}"
-            )
+            task = asyncio.create_task(self._replay(src, ep, start), name=f"replay-{src.label()}")
+            self._replays_alive.add(task)
+            task.add_done_callback(self._replays_alive.discard)
+            self._replay_tasks[src] = task
 
     async def _replay(self, src: SourceKey, endpoint: str, start: int) -> None:
         """Ask the engine's ROUTER for every buffered batch from ``start``; a fresh DEALER per request, so a

@@ -17,6 +17,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("kvrouter.commands.demo", "simulated fleet + gateway + workload, every policy, one table"),
     "eval": ("kvrouter.commands.eval", "trace-driven evaluation of routing policies in virtual time"),
     "bench": ("kvrouter.commands.bench", "benchmarks (JSON out)"),
+    "agreement": (
+        "kvrouter.commands.agreement",
+        "the live path (demo) against the simulation (eval) on one workload",
+    ),
     "reliability": ("kvrouter.commands.reliability", "fault, fuzz and load suite with a table of figures"),
 }
 

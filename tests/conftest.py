@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import random
 import socket
+from collections.abc import Iterator
 
 import pytest
 
@@ -27,3 +29,14 @@ def free_port() -> int:
 @pytest.fixture
 def port() -> int:
     return free_port()
+
+
+@pytest.fixture(autouse=True)
+def _root_logging() -> Iterator[None]:
+    """Tests that run the CLI install its stderr handler on pytest's captured stream, which is closed after
+    the test: restore the root logger so later tests' records (and tracebacks) still reach pytest."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)

@@ -178,6 +178,16 @@ def test_tools_and_tool_calls_render_like_vllm(chat_tok: CachedTokenizer) -> Non
             {"chat_template": "{{ messages[5].content }}"},
             ChatTemplateError,
         ),
+        # wrong JSON types where a list or a string belongs (found by the HTTP fuzz: once a TypeError)
+        ([{"role": "user", "content": "x"}], {"tools": True}, ChatTemplateError),
+        ([{"role": "user", "content": "x"}], {"tools": 7}, ChatTemplateError),
+        ([{"role": "user", "content": "x"}], {"chat_template_kwargs": {"tools": 7}}, ChatTemplateError),
+        (
+            [{"role": "user", "content": "x"}],
+            {"chat_template_kwargs": {"chat_template": 7}},
+            ChatTemplateError,
+        ),
+        ([{"role": "user", "content": "x"}], {"documents": 3}, ChatTemplateError),
     ],
 )
 def test_bad_requests_raise_typed_errors(

@@ -149,6 +149,8 @@ def normalize_tools(tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str,
     """Tool definitions as vLLM's ``ChatCompletionToolsParam.model_dump()`` gives them (step 3)."""
     if tools is None:
         return None
+    if not isinstance(tools, (list, tuple)):
+        raise ChatTemplateError("tools must be a list of tool objects")
     out = []
     for t in tools:
         if not isinstance(t, Mapping) or not isinstance(t.get("function"), Mapping):
@@ -292,6 +294,8 @@ class ChatRenderer:
             "continue_final_message": continue_final_message,
         }
         if documents is not None:
+            if not isinstance(documents, (list, tuple)):
+                raise ChatTemplateError("documents must be a list of objects")
             merged["documents"] = list(documents)
         if chat_template_kwargs:
             if not isinstance(chat_template_kwargs, Mapping):
@@ -300,6 +304,8 @@ class ChatRenderer:
                 raise ChatTemplateError("chat_template_kwargs must not contain 'tokenize'")
             merged.update(chat_template_kwargs)
         template = merged.pop("chat_template", None) or chat_template
+        if template is not None and not isinstance(template, str):
+            raise ChatTemplateError("chat_template must be a string")
         tool_dicts = normalize_tools(merged.pop("tools", tools))
         template = self._resolve_template(template, tool_dicts)
         variables, detected = self._analyse(template)

@@ -380,6 +380,23 @@ async def errors_mw(
             e.content_type = "application/json"
         gw.metrics.requests.labels(route, str(e.status)).inc()
         raise
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise  # the client went away: nothing to answer
+    except Exception as e:
+        # A bug, not the client's fault: answered as a well-formed JSON 500 (never aiohttp's bare page),
+        # logged with its traceback but without the request's contents, and counted.
+        log.exception("internal error", extra={"route": route, "error": type(e).__name__})
+        gw.metrics.internal_errors.labels(type(e).__name__).inc()
+        resp = web.json_response(
+            {
+                "error": {
+                    "message": f"internal error ({type(e).__name__})",
+                    "type": "internal_error",
+                    "code": 500,
+                }
+            },
+            status=500,
+        )
     gw.metrics.requests.labels(route, str(resp.status)).inc()
     return resp
 

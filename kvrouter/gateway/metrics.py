@@ -57,6 +57,12 @@ class GatewayMetrics:
         self.rejections = Counter(
             "kvrouter_rejections", "Requests rejected, by reason", ["reason"], registry=r
         )
+        self.internal_errors = Counter(
+            "kvrouter_internal_errors",
+            "Requests answered 500 by a bug in the gateway, by exception type",
+            ["error"],
+            registry=r,
+        )
         self.queue_depth = Gauge("kvrouter_queue_depth", "Requests waiting for capacity", registry=r)
         self.upstream_ttft = Histogram(
             "kvrouter_upstream_ttft_seconds",

@@ -182,7 +182,7 @@ def run_hypothesis(targets: list[Target], cfg: HttpFuzzConfig) -> FuzzStats:
     @given(st.sampled_from(targets), body, ctype)
     def probe(t: Target, data: bytes, content_type: str | None) -> None:
         stats.sent += 1
-        what = f"{t.name} {t.path} {data[:80]!r}"
+        what = f"{t.name} {t.path} {data[:400]!r}"
         t0 = time.monotonic()
         try:
             status, answer = _send(t, data, content_type, cfg.timeout_s)

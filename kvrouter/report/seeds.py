@@ -1,0 +1,122 @@
+"""Notebook 2: the seeds' table (AWS SageMaker PREFIX_AWARE vs RANDOM) reproduced in the simulator.
+
+AWS: Llama 3.1 70B on 7 x p5.48xlarge (8 x H100 each: our ``llama-3.1-70b-8xh100`` profile, whose KV
+capacity follows vLLM's rule for that machine), one hour, an "8k-token shared prefix", random's KV hit
+rate 25 %.  What AWS did not publish (question and output lengths, the rate, how many distinct prefixes)
+we choose, and say so:
+
+* distinct prefixes: with one prefix every policy hits ~97 % (each instance computes it once), so AWS's
+  25 % for random implies many distinct 8k prefixes, each reused a few times.  ``calibration_cases``
+  measures random's hit rate against the number of prefixes; the notebook keeps the count closest to 25 %.
+  (No cache pressure needed: with R requests per prefix spread at random over 7 instances, a hit needs
+  the instance to have seen the prefix before: 1 - 7 (1 - (6/7)^R) / R, 27 % at R = 6.7.)
+* rate: 16 requests/s, about 80 % of what random can sustain here (its delivered output levels off near
+  19.5 requests/s: see the rate sweep), i.e. a fleet provisioned for random with some headroom: busy enough
+  that recomputing prefixes queues work, not so busy that every policy's TTFT is queueing.
+* short chats: ``short-chat`` (ShareGPT-like lengths) at 200 requests/s, likewise about 80 % of the rate
+  at which the 7 instances run out of batch slots (max_num_seqs 256 each).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..sim.evaluation import EvalSpec
+from ..sim.virtual_fleet import FleetSimConfig
+from .grid import Case
+from .scale import Scale
+from .tables import closest
+
+INSTANCES = 7
+POLICIES = ("random", "prefix-hash", "kv-aware")
+WORKLOAD = "aws-8k-shared-prefix"
+REQUESTS = 3000
+RATE = 16.0
+RATES = (8.0, RATE, 24.0)
+GROUPS = (1, 300, 450, 600)
+"""Distinct 8k prefixes tried in the calibration (at full scale; scaled with the request count)."""
+RANDOM_HIT_TARGET = 0.25
+
+SHORT_CHAT = "short-chat"
+SHORT_RATE = 200.0
+SHORT_RATES = (120.0, SHORT_RATE, 260.0)
+
+
+def _spec(
+    scale: Scale,
+    workload: str,
+    rate: float,
+    *,
+    policies: tuple[str, ...] = POLICIES,
+    series: bool = False,
+    **over: Any,
+) -> EvalSpec:
+    n = max(scale.min_requests, round(REQUESTS * scale.fraction))
+    return EvalSpec(
+        workload=workload,
+        overrides={"num_requests": n, "arrival": {"type": "poisson", "rate": rate}, **over},
+        fleet=FleetSimConfig(instances=INSTANCES),
+        policies=policies,
+        series=series,
+    )
+
+
+def scaled_groups(scale: Scale, groups: int) -> int:
+    """Keep requests per prefix (what decides hit rates) when the request count is scaled."""
+    return groups if groups == 1 else max(2, round(groups * scale.fraction))
+
+
+def one_prefix_case(scale: Scale) -> Case:
+    """The workload as registered: a single 8k prefix, at the chosen rate."""
+    return Case("one 8k prefix", _spec(scale, WORKLOAD, RATE, series=True), RATE)
+
+
+def calibration_cases(scale: Scale) -> list[Case]:
+    """Random routing against the number of distinct 8k prefixes (hit rate only; no bounds)."""
+    out = []
+    for g in GROUPS:
+        n = scaled_groups(scale, g)
+        spec = _spec(scale, WORKLOAD, RATE, policies=("random",), num_groups=n)
+        out.append(Case(f"{n} prefix{'es' if n > 1 else ''}", spec, n, bounds=False))
+    return out
+
+
+def chosen_groups(calibration: Sequence[dict[str, Any]]) -> int:
+    """The prefix count whose random hit rate came closest to AWS's 25 %."""
+    return int(closest(calibration, "random", "hit_rate", RANDOM_HIT_TARGET)["x"])
+
+
+def rate_cases(scale: Scale, calibration: Sequence[dict[str, Any]]) -> list[Case]:
+    """The three policies at each rate of ``RATES`` with the calibrated prefix count; the chosen rate also
+    runs the bounds and keeps per-request series."""
+    g = chosen_groups(calibration)
+    return [
+        Case(
+            f"{g} prefixes, {r:g} req/s",
+            _spec(scale, WORKLOAD, r, series=r == RATE, num_groups=g),
+            r,
+            bounds=r == RATE,
+        )
+        for r in RATES
+    ]
+
+
+def short_chat_cases(scale: Scale) -> list[Case]:
+    return [
+        Case(
+            f"short chats, {r:g} req/s",
+            _spec(scale, SHORT_CHAT, r, series=r == SHORT_RATE),
+            r,
+            bounds=r == SHORT_RATE,
+        )
+        for r in SHORT_RATES
+    ]
+
+
+def at_rate(results: Sequence[dict[str, Any]], rate: float) -> dict[str, Any]:
+    """The result of the case run at ``rate``."""
+    for r in results:
+        if r["x"] == rate:
+            return r
+    raise KeyError(f"no case at {rate} req/s")
