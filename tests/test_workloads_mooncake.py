@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import time
@@ -12,7 +13,6 @@ import numpy as np
 import pytest
 
 from kvrouter.workloads import (
-    DEFAULT_TRACE_DIR,
     BlockContentCache,
     ChecksumMismatch,
     MooncakeOptions,
@@ -23,12 +23,13 @@ from kvrouter.workloads import (
     prompt_tokens,
     reuse_ceiling,
     reuse_hits,
+    shipped_trace,
     summarize,
 )
-from kvrouter.workloads.mooncake import MooncakeRow, read_rows
+from kvrouter.workloads.mooncake import PACKAGED_TRACE_DIR, MooncakeRow, check_sha256, read_rows
 
-CONVERSATION = DEFAULT_TRACE_DIR / "conversation_trace.jsonl"
-SYNTHETIC = DEFAULT_TRACE_DIR / "synthetic_trace.jsonl"
+CONVERSATION = shipped_trace("conversation_trace.jsonl")
+SYNTHETIC = shipped_trace("synthetic_trace.jsonl")
 needs_traces = pytest.mark.skipif(
     not (CONVERSATION.exists() and SYNTHETIC.exists()), reason="shipped Mooncake traces not present"
 )
@@ -197,3 +198,11 @@ def test_shipped_traces_full_ceilings() -> None:
     assert reuse_ceiling(conv, 16) == pytest.approx(0.37362, abs=5e-5)
     syn = load_mooncake(SYNTHETIC)
     assert reuse_ceiling(syn, 16) == pytest.approx(0.65121, abs=5e-5)
+
+
+@pytest.mark.parametrize("file", ["conversation_trace.jsonl", "synthetic_trace.jsonl"])
+def test_packaged_traces_are_the_published_files(file: str) -> None:
+    packed = PACKAGED_TRACE_DIR / f"{file}.gz"
+    assert check_sha256(packed, gzip.decompress(packed.read_bytes())) is None
+    w = load_mooncake(packed, MooncakeOptions(limit=5))  # fails on a ChecksumMismatch warning
+    assert w.name == file.removesuffix("_trace.jsonl") and len(w.requests) == 5

@@ -34,7 +34,7 @@ from .errors import (
     WorkloadError,
 )
 from .live import AFFINITY_HEADER, HttpCall, Tokenize, http_call, materialize, tokenize_with
-from .mooncake import DEFAULT_TRACE_DIR, MooncakeOptions, id_reuse, load_mooncake
+from .mooncake import DEFAULT_TRACE_DIR, MooncakeOptions, id_reuse, load_mooncake, shipped_trace
 from .rag import RagParams
 from .registry import REGISTRY, MooncakeTraceParams, describe, list_workloads, make_workload, workload_params
 from .shared_prefix import (
@@ -111,6 +111,7 @@ __all__ = [
     "reuse_ceiling_by",
     "reuse_hits",
     "scale_rate",
+    "shipped_trace",
     "summarize",
     "tokenize_with",
     "workload_params",

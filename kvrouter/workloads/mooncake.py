@@ -20,6 +20,7 @@ in one numpy pass); the evaluator's block hashes come from ``BlockContentCache.w
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import math
 import warnings
@@ -38,7 +39,19 @@ MOONCAKE_BLOCK_TOKENS = 512
 """Tokens covered by one Mooncake hash id."""
 
 DEFAULT_TRACE_DIR = Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake"
-"""Where the shipped traces live in this checkout's workspace (``../shared/traces/mooncake``)."""
+"""Where the traces live in this checkout's workspace (``../shared/traces/mooncake``), when there is one."""
+
+PACKAGED_TRACE_DIR = Path(__file__).resolve().parent / "traces"
+"""The same two traces, gzipped, shipped inside the package (Apache-2.0, see its README), so that
+``--workload mooncake-conversation`` works after ``pip install`` and on a machine without the workspace."""
+
+
+def shipped_trace(file: str) -> Path:
+    """A shipped trace by its published name (``conversation_trace.jsonl``): the workspace's copy if there
+    is one, else the packaged ``.gz`` (the same bytes once decompressed: the sha256 check covers both)."""
+    p = DEFAULT_TRACE_DIR / file
+    return p if p.exists() else PACKAGED_TRACE_DIR / f"{file}.gz"
+
 
 PUBLISHED_SHA256 = MappingProxyType(
     {
@@ -92,7 +105,7 @@ _DECODER = msgspec.json.Decoder(MooncakeRow)
 
 def check_sha256(path: Path, data: bytes) -> str | None:
     """The published digest's mismatch message, or None (also for files that are not shipped ones)."""
-    expected = PUBLISHED_SHA256.get(path.name)
+    expected = PUBLISHED_SHA256.get(path.name.removesuffix(".gz"))
     if expected is None:
         return None
     actual = hashlib.sha256(data).hexdigest()
@@ -182,10 +195,13 @@ def load_mooncake(
     path = Path(path)
     options = options or MooncakeOptions()
     data = path.read_bytes()
+    if path.suffix == ".gz":
+        data = gzip.decompress(data)
     if options.verify_checksum and (problem := check_sha256(path, data)):
         warnings.warn(problem, ChecksumMismatch, stacklevel=2)
     rows = select_rows(read_rows(data, str(path)), options)
-    workload = rows_to_workload(rows, name or path.stem.removesuffix("_trace"), options)
+    stem = Path(path.name.removesuffix(".gz")).stem
+    workload = rows_to_workload(rows, name or stem.removesuffix("_trace"), options)
     workload.metadata["source"] = str(path)
     return workload
 

@@ -35,7 +35,7 @@ from msgspec import Struct
 
 from .chat import MultiTurnParams, ShortChatParams, multi_turn, short_chat
 from .errors import InvalidParameters, UnknownWorkload
-from .mooncake import DEFAULT_TRACE_DIR, MooncakeOptions, load_mooncake
+from .mooncake import MooncakeOptions, load_mooncake, shipped_trace
 from .rag import RagParams, rag
 from .shared_prefix import (
     Aws8kParams,
@@ -56,7 +56,7 @@ class MooncakeTraceParams(MooncakeOptions, frozen=True, kw_only=True, forbid_unk
     """A Mooncake trace file and how to load it."""
 
     path: str | None = None
-    """The trace file; None: the shipped file of the workload's name under ``DEFAULT_TRACE_DIR``."""
+    """The trace file; None: the shipped file of the workload's name (``shipped_trace``)."""
 
 
 class WorkloadEntry(Struct, frozen=True):
@@ -73,7 +73,7 @@ class WorkloadEntry(Struct, frozen=True):
 
 def _mooncake(file: str) -> Callable[[str, Any], Workload]:
     def build(name: str, params: MooncakeTraceParams) -> Workload:
-        path = Path(params.path) if params.path else DEFAULT_TRACE_DIR / file
+        path = Path(params.path) if params.path else shipped_trace(file)
         return load_mooncake(path, params, name=name)
 
     return build
