@@ -26,7 +26,13 @@ from kvrouter.workloads import (
     shipped_trace,
     summarize,
 )
-from kvrouter.workloads.mooncake import PACKAGED_TRACE_DIR, MooncakeRow, check_sha256, read_rows
+from kvrouter.workloads.mooncake import (
+    PACKAGED_TRACE_DIR,
+    MooncakeRow,
+    check_sha256,
+    read_rows,
+    read_trace_bytes,
+)
 
 CONVERSATION = shipped_trace("conversation_trace.jsonl")
 SYNTHETIC = shipped_trace("synthetic_trace.jsonl")
@@ -168,8 +174,8 @@ def test_shipped_traces_full_file_stats() -> None:
     )
     assert round(syn["output_mean"]) == 149 and syn["mean_rate_rps"] == pytest.approx(3.91, abs=0.01)
     # The README's reuse figures are id-level (see id_reuse).
-    assert id_reuse(read_rows(CONVERSATION.read_bytes())) == pytest.approx(0.374, abs=5e-4)
-    assert id_reuse(read_rows(SYNTHETIC.read_bytes())) == pytest.approx(0.651, abs=5e-4)
+    assert id_reuse(read_rows(read_trace_bytes(CONVERSATION))) == pytest.approx(0.374, abs=5e-4)
+    assert id_reuse(read_rows(read_trace_bytes(SYNTHETIC))) == pytest.approx(0.651, abs=5e-4)
 
 
 @needs_traces
@@ -177,7 +183,7 @@ def test_shipped_traces_full_file_stats() -> None:
 def test_shipped_trace_head_ceiling_matches_ids(block_size: int) -> None:
     """Token-level expansion of the first 400 requests agrees with the id-level reference."""
     w = load_mooncake(CONVERSATION, MooncakeOptions(limit=400))
-    rows = read_rows(CONVERSATION.read_bytes())[:400]
+    rows = read_rows(read_trace_bytes(CONVERSATION))[:400]
     assert reuse_hits(w, block_size).tolist() == id_level_hits(rows, block_size)
 
 

@@ -185,6 +185,12 @@ def rows_to_workload(rows: list[tuple[int, MooncakeRow]], name: str, options: Mo
     )
 
 
+def read_trace_bytes(path: Path) -> bytes:
+    """A trace file's JSONL bytes (``.gz`` files decompressed)."""
+    data = path.read_bytes()
+    return gzip.decompress(data) if path.suffix == ".gz" else data
+
+
 def load_mooncake(
     path: str | Path, options: MooncakeOptions | None = None, name: str | None = None
 ) -> Workload:
@@ -194,9 +200,7 @@ def load_mooncake(
     the token streams, so two traces never share content by accident."""
     path = Path(path)
     options = options or MooncakeOptions()
-    data = path.read_bytes()
-    if path.suffix == ".gz":
-        data = gzip.decompress(data)
+    data = read_trace_bytes(path)
     if options.verify_checksum and (problem := check_sha256(path, data)):
         warnings.warn(problem, ChecksumMismatch, stacklevel=2)
     rows = select_rows(read_rows(data, str(path)), options)
