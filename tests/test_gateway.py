@@ -13,6 +13,10 @@ import openai
 import pytest
 import pytest_asyncio
 
+from indexer.config import parse_fleet
+from kvrouter.config import RouterFleetConfig
+from kvrouter.gateway.prompts import FleetTokens
+from kvrouter.gateway.requests import parse_body
 from kvrouter.sim.fleet import SimFleet
 
 from .gw_helpers import MODEL, gateway, sim_fleet, until
@@ -356,3 +360,35 @@ async def test_remote_indexer_mode(fleet: SimFleet) -> None:
             )
     finally:
         await ix_server.close()
+
+
+async def test_chat_without_a_router_side_template_is_routed_untokenized(fleet: SimFleet) -> None:
+    """vLLM may hold a template the router lacks (``--chat-template``): such chat requests are served,
+    routed by load and prefix text, counted, instead of refused; completions still get token ids."""
+    d = fleet.fleet_dict()
+    for spec in (d.get("models") or {}).values():
+        spec.pop("chat_template", None)
+    d.pop("chat_template", None)
+    cfg = parse_fleet(d, RouterFleetConfig)
+    tokens = FleetTokens.from_config(cfg)
+    try:
+        chat = parse_body(b'{"model": "sim-model", "messages": [{"role": "user", "content": "hi"}]}', "chat")
+        assert await tokens.tokens(chat) is None
+        assert await tokens.tokens(chat) is None
+        assert tokens.untokenized == Counter({MODEL: 2})
+        text = parse_body(b'{"model": "sim-model", "prompt": "hi there"}', "completions")
+        ids = await tokens.tokens(text)
+        assert ids and all(isinstance(t, int) for t in ids)
+    finally:
+        tokens.close()
+    async with gateway(fleet) as (gw, base):
+        gw.tokens = FleetTokens.from_config(cfg)
+        try:
+            async with aiohttp.ClientSession() as s:
+                body = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hello"}]}
+                async with s.post(f"{base}/v1/chat/completions", json=body) as r:
+                    assert r.status == 200, await r.text()
+                    assert r.headers["x-kvrouter-cached-tokens"] == "0"
+        finally:
+            assert isinstance(gw.tokens, FleetTokens)
+            gw.tokens.close()

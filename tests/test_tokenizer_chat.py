@@ -17,6 +17,7 @@ from tokenizer_cache import (
     CacheConfig,
     CachedTokenizer,
     ChatTemplateError,
+    NoChatTemplateError,
     UnsupportedContentError,
     default_tokenizer_path,
 )
@@ -199,7 +200,7 @@ def test_bad_requests_raise_typed_errors(
 
 def test_deepseek_has_no_template_unless_configured(deepseek: CachedTokenizer) -> None:
     msgs = [{"role": "user", "content": "hello"}]
-    with pytest.raises(ChatTemplateError, match="no chat template"):
+    with pytest.raises(NoChatTemplateError, match="no chat template"):
         deepseek.encode_chat(msgs)
     with_template = CachedTokenizer(deepseek.hf_tokenizer, chat_template=CHATML_TEMPLATE)
     text = with_template.render_chat(msgs)

@@ -51,7 +51,8 @@ config=None, allow_download=False, executor=None)``, ``TokenizerRegistry.from_fl
     chat template, so ``encode_chat`` raises ``ChatTemplateError`` unless one is configured.
 
 Errors: ``TokenizerCacheError`` > ``TokenizerLoadError`` | ``InvalidPromptError`` |
-``ChatTemplateError`` (> ``UnsupportedContentError`` for media parts).
+``ChatTemplateError`` (> ``UnsupportedContentError`` for media parts, ``NoChatTemplateError`` when no
+template is configured anywhere).
 
 How exactness is kept (the argument is in ``tokenizer_cache.seams``): tokens are reused only up to a
 word start well before the end of the shared text, the query is re-tokenized from an earlier word
@@ -64,7 +65,13 @@ from __future__ import annotations
 from .cached import CachedTokenizer, Encoded
 from .chat import UnsupportedContentError
 from .config import CacheConfig, CacheStats
-from .errors import ChatTemplateError, InvalidPromptError, TokenizerCacheError, TokenizerLoadError
+from .errors import (
+    ChatTemplateError,
+    InvalidPromptError,
+    NoChatTemplateError,
+    TokenizerCacheError,
+    TokenizerLoadError,
+)
 from .loading import default_tokenizer_path, load_chat_template
 from .registry import TokenizerRegistry
 
@@ -75,6 +82,7 @@ __all__ = [
     "ChatTemplateError",
     "Encoded",
     "InvalidPromptError",
+    "NoChatTemplateError",
     "TokenizerCacheError",
     "TokenizerLoadError",
     "TokenizerRegistry",

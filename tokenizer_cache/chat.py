@@ -38,7 +38,7 @@ import jinja2.meta
 import jinja2.nodes
 import jinja2.sandbox
 
-from .errors import ChatTemplateError
+from .errors import ChatTemplateError, NoChatTemplateError
 from .loading import HFTokenizer
 
 __all__ = [
@@ -268,12 +268,12 @@ class ChatRenderer:
         try:
             resolved = self._tok.get_chat_template(None, tools=tools)
         except Exception as e:  # transformers raises ValueError when the tokenizer has none
-            raise ChatTemplateError(
+            raise NoChatTemplateError(
                 "the tokenizer has no chat template; configure one (chat_template=... or the fleet "
                 f"file's chat_template) or pass one with the request: {e}"
             ) from e
         if not isinstance(resolved, str):
-            raise ChatTemplateError("the tokenizer has no usable chat template")
+            raise NoChatTemplateError("the tokenizer has no usable chat template")
         return resolved
 
     def render(

@@ -7,8 +7,9 @@
     │                              no tokenizer configured for a model, unreadable chat template file)
     ├── InvalidPromptError         a prompt is neither text nor a list of token ids of this vocabulary
     └── ChatTemplateError          a chat request cannot be rendered: no chat template, the template
-                                   raised, a message has the wrong shape, or the request's template
-                                   arguments are contradictory
+        │                          raised, a message has the wrong shape, or the request's template
+        │                          arguments are contradictory
+        └── NoChatTemplateError    no chat template anywhere (configuration, not the request's fault)
 
 ``InvalidPromptError`` and ``ChatTemplateError`` describe a bad *request*: the HTTP layers answer them with
 a 400 and the message text.  ``TokenizerLoadError`` is a configuration problem (a 500 or a startup failure).
@@ -16,7 +17,13 @@ a 400 and the message text.  ``TokenizerLoadError`` is a configuration problem (
 
 from __future__ import annotations
 
-__all__ = ["ChatTemplateError", "InvalidPromptError", "TokenizerCacheError", "TokenizerLoadError"]
+__all__ = [
+    "ChatTemplateError",
+    "InvalidPromptError",
+    "NoChatTemplateError",
+    "TokenizerCacheError",
+    "TokenizerLoadError",
+]
 
 
 class TokenizerCacheError(Exception):
@@ -33,3 +40,8 @@ class InvalidPromptError(TokenizerCacheError):
 
 class ChatTemplateError(TokenizerCacheError):
     """A chat request could not be rendered with the chat template (a client error, HTTP 400)."""
+
+
+class NoChatTemplateError(ChatTemplateError):
+    """Neither the tokenizer, the configuration nor the request has a chat template.  vLLM may still have
+    one (``--chat-template``), so a router can route such a request without token ids instead of refusing."""

@@ -9,6 +9,8 @@ error is the client's: a 400 with the reason.
 
 from __future__ import annotations
 
+import logging
+from collections import Counter
 from typing import Any
 
 import msgspec
@@ -17,6 +19,7 @@ from indexer.service import LookupRequest, PromptError
 from tokenizer_cache import (
     ChatTemplateError,
     InvalidPromptError,
+    NoChatTemplateError,
     TokenizerCacheError,
     TokenizerRegistry,
     UnsupportedContentError,
@@ -25,12 +28,16 @@ from tokenizer_cache import (
 from ..config import RouterFleetConfig
 from .requests import BadRequest, Kind, ParsedRequest, parse_body
 
+log = logging.getLogger("kvrouter.gateway")
+
 
 class FleetTokens:
     """``TokenSource`` over a ``TokenizerRegistry``; models without a tokenizer are routed untokenized."""
 
     def __init__(self, registry: TokenizerRegistry | None) -> None:
         self.registry = registry
+        self.untokenized: Counter[str] = Counter()
+        """Chat requests routed without token ids because no chat template is configured, by model."""
 
     @classmethod
     def from_config(cls, cfg: RouterFleetConfig) -> FleetTokens:
@@ -71,6 +78,17 @@ class FleetTokens:
             )
         except UnsupportedContentError:
             return None  # images/audio: their tokens depend on the model's processor; route untokenized
+        except NoChatTemplateError:
+            # vLLM may have a template of its own (--chat-template): route by load and prefix text rather
+            # than refuse; say so once per model, since every chat request of that model will miss.
+            self.untokenized[req.model or ""] += 1
+            if self.untokenized[req.model or ""] == 1:
+                log.warning(
+                    "no chat template for this model: chat requests are routed without token ids "
+                    "(set chat_template in the fleet file)",
+                    extra={"model": req.model},
+                )
+            return None
         except (ChatTemplateError, InvalidPromptError) as e:
             raise BadRequest(str(e)) from None
 
@@ -95,7 +113,9 @@ class FleetTokens:
         except BadRequest as e:
             raise PromptError(e.reason, e.status) from None
         if ids is None:
-            raise PromptError(f"no tokenizer for model {req.model!r}: send token_ids")
+            raise PromptError(
+                f"cannot tokenize for model {req.model!r} (no tokenizer or chat template): send token_ids"
+            )
         return ids
 
     async def warm(self, models: list[str | None]) -> None:
