@@ -9,6 +9,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from tests.fixtures.tokenizer_kit import SPECIAL_STRINGS, build_bytelevel, build_metaspace, corpus_text
@@ -185,7 +186,9 @@ def test_concurrent_threads_get_exact_tokens(dirs: dict[str, str]) -> None:
 
 
 async def test_async_variants_run_off_the_loop(dirs: dict[str, str]) -> None:
-    ct = CachedTokenizer.from_pretrained(dirs["bytelevel"], config=TIGHT)
+    ct = CachedTokenizer.from_pretrained(
+        dirs["bytelevel"], config=msgspec.structs.replace(TIGHT, inline_chars=64)
+    )
     loop_thread = threading.get_ident()
     seen: set[int] = set()
     original = ct.encode_prompt
@@ -199,6 +202,10 @@ async def test_async_variants_run_off_the_loop(dirs: dict[str, str]) -> None:
     results = await asyncio.gather(*(ct.aencode_prompt(text + str(i)) for i in range(8)))
     assert results == [ct.encode_uncached(text + str(i)) for i in range(8)]
     assert seen and loop_thread not in seen
+    # texts up to inline_chars are cheaper to tokenize than a hop to the executor: on the loop's thread
+    seen.clear()
+    assert await ct.aencode_prompt("a short one") == ct.encode_uncached("a short one")
+    assert seen == {loop_thread}
     msgs = [{"role": "user", "content": text}]
     assert await ct.aencode_chat(msgs) == ct.encode_chat(msgs)
     assert (await ct.aencode_chat_ex(msgs)).tokens == ct.encode_chat(msgs)

@@ -23,9 +23,9 @@ import asyncio
 import functools
 import threading
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from .chat import ChatRenderer, ContentFormat
 from .config import CacheConfig, CacheStats
@@ -45,6 +45,7 @@ from .seams import (
 __all__ = ["CachedTokenizer", "Encoded"]
 
 Prompt = str | Sequence[int]
+_T = TypeVar("_T")
 
 
 class Encoded(NamedTuple):
@@ -257,26 +258,48 @@ class CachedTokenizer:
             return self._executor
 
     async def aencode_prompt(self, prompt: Prompt, *, add_special_tokens: bool = True) -> list[int]:
-        """``encode_prompt`` on the executor, off the event loop."""
+        """``encode_prompt`` on the executor, off the event loop (short texts inline, see
+        ``CacheConfig.inline_chars``)."""
         call = functools.partial(self.encode_prompt, prompt, add_special_tokens=add_special_tokens)
-        return await asyncio.get_running_loop().run_in_executor(self._pool(), call)
+        return await self._run(call, len(prompt) <= self.config.inline_chars)
 
     async def aencode_prompt_ex(self, prompt: Prompt, *, add_special_tokens: bool = True) -> Encoded:
         call = functools.partial(self.encode_prompt_ex, prompt, add_special_tokens=add_special_tokens)
-        return await asyncio.get_running_loop().run_in_executor(self._pool(), call)
+        return await self._run(call, len(prompt) <= self.config.inline_chars)
 
     async def aencode_chat(
         self, messages: Sequence[Mapping[str, Any]], *args: Any, **kwargs: Any
     ) -> list[int]:
-        """``encode_chat`` (template rendering included) on the executor, off the event loop."""
+        """``encode_chat`` (template rendering included) on the executor, off the event loop (short
+        conversations without tools inline)."""
         call = functools.partial(self.encode_chat, messages, *args, **kwargs)
-        return await asyncio.get_running_loop().run_in_executor(self._pool(), call)
+        return await self._run(call, self._short_chat(messages, args, kwargs))
 
     async def aencode_chat_ex(
         self, messages: Sequence[Mapping[str, Any]], *args: Any, **kwargs: Any
     ) -> Encoded:
         call = functools.partial(self.encode_chat_ex, messages, *args, **kwargs)
+        return await self._run(call, self._short_chat(messages, args, kwargs))
+
+    async def _run(self, call: Callable[[], _T], inline: bool) -> _T:
+        if inline:
+            return call()
         return await asyncio.get_running_loop().run_in_executor(self._pool(), call)
+
+    def _short_chat(self, messages: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """Plain-text messages whose text stays under ``inline_chars``, with no tools or documents (whose
+        rendering can be long whatever the messages' size)."""
+        if args or kwargs.get("tools") or kwargs.get("documents") or not isinstance(messages, list):
+            return False
+        budget = self.config.inline_chars
+        for m in messages:
+            content = m.get("content") if isinstance(m, Mapping) else None
+            if content is not None and not isinstance(content, str):
+                return False
+            budget -= len(content or "")
+            if budget < 0:
+                return False
+        return True
 
     def close(self) -> None:
         """Shut down the executor if this object created it."""

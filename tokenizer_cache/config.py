@@ -41,6 +41,10 @@ class CacheConfig(msgspec.Struct, frozen=True, kw_only=True):
     executor_workers: int = msgspec.field(default_factory=_default_workers)
     """Threads of the executor that the async methods use when no executor is passed in."""
 
+    inline_chars: int = 1024
+    """The async methods tokenize texts up to this many characters on the calling thread: a hop to the
+    executor and back costs 50-100 us, more than tokenizing a short text.  0: always use the executor."""
+
     def validate(self) -> CacheConfig:
         """Check cross-field constraints once; return self so it can be chained."""
         if self.max_cache_bytes < 0:
@@ -51,6 +55,8 @@ class CacheConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise TokenizerLoadError("margin_chars and overlap_chars must be >= 1")
         if self.seam_stride_tokens < 1:
             raise TokenizerLoadError("seam_stride_tokens must be >= 1")
+        if self.inline_chars < 0:
+            raise TokenizerLoadError("inline_chars must be >= 0")
         if self.executor_workers < 1:
             raise TokenizerLoadError("executor_workers must be >= 1")
         return self
