@@ -65,7 +65,8 @@ def run(a: argparse.Namespace) -> int:
         print(notes)
     if a.markdown:
         with open(a.markdown, "w") as f:
-            f.write(f"{head}\n\n{table}\n" + (f"\n{notes}\n" if notes else ""))
+            compact = render_table(results, pad=False)
+            f.write(f"{head}\n\n{compact}\n" + (f"\n{notes}\n" if notes else ""))
     if a.json_out:
         with open(a.json_out, "wb") as f:
             f.write(

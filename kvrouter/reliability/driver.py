@@ -111,6 +111,16 @@ async def open_loop(
     return shots
 
 
+def error_kinds(shots: list[Shot]) -> dict[str, int]:
+    """Failed shots by kind: the client's exception name, ``client_overload``, or ``status_<code>``."""
+    out: dict[str, int] = {}
+    for s in shots:
+        kind = s.error or (f"status_{s.status}" if s.status not in (200, 429) else None)
+        if kind:
+            out[kind] = out.get(kind, 0) + 1
+    return out
+
+
 def summary(shots: list[Shot], duration_s: float) -> dict[str, float]:
     ok = [s for s in shots if s.status == 200 and s.error is None]
     lat = [s.latency_s for s in ok]

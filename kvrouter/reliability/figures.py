@@ -86,8 +86,9 @@ def exactly(name: str, raw: Any, want: Any) -> Figure:
     return Figure(name, str(raw), str(want), raw == want, raw)
 
 
-def render_table(results: Iterable[ScenarioResult]) -> str:
-    """A Markdown table: one row per figure, the scenario named on its first row."""
+def render_table(results: Iterable[ScenarioResult], *, pad: bool = True) -> str:
+    """A Markdown table: one row per figure, the scenario named on its first row (columns padded to
+    line up for a terminal; ``pad=False`` for files, where one long value would pad every row)."""
     rows = [("Area", "Scenario", "Figure", "Value", "Target", "")]
     for r in results:
         figures = list(r.figures)
@@ -108,7 +109,7 @@ def render_table(results: Iterable[ScenarioResult]) -> str:
                     mark,
                 )
             )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    widths = [max(len(row[i]) for row in rows) if pad else 3 for i in range(len(rows[0]))]
     lines = []
     for k, row in enumerate(rows):
         lines.append("| " + " | ".join(c.ljust(widths[i]) for i, c in enumerate(row)) + " |")
