@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 
 import msgspec
@@ -58,6 +59,8 @@ def config_from_args(a: argparse.Namespace) -> AgreementConfig:
 
 
 def run(a: argparse.Namespace) -> int:
+    # The in-process fleet and gateway would log every request; the figures are what this command prints.
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     try:
         res = check(config_from_args(a))
     except (ValueError, OSError, TimeoutError) as e:
