@@ -15,6 +15,7 @@ import sys
 import msgspec
 
 from ..agreement import DEFAULT_OVERRIDES, AgreementConfig, check, report
+from .eval import parse_sets
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -39,12 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def config_from_args(a: argparse.Namespace) -> AgreementConfig:
     overrides = dict(DEFAULT_OVERRIDES) if a.workload == AgreementConfig().workload else {"form": "chat"}
-    for kv in a.set:
-        k, _, v = kv.partition("=")
-        try:
-            overrides[k] = json.loads(v)
-        except json.JSONDecodeError:
-            overrides[k] = v
+    overrides.update(parse_sets(a.set))
     return AgreementConfig(
         workload=a.workload,
         overrides=overrides,

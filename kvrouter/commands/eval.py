@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 import msgspec
 
@@ -51,14 +52,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
 
 
-def spec_from_args(a: argparse.Namespace) -> EvalSpec:
-    overrides = {}
-    for kv in a.set:
+def parse_sets(items: list[str]) -> dict[str, Any]:
+    """``--set KEY=JSON`` options as a dict; a value that is not JSON is taken as a string."""
+    out: dict[str, Any] = {}
+    for kv in items:
         k, _, v = kv.partition("=")
         try:
-            overrides[k] = json.loads(v)
+            out[k] = json.loads(v)
         except json.JSONDecodeError:
-            overrides[k] = v
+            out[k] = v
+    return out
+
+
+def spec_from_args(a: argparse.Namespace) -> EvalSpec:
+    overrides = parse_sets(a.set)
     return EvalSpec(
         workload=a.workload,
         trace=a.trace,
