@@ -74,6 +74,37 @@ def test_burst_of_a_new_prefix_sticks_together() -> None:
     assert len(set(picks)) == 1, picks  # speculative entries kept the burst on one instance
 
 
+def test_a_hot_prefix_spreads_past_the_bound_and_a_burst_does_not() -> None:
+    """One prefix for all traffic: its holder takes load_bound x mean + load_slack requests in flight, then
+    the others get requests (each computes the prefix once); a burst within the slack stays together."""
+    ix = Indexer(BS)
+    prefix = list(range(30_000, 30_000 + 200 * BS))
+    cache(ix, "v0", prefix)
+    r = Router(ix, RouterConfig(speculative=False))
+    kv = r.config.settings.kv_aware
+    picks = []
+    for i in range(40):
+        req = inp(ix, f"h{i}", [*prefix, 7000 + i])
+        d = r.route(req, fleet(4), now=0.0)
+        assert d.chosen is not None
+        r.dispatched(req, d.chosen, now=0.0)  # nothing finishes: in-flight counts only grow
+        picks.append(d.chosen.instance)
+    held = Counter(picks)
+    # the holder is never chosen above the bound while another target is below it
+    assert held["v0"] <= kv.load_bound * 40 / 4 + kv.load_slack + 1
+    assert len(held) > 1 and held["v0"] == max(held.values())
+    # a burst no larger than the slack, on an idle fleet, stays on the holder
+    r2 = Router(ix, RouterConfig(speculative=False))
+    burst = []
+    for i in range(int(kv.load_slack)):
+        req = inp(ix, f"b{i}", [*prefix, 8000 + i])
+        d = r2.route(req, fleet(4), now=0.0)
+        assert d.chosen is not None
+        r2.dispatched(req, d.chosen, now=0.0)
+        burst.append(d.chosen.instance)
+    assert set(burst) == {"v0"}
+
+
 def test_untrusted_instances_fall_back_to_load_alone() -> None:
     ix = Indexer(BS)
     prompt = list(range(100, 100 + 32 * BS))

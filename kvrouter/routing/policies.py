@@ -75,11 +75,17 @@ class KvAwareSettings(msgspec.Struct, frozen=True):
     88 % of the pooled-cache bound, 3 -> 88 %, 8 -> 96 %, 20 -> 99 % with mean TTFT +4 %."""
     load_weight: float = 32.0
     """Prefill-token equivalent of one request in flight (each decodes in every later step)."""
-    load_bound: float = 0.0
-    """If > 0, a target with more than ``load_bound`` x (mean + 1) requests in flight is chosen only if every
-    target is (consistent hashing's bounded-load idea).  Off by default: at small loads it breaks up bursts
-    that should stay together, and ``limits.concurrency_threshold`` (vLLM's max_num_seqs) guards the cliff
-    that matters."""
+    load_bound: float = 1.5
+    """A target with more than ``load_bound`` x mean + ``load_slack`` requests in flight is chosen only if
+    every target is (consistent hashing's bounded-load idea, with slack).  Without it, one prefix shared by
+    all traffic stays on the instance that computed it up to the spill threshold: the cost charges
+    recomputing the prefix elsewhere in full, though each other instance pays it once.  With it, that
+    instance takes its share plus the slack and the prefix spreads.  Measured with ``kvrouter eval``: one
+    8k prefix on 7 instances at 16 req/s, e2e p50 4.45 s -> 3.23 s and TTFT p50 38 -> 26 ms (random: 24);
+    Mooncake conversation (4,000 requests, 3x): hit rate 27.0 -> 26.9 %, mean TTFT +0.8 %.  0: off."""
+    load_slack: float = 8.0
+    """Requests in flight a target may hold above ``load_bound`` x mean: a burst of one new prefix up to
+    this size stays together on an idle fleet (its later requests hit what the first computes)."""
     offload_value: float = 0.8
     """Worth of a CPU/STORAGE-tier hit relative to a GPU hit (it must be copied back first)."""
 
@@ -109,7 +115,7 @@ class KvAware:
         over: set[str] = set()
         if self.s.load_bound and len(cands) > 1:
             mean = sum(c.in_flight / max(c.weight, 1e-6) for c in cands) / len(cands)
-            cap = self.s.load_bound * (mean + 1)
+            cap = self.s.load_bound * mean + self.s.load_slack
             over = {c.target for c in cands if c.in_flight / max(c.weight, 1e-6) > cap}
             if len(over) == len(cands):
                 over = set()
