@@ -18,7 +18,7 @@ from functools import partial
 
 import msgspec
 
-from indexer import Indexer, LookupResult, SourceKey
+from indexer import Indexer, SourceKey
 from indexer.hashing import I64Array
 
 from ..routing import InstanceId, RequestId, RouteInput, Router, RouterConfig
@@ -89,23 +89,6 @@ class ReplicaRouters:
         return Router.no_chains()
 
 
-class _PrefillAwareRouter(Router):
-    """The router with peers' queued prefill in its candidates' ``pending_prefill_tokens`` (the one-line
-    change proposed for ``Router.candidates``: ``load.effective_pending_prefill_tokens()``)."""
-
-    def candidates(
-        self,
-        inp: RouteInput,
-        targets: list[Target],
-        now: float | None = None,
-        remote: LookupResult | None = None,
-    ) -> list[Candidate]:
-        out = super().candidates(inp, targets, now, remote)
-        for c in out:
-            c.pending_prefill_tokens += self.load.get(InstanceId(c.target)).external_prefill_tokens
-        return out
-
-
 class ReplicatedFleet(VirtualFleet):
     def __init__(
         self,
@@ -122,7 +105,9 @@ class ReplicatedFleet(VirtualFleet):
         for ix in self.indexers[1:]:
             for n in self.names:
                 ix.register(SourceKey(n, 0))
-        self.routers: list[Router] = [_PrefillAwareRouter(ix, router_cfg) for ix in self.indexers]
+        # The plain Router: its candidates already count peers' in-flight and queued prefill
+        # (``InstanceLoad.effective_*``); a subclass that added the prefill again counted it twice.
+        self.routers: list[Router] = [Router(ix, router_cfg) for ix in self.indexers]
         self.router = ReplicaRouters(self.routers)  # type: ignore[assignment]
         self.hub = MemoryReplicaHub(lambda: self.clock.now)
         self.states = [ReplicaState(r, f"replica-{i}") for i, r in enumerate(self.routers)]
