@@ -380,8 +380,8 @@ async def errors_mw(
             e.content_type = "application/json"
         gw.metrics.requests.labels(route, str(e.status)).inc()
         raise
-    except (asyncio.CancelledError, ConnectionResetError):
-        raise  # the client went away: nothing to answer
+    except ConnectionResetError:
+        raise  # the client went away: nothing to answer (cancellation is a BaseException, never caught here)
     except Exception as e:
         # A bug, not the client's fault: answered as a well-formed JSON 500 (never aiohttp's bare page),
         # logged with its traceback but without the request's contents, and counted.

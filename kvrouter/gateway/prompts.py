@@ -81,8 +81,9 @@ class FleetTokens:
         except NoChatTemplateError:
             # vLLM may have a template of its own (--chat-template): route by load and prefix text rather
             # than refuse; say so once per model, since every chat request of that model will miss.
-            self.untokenized[req.model or ""] += 1
-            if self.untokenized[req.model or ""] == 1:
+            model = req.model or ""
+            self.untokenized[model] += 1
+            if self.untokenized[model] == 1:
                 log.warning(
                     "no chat template for this model: chat requests are routed without token ids "
                     "(set chat_template in the fleet file)",
