@@ -194,16 +194,41 @@ def content_hashes_raw(raw: bytes | memoryview, block_size: int) -> tuple[I64Arr
     return out.view(np.int64), count
 
 
+@njit(cache=True, nogil=True, boundscheck=False)
+def _array_blocks(tokens: Any, block_size: int, n_blocks: int, out: Any) -> None:
+    """``_parse_blocks``'s block hash over an integer array (values already checked to be uint32)."""
+    m2 = np.uint64(0xBF58476D1CE4E5B9)
+    m3 = np.uint64(0x94D049BB133111EB)
+    for b in range(n_blocks):
+        base = b * block_size
+        acc = np.uint64(0)
+        for k in range(1, block_size, 2):
+            acc += (np.uint64(tokens[base + k - 1]) + _K[k - 1]) * (np.uint64(tokens[base + k]) + _K[k])
+        if block_size & 1:
+            acc += (np.uint64(tokens[base + block_size - 1]) + _K[block_size - 1]) * _K[block_size]
+        h = acc ^ np.uint64(block_size)
+        h = (h ^ (h >> np.uint64(30))) * m2
+        h = (h ^ (h >> np.uint64(27))) * m3
+        out[b] = h ^ (h >> np.uint64(31))
+
+
 def content_hashes(
-    tokens: Sequence[int], block_size: int, start_block: int = 0, n_blocks: int = -1
+    tokens: Sequence[int] | npt.NDArray[np.integer[Any]],
+    block_size: int,
+    start_block: int = 0,
+    n_blocks: int = -1,
 ) -> I64Array:
-    """``H_k`` for full blocks ``start_block .. start_block + n_blocks`` (all remaining full blocks if -1)."""
+    """``H_k`` for full blocks ``start_block .. start_block + n_blocks`` (all remaining full blocks if -1).
+
+    ``tokens``: a sequence of ints, or an integer numpy array (hashed in place, no conversion)."""
     full = len(tokens) // block_size - start_block
     n = full if n_blocks < 0 else min(n_blocks, full)
     if n <= 0:
         return _EMPTY_I64
     lo = start_block * block_size
     seg = tokens[lo : lo + n * block_size] if lo or n != full else tokens
+    if isinstance(seg, np.ndarray):
+        return _content_hashes_array(seg, block_size, n)
     try:
         raw = _ENCODE(seg)
     except TypeError:
@@ -217,6 +242,18 @@ def content_hashes(
     got, _ = _parse_blocks(np.frombuffer(raw, dtype=np.uint8), _header_len(raw[0]), block_size, n, out)
     if got != n:
         raise TokenEncodingError("token ids must be ints in 0 .. 2**32-1")
+    return out.view(np.int64)
+
+
+def _content_hashes_array(seg: npt.NDArray[np.integer[Any]], block_size: int, n: int) -> I64Array:
+    if not 0 < block_size <= MAX_BLOCK_SIZE:
+        raise TokenEncodingError(f"block size {block_size} outside 1..{MAX_BLOCK_SIZE}")
+    if seg.dtype.kind not in "iu":
+        raise TokenEncodingError(f"token ids must be integers, not {seg.dtype}")
+    if seg.dtype != np.uint32 and len(seg) and (int(seg.min()) < 0 or int(seg.max()) > 0xFFFFFFFF):
+        raise TokenEncodingError("token ids must be ints in 0 .. 2**32-1")
+    out = np.empty(n, dtype=np.uint64)
+    _array_blocks(np.ascontiguousarray(seg), block_size, n, out)
     return out.view(np.int64)
 
 

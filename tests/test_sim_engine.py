@@ -363,3 +363,21 @@ def test_given_output_tokens_are_generated_in_order() -> None:
     assert out[:2] == [40, 41] and len(out) == 5
     e.add_request("b", [1, 2, 3], 2, output_token_ids=[7, 8, 9])
     assert [t for s in run(e)[0] for o in s.outputs for t in o.new_token_ids] == [7, 8]
+
+
+@pytest.mark.parametrize("profile", ["llama-3.1-70b-8xh100", "qwen3-32b-2xh100"])
+@pytest.mark.parametrize(("batch", "base", "k"), [(1, 10, 1), (7, 5000, 13), (200, 1_600_000, 300)])
+def test_decode_run_time_is_the_sum_of_its_steps(profile: str, batch: int, base: int, k: int) -> None:
+    """The coalesced decode phases' duration is the per-step model summed, to the last bit."""
+    for speed in (1.0, 8.0):
+        tm = TimingModel(get_profile(profile), speed=speed)
+        steps = [
+            BatchStats(
+                num_scheduled=batch,
+                decode_tokens=batch,
+                attention_pairs=base + j * batch,
+                context_tokens=base + j * batch,
+            )
+            for j in range(k)
+        ]
+        assert tm.decode_run_time(batch, base, k) == sum(tm.step_time(s) for s in steps)

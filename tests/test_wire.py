@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from indexer import Indexer, SourceKey
 from indexer.encode import RELEASES, PayloadEncoder
@@ -190,3 +192,34 @@ def test_chained_hashes_equal_chaining_content_hashes() -> None:
             chained_hashes(toks, 16, start, n, prev).tolist()
             == chain(content_hashes(toks, 16, start, n), prev).tolist()
         )
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    toks=st.lists(st.one_of(st.integers(0, 300), st.integers(0, 2**32 - 1)), max_size=200),
+    block_size=st.integers(1, 40),
+    start=st.integers(0, 4),
+    n=st.integers(-1, 8),
+    dtype=st.sampled_from(["uint32", "int64", "uint64"]),
+)
+def test_content_hashes_of_arrays_equal_those_of_lists(
+    toks: list[int], block_size: int, start: int, n: int, dtype: str
+) -> None:
+    """The simulator hands prompts over as numpy arrays: the array kernel must hash exactly as the msgpack
+    parse of the same ints does (the reference: the list path the gateway uses)."""
+    import numpy as np
+
+    from indexer.hashing import content_hashes
+
+    want = content_hashes(toks, block_size, start, n).tolist()
+    assert content_hashes(np.array(toks, dtype=dtype), block_size, start, n).tolist() == want
+
+
+@pytest.mark.parametrize("bad", [[-1] * 16, [2**32] * 16])
+def test_content_hashes_of_arrays_reject_ids_outside_uint32(bad: list[int]) -> None:
+    import numpy as np
+
+    from indexer.hashing import TokenEncodingError, content_hashes
+
+    with pytest.raises(TokenEncodingError):
+        content_hashes(np.array(bad, dtype=np.int64), 16)

@@ -27,6 +27,10 @@ import msgspec
 from .hashring import HashRing
 from .types import InstanceId
 
+READS_INDEX = frozenset({"kv-aware"})
+"""Policies whose ranking reads cached tokens (the index).  The others rank by load, turn or hash alone, so
+a simulator may leave the index out of their runs and get the same decisions."""
+
 
 class Candidate(msgspec.Struct):
     """One routing target (an instance's data-parallel rank) as a policy sees it."""

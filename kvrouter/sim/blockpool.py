@@ -117,16 +117,25 @@ class BlockPool:
 
     def get_new_blocks(self, n: int) -> list[BlockId]:
         """Pop ``n`` blocks off the queue head, evicting their hashes.  The caller checked ``num_free``."""
-        assert n <= len(self._free), "allocation beyond free blocks"
-        free, hashes, ref = self._free, self._hash, self._ref
-        out: list[BlockId] = []
-        for _ in range(n):
-            b, _none = free.popitem(last=False)
+        free = self._free
+        assert n <= len(free), "allocation beyond free blocks"
+        pop = free.popitem
+        out: list[BlockId] = [pop(False)[0] for _ in range(n)]
+        hashes, ref, by_hash, dups = self._hash, self._ref, self._by_hash, self._dups
+        events = self._events if self.enable_events else None
+        # The hot loop of a simulation (one iteration per allocated block): the common eviction, a hash
+        # held by this block alone, is inlined; duplicates take ``_evict``.
+        for b in out:
+            ref[b] = 1
             h = hashes[b]
             if h is not None:
-                self._evict(b, h)
-            ref[b] = 1
-            out.append(b)
+                if h in dups or by_hash[h] != b:
+                    self._evict(b, h)
+                    continue
+                del by_hash[h]
+                hashes[b] = None
+                if events is not None:
+                    events.append(BlockRemoved([h]))
         return out
 
     def _evict(self, block: BlockId, h: BlockHash) -> None:
@@ -156,6 +165,11 @@ class BlockPool:
         for b, h in zip(blocks, hashes):
             assert block_hash[b] is None, "block cached twice"
             block_hash[b] = h
+        new = dict(zip(hashes, blocks))
+        if len(new) == len(hashes) and by_hash.keys().isdisjoint(new):
+            by_hash.update(new)  # the common case: every hash new (C loops, no per-block Python)
+            return
+        for b, h in zip(blocks, hashes):
             if h in by_hash:
                 self._dups.setdefault(h, []).append(b)
             else:

@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from typing import Any
 
 import msgspec
+import numpy as np
+import numpy.typing as npt
 
 from .blockpool import BlockPool
 from .errors import DuplicateRequest, RequestRejected, RequestTooLong, SimConfigError
@@ -171,7 +174,7 @@ class Engine:
     def add_request(
         self,
         request_id: str,
-        prompt_token_ids: Sequence[int],
+        prompt_token_ids: Sequence[int] | npt.NDArray[np.integer[Any]],
         max_tokens: int,
         *,
         cache_salt: str | None = None,
@@ -186,7 +189,7 @@ class Engine:
         rid = RequestId(request_id)
         if rid in self.scheduler.requests:
             raise DuplicateRequest(f"request {request_id!r} is already in the engine")
-        if not prompt_token_ids:
+        if len(prompt_token_ids) == 0:
             raise RequestRejected("empty prompt")
         if max_tokens < 1:
             raise RequestRejected("max_tokens must be >= 1")
@@ -201,7 +204,7 @@ class Engine:
         self.scheduler.add(
             Request(
                 rid,
-                list(prompt_token_ids),
+                prompt_token_ids if isinstance(prompt_token_ids, np.ndarray) else list(prompt_token_ids),
                 max_tokens,
                 block_size=self.block_size,
                 none_hash=self._none_hash,
@@ -263,10 +266,10 @@ class Engine:
             k = min(k, int(max_duration_s // first))
         if k < 2:
             return self.step()
-        outputs, steps = sch.run_decodes(k)
+        n = len(sch.running)
+        outputs, base_ctx = sch.run_decodes(k)
         self.steps += k
-        n = steps[0].num_scheduled
-        return StepResult(outputs, sum(self.timing.step_time(st) for st in steps), n, 0, n * k, 0, [])
+        return StepResult(outputs, self.timing.decode_run_time(n, base_ctx, k), n, 0, n * k, 0, [])
 
     def take_events(self) -> list[KVEvent]:
         """This step's KV events, in order (empty when events are disabled)."""

@@ -23,6 +23,7 @@ from typing import Any, cast
 
 import msgspec
 import numpy as np
+import numpy.typing as npt
 from numba import njit
 
 from indexer.hashing import I64Array, content_hashes
@@ -70,7 +71,7 @@ def _chain(content: Any, parent: Any, extra_first: Any, extra_rest: Any, out: An
 
 
 def chain_hashes(
-    tokens: Sequence[int],
+    tokens: Sequence[int] | npt.NDArray[np.integer[Any]],
     block_size: int,
     *,
     parent: int,

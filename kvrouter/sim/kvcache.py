@@ -115,7 +115,7 @@ class KVCacheManager:
                 BlockStored(
                     hashes,
                     req.block_hashes[done - 1] if done else None,
-                    req.all_token_ids[done * bs : full * bs],
+                    req.token_slice(done * bs, full * bs),
                     bs,
                     lora_id=req.lora_id,
                     lora_name=req.lora_name,

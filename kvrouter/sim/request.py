@@ -2,7 +2,8 @@
 
 ::
 
-    all_token_ids:  | prompt ........................ | out0 out1 ... |
+    tokens:         | prompt ........................ | out0 out1 ... |
+                      prompt_token_ids (kept as given)   _outputs[:num_output_tokens]
     block_hashes:   | h0 | h1 | ... full blocks only, extended as generated tokens fill blocks
     num_computed:   tokens whose KV exists (cache hits count as computed)   <= num_tokens
 
@@ -15,8 +16,11 @@ by the request's seed (the evaluator replays runs exactly).
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from .hashing import block_extra_keys, chain_hashes, extra_digest
 from .types import BlockHash, RequestId
@@ -32,15 +36,16 @@ class Status(enum.Enum):
 class Request:
     """Mutable engine-side state of one request.  Built by ``Engine.add_request``; callers never mutate it.
 
-    ``num_tokens`` (= len(all_token_ids)) and ``num_output_tokens`` are plain attributes kept in step by
-    ``append_output_token``, the only place tokens are added (they are read per request per step)."""
+    ``num_tokens`` (prompt + outputs so far) and ``num_output_tokens`` are plain attributes kept in step by
+    ``append_output_token(s)``, the only place tokens are added (they are read per request per step).
+    The prompt is kept as given, a list or the evaluator's integer array, and never copied whole: most
+    runs only hash it; ``token_slice`` reads tokens back."""
 
     __slots__ = (
         "_extra0",
         "_extra_rest",
         "_none_hash",
         "_outputs",
-        "all_token_ids",
         "block_hashes",
         "block_size",
         "cache_salt",
@@ -53,6 +58,7 @@ class Request:
         "num_preemptions",
         "num_prompt_tokens",
         "num_tokens",
+        "prompt_token_ids",
         "request_id",
         "seed",
         "status",
@@ -62,7 +68,7 @@ class Request:
     def __init__(
         self,
         request_id: RequestId,
-        prompt_token_ids: list[int],
+        prompt_token_ids: Sequence[int] | npt.NDArray[np.integer[Any]],
         max_tokens: int,
         *,
         block_size: int,
@@ -76,8 +82,8 @@ class Request:
         output_token_ids: list[int] | None = None,
     ) -> None:
         self.request_id = request_id
-        self.all_token_ids = list(prompt_token_ids)
-        self.num_prompt_tokens = self.num_tokens = len(self.all_token_ids)
+        self.prompt_token_ids = prompt_token_ids
+        self.num_prompt_tokens = self.num_tokens = len(prompt_token_ids)
         self.num_output_tokens = 0
         self.max_tokens = max_tokens
         self.block_size = block_size
@@ -101,7 +107,7 @@ class Request:
         # Prompt blocks are hashed once, here, like vLLM's Request (the hashes survive preemption).
         self.block_hashes: list[BlockHash] = (
             chain_hashes(
-                self.all_token_ids,
+                prompt_token_ids,
                 block_size,
                 parent=none_hash,
                 first_extra=self._extra0,
@@ -122,17 +128,33 @@ class Request:
             return
         parent = self.block_hashes[-1] if have else self._none_hash
         first = self._extra0 if have == 0 else self._extra_rest
+        bs = self.block_size
         self.block_hashes.extend(
             chain_hashes(
-                self.all_token_ids,
-                self.block_size,
+                self.token_slice(have * bs, num_blocks * bs),
+                bs,
                 parent=parent,
                 first_extra=first,
                 rest_extra=self._extra_rest,
-                start_block=have,
-                n_blocks=num_blocks - have,
             )
         )
+
+    def token_slice(self, start: int, stop: int) -> list[int]:
+        """Tokens ``start .. stop`` (prompt then outputs) as a new list; ``stop`` <= ``num_tokens``."""
+        p = self.num_prompt_tokens
+        out: list[int] = []
+        if start < p:
+            part = self.prompt_token_ids[start : min(stop, p)]
+            out = part.tolist() if isinstance(part, np.ndarray) else list(part)
+        if stop > p:
+            assert self._outputs is not None
+            out += self._outputs[max(start, p) - p : stop - p]
+        return out
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        """Every token so far (a copy: tests and debugging; the engine uses ``token_slice``)."""
+        return self.token_slice(0, self.num_tokens)
 
     def extra_keys(self, start_block: int, end_block: int) -> list[tuple[str, ...] | None]:
         """The ``extra_keys`` list of a BlockStored event for blocks ``start_block .. end_block``."""
@@ -149,7 +171,17 @@ class Request:
         if self._outputs is None:
             self._outputs = self._draw(self.max_tokens)
         tok = self._outputs[self.num_output_tokens]
-        self.all_token_ids.append(tok)
         self.num_output_tokens += 1
         self.num_tokens += 1
         return tok
+
+    def append_output_tokens(self, n: int) -> list[int]:
+        """``n`` calls of ``append_output_token`` at once (the evaluator's coalesced decode steps)."""
+        if self._outputs is None:
+            self._outputs = self._draw(self.max_tokens)
+        i = self.num_output_tokens
+        toks = self._outputs[i : i + n]
+        assert len(toks) == n, "more output tokens than max_tokens"
+        self.num_output_tokens += n
+        self.num_tokens += n
+        return toks

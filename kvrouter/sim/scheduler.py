@@ -277,13 +277,13 @@ class Scheduler:
             k //= 2
         return 0
 
-    def run_decodes(self, k: int) -> tuple[list[RequestOutput], list[BatchStats]]:
+    def run_decodes(self, k: int) -> tuple[list[RequestOutput], int]:
         """``k`` decode steps of the running batch at once (``decode_run_length`` said they are alike).
 
         Each request samples k tokens; its blocks are allocated and cached as the k steps would have
         (full blocks of known tokens only, in the same order per request), so cache contents and events
-        are those of k separate steps, one batch of events instead of k.  Returns the outputs and the k
-        steps' statistics, for the timing model."""
+        are those of k separate steps, one batch of events instead of k.  Returns the outputs and the
+        context tokens of the first step (step j has ``base + j * batch``), for the timing model."""
         kv = self.kv
         c = self.counters
         running = self.running
@@ -292,7 +292,7 @@ class Scheduler:
         outputs: list[RequestOutput] = []
         max_len = self.max_model_len
         for req in running:
-            new = [req.append_output_token() for _ in range(k - 1)]
+            new = req.append_output_tokens(k - 1)
             ok = kv.allocate_slots(req, k)
             assert ok, "decode_run_length checked the free blocks"
             req.num_computed_tokens += k
@@ -312,15 +312,6 @@ class Scheduler:
                 )
             )
         c.generation_tokens += k * n
-        steps = [
-            BatchStats(
-                num_scheduled=n,
-                decode_tokens=n,
-                attention_pairs=base_ctx + j * n,
-                context_tokens=base_ctx + j * n,
-            )
-            for j in range(k)
-        ]
         finished = [running[i] for i, o in enumerate(outputs) if o.finished]
         for req in finished:
             self.requests.pop(req.request_id, None)
@@ -330,7 +321,7 @@ class Scheduler:
         if finished:
             self.running[:] = [r for r in running if r.status is not Status.FINISHED]
         kv.end_step()
-        return outputs, steps
+        return outputs, base_ctx
 
     def preempt_all(self) -> list[RequestId]:
         """Preempt every running request (``reset_prefix_cache(reset_running_requests=True)``)."""

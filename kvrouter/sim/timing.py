@@ -206,3 +206,22 @@ class TimingModel:
         if stats.loaded_tokens:
             t += stats.loaded_tokens * p.kv_bytes_per_token / p.cpu_load_bytes_per_s
         return t / self.speed
+
+    def decode_run_time(self, batch: int, base_context: int, k: int) -> float:
+        """The summed ``step_time`` of ``k`` decode-only steps of ``batch`` requests, step ``j`` holding
+        ``base_context + j * batch`` context tokens: the same arithmetic per step, without building the
+        k ``BatchStats`` (the evaluator's coalesced decode phases call this millions of times)."""
+        if batch == 0 or k <= 0:
+            return 0.0
+        p = self.profile
+        flops, bw, speed = self._flops, self._bw, self.speed
+        fixed = p.step_overhead_s + batch * p.per_seq_overhead_s
+        tok_flops = batch * p.flops_per_token
+        afp, kvb, weights = p.attn_flops_per_pair, p.kv_bytes_per_token, p.weight_bytes
+        # sum() of the list, as the per-step version summed (Python >= 3.12 sums floats compensated).
+        return sum(
+            [
+                (fixed + max((tok_flops + ctx * afp) / flops, (weights + ctx * kvb) / bw)) / speed
+                for ctx in range(base_context, base_context + k * batch, batch)
+            ]
+        )

@@ -29,10 +29,11 @@ from indexer import Indexer, SourceKey
 from indexer.hashing import I64Array
 
 from ..routing import InstanceId, RequestId, RouteInput, Router, RouterConfig
+from ..routing.policies import READS_INDEX
 from ..routing.router import Target
 from ..workloads.blocks import BlockContentCache
 from ..workloads.spec import Request, Segment, TokenSpace, Workload
-from ..workloads.tokens import output_tokens, prompt_ids, segments_tokens
+from ..workloads.tokens import output_tokens, prompt_tokens, segments_tokens
 from .engine import CacheConfig, Engine, EngineConfig
 from .errors import RequestRejected
 from .payload import PayloadWriter
@@ -128,6 +129,12 @@ class VirtualFleet:
         self.indexer = Indexer(cfg.block_size)
         self.router = Router(self.indexer, router_cfg)
         self.prefix_length = router_cfg.settings.prefix_hash.prefix_length
+        # Without events the index holds only speculative entries, which no policy outside READS_INDEX
+        # reads (they rank by load, turn or hash): such runs skip hashing, lookups and speculative entries,
+        # and route exactly as with them.
+        self.lookups = cfg.events or bool(
+            READS_INDEX & {router_cfg.policy, *router_cfg.model_policies.values()}
+        )
         self.hashes = hashes or BlockContentCache(workload.token_space, cfg.block_size)
         self.progress = progress
         self.rng = random.Random(cfg.seed)
@@ -225,7 +232,7 @@ class VirtualFleet:
     # ------------------------------------------------------------------ router side
     def _arrive(self, r: Request) -> None:
         now = self.clock.now
-        chains: I64Array = self.hashes.chain_hashes(r)
+        chains: I64Array | None = self.hashes.chain_hashes(r) if self.lookups else None
         n = r.num_prompt_tokens
         text = prefix_text(r, self.w.token_space, self.prefix_length)
         inp = RouteInput(RequestId(r.id), n, chains, ((r.affinity_id or "") + "\0" + text).encode())
@@ -293,7 +300,7 @@ class VirtualFleet:
             out = output_tokens(r, self.w.token_space) if r.output_segments else None
             eng.add_request(
                 rid,
-                prompt_ids(r, self.w.token_space),
+                prompt_tokens(r, self.w.token_space),
                 r.max_output_tokens,
                 cache_salt=r.cache_salt,
                 **({"output_token_ids": out.tolist()} if out is not None and _supports_output(eng) else {}),
