@@ -19,7 +19,14 @@ from tests.fixtures.tokenizer_kit import ALL_PIECES, SPECIAL_STRINGS, build_all,
 from tokenizer_cache import CacheConfig, CachedTokenizer
 
 NAMES = ("deepseek", "bytelevel", "metaspace", "wordpiece")
-TIGHT = CacheConfig(chunk_chars=32, margin_chars=8, overlap_chars=4, seam_stride_tokens=2)
+TIGHT = CacheConfig(
+    chunk_chars=32,
+    margin_chars=8,
+    overlap_chars=4,
+    seam_stride_tokens=3,
+    seam_tail_tokens=12,
+    seam_tail_stride_tokens=1,
+)
 SETTINGS = settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -138,3 +145,33 @@ def test_special_tokens_wrapping_matches_transformers(cached: dict[str, CachedTo
             assert got.tokens == want, (name, add)
             assert got.reused_tokens > 0, (name, add)
             assert got.tokens[: got.reused_tokens] == want[: got.reused_tokens]
+
+
+def test_tail_seams_are_denser_and_leave_the_rest_alone(cached: dict[str, CachedTokenizer]) -> None:
+    """``seam_tail_*``: more reuse boundaries near the end of a cached text, the same ones before it."""
+    from array import array
+
+    from tokenizer_cache.seams import sample_seams
+
+    ct = cached["deepseek"]
+    text = corpus_text(random.Random(7), 4000)
+    enc = ct._encode(text)
+    n = len(enc.ids)
+    assert n > 1200
+
+    def seams(tail_tokens: int, tail_stride: int) -> list[int]:
+        pos: array[int] = array("i")
+        idx: array[int] = array("i")
+        sample_seams(
+            enc, n, stride=16, first_token=0, min_rel_pos=0, pos_offset=0, idx_offset=0,
+            out_pos=pos, out_idx=idx, tail_tokens=tail_tokens, tail_stride=tail_stride,
+        )  # fmt: skip
+        assert list(pos) == sorted(set(pos))
+        return list(idx)
+
+    uniform, dense = seams(0, 0), seams(512, 4)
+    cut = n - 512 - 16
+    assert [i for i in dense if i <= cut] == [i for i in uniform if i <= cut]
+    in_tail = [i for i in dense if i > cut]
+    assert len(in_tail) >= 2.5 * len([i for i in uniform if i > cut])
+    assert in_tail and max(in_tail) > n - 8

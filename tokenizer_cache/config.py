@@ -38,6 +38,12 @@ class CacheConfig(msgspec.Struct, frozen=True, kw_only=True):
     seam_stride_tokens: int = 16
     """One reuse-boundary candidate (a word start) is recorded per this many tokens of a cached entry."""
 
+    seam_tail_tokens: int = 512
+    seam_tail_stride_tokens: int = 4
+    """Denser candidates, one per ``seam_tail_stride_tokens``, in the last ``seam_tail_tokens`` of an entry:
+    the next request usually leaves the cached text there (a new question after a shared prefix, the next
+    chat turn), and the re-tokenized part shrinks with the distance to the last candidate.  0: uniform."""
+
     executor_workers: int = msgspec.field(default_factory=_default_workers)
     """Threads of the executor that the async methods use when no executor is passed in."""
 
@@ -55,6 +61,8 @@ class CacheConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise TokenizerLoadError("margin_chars and overlap_chars must be >= 1")
         if self.seam_stride_tokens < 1:
             raise TokenizerLoadError("seam_stride_tokens must be >= 1")
+        if self.seam_tail_tokens < 0 or self.seam_tail_stride_tokens < 0:
+            raise TokenizerLoadError("seam_tail_tokens and seam_tail_stride_tokens must be >= 0")
         if self.inline_chars < 0:
             raise TokenizerLoadError("inline_chars must be >= 0")
         if self.executor_workers < 1:

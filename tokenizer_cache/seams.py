@@ -101,8 +101,12 @@ def sample_seams(
     idx_offset: int,
     out_pos: MutableSequence[int],
     out_idx: MutableSequence[int],
+    tail_tokens: int = 0,
+    tail_stride: int = 0,
 ) -> None:
-    """Append word starts of ``enc`` (about one per ``stride`` tokens after ``first_token``).
+    """Append word starts of ``enc`` (about one per ``stride`` tokens after ``first_token``, one per
+    ``tail_stride`` in the last ``tail_tokens``: where the next request most often leaves this text, a
+    question after a shared prefix or the next turn of a chat, dense seams shorten the re-tokenized part).
 
     A seam is a token index i > 0 whose token starts a word (its word id differs from token i-1's).
     Positions are shifted by ``pos_offset`` and indices by ``idx_offset``; only relative positions >
@@ -113,9 +117,14 @@ def sample_seams(
     words = enc.word_ids  # one call: per-token lookups cost ~0.1 us each across the Rust boundary
     t2c = enc.token_to_chars
     last = min_rel_pos
-    i = first_token + stride
-    while i < n_tokens:
-        lo = max(i - stride + 1, first_token + 1, 1)  # search window (i - stride, i]
+    dense_from = n_tokens - tail_tokens if tail_stride > 0 else n_tokens
+    i = first_token
+    while True:
+        step = tail_stride if tail_stride > 0 and i + stride > dense_from else stride
+        i += step
+        if i >= n_tokens:
+            break
+        lo = max(i - step + 1, first_token + 1, 1)  # search window (i - step, i]
         j, w = i, words[i]
         while w is not None and words[j - 1] == w:
             j -= 1
@@ -127,7 +136,6 @@ def sample_seams(
                 last = cur[0]
                 out_pos.append(cur[0] + pos_offset)
                 out_idx.append(j + idx_offset)
-        i += stride
 
 
 # Seams searched, before the overlap point, for one that starts with a space.
