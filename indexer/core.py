@@ -22,6 +22,7 @@ from .errors import BadBlockShape, BlockSizeMismatch, DecodeError, EventError, U
 from .hashing import (
     I64Array,
     TokenEncodingError,
+    TokenIds,
     base_hash,
     chain,
     chain_one,
@@ -373,14 +374,14 @@ class Indexer:
 
     # ------------------------------------------------------------------ lookups
     def chain_hashes(
-        self, token_ids: Sequence[int], *, lora_name: str | None = None, cache_salt: str | None = None
+        self, token_ids: TokenIds, *, lora_name: str | None = None, cache_salt: str | None = None
     ) -> I64Array:
         """Our chain hashes of every full block of a prompt."""
         return chain(content_hashes(token_ids, self.block_size), base_hash(lora_name, cache_salt))
 
     def lookup(
         self,
-        token_ids: Sequence[int],
+        token_ids: TokenIds,
         *,
         lora_name: str | None = None,
         cache_salt: str | None = None,
@@ -401,7 +402,7 @@ class Indexer:
             self.index.expire(now)
         return self._result(num_tokens, self.index.match(chains))
 
-    def _match_tokens(self, tokens: Sequence[int], base: int) -> list[SourceMatch]:
+    def _match_tokens(self, tokens: TokenIds, base: int) -> list[SourceMatch]:
         bs = self.block_size
         total = len(tokens) // bs
         done = 0

@@ -212,8 +212,12 @@ def _array_blocks(tokens: Any, block_size: int, n_blocks: int, out: Any) -> None
         out[b] = h ^ (h >> np.uint64(31))
 
 
+TokenIds = Sequence[int] | npt.NDArray[np.integer[Any]]
+"""Token ids as Python ints or as an integer array (uint32 from the tokenizer cache: hashed in place)."""
+
+
 def content_hashes(
-    tokens: Sequence[int] | npt.NDArray[np.integer[Any]],
+    tokens: TokenIds,
     block_size: int,
     start_block: int = 0,
     n_blocks: int = -1,
@@ -261,9 +265,7 @@ def _header_len(b: int) -> int:
     return 1 if b < 0xDC else (3 if b == 0xDC else 5)
 
 
-def chained_hashes(
-    tokens: Sequence[int], block_size: int, start_block: int, n_blocks: int, prev: int
-) -> I64Array:
+def chained_hashes(tokens: TokenIds, block_size: int, start_block: int, n_blocks: int, prev: int) -> I64Array:
     """Chain hashes of full blocks ``start_block .. start_block + n_blocks`` of ``tokens`` after a block
     chained ``prev``: ``chain(content_hashes(...), prev)`` in one compiled pass."""
     full = len(tokens) // block_size - start_block

@@ -60,9 +60,12 @@ def _text(name: str, min_pieces: int, max_pieces: int) -> st.SearchStrategy[str]
 
 
 def _check(ct: CachedTokenizer, text: str) -> None:
-    got = ct.encode_prompt(text)
+    res = ct.encode_prompt_ex(text)
     want = ct.encode_uncached(text)
-    assert got == want, f"cached != full for {text!r}"
+    assert res.tokens == want, f"cached != full for {text!r}"
+    # The array the router hashes (when the cache had one at hand) holds the very same ids.
+    assert res.token_array().tolist() == want
+    assert res.array is None or res.array.dtype.name == "uint32"
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -143,6 +146,7 @@ def test_special_tokens_wrapping_matches_transformers(cached: dict[str, CachedTo
             got = ct.encode_prompt_ex(text, add_special_tokens=add)
             want = ct.encode_uncached(text, add_special_tokens=add)
             assert got.tokens == want, (name, add)
+            assert got.array is not None and got.array.tolist() == want, (name, add)
             assert got.reused_tokens > 0, (name, add)
             assert got.tokens[: got.reused_tokens] == want[: got.reused_tokens]
 

@@ -27,11 +27,13 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any, NamedTuple, TypeVar
 
+import numpy as np
+
 from .chat import ChatRenderer, ContentFormat
 from .config import CacheConfig, CacheStats
 from .errors import InvalidPromptError
 from .loading import HFTokenizer, load_chat_template, load_hf_tokenizer, raw_backend, special_wrap
-from .prefix_index import Entry, Match, PrefixIndex
+from .prefix_index import Entry, Match, PrefixIndex, U32Array, ids_array
 from .seams import (
     AddedTokenMargin,
     Splice,
@@ -49,10 +51,17 @@ _T = TypeVar("_T")
 
 
 class Encoded(NamedTuple):
-    """Prompt tokens, and how many of the leading ones came from the cache (specials included)."""
+    """Prompt tokens, and how many of the leading ones came from the cache (specials included).
+
+    ``array``: the same ids as uint32 when the cache had them at hand (a reused prefix, a miss that was
+    just cached), else None; ``token_array()`` always answers."""
 
     tokens: list[int]
     reused_tokens: int
+    array: U32Array | None = None
+
+    def token_array(self) -> U32Array:
+        return self.array if self.array is not None else ids_array(self.tokens)
 
 
 class _Counters:
@@ -339,10 +348,12 @@ class CachedTokenizer:
             ids = self.encode_uncached(text, add_special_tokens=True)
             self._count(tokens_encoded=len(ids))
             return Encoded(ids, 0)
-        content, reused = self._content(text)
+        content, reused, arr = self._content(text)
         if wrap is None or not (wrap.prefix or wrap.suffix):
-            return Encoded(content, reused)
-        return Encoded(wrap.apply(content), len(wrap.prefix) + reused if reused else 0)
+            return Encoded(content, reused, arr)
+        if arr is not None:
+            arr = np.concatenate((ids_array(wrap.prefix), arr, ids_array(wrap.suffix)))
+        return Encoded(wrap.apply(content), len(wrap.prefix) + reused if reused else 0, arr)
 
     def _encode(self, text: str) -> Any:
         """Content encoding of ``text`` (a ``tokenizers.Encoding``).
@@ -352,13 +363,14 @@ class CachedTokenizer:
         """
         return self._raw.encode_batch([text], add_special_tokens=False)[0]
 
-    def _content(self, text: str) -> tuple[list[int], int]:
-        """Content tokens of ``text`` (no special tokens added) and how many came from the cache."""
+    def _content(self, text: str) -> tuple[list[int], int, U32Array | None]:
+        """Content tokens of ``text`` (no special tokens added), how many came from the cache, and the
+        same tokens as an array when they were at hand."""
         index = self._index
         if not self._reuse or len(text) < index.chunk_chars:
             ids = self._encode(text).ids
             self._count(tokens_encoded=len(ids))
-            return ids, 0
+            return ids, 0, None
         digests = index.chunk_digests(text)
         match = index.lookup(text, digests)
         outcome = "misses" if match is None else self._splice(text, match, digests)
@@ -382,17 +394,20 @@ class CachedTokenizer:
             out_idx=idx,
         )
         known = match.shared_chunks if match is not None else 0
-        index.insert(text, tuple(ids), pos, idx, index.entry_digests(text, digests), known_keys=known)
+        arr = ids_array(ids)
+        index.insert(
+            text, tuple(ids), pos, idx, index.entry_digests(text, digests), known_keys=known, arr=arr
+        )
         self._count(lookups=1, tokens_encoded=len(ids), **{outcome: 1})
-        return ids, 0
+        return ids, 0, arr
 
-    def _splice(self, text: str, match: Match, digests: str) -> tuple[list[int], int] | str:
+    def _splice(self, text: str, match: Match, digests: str) -> tuple[list[int], int, U32Array] | str:
         """Reuse ``match.entry``'s tokens for ``text``; else name the counter to bump ("misses"...)."""
         entry = match.entry
         m = match.common
         if m == len(text) == len(entry.text):
             self._count(lookups=1, hits=1, exact_hits=1, tokens_reused=len(entry.ids))
-            return list(entry.ids), len(entry.ids)
+            return list(entry.ids), len(entry.ids), entry.arr
         plan = plan_splice(
             entry.seam_pos,
             entry.seam_idx,
@@ -408,13 +423,17 @@ class CachedTokenizer:
         new = enc.ids  # each access converts the whole list: read it once
         if not verify_splice(enc, new, entry.ids, plan):
             return "fallbacks"
+        tail = new[plan.idx_b - plan.idx_b0 :]
         out = list(entry.ids)
         del out[plan.idx_b :]
-        out += new[plan.idx_b - plan.idx_b0 :]
+        out += tail
+        arr = np.concatenate((entry.arr[: plan.idx_b], ids_array(tail)))
         self._count(lookups=1, hits=1, tokens_reused=plan.idx_b, tokens_encoded=len(new))
         if len(text) > m:  # otherwise text is a prefix of the entry's, which already covers it
-            self._cache_spliced(text, entry, m, plan, enc, len(new), tuple(out), digests, match.shared_chunks)
-        return out, plan.idx_b
+            self._cache_spliced(
+                text, entry, m, plan, enc, len(new), tuple(out), arr, digests, match.shared_chunks
+            )
+        return out, plan.idx_b, arr
 
     def _cache_spliced(
         self,
@@ -425,6 +444,7 @@ class CachedTokenizer:
         enc: Any,
         n_new: int,
         ids: tuple[int, ...],
+        arr: U32Array,
         digests: str,
         shared_chunks: int,
     ) -> None:
@@ -447,5 +467,5 @@ class CachedTokenizer:
         supersedes = entry if m == len(entry.text) else None
         entry_digests = self._index.entry_digests(text, digests)
         self._index.insert(
-            text, ids, pos, idx, entry_digests, known_keys=shared_chunks, supersedes=supersedes
+            text, ids, pos, idx, entry_digests, known_keys=shared_chunks, supersedes=supersedes, arr=arr
         )

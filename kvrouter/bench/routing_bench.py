@@ -19,8 +19,8 @@ import msgspec
 
 from indexer import Indexer, SourceKey
 from indexer.encode import PayloadEncoder
-from indexer.hashing import base_hash, chain, content_hashes
-from tokenizer_cache import CachedTokenizer, default_tokenizer_path
+from indexer.hashing import TokenIds, base_hash, chain, content_hashes
+from tokenizer_cache import CachedTokenizer, Encoded, default_tokenizer_path
 
 from ..routing import InstanceId, RequestId, RouteInput, Router
 from ..routing.router import Target
@@ -31,6 +31,11 @@ from .common import summary_us
 
 def _words(rng: random.Random, n: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+def _as_gateway_hashes_them(res: Encoded) -> TokenIds:
+    """What ``FleetTokens.tokens`` hands the gateway: the cache's uint32 array when it had one."""
+    return res.tokens if res.array is None else res.array
 
 
 def add_args(ap: argparse.ArgumentParser) -> None:
@@ -65,7 +70,7 @@ def main(a: argparse.Namespace) -> dict[str, Any]:
             {"role": "user", "content": _words(rng, a.question_words)},
         ]
         t0 = time.perf_counter()
-        ids = tok.encode_chat(msgs)
+        ids = _as_gateway_hashes_them(tok.encode_chat_ex(msgs))
         t1 = time.perf_counter()
         chains = chain(content_hashes(ids, 16), base_hash(None, None))
         t2 = time.perf_counter()
@@ -89,7 +94,7 @@ def main(a: argparse.Namespace) -> dict[str, Any]:
                 {"role": "user", "content": _words(rng, a.question_words)},
             ]
             t0 = time.perf_counter()
-            ids = await tok.aencode_chat(msgs)
+            ids = _as_gateway_hashes_them(await tok.aencode_chat_ex(msgs))
             chains = chain(content_hashes(ids, 16), 0)
             router.route(RouteInput(RequestId(f"a{i}"), len(ids), chains, b""), targets, now=float(i))
             out.append(time.perf_counter() - t0)

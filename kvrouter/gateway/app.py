@@ -21,12 +21,14 @@ from typing import Any
 
 import aiohttp
 import msgspec
+import numpy as np
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from indexer import Indexer, LookupResult
 from indexer import service as ixs
 from indexer.config import InstanceConfig
+from indexer.hashing import TokenIds
 from indexer.metrics import IndexerCollector
 from indexer.subscriber import EventSubscriber
 
@@ -209,7 +211,7 @@ class Gateway:
 
     async def prepare(
         self, request: web.Request, kind: Kind | None
-    ) -> tuple[ParsedRequest, RouteInput, list[int] | None]:
+    ) -> tuple[ParsedRequest, RouteInput, TokenIds | None]:
         raw = await request.read()
         req = parse_body(raw, kind, request.headers.get(SAGEMAKER_AFFINITY))
         salt = self.tenant_salt(request)
@@ -242,13 +244,14 @@ class Gateway:
         targets = [t for t in self.pool.targets(inp.model) if not exclude or t.key not in exclude]
         return self.router.route(inp, targets, time.monotonic(), dry_run=dry_run, remote=remote)
 
-    async def remote_lookup(self, req: ParsedRequest, tokens: list[int] | None) -> LookupResult | None:
+    async def remote_lookup(self, req: ParsedRequest, tokens: TokenIds | None) -> LookupResult | None:
         """With ``gateway.indexer_url``: the remote indexer's answer (None if it cannot be had: the router
         then routes this request on load alone, and says so in its metrics)."""
         url = self.cfg.gateway.indexer_url
         if not url or tokens is None or self.session is None:
             return None
-        body = {"token_ids": tokens, "cache_salt": req.cache_salt, "lora_name": req.lora_name}
+        ids = tokens.tolist() if isinstance(tokens, np.ndarray) else list(tokens)
+        body = {"token_ids": ids, "cache_salt": req.cache_salt, "lora_name": req.lora_name}
         try:
             async with self.session.post(
                 f"{url.rstrip('/')}/v1/cache/lookup", json=body, timeout=aiohttp.ClientTimeout(total=0.5)

@@ -14,7 +14,9 @@ from collections import Counter
 from typing import Any
 
 import msgspec
+import numpy as np
 
+from indexer.hashing import TokenIds
 from indexer.service import LookupRequest, PromptError
 from tokenizer_cache import (
     ChatTemplateError,
@@ -46,7 +48,7 @@ class FleetTokens:
             return cls(None)
         return cls(TokenizerRegistry.from_fleet(raw))
 
-    async def tokens(self, req: ParsedRequest) -> list[int] | None:
+    async def tokens(self, req: ParsedRequest) -> TokenIds | None:
         if isinstance(req.prompt, list):
             return req.prompt
         if self.registry is None:
@@ -66,16 +68,20 @@ class FleetTokens:
                     kwargs["documents"] = b["documents"]
                 if b.get("add_special_tokens") is True:
                     kwargs["add_special_tokens"] = True
-                return await tok.aencode_chat(
+                enc = await tok.aencode_chat_ex(
                     req.messages,
                     tools=b.get("tools"),
                     chat_template_kwargs=b.get("chat_template_kwargs"),
                     **kwargs,
                 )
-            assert isinstance(req.prompt, str)
-            return await tok.aencode_prompt(
-                req.prompt, add_special_tokens=b.get("add_special_tokens", True) is not False
-            )
+            else:
+                assert isinstance(req.prompt, str)
+                enc = await tok.aencode_prompt_ex(
+                    req.prompt, add_special_tokens=b.get("add_special_tokens", True) is not False
+                )
+            # The array when the cache had it at hand (a reused prefix): hashing it skips converting
+            # thousands of Python ints, the largest part of hashing a long prompt.
+            return enc.tokens if enc.array is None else enc.array
         except UnsupportedContentError:
             return None  # images/audio: their tokens depend on the model's processor; route untokenized
         except NoChatTemplateError:
@@ -110,13 +116,14 @@ class FleetTokens:
             kind = "completions"
         try:
             parsed = parse_body(msgspec.json.encode(body), kind)
-            ids = await self.tokens(parsed)
+            got = await self.tokens(parsed)
         except BadRequest as e:
             raise PromptError(e.reason, e.status) from None
-        if ids is None:
+        if got is None:
             raise PromptError(
                 f"cannot tokenize for model {req.model!r} (no tokenizer or chat template): send token_ids"
             )
+        ids: list[int] = got.tolist() if isinstance(got, np.ndarray) else list(got)
         return ids
 
     async def warm(self, models: list[str | None]) -> None:

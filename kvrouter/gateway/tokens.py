@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from indexer.hashing import I64Array, base_hash, chain, content_hashes
+from indexer.hashing import I64Array, TokenIds, base_hash, chain, content_hashes
 
 from .requests import ParsedRequest
 
@@ -17,7 +17,8 @@ from .requests import ParsedRequest
 class TokenSource(Protocol):
     """Tokenizes a request as vLLM would; returns None when no tokenizer serves the model."""
 
-    async def tokens(self, req: ParsedRequest) -> list[int] | None: ...
+    async def tokens(self, req: ParsedRequest) -> TokenIds | None:
+        """A list, or a uint32 array when the tokenizer cache had one at hand (hashed without conversion)."""
 
     async def warm(self, models: list[str | None]) -> None:
         """Load what the first requests would otherwise wait for."""
@@ -29,12 +30,12 @@ class PassThroughTokens:
     async def warm(self, models: list[str | None]) -> None:
         return None
 
-    async def tokens(self, req: ParsedRequest) -> list[int] | None:
+    async def tokens(self, req: ParsedRequest) -> TokenIds | None:
         return req.prompt if isinstance(req.prompt, list) else None
 
 
 def block_chains(
-    tokens: list[int], block_size: int, *, cache_salt: str | None, lora_name: str | None
+    tokens: TokenIds, block_size: int, *, cache_salt: str | None, lora_name: str | None
 ) -> I64Array:
     """Our chain hashes of the prompt's full blocks, in the request's (salt, LoRA) namespace."""
     return chain(content_hashes(tokens, block_size), base_hash(lora_name, cache_salt))
