@@ -173,7 +173,23 @@ def test_shadow_scoring_does_not_disturb_policies() -> None:
         seq1.append(d1.chosen.instance)
         seq2.append(d2.chosen.instance)
         assert set(d1.shadow) == {"kv-aware", "prefix-hash", "least-loaded", "random"}
+        # the decision's own ranking keeps the active policy's scores (shadow ranks write theirs too)
+        assert [(c.target, c.score) for c in d1.ranked] == [(c.target, c.score) for c in d2.ranked]
     assert seq1 == seq2
+
+
+def test_shadow_choices_equal_each_policy_routing_alone() -> None:
+    """What shadow scoring says policy P would have chosen is what a router running P chooses."""
+    ix = Indexer(BS)
+    shadowed = Router(ix, RouterConfig(policy="kv-aware", shadow=True))
+    alone = {p: Router(ix, RouterConfig(policy=p, shadow=False)) for p in ("prefix-hash", "least-loaded")}
+    for i in range(12):
+        q = inp(ix, str(i), list(range(i % 3, i % 3 + 40)))
+        d = shadowed.route(q, fleet(), dry_run=True)
+        for name, r in alone.items():
+            own = r.route(q, fleet(), dry_run=True)
+            assert own.chosen is not None
+            assert d.shadow[name].target == own.chosen.target, (i, name)
 
 
 def test_baselines_spread_load() -> None:

@@ -57,6 +57,9 @@ class Target(msgspec.Struct):
         return self.instance if self.dp_size == 1 else f"{self.instance}/{self.dp_rank}"
 
 
+_USABLE = frozenset(t.value for t in Trust if t.usable)
+
+
 class RouteInput(msgspec.Struct):
     request_id: RequestId
     num_tokens: int
@@ -141,7 +144,7 @@ class Router:
             m = matches.get((t.instance, t.dp_rank))
             if t.has_events:
                 c.trust = m.trust if m else self.indexer.trust(SourceKey(t.instance, t.dp_rank)).value
-            if m and t.has_events and Trust(c.trust).usable:
+            if m and t.has_events and c.trust in _USABLE:
                 gpu = min(m.tiers.get("GPU", 0), max_hit)
                 spec = min(m.speculative_blocks, max_hit - gpu)
                 off = min(
@@ -200,14 +203,18 @@ class Router:
         return "load"
 
     def _shadow(self, view: RouteView, cands: list[Candidate], active: str) -> dict[str, ShadowChoice]:
+        # Policies only write ``score``: rank the same candidates (a new list each time, as ranking
+        # reorders it) and put the active policy's scores back, instead of copying every candidate.
+        scores = [c.score for c in cands]
         out = {}
         for name in ("kv-aware", "prefix-hash", "least-loaded", "round-robin", "random"):
             if name == active:
                 continue
-            copies = [msgspec.structs.replace(c) for c in cands]
-            ranked = self.policy(name).rank(view, copies, dry_run=True)
+            ranked = self.policy(name).rank(view, list(cands), dry_run=True)
             pick = next((c for c in ranked if not c.saturated), ranked[0])
             out[name] = ShadowChoice(pick.target, pick.cached_tokens)
+        for c, sc in zip(cands, scores):
+            c.score = sc
         return out
 
     # ------------------------------------------------------------------ accounting
