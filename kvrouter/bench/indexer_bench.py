@@ -7,7 +7,8 @@ instance that already caches a prefix reports only the new blocks (parent = its 
 40 % a live sequence plus new tokens, 40 % a shared prefix plus new tokens, 20 % misses.
 
 Measured: ingest blocks/s (msgpack decode + our hashing + index updates), hashing + lookup per 8k-token
-query (p50/p99, and the full-hash worst case), bytes of RSS per indexed (instance, block) pair.
+query (p50/p99, and the full-hash worst case) from a list of ints and from a uint32 array (the gateway's
+input: the tokenizer cache keeps arrays), bytes of RSS per indexed (instance, block) pair.
 """
 
 from __future__ import annotations
@@ -192,12 +193,19 @@ def main(a: argparse.Namespace) -> dict[str, Any]:
                     / (m["hash_compute_p50_us"] + m["find_matches_p50_us"]),
                     3,
                 ),
+                "hash_plus_lookup_uint32_p50_vs_dynamo": round(
+                    ours["lookup_8k_uint32_array"]["p50_us"]
+                    / (m["hash_compute_p50_us"] + m["find_matches_p50_us"]),
+                    3,
+                ),
             }
     out["targets"] = {
         "ingest_ge_1x_dynamo": out.get("ratios", {}).get("ingest_vs_dynamo", 0) >= 1.0
         if "ratios" in out
         else None,
         "hash_lookup_p50_le_50us": ours["lookup_8k"]["all"]["p50_us"] <= 50,
+        # the gateway's own input: token ids as the tokenizer cache hands them over (a uint32 array)
+        "hash_lookup_p50_le_50us_uint32_array": ours["lookup_8k_uint32_array"]["p50_us"] <= 50,
         "bytes_per_pair_le_90": ours["bytes_per_indexed_pair"] <= 90,
     }
     return out
