@@ -95,7 +95,13 @@ class GatewayConfig(msgspec.Struct, frozen=True):
     health_interval_s: float = 1.0
     metrics_interval_s: float = 1.0
     failure_threshold: int = 3
-    """Consecutive failures that take an instance out until its health check passes again."""
+    """Failed requests in a row (no success between them, no failing health check) that take an instance
+    out of rotation: for ``ejection_s`` at least if its /health keeps passing."""
+    ejection_s: float = 10.0
+    """After ``failure_threshold`` failed requests (5xx, or no first byte in time: not connection errors)
+    the instance stays out at least this long even if its /health passes (a hung engine behind a live HTTP
+    server), twice as long after each further ejection within ``ejection_max_s``.  0: no ejection."""
+    ejection_max_s: float = 300.0
     admin_token: str | None = None
     """If set, /v1/route/explain, /v1/cache/lookup and /v1/fleet require `Authorization: Bearer <token>`."""
     upstream_api_key: str | None = None
@@ -123,6 +129,9 @@ class RouterFleetConfig(FleetConfig, frozen=True, forbid_unknown_fields=True):
 
     def validate(self) -> None:
         super().validate()
+        g = self.gateway
+        if g.ejection_s < 0 or g.ejection_max_s < g.ejection_s:
+            raise ConfigError("gateway.ejection_s must be >= 0 and <= gateway.ejection_max_s")
         self.replicas.validate()
         self.snapshot.validate()
         self.membership.validate()

@@ -215,6 +215,41 @@ async def test_failover_retries_a_dead_instance_and_takes_it_out(fleet: SimFleet
         await until(lambda: gw.pool.upstreams[dead.name].healthy, timeout=3.0)
 
 
+async def test_a_hung_engine_behind_a_live_health_check_is_ejected_with_backoff(fleet: SimFleet) -> None:
+    """The victim answers /health but never starts an answer: its timeouts eject it for ``ejection_s``
+    during which passing checks do not put it back (no flapping); further ejections last twice as long."""
+    over = {
+        "routing": {"policy": "round-robin"},
+        "gateway": {"first_byte_timeout_s": 0.3, "failure_threshold": 2, "ejection_s": 1.5},
+    }
+    async with gateway(fleet, **over) as (gw, base), aiohttp.ClientSession() as s:
+        victim = fleet.servers[0]
+        up = gw.pool.upstreams[victim.name]
+        async with s.post(f"{victim.url}/sim/faults", json={"latency_s": 3600.0}) as r:
+            assert r.status == 200
+        try:
+            res = [
+                await post(s, f"{base}/v1/completions", {"model": MODEL, "prompt": f"h{i}", "max_tokens": 2})
+                for i in range(6)
+            ]
+            assert all(st == 200 for st, _, _ in res)  # each timeout was retried elsewhere
+            assert up.ejections == 1 and not up.healthy
+            checked = up.last_check
+            await asyncio.sleep(0.8)
+            assert up.last_check is not None and checked is not None and up.last_check > checked
+            assert not up.healthy  # /health passed meanwhile, the ejection holds
+        finally:
+            async with s.post(f"{victim.url}/sim/faults", json={"latency_s": 0.0}) as r:
+                assert r.status == 200
+        await until(lambda: up.healthy, timeout=3.0)
+        async with s.get(f"{base}/metrics") as r:
+            assert f'kvrouter_instance_ejections_total{{instance="{victim.name}"}} 1.0' in await r.text()
+        # a second ejection soon after the first lasts twice as long
+        gw.pool.record_failure(victim.name, connection=False)
+        gw.pool.record_failure(victim.name, connection=False)
+        assert up.ejections == 2 and up.ejected_until - up.last_ejection == pytest.approx(3.0)
+
+
 async def test_a_crash_mid_stream_ends_with_an_error_event(fleet: SimFleet) -> None:
     async with gateway(fleet, routing={"policy": "round-robin"}) as (_, base), aiohttp.ClientSession() as s:
         victim = fleet.servers[1]

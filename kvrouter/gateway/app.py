@@ -87,7 +87,10 @@ class Gateway:
             health_interval_s=g.health_interval_s,
             metrics_interval_s=g.metrics_interval_s,
             failure_threshold=g.failure_threshold,
+            ejection_s=g.ejection_s,
+            ejection_max_s=g.ejection_max_s,
             on_change=self._health_changed,
+            on_eject=lambda name, _span: self.metrics.ejections.labels(name).inc(),
         )
         self.tokens = tokens or PassThroughTokens()
         rep = cfg.replicas

@@ -51,6 +51,12 @@ class GatewayMetrics:
         self.retries = Counter(
             "kvrouter_retries", "Retries on another instance, by reason", ["reason"], registry=r
         )
+        self.ejections = Counter(
+            "kvrouter_instance_ejections",
+            "Instances taken out of rotation for a while after failed requests (outlier ejection)",
+            ["instance"],
+            registry=r,
+        )
         self.spills = Counter(
             "kvrouter_spills", "Requests spilled past the concurrency threshold", registry=r
         )

@@ -52,6 +52,12 @@ class ClientGone(Exception):
     """The client closed its connection; the upstream request is aborted."""
 
 
+def _is_connect_timeout(e: BaseException) -> bool:
+    """A connect timeout (aiohttp >= 3.10 names it; older releases say so in the message)."""
+    cls = getattr(aiohttp, "ConnectionTimeoutError", None)
+    return isinstance(e, cls) if cls is not None else "connect" in str(e).lower()
+
+
 class UpstreamFailed(Exception):
     def __init__(self, reason: str, *, connection: bool) -> None:
         super().__init__(reason)
@@ -207,6 +213,10 @@ class Proxy:
                 url, data=body, headers=self._headers(request, chosen), timeout=timeout, auto_decompress=False
             )
         except (aiohttp.ClientConnectionError, aiohttp.ClientOSError) as e:
+            # aiohttp's read timeout is a connection error too: an instance that accepted the request and
+            # never started its answer is a hang (a failure towards ejection), not an unreachable host.
+            if isinstance(e, TimeoutError) and not _is_connect_timeout(e):
+                raise UpstreamFailed("timeout", connection=False) from e
             raise UpstreamFailed("connect", connection=True) from e
         except TimeoutError as e:
             raise UpstreamFailed("timeout", connection=False) from e

@@ -4,11 +4,17 @@
 
     active checks   GET /health every health_interval_s  ──▶ healthy / unhealthy
     passive checks  connection error           ──▶ out of rotation at once, until /health passes
-                    failure_threshold failures ──▶ out of rotation, until /health passes
+                    failure_threshold failures ──▶ ejected: out of rotation for ejection_s at least
+                    (5xx, no first byte in time)   while /health passes, doubling with each ejection that
+                                                   follows the last within ejection_max_s (a failing
+                                                   check ends the ejection: back when /health passes)
     engine load     GET /metrics every metrics_interval_s ──▶ vllm:num_requests_running / waiting per rank
     models          GET /v1/models with each passing check ──▶ which instances serve which model
 
-A request never waits on an instance known to be dead: it is not a candidate.
+A request never waits on an instance known to be dead: it is not a candidate.  Ejection is for the
+instance whose HTTP server answers /health while its engine hangs or fails every request: without it, each
+passing check would put it back for ``failure_threshold`` more timeouts (Envoy's outlier detection works
+the same way).
 
 Membership (``kvrouter.membership``) changes the pool at run time: ``add`` (health-checked before it takes
 traffic), ``drain`` (no new requests; ``in_flight`` tells when its last one is done), ``remove``.
@@ -39,6 +45,11 @@ class Upstream(msgspec.Struct):
     healthy: bool = True
     """Optimistic at start: the first failed check or connection error takes it out."""
     failures: int = 0
+    ejections: int = 0
+    """Ejections in the current run (each one within ``ejection_max_s`` of the previous)."""
+    ejected_until: float = 0.0
+    """Monotonic time before which a passing health check does not put the instance back."""
+    last_ejection: float = float("-inf")
     served_models: list[str] = []
     last_check: float | None = None
     draining: bool = False
@@ -72,14 +83,20 @@ class UpstreamPool:
         health_interval_s: float = 1.0,
         metrics_interval_s: float = 1.0,
         failure_threshold: int = 3,
+        ejection_s: float = 0.0,
+        ejection_max_s: float = 300.0,
         on_change: Callable[[str, bool], None] | None = None,
+        on_eject: Callable[[str, float], None] | None = None,
     ) -> None:
         self.upstreams: dict[str, Upstream] = {i.name: Upstream(i) for i in instances if i.url}
         self.load = load
         self.health_interval_s = health_interval_s
         self.metrics_interval_s = metrics_interval_s
         self.failure_threshold = failure_threshold
+        self.ejection_s = ejection_s
+        self.ejection_max_s = ejection_max_s
         self.on_change = on_change
+        self.on_eject = on_eject
         self._tasks: list[asyncio.Task[None]] = []
         self._session: aiohttp.ClientSession | None = None
 
@@ -157,8 +174,25 @@ class UpstreamPool:
         if u is None:
             return
         u.failures += 1
+        if not connection and u.failures >= self.failure_threshold and self.ejection_s > 0:
+            self._eject(u, time.monotonic())
         if connection or u.failures >= self.failure_threshold:
             self._set(u, False)
+
+    def _eject(self, u: Upstream, now: float) -> None:
+        if now - u.last_ejection > self.ejection_max_s:
+            u.ejections = 0  # the last ejection is long past: start over from ejection_s
+        u.ejections += 1
+        u.last_ejection = now
+        span = min(self.ejection_s * 2 ** (u.ejections - 1), self.ejection_max_s)
+        u.ejected_until = now + span
+        u.failures = 0
+        log.warning(
+            "instance ejected after failed requests",
+            extra={"instance": u.name, "ejected_s": round(span, 3), "ejections": u.ejections},
+        )
+        if self.on_eject is not None:
+            self.on_eject(u.name, span)
 
     def record_success(self, name: str) -> None:
         u = self.upstreams.get(name)
@@ -204,10 +238,14 @@ class UpstreamPool:
                         ]
         except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError):
             ok = False
-        u.last_check = time.monotonic()
-        if ok:
+        u.last_check = now = time.monotonic()
+        if not ok:
+            # The instance says it is down itself (a crash, a restart, a dead engine): that explains its
+            # failed requests, and the first passing check puts it back, as after connection errors.
+            # A passing check proves nothing about requests: only a successful one resets ``failures``.
             u.failures = 0
-        self._set(u, ok)
+            u.ejected_until = 0.0
+        self._set(u, ok and now >= u.ejected_until)
 
     async def _metrics_loop(self) -> None:
         while True:

@@ -36,6 +36,8 @@ class HangConfig(msgspec.Struct, frozen=True):
     chunk_timeout_s: float = 1.0
     max_in_flight: int = 4
     """Per-instance cap: a hung instance holding its slots must not stall the others."""
+    ejection_s: float = 1.0
+    """The victim's /health keeps passing: its timeouts eject it for this long (``gateway.ejection_s``)."""
 
 
 async def hang(res: Resources, cfg: HangConfig) -> ScenarioResult:
@@ -47,6 +49,7 @@ async def hang(res: Resources, cfg: HangConfig) -> ScenarioResult:
             "first_byte_timeout_s": cfg.first_byte_timeout_s,
             "chunk_timeout_s": cfg.chunk_timeout_s,
             "max_retries": 2,
+            "ejection_s": cfg.ejection_s,
         },
     }
     fleet = res.fleet(cfg.instances)
@@ -80,6 +83,7 @@ async def hang(res: Resources, cfg: HangConfig) -> ScenarioResult:
                 await asyncio.gather(*(worker() for _ in range(cfg.concurrency)))
                 await until(lambda: gw.router.load.total_in_flight() == 0, 5, "slots freed")
                 retries = await _retries(s, g.base)
+                ejected = gw.pool.upstreams[victim.name].ejections
                 await set_faults(s, victim.url, latency_s=0.0)
                 await until(lambda: gw.pool.upstreams[victim.name].healthy, 5, "victim back in rotation")
                 # Phase 2: a stream on the victim freezes (the engine stops stepping).
@@ -98,6 +102,7 @@ async def hang(res: Resources, cfg: HangConfig) -> ScenarioResult:
         at_most("slowest request (a timeout, then a retry)", max(lat), bound, unit="s", fmt="{:.2f}"),
         Figure("latency p50 / p99", f"{quantile(lat, 0.5):.3f} / {quantile(lat, 0.99):.3f} s", "", None),
         Figure("retries on another instance after a timeout", str(int(retries)), "", None),
+        exactly("victim ejected by its timeouts while its /health passed", ejected >= 1, True),
         at_most(
             "victim's slots held at once", max(victim_in_flight, default=0), cfg.max_in_flight, fmt="{:.0f}"
         ),
