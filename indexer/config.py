@@ -11,7 +11,9 @@
         replay: tcp://vllm-0:5558           # optional: its replay_endpoint
         topic: ""                           # optional subscription prefix
         dp_size: 1                          # ranks 1.. use port+rank, as vLLM does
-    bind: tcp://0.0.0.0:5557                # optional bind mode: instances connect, topic kv@<name>@<model>
+    bind: tcp://10.0.0.5:5557               # optional bind mode: instances connect, topic kv@<name>@<model>
+    indexer:
+      bind_accept: listed                   # bind mode: only the instances above may publish
 
 Decoded with msgspec (types checked, defaults in code), then ``validate()`` checks what types cannot.  The
 router's own settings extend this struct in ``kvrouter.config``; fields unknown here are ignored.
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import msgspec
 import yaml
@@ -89,6 +91,13 @@ class IndexerOptions(msgspec.Struct, frozen=True):
     """A connected source with a replay endpoint that has sent nothing for this long is asked once for
     anything after its last batch (a replay from ``last``).  vLLM sends no heartbeat, so a lost final batch
     would otherwise stay unnoticed until the engine's next step, however long that takes.  0: never."""
+    bind_accept: Literal["any", "listed"] = "any"
+    """Bind mode: which topic names create a source.  ``listed``: only the fleet's instances (an
+    allow-list; others are refused and counted as ``bind_unlisted``); ``any``: every name, up to
+    ``max_bind_sources`` that the fleet does not list."""
+    max_bind_sources: int = 1024
+    """Bind mode: sources the fleet does not list that may exist at once; further names are refused and
+    counted (``bind_too_many_sources``), so a stray or hostile publisher cannot grow the index without end."""
 
 
 class FleetConfig(msgspec.Struct, frozen=True):
@@ -120,6 +129,8 @@ class FleetConfig(msgspec.Struct, frozen=True):
                 raise ConfigError(f"{inst.name}: url must be http(s)://, got {inst.url!r}")
         if self.bind is not None and not _ENDPOINT.match(self.bind):
             raise ConfigError(f"bad bind endpoint {self.bind!r}")
+        if self.indexer.max_bind_sources < 0:
+            raise ConfigError("indexer.max_bind_sources must be >= 0")
 
     def instance(self, name: str) -> InstanceConfig | None:
         return next((i for i in self.instances if i.name == name), None)

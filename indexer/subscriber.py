@@ -68,6 +68,8 @@ class EventSubscriber:
         self._own_ctx = ctx is None
         self.status: dict[SourceKey, SourceStatus] = {}
         self.counters: Counter[str] = Counter()
+        self._unlisted: set[str] = set()
+        """Bind mode: instance names not in the fleet that created sources (capped)."""
         self._tasks: dict[str, list[asyncio.Task[None]]] = {}
         self._replay_tasks: dict[SourceKey, asyncio.Task[None]] = {}
         self._replays_alive: set[asyncio.Task[None]] = set()
@@ -129,6 +131,7 @@ class EventSubscriber:
             t.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
+        self._unlisted.discard(name)
         for src in [s for s in self.status if s.instance == name]:
             self.status.pop(src, None)
             self._replay_eps.pop(src, None)
@@ -258,6 +261,14 @@ class EventSubscriber:
         name = parts[1]
         inst = self.fleet.instance(name)
         src = self.indexer.source_of(name, payload)
+        if src not in self.status and inst is None:
+            if self.opts.bind_accept == "listed":
+                self._refuse_bind(name, "bind_unlisted")
+                return None
+            if len(self._unlisted) >= self.opts.max_bind_sources and name not in self._unlisted:
+                self._refuse_bind(name, "bind_too_many_sources")
+                return None
+            self._unlisted.add(name)
         if src not in self.status:
             rep = inst.replay_endpoint(src.dp_rank) if inst else None
             self.indexer.register(src, has_replay=rep is not None)
@@ -265,6 +276,11 @@ class EventSubscriber:
             if rep is not None:
                 self._replay_eps[src] = rep
         return src
+
+    def _refuse_bind(self, name: str, reason: str) -> None:
+        self.counters[reason] += 1
+        if self.counters[reason] == 1:  # once: a stray publisher sends a batch per engine step
+            log.warning("kv events refused in bind mode", extra={"instance": name[:200], "reason": reason})
 
     async def _bind_loop(self, sub: zmq.asyncio.Socket) -> None:
         sub.setsockopt(zmq.SUBSCRIBE, b"")
@@ -280,7 +296,26 @@ class EventSubscriber:
             for src, status in list(self.status.items()):
                 if status.endpoint == self.fleet.bind:
                     self._check_idle(src, status)
+                    self._check_bind_stale(src, status)
             await asyncio.sleep(0)
+
+    def _check_bind_stale(self, src: SourceKey, status: SourceStatus) -> None:
+        """An unlisted bind-mode source silent for ``stale_after_s`` is forgotten and frees its place under
+        ``max_bind_sources`` (bind mode sees no disconnects: silence is the only sign a pod went away)."""
+        last = status.last_message_at
+        if src.instance not in self._unlisted or last is None:
+            return
+        if time.monotonic() - last <= self.opts.stale_after_s:
+            return
+        log.warning("bind-mode source silent too long; forgetting it", extra={"source": src.label()})
+        self.status.pop(src, None)
+        self._replay_eps.pop(src, None)
+        if any(s.instance == src.instance for s in self.status):
+            self.indexer.forget_source(src)  # another rank of the instance still publishes
+        else:
+            self.indexer.remove_instance(src.instance)  # its index slots are freed too
+            self._unlisted.discard(src.instance)
+        self.counters["stale_drops"] += 1
 
     # ------------------------------------------------------------------ replay
     def _request_replays(self, src: SourceKey, starts: list[int]) -> None:

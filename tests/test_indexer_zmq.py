@@ -205,6 +205,71 @@ async def test_bind_mode_names_instances_by_topic_and_a_dead_source_delays_no_on
         await sub.stop()
 
 
+@pytest.mark.parametrize("mode", ["listed", "capped"])
+async def test_bind_mode_allow_list_and_cap_refuse_stray_publishers(mode: str) -> None:
+    """``bind_accept: listed`` takes only the fleet's names; ``any`` stops at ``max_bind_sources`` unlisted
+    names, and a silent unlisted source frees its place after ``stale_after_s``."""
+    port = free_port()
+    ix = Indexer(BS)
+    opts = IndexerOptions(
+        replay_timeout_s=1.0,
+        bind_accept="listed" if mode == "listed" else "any",
+        max_bind_sources=1,
+        stale_after_s=0.6,
+    )
+    cfg = FleetConfig(
+        block_size=BS, instances=[InstanceConfig("pod-ok")], bind=f"tcp://127.0.0.1:{port}", indexer=opts
+    )
+    sub = EventSubscriber(ix, cfg)
+    await sub.start()
+    names = ["pod-ok", "stray-1", "stray-2"]
+    pubs = {
+        n: EventPublisher(
+            PublisherConfig(endpoint=f"tcp://127.0.0.1:{port}", connect=True, topic=topic_for(n, "m"))
+        )
+        for n in names
+    }
+    for p in pubs.values():
+        await p.start()
+    try:
+        ev, toks = seq_event(3)
+
+        async def publish_until(cond: Callable[[], bool]) -> None:
+            for _ in range(100):  # slow joiners: keep publishing until the bound SUB has every peer
+                for p in pubs.values():
+                    p.publish([ev])
+                await asyncio.sleep(0.02)
+                if cond():
+                    return
+
+        if mode == "listed":
+            await publish_until(lambda: sub.counters["bind_unlisted"] >= 10 and held(ix, "pod-ok", toks) == 2)
+            assert held(ix, "pod-ok", toks) == 2
+            assert held(ix, "stray-1", toks) == held(ix, "stray-2", toks) == 0
+            assert {s.instance for s in sub.status} == {"pod-ok"}
+        else:
+            await publish_until(lambda: sub.counters["bind_too_many_sources"] >= 10)
+            strays = {s.instance for s in sub.status} - {"pod-ok"}
+            assert len(strays) == 1  # the listed name never counts against the cap
+            (admitted,) = strays
+            refused = ({"stray-1", "stray-2"} - strays).pop()
+            assert held(ix, admitted, toks) == 2 and held(ix, refused, toks) == 0
+            await pubs[admitted].stop()
+            del pubs[admitted]
+            # the admitted stray goes silent: once stale it is forgotten and the other one gets in
+            deadline = time.monotonic() + 5
+            while held(ix, refused, toks) != 2 and time.monotonic() < deadline:
+                pubs[refused].publish([ev])
+                pubs["pod-ok"].publish([ev])
+                await asyncio.sleep(0.05)
+            assert held(ix, refused, toks) == 2
+            assert admitted not in {s.instance for s in sub.status} and sub.counters["stale_drops"] >= 1
+    finally:
+        for p in pubs.values():
+            await p.stop()
+        await sub.stop()
+
+
 async def test_gap_older_than_the_replay_buffer_degrades_within_a_second() -> None:
     port, rport = free_port(), free_port()
     pub = EventPublisher(
