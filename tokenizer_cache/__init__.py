@@ -29,9 +29,10 @@ continue_final_message=False, chat_template=None, documents=None, add_special_to
 ``render_chat(...) -> str``
     The rendered prompt text only (same arguments as ``encode_chat`` minus ``add_special_tokens``).
 
-``encode_prompt_ex(...)`` / ``encode_chat_ex(...) -> Encoded(tokens, reused_tokens)``
+``encode_prompt_ex(...)`` / ``encode_chat_ex(...) -> Encoded(tokens, reused_tokens, array)``
     Also report how many leading tokens came from the cache: block hashes of that prefix can be
-    reused too.
+    reused too.  ``array``: the same ids as uint32 when the cache had them at hand (else None;
+    ``token_array()`` always answers), for hashing without converting Python ints.
 
 ``aencode_prompt``, ``aencode_prompt_ex``, ``aencode_chat``, ``aencode_chat_ex``
     The same, run on a thread pool (owned by the object unless ``executor=`` is given; ``close()``
