@@ -249,16 +249,29 @@ def content_hashes(
     return out.view(np.int64)
 
 
-def _content_hashes_array(seg: npt.NDArray[np.integer[Any]], block_size: int, n: int) -> I64Array:
+def _checked_array(seg: npt.NDArray[np.integer[Any]], block_size: int) -> npt.NDArray[np.integer[Any]]:
     if not 0 < block_size <= MAX_BLOCK_SIZE:
         raise TokenEncodingError(f"block size {block_size} outside 1..{MAX_BLOCK_SIZE}")
+    if seg.dtype == np.uint32:  # the tokenizer cache's arrays: nothing to check
+        return seg if seg.flags.c_contiguous else np.ascontiguousarray(seg)
     if seg.dtype.kind not in "iu":
         raise TokenEncodingError(f"token ids must be integers, not {seg.dtype}")
-    if seg.dtype != np.uint32 and len(seg) and (int(seg.min()) < 0 or int(seg.max()) > 0xFFFFFFFF):
+    if len(seg) and (int(seg.min()) < 0 or int(seg.max()) > 0xFFFFFFFF):
         raise TokenEncodingError("token ids must be ints in 0 .. 2**32-1")
+    return np.ascontiguousarray(seg)
+
+
+def _content_hashes_array(seg: npt.NDArray[np.integer[Any]], block_size: int, n: int) -> I64Array:
     out = np.empty(n, dtype=np.uint64)
-    _array_blocks(np.ascontiguousarray(seg), block_size, n, out)
+    _array_blocks(_checked_array(seg, block_size), block_size, n, out)
     return out.view(np.int64)
+
+
+@njit(cache=True, nogil=True)
+def _array_chain(tokens: Any, block_size: int, n_blocks: int, prev: Any, out: Any) -> None:
+    """``_array_blocks`` then ``_chain`` in place, in one call (the gateway's lookup from an array)."""
+    _array_blocks(tokens, block_size, n_blocks, out)
+    _chain(out, prev, out)
 
 
 def _header_len(b: int) -> int:
@@ -273,6 +286,11 @@ def chained_hashes(tokens: TokenIds, block_size: int, start_block: int, n_blocks
     if n <= 0:
         return _EMPTY_I64
     lo = start_block * block_size
+    if isinstance(tokens, np.ndarray):  # hashed in place, in one compiled pass
+        out = np.empty(n, dtype=np.uint64)
+        seg = _checked_array(tokens[lo : lo + n * block_size], block_size)
+        _array_chain(seg, block_size, n, np.uint64(prev & _MASK), out)
+        return out.view(np.int64)
     try:
         raw = _ENCODE(tokens[lo : lo + n * block_size])
     except (TypeError, OverflowError):
@@ -300,6 +318,7 @@ def warmup() -> None:
     """Compile (or load from numba's cache) the hashing kernels now rather than on the first event."""
     block_hashes(list(range(32)), 16)
     chained_hashes(list(range(32)), 16, 0, 2, 0)
+    chained_hashes(np.arange(32, dtype=np.uint32), 16, 0, 2, 0)
 
 
 def chain_one(content: int, prev: int) -> ChainHash:

@@ -213,6 +213,12 @@ def test_content_hashes_of_arrays_equal_those_of_lists(
 
     want = content_hashes(toks, block_size, start, n).tolist()
     assert content_hashes(np.array(toks, dtype=dtype), block_size, start, n).tolist() == want
+    from indexer.hashing import chained_hashes
+
+    for prev in (0, -7, 2**62 + 3):
+        chained = chained_hashes(toks, block_size, start, max(n, 0) or 10**6, prev).tolist()
+        got = chained_hashes(np.array(toks, dtype=dtype), block_size, start, max(n, 0) or 10**6, prev)
+        assert got.tolist() == chained
 
 
 @pytest.mark.parametrize("bad", [[-1] * 16, [2**32] * 16])
@@ -223,3 +229,19 @@ def test_content_hashes_of_arrays_reject_ids_outside_uint32(bad: list[int]) -> N
 
     with pytest.raises(TokenEncodingError):
         content_hashes(np.array(bad, dtype=np.int64), 16)
+
+
+def test_lookup_from_a_uint32_array_equals_lookup_from_a_list() -> None:
+    """The gateway hands the index uint32 arrays; every match must be the one a list of ints gets."""
+    import numpy as np
+
+    ix = Indexer(16)
+    e = PayloadEncoder("0.33.0")
+    toks = [(i * 7919) % 150_000 for i in range(16 * 300)]
+    for k, n in enumerate((300, 120, 7)):
+        ix.apply_payload(f"v{k}", e.batch([e.stored(list(range(1, n + 1)), None, toks[: n * 16], 16)], ts=TS))
+    for q in (toks, toks[:1000], toks[:2000] + [1] * 100, [5] * 64):
+        want = ix.lookup(q, cache_salt="s" if len(q) == 64 else None)
+        got = ix.lookup(np.array(q, dtype=np.uint32), cache_salt="s" if len(q) == 64 else None)
+        assert got == want
+        assert ix.lookup(np.array(q, dtype=np.uint32)).instances == ix.lookup(q).instances
