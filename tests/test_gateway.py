@@ -197,7 +197,10 @@ async def test_limits_spill_and_reject_with_retry_after(fleet: SimFleet) -> None
 
 
 async def test_failover_retries_a_dead_instance_and_takes_it_out(fleet: SimFleet) -> None:
-    async with gateway(fleet, routing={"policy": "round-robin"}) as (gw, base), aiohttp.ClientSession() as s:
+    # A dead engine's 503s eject it (failure_threshold in a row) before any health check sees it down;
+    # a short ejection keeps this test about fail-over and the return (ejection has its own test).
+    over = {"routing": {"policy": "round-robin"}, "gateway": {"ejection_s": 0.5}}
+    async with gateway(fleet, **over) as (gw, base), aiohttp.ClientSession() as s:
         dead = fleet.servers[0]
         async with s.post(f"{dead.url}/sim/faults", json={"dead": True}) as r:
             assert r.status == 200
@@ -248,6 +251,7 @@ async def test_a_hung_engine_behind_a_live_health_check_is_ejected_with_backoff(
         gw.pool.record_failure(victim.name, connection=False)
         gw.pool.record_failure(victim.name, connection=False)
         assert up.ejections == 2 and up.ejected_until - up.last_ejection == pytest.approx(3.0)
+        assert not up.healthy  # out of rotation at once, not only at the next health check
 
 
 async def test_a_crash_mid_stream_ends_with_an_error_event(fleet: SimFleet) -> None:

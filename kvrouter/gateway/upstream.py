@@ -174,10 +174,11 @@ class UpstreamPool:
         if u is None:
             return
         u.failures += 1
-        if not connection and u.failures >= self.failure_threshold and self.ejection_s > 0:
-            self._eject(u, time.monotonic())
-        if connection or u.failures >= self.failure_threshold:
-            self._set(u, False)
+        if not connection and u.failures < self.failure_threshold:
+            return
+        if not connection and self.ejection_s > 0:
+            self._eject(u, time.monotonic())  # (resets ``failures``: checked above, not after)
+        self._set(u, False)
 
     def _eject(self, u: Upstream, now: float) -> None:
         if now - u.last_ejection > self.ejection_max_s:
