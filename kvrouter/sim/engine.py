@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import Any
 
 import msgspec
 import numpy as np
-import numpy.typing as npt
+
+from indexer.hashing import TokenIds
 
 from .blockpool import BlockPool
 from .errors import DuplicateRequest, RequestRejected, RequestTooLong, SimConfigError
@@ -174,7 +174,7 @@ class Engine:
     def add_request(
         self,
         request_id: str,
-        prompt_token_ids: Sequence[int] | npt.NDArray[np.integer[Any]],
+        prompt_token_ids: TokenIds,
         max_tokens: int,
         *,
         cache_salt: str | None = None,

@@ -18,15 +18,13 @@ probability ~n²/2**65, as for vLLM's truncated digests.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
 from typing import Any, cast
 
 import msgspec
 import numpy as np
-import numpy.typing as npt
 from numba import njit
 
-from indexer.hashing import I64Array, content_hashes
+from indexer.hashing import I64Array, TokenIds, content_hashes
 
 from .events import ExtraKeys
 from .types import BlockHash
@@ -71,7 +69,7 @@ def _chain(content: Any, parent: Any, extra_first: Any, extra_rest: Any, out: An
 
 
 def chain_hashes(
-    tokens: Sequence[int] | npt.NDArray[np.integer[Any]],
+    tokens: TokenIds,
     block_size: int,
     *,
     parent: int,

@@ -16,11 +16,10 @@ by the request's seed (the evaluator replays runs exactly).
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
-import numpy.typing as npt
+
+from indexer.hashing import TokenIds
 
 from .hashing import block_extra_keys, chain_hashes, extra_digest
 from .types import BlockHash, RequestId
@@ -68,7 +67,7 @@ class Request:
     def __init__(
         self,
         request_id: RequestId,
-        prompt_token_ids: Sequence[int] | npt.NDArray[np.integer[Any]],
+        prompt_token_ids: TokenIds,
         max_tokens: int,
         *,
         block_size: int,
