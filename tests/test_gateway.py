@@ -12,6 +12,7 @@ import aiohttp
 import openai
 import pytest
 import pytest_asyncio
+from prometheus_client.parser import text_string_to_metric_families
 
 from indexer.config import parse_fleet
 from kvrouter.config import RouterFleetConfig
@@ -73,6 +74,15 @@ async def test_routing_goes_where_the_cache_is(fleet: SimFleet) -> None:
             "kvrouter_reported_cached_tokens_total" in m
             and 'kvrouter_decisions_total{policy="kv-aware",reason="cache"}' in m
         )
+        # shadow scoring (deferred until each request is on its way) ran for every request and policy
+        shadow = {
+            sample.labels["policy"]: sample.value
+            for fam in text_string_to_metric_families(m)
+            for sample in fam.samples
+            if sample.name == "kvrouter_shadow_cached_tokens_total"
+        }
+        assert set(shadow) == {"kv-aware", "prefix-hash", "least-loaded", "round-robin", "random"}
+        assert shadow["kv-aware"] == sum(pred for pred, _ in hits) + int(h1["x-kvrouter-cached-tokens"])
 
 
 async def test_a_burst_of_a_new_prefix_sticks_together(fleet: SimFleet) -> None:

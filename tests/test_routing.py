@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from indexer import Indexer
 from indexer.encode import PayloadEncoder
 from kvrouter.routing import InstanceId, RequestId, RouteInput, Router, RouterConfig
-from kvrouter.routing.hashring import HashRing
+from kvrouter.routing.hashring import HashRing, stable_hash64
 from kvrouter.routing.router import Target
 
 BS = 16
@@ -192,6 +192,29 @@ def test_shadow_choices_equal_each_policy_routing_alone() -> None:
             assert d.shadow[name].target == own.chosen.target, (i, name)
 
 
+def test_deferred_shadow_scoring_equals_inline_scoring() -> None:
+    """The gateway defers shadow scoring until its request is on the way; the answer is the one the
+    decision's own snapshot gives, even after the request was dispatched and others were routed."""
+    ix = Indexer(BS)
+    for k in range(3):
+        cache(ix, f"v{k}", list(range(k * 100, k * 100 + 64)))
+    inline = Router(ix, RouterConfig(policy="kv-aware", shadow=True))
+    deferred = Router(ix, RouterConfig(policy="kv-aware", shadow=True))
+    for i in range(9):
+        q = inp(ix, str(i), list(range((i % 3) * 100, (i % 3) * 100 + 48)))
+        a = inline.route(q, fleet(), now=float(i))
+        b = deferred.route(q, fleet(), now=float(i), shadow=False)
+        assert a.chosen and b.chosen and b.shadow == {} and b.shadow_basis is not None
+        scores = [(c.target, c.score) for c in b.ranked]
+        inline.dispatched(q, a.chosen, float(i))
+        deferred.dispatched(q, b.chosen, float(i))
+        # another request routed in between (deferred too: random's dry-run draws are policy state)
+        deferred.route(inp(ix, f"other{i}", [7] * 40), fleet(), now=float(i), shadow=False)
+        assert deferred.shadow(b) == a.shadow and b.shadow_basis is None
+        assert deferred.shadow(b) is b.shadow  # once
+        assert [(c.target, c.score) for c in b.ranked] == scores  # the active policy's scores restored
+
+
 def test_baselines_spread_load() -> None:
     ix = Indexer(BS)
     for policy in ("round-robin", "random", "least-loaded"):
@@ -243,6 +266,40 @@ def test_hash_ring_moves_only_the_keys_of_a_leaving_or_joining_instance(n: int, 
     ring.add(InstanceId("new"))
     again = {k: ring.walk(k)[0] for k in keys}
     assert all(again[k] in (after[k], "new") for k in keys)
+
+
+def _reference_walk(ring: HashRing, key: bytes) -> list[str]:
+    """The ring walked point by point, without the per-point cache: the definition of ``walk``."""
+    points = sorted((p, o) for p, o in zip(ring._points, ring._owners))
+    if not points:
+        return []
+    h = stable_hash64(key)
+    start = next((i for i, (p, _) in enumerate(points) if p > h), len(points))
+    out: list[str] = []
+    for k in range(len(points)):
+        o = points[(start + k) % len(points)][1]
+        if o not in out:
+            out.append(o)
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    ops=st.lists(st.tuples(st.booleans(), st.integers(0, 7)), max_size=25),
+    keys=st.lists(st.binary(max_size=20), min_size=1, max_size=30),
+)
+def test_hash_ring_cached_walks_equal_the_point_by_point_walk(
+    ops: list[tuple[bool, int]], keys: list[bytes]
+) -> None:
+    """Walks are cached per landing point; joins and leaves in any order never leave a stale one."""
+    ring = HashRing(vnodes=7)
+    for join, i in ops:
+        if join:
+            ring.add(InstanceId(f"i{i}"))
+        else:
+            ring.remove(InstanceId(f"i{i}"))
+        for k in keys:
+            assert list(ring.walk(k)) == _reference_walk(ring, k)
 
 
 def test_replicas_agree_on_a_cold_prefix_and_cold_prefixes_spread() -> None:

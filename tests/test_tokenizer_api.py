@@ -8,6 +8,7 @@ import random
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -185,30 +186,46 @@ def test_concurrent_threads_get_exact_tokens(dirs: dict[str, str]) -> None:
     assert ct.stats().hits > 0
 
 
-async def test_async_variants_run_off_the_loop(dirs: dict[str, str]) -> None:
+async def test_async_variants_keep_long_encodes_off_the_loop(dirs: dict[str, str]) -> None:
+    """The async methods tokenize what is left after the cache on the loop when it is short (a hop to a
+    thread costs more), and every longer encode (a miss: the whole prompt) on the executor."""
+    limit = 64
     ct = CachedTokenizer.from_pretrained(
-        dirs["bytelevel"], config=msgspec.structs.replace(TIGHT, inline_chars=64)
+        dirs["bytelevel"], config=msgspec.structs.replace(TIGHT, inline_chars=limit)
     )
     loop_thread = threading.get_ident()
-    seen: set[int] = set()
-    original = ct.encode_prompt
+    calls: list[tuple[int, bool]] = []  # (characters encoded, on the loop's thread)
+    encode, render = ct._encode, ct.render_chat
+    rendered_on_loop: list[bool] = []
 
-    def spy(*args: object, **kwargs: object) -> list[int]:
-        seen.add(threading.get_ident())
-        return original(*args, **kwargs)  # type: ignore[arg-type]
+    def spy_encode(text: str) -> object:
+        calls.append((len(text), threading.get_ident() == loop_thread))
+        return encode(text)
 
-    ct.encode_prompt = spy  # type: ignore[method-assign]
+    def spy_render(*args: Any, **kwargs: Any) -> str:
+        rendered_on_loop.append(threading.get_ident() == loop_thread)
+        return render(*args, **kwargs)
+
+    ct._encode = spy_encode  # type: ignore[method-assign]
+    ct.render_chat = spy_render  # type: ignore[method-assign]
     text = corpus_text(random.Random(4), 80)
+    first = await ct.aencode_prompt(text)  # a miss: the whole text, on the executor
     results = await asyncio.gather(*(ct.aencode_prompt(text + str(i)) for i in range(8)))
+    assert first == ct.encode_uncached(text)
     assert results == [ct.encode_uncached(text + str(i)) for i in range(8)]
-    assert seen and loop_thread not in seen
-    # texts up to inline_chars are cheaper to tokenize than a hop to the executor: on the loop's thread
-    seen.clear()
+    assert all(on_loop == (n <= limit) for n, on_loop in calls), calls
+    assert any(on_loop for _, on_loop in calls) and any(not on_loop for _, on_loop in calls), calls
+    assert ct.stats().hits >= 8
     assert await ct.aencode_prompt("a short one") == ct.encode_uncached("a short one")
-    assert seen == {loop_thread}
+    assert calls[-1] == (len("a short one"), True)
     msgs = [{"role": "user", "content": text}]
     assert await ct.aencode_chat(msgs) == ct.encode_chat(msgs)
     assert (await ct.aencode_chat_ex(msgs)).tokens == ct.encode_chat(msgs)
+    assert rendered_on_loop[0] and rendered_on_loop[1]  # plain messages: rendered on the loop
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    rendered_on_loop.clear()
+    assert await ct.aencode_chat(msgs, tools=tools) == ct.encode_chat(msgs, tools=tools)
+    assert rendered_on_loop[0] is False  # tools: rendered on the executor
     assert (await ct.aencode_prompt_ex([1, 2])).tokens == [1, 2]
     ct.close()
 

@@ -13,8 +13,11 @@ Request path of ``encode_prompt(text)`` (the chat path renders first, then does 
       |                          v
       +--------------> C.ids[:idx(b)] + new tokens --> cache T (superseding C if C prefixes T)
 
-Tokenization always runs outside the index lock and releases the GIL (see ``_encode``), so the async
-methods run whole calls on a thread pool and several requests tokenize in parallel.
+Tokenization always runs outside the index lock and releases the GIL (see ``_encode``).  The async
+methods do the cache's own work (digests, lookup, splicing: Python that holds the GIL wherever it runs)
+on the calling event loop, and so the encodes of up to ``inline_chars`` characters: a hop to a thread
+and back costs 200-400 us on a busy 2-core machine, more than tokenizing a 200-token question.  Longer
+encodes (a miss: a whole 8k-token prompt) go to a thread pool, so several tokenize in parallel.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import asyncio
 import functools
 import threading
 from array import array
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any, NamedTuple, TypeVar
 
@@ -48,6 +51,17 @@ __all__ = ["CachedTokenizer", "Encoded"]
 
 Prompt = str | Sequence[int]
 _T = TypeVar("_T")
+# The cached path, as steps: yields a text to tokenize, is sent its Encoding, returns the result.
+_Steps = Generator[str, Any, _T]
+
+
+def _advance(steps: _Steps[_T], sent: Any) -> tuple[bool, Any]:
+    """One step: (False, the next text to tokenize) or (True, the result).  StopIteration may not cross
+    an executor's future, so it is turned into a value here."""
+    try:
+        return False, (next(steps) if sent is None else steps.send(sent))
+    except StopIteration as stop:
+        return True, stop.value
 
 
 class Encoded(NamedTuple):
@@ -267,48 +281,48 @@ class CachedTokenizer:
             return self._executor
 
     async def aencode_prompt(self, prompt: Prompt, *, add_special_tokens: bool = True) -> list[int]:
-        """``encode_prompt`` on the executor, off the event loop (short texts inline, see
-        ``CacheConfig.inline_chars``)."""
-        call = functools.partial(self.encode_prompt, prompt, add_special_tokens=add_special_tokens)
-        return await self._run(call, len(prompt) <= self.config.inline_chars)
+        """``encode_prompt`` from the event loop: the cache's own work here, long encodes on the executor
+        (see ``CacheConfig.inline_chars``)."""
+        return (await self.aencode_prompt_ex(prompt, add_special_tokens=add_special_tokens)).tokens
 
     async def aencode_prompt_ex(self, prompt: Prompt, *, add_special_tokens: bool = True) -> Encoded:
-        call = functools.partial(self.encode_prompt_ex, prompt, add_special_tokens=add_special_tokens)
-        return await self._run(call, len(prompt) <= self.config.inline_chars)
+        if not isinstance(prompt, str):
+            return Encoded(self._check_ids(prompt), 0)
+        if add_special_tokens and self._wrap is None:  # transformers tokenizes it whole: off the loop
+            call = functools.partial(self.encode_prompt_ex, prompt, add_special_tokens=True)
+            return await self._run(call, len(prompt) <= self.config.inline_chars)
+        return await self._adrive(self._text_steps(prompt, add_special_tokens))
 
     async def aencode_chat(
         self, messages: Sequence[Mapping[str, Any]], *args: Any, **kwargs: Any
     ) -> list[int]:
-        """``encode_chat`` (template rendering included) on the executor, off the event loop (short
-        conversations without tools inline)."""
-        call = functools.partial(self.encode_chat, messages, *args, **kwargs)
-        return await self._run(call, self._short_chat(messages, args, kwargs))
+        """``encode_chat`` from the event loop (rendering included; short conversations without tools
+        whole on the loop, others rendered on the executor; see ``aencode_prompt`` for the rest)."""
+        return (await self.aencode_chat_ex(messages, *args, **kwargs)).tokens
 
     async def aencode_chat_ex(
         self, messages: Sequence[Mapping[str, Any]], *args: Any, **kwargs: Any
     ) -> Encoded:
-        call = functools.partial(self.encode_chat_ex, messages, *args, **kwargs)
-        return await self._run(call, self._short_chat(messages, args, kwargs))
+        add_special_tokens = kwargs.pop("add_special_tokens", False)
+        render = functools.partial(self.render_chat, messages, *args, **kwargs)
+        text = await self._run(render, self._plain_chat(messages, args, kwargs))
+        return await self.aencode_prompt_ex(text, add_special_tokens=add_special_tokens)
 
     async def _run(self, call: Callable[[], _T], inline: bool) -> _T:
         if inline:
             return call()
         return await asyncio.get_running_loop().run_in_executor(self._pool(), call)
 
-    def _short_chat(self, messages: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
-        """Plain-text messages whose text stays under ``inline_chars``, with no tools or documents (whose
-        rendering can be long whatever the messages' size)."""
+    @staticmethod
+    def _plain_chat(messages: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """Plain-text messages with no tools or documents: rendering them is string concatenation in the
+        template, microseconds even for a long conversation.  Tools and documents (JSON schemas rendered
+        by the template) can take milliseconds: those are rendered on the executor."""
         if args or kwargs.get("tools") or kwargs.get("documents") or not isinstance(messages, list):
             return False
-        budget = self.config.inline_chars
-        for m in messages:
-            content = m.get("content") if isinstance(m, Mapping) else None
-            if content is not None and not isinstance(content, str):
-                return False
-            budget -= len(content or "")
-            if budget < 0:
-                return False
-        return True
+        return all(
+            isinstance(m, Mapping) and isinstance(m.get("content"), (str, type(None))) for m in messages
+        )
 
     def close(self) -> None:
         """Shut down the executor if this object created it."""
@@ -342,18 +356,51 @@ class CachedTokenizer:
                 setattr(n, k, getattr(n, k) + v)
 
     def _encode_text(self, text: str, add_special_tokens: bool) -> Encoded:
+        return self._drive(self._text_steps(text, add_special_tokens))
+
+    def _text_steps(self, text: str, add_special_tokens: bool) -> _Steps[Encoded]:
+        """The cached path as steps: it yields each text it needs tokenized and is resumed with that
+        text's ``tokenizers.Encoding``.  ``_drive`` runs it on one thread; ``_adrive`` runs the Python
+        steps (digests, lookup, splice, caching) where it is called and sends long encodes, with what
+        follows them, to the executor."""
         wrap = self._wrap if add_special_tokens else None
         if add_special_tokens and wrap is None:
             # The post-processor is not a fixed prefix/suffix: let transformers do it, uncached.
             ids = self.encode_uncached(text, add_special_tokens=True)
             self._count(tokens_encoded=len(ids))
             return Encoded(ids, 0)
-        content, reused, arr = self._content(text)
+        content, reused, arr = yield from self._content(text)
         if wrap is None or not (wrap.prefix or wrap.suffix):
             return Encoded(content, reused, arr)
         if arr is not None:
             arr = np.concatenate((ids_array(wrap.prefix), arr, ids_array(wrap.suffix)))
         return Encoded(wrap.apply(content), len(wrap.prefix) + reused if reused else 0, arr)
+
+    def _drive(self, steps: _Steps[_T]) -> _T:
+        """Run ``steps`` to the end on this thread."""
+        try:
+            part = next(steps)
+            while True:
+                part = steps.send(self._encode(part))
+        except StopIteration as stop:
+            return stop.value
+
+    async def _adrive(self, steps: _Steps[_T]) -> _T:
+        """Run ``steps`` from the event loop: the Python steps and encodes of up to ``inline_chars``
+        characters here (a hop to the executor and back costs more than either); a longer encode, and
+        the steps after it (a miss caches 8k tokens: a millisecond of Python), on the executor."""
+        loop = asyncio.get_running_loop()
+        done, value = _advance(steps, None)
+        while not done:
+            step = functools.partial(self._encode_and_advance, steps, value)
+            if len(value) <= self.config.inline_chars:
+                done, value = step()
+            else:
+                done, value = await loop.run_in_executor(self._pool(), step)
+        return value
+
+    def _encode_and_advance(self, steps: _Steps[Any], part: str) -> tuple[bool, Any]:
+        return _advance(steps, self._encode(part))
 
     def _encode(self, text: str) -> Any:
         """Content encoding of ``text`` (a ``tokenizers.Encoding``).
@@ -363,21 +410,21 @@ class CachedTokenizer:
         """
         return self._raw.encode_batch([text], add_special_tokens=False)[0]
 
-    def _content(self, text: str) -> tuple[list[int], int, U32Array | None]:
+    def _content(self, text: str) -> _Steps[tuple[list[int], int, U32Array | None]]:
         """Content tokens of ``text`` (no special tokens added), how many came from the cache, and the
-        same tokens as an array when they were at hand."""
+        same tokens as an array when they were at hand (steps: see ``_text_steps``)."""
         index = self._index
         if not self._reuse or len(text) < index.chunk_chars:
-            ids = self._encode(text).ids
+            ids = (yield text).ids
             self._count(tokens_encoded=len(ids))
             return ids, 0, None
         digests = index.chunk_digests(text)
         match = index.lookup(text, digests)
-        outcome = "misses" if match is None else self._splice(text, match, digests)
+        outcome = "misses" if match is None else (yield from self._splice(text, match, digests))
         if not isinstance(outcome, str):
             return outcome
         # Miss or fallback: full encode, then cache the text.
-        enc = self._encode(text)
+        enc = yield text
         ids = enc.ids
         pos, idx = array("i"), array("i")
         sample_seams(
@@ -401,7 +448,7 @@ class CachedTokenizer:
         self._count(lookups=1, tokens_encoded=len(ids), **{outcome: 1})
         return ids, 0, arr
 
-    def _splice(self, text: str, match: Match, digests: str) -> tuple[list[int], int, U32Array] | str:
+    def _splice(self, text: str, match: Match, digests: str) -> _Steps[tuple[list[int], int, U32Array] | str]:
         """Reuse ``match.entry``'s tokens for ``text``; else name the counter to bump ("misses"...)."""
         entry = match.entry
         m = match.common
@@ -419,7 +466,7 @@ class CachedTokenizer:
         )
         if plan is None:
             return "misses"
-        enc = self._encode(text[plan.pos_b0 :])
+        enc = yield text[plan.pos_b0 :]
         new = enc.ids  # each access converts the whole list: read it once
         if not verify_splice(enc, new, entry.ids, plan):
             return "fallbacks"

@@ -243,9 +243,12 @@ class Gateway:
         *,
         dry_run: bool = False,
         remote: LookupResult | None = None,
+        shadow: bool = True,
     ) -> Decision:
         targets = [t for t in self.pool.targets(inp.model) if not exclude or t.key not in exclude]
-        return self.router.route(inp, targets, time.monotonic(), dry_run=dry_run, remote=remote)
+        return self.router.route(
+            inp, targets, time.monotonic(), dry_run=dry_run, remote=remote, shadow=shadow
+        )
 
     async def remote_lookup(self, req: ParsedRequest, tokens: TokenIds | None) -> LookupResult | None:
         """With ``gateway.indexer_url``: the remote indexer's answer (None if it cannot be had: the router
@@ -273,8 +276,16 @@ class Gateway:
             self.metrics.spills.inc()
         if d.chosen is None:
             return
+        if d.shadow_basis is not None:
+            # Deferred: scored when this task next yields (its upstream request is being sent by then).
+            asyncio.get_running_loop().call_soon(self.record_shadow, d)
+        else:
+            self.record_shadow(d)
+
+    def record_shadow(self, d: Decision) -> None:
+        assert d.chosen is not None
         self.metrics.shadow_cached.labels(d.policy).inc(d.chosen.cached_tokens)
-        for name, sh in d.shadow.items():
+        for name, sh in self.router.shadow(d).items():
             self.metrics.shadow_cached.labels(name).inc(sh.cached_tokens)
             if sh.target == d.chosen.target:
                 self.metrics.shadow_agree.labels(name).inc()
@@ -311,7 +322,7 @@ class Gateway:
         remote = await self.remote_lookup(req, tokens)
 
         def attempt() -> Decision | None:
-            d = self.decide(inp, remote=remote)
+            d = self.decide(inp, remote=remote, shadow=False)
             return None if d.reason == "at_capacity" else d
 
         self.metrics.queue_depth.set(self.gate.waiting + 1)

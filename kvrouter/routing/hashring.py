@@ -31,6 +31,10 @@ class HashRing:
         self._points: list[int] = []
         self._owners: list[InstanceId] = []
         self._members: set[InstanceId] = set()
+        # start index -> distinct owners in ring order from there.  A walk depends only on where the key
+        # lands and on the membership, so it is computed once per point (at most vnodes x members of
+        # them) and dropped when membership changes; without it every request walked ~20-100 points.
+        self._orders: dict[int, tuple[InstanceId, ...]] = {}
         for inst in instances:
             self.add(inst)
 
@@ -42,6 +46,7 @@ class HashRing:
         if inst in self._members:
             return
         self._members.add(inst)
+        self._orders.clear()
         for v in range(self.vnodes):
             p = stable_hash64(f"{inst}#{v}".encode())
             i = bisect.bisect(self._points, p)
@@ -52,24 +57,29 @@ class HashRing:
         if inst not in self._members:
             return
         self._members.discard(inst)
+        self._orders.clear()
         keep = [(p, o) for p, o in zip(self._points, self._owners) if o != inst]
         self._points = [p for p, _ in keep]
         self._owners = [o for _, o in keep]
 
-    def walk(self, key: bytes) -> list[InstanceId]:
+    def walk(self, key: bytes) -> tuple[InstanceId, ...]:
         """Distinct instances in ring order from the key's point."""
         if not self._points:
-            return []
+            return ()
         start = bisect.bisect(self._points, stable_hash64(key))
-        seen: list[InstanceId] = []
-        n = len(self._points)
+        order = self._orders.get(start)
+        if order is None:
+            order = self._orders[start] = self._walk_from(start)
+        return order
+
+    def _walk_from(self, start: int) -> tuple[InstanceId, ...]:
+        seen: dict[InstanceId, None] = {}
+        n, want = len(self._points), len(self._members)
         for k in range(n):
-            o = self._owners[(start + k) % n]
-            if o not in seen:
-                seen.append(o)
-                if len(seen) == len(self._members):
-                    break
-        return seen
+            seen.setdefault(self._owners[(start + k) % n])
+            if len(seen) == want:
+                break
+        return tuple(seen)
 
     def choose(
         self,
@@ -78,14 +88,16 @@ class HashRing:
         *,
         bound: float = 1.25,
         eligible: Callable[[InstanceId], bool] = lambda _: True,
+        order: Iterable[InstanceId] | None = None,
     ) -> InstanceId | None:
-        """The first eligible instance clockwise whose load is below the bounded-load capacity."""
-        order = [i for i in self.walk(key) if eligible(i)]
-        if not order:
+        """The first eligible instance clockwise whose load is below the bounded-load capacity.
+        ``order``: ``walk(key)`` when the caller has it already."""
+        cands = [i for i in (self.walk(key) if order is None else order) if eligible(i)]
+        if not cands:
             return None
-        total = sum(load(i) for i in order)
-        cap = math.ceil(bound * (total + 1) / len(order))
-        for inst in order:
+        total = sum(load(i) for i in cands)
+        cap = math.ceil(bound * (total + 1) / len(cands))
+        for inst in cands:
             if load(inst) < cap:
                 return inst
-        return min(order, key=load)
+        return min(cands, key=load)

@@ -159,9 +159,11 @@ class PrefixHash:
         def load(t: InstanceId) -> float:
             return by_target[t].in_flight / max(by_target[t].weight, 1e-6)
 
-        key = req.prefix_key
-        first = self.ring.choose(key, load, bound=self.s.load_bound, eligible=lambda t: t in by_target)
-        order = [by_target[t] for t in self.ring.walk(key) if t in by_target]
+        walk = self.ring.walk(req.prefix_key)
+        first = self.ring.choose(
+            req.prefix_key, load, bound=self.s.load_bound, eligible=lambda t: t in by_target, order=walk
+        )
+        order = [by_target[t] for t in walk if t in by_target]
         for i, c in enumerate(order):
             c.score = float(i)
         if first is not None:

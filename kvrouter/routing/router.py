@@ -82,6 +82,8 @@ class Decision(msgspec.Struct):
     ranked: list[Candidate]
     predicted_cached_tokens: int = 0
     shadow: dict[str, ShadowChoice] = {}
+    shadow_basis: tuple[RouteView, list[Candidate]] | None = None
+    """What ``Router.shadow`` ranks when the caller deferred shadow scoring (``route(shadow=False)``)."""
 
 
 class Router:
@@ -173,8 +175,13 @@ class Router:
         *,
         dry_run: bool = False,
         remote: LookupResult | None = None,
+        shadow: bool = True,
     ) -> Decision:
-        """Choose a target.  ``dry_run`` (explain) leaves every policy's state as it was."""
+        """Choose a target.  ``dry_run`` (explain) leaves every policy's state as it was.
+
+        ``shadow=False`` defers shadow scoring: the decision keeps what it needs, and ``shadow(d)`` fills
+        ``d.shadow`` later.  The gateway does that once the request is on its way upstream, so the ~35 us
+        of asking four other policies is not part of any request's latency."""
         policy = self.policy_for(inp.model)
         cands = self.candidates(inp, targets, now, remote)
         if not cands:
@@ -189,8 +196,21 @@ class Router:
         reason = self._reason(policy.name, chosen, ranked)
         d = Decision(chosen, policy.name, reason, ranked, predicted_cached_tokens=chosen.cached_tokens)
         if self.config.shadow:
-            d.shadow = self._shadow(view, open_, policy.name)
+            if shadow:
+                d.shadow = self._shadow(view, open_, policy.name)
+            else:
+                d.shadow_basis = (view, open_)
         return d
+
+    def shadow(self, d: Decision) -> dict[str, ShadowChoice]:
+        """Fill in a deferred decision's shadow choices (once; later calls return them).  The candidates
+        are the decision's own snapshot, so this request's dispatch and other requests' loads do not
+        change the answer; a policy's own state (round-robin's pointer) is read as it is now."""
+        if d.shadow_basis is not None:
+            view, cands = d.shadow_basis
+            d.shadow_basis = None
+            d.shadow = self._shadow(view, cands, d.policy)
+        return d.shadow
 
     @staticmethod
     def _reason(policy: str, chosen: Candidate, ranked: list[Candidate]) -> str:
