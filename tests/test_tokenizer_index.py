@@ -7,7 +7,15 @@ from array import array
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenizer_cache.prefix_index import Entry, PrefixIndex, common_prefix_len
+from tokenizer_cache.prefix_index import (
+    Entry,
+    Ids,
+    PrefixIndex,
+    SplicedIds,
+    common_prefix_len,
+    head_list,
+    spliced,
+)
 
 
 def _add(ix: PrefixIndex, text: str, *, supersedes: Entry | None = None) -> Entry | None:
@@ -17,7 +25,7 @@ def _add(ix: PrefixIndex, text: str, *, supersedes: Entry | None = None) -> Entr
     ids = tuple(range(len(text)))  # one "token" per character is enough for the index
     seams = array("i", range(1, len(text))), array("i", range(1, len(text)))
     return ix.insert(
-        text, ids, *seams, ix.entry_digests(text, digests), known_keys=known, supersedes=supersedes
+        text, ids, seams, ix.entry_digests(text, digests), known_keys=known, supersedes=supersedes
     )
 
 
@@ -147,3 +155,33 @@ def test_heir_ranges_that_straddle_another_entrys_keys() -> None:
     ix.check_invariants()
     m = ix.lookup(h_text, ix.chunk_digests(h_text))
     assert m is not None and m.entry.text == h_text and m.common == len(h_text)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    base=st.lists(st.integers(0, 9), max_size=30),
+    ops=st.lists(
+        st.tuples(st.integers(0, 40), st.lists(st.integers(10, 19), max_size=8)), min_size=1, max_size=6
+    ),
+    data=st.data(),
+)
+def test_spliced_ids_equal_the_lists_they_stand_for(
+    base: list[int], ops: list[tuple[int, list[int]]], data: st.DataObject
+) -> None:
+    """``SplicedIds`` against plain lists: each splice ``ids[:n] + tail`` shares the root tuple and reads
+    (length, items, slices, head_list) like the list it stands for."""
+    ids: Ids = tuple(base)
+    ref = list(base)
+    for n, tail in ops:
+        n = min(n, len(ref))
+        assert head_list(ids, n) == ref[:n]
+        ids, ref = spliced(ids, n, tail), ref[:n] + tail
+        assert isinstance(ids, SplicedIds) and ids.base == tuple(base)  # never a chain
+        assert len(ids) == len(ref) and list(ids) == ref
+        if ref:
+            i = data.draw(st.integers(-len(ref), len(ref) - 1))
+            assert ids[i] == ref[i]
+        a = data.draw(st.integers(-3, len(ref) + 3))
+        b = data.draw(st.integers(-3, len(ref) + 3))
+        assert list(ids[a:b]) == ref[a:b]
+        assert list(ids[::2]) == ref[::2]

@@ -36,7 +36,17 @@ from .chat import ChatRenderer, ContentFormat
 from .config import CacheConfig, CacheStats
 from .errors import InvalidPromptError
 from .loading import HFTokenizer, load_chat_template, load_hf_tokenizer, raw_backend, special_wrap
-from .prefix_index import Entry, Match, PrefixIndex, U32Array, ids_array
+from .prefix_index import (
+    Entry,
+    LazySeams,
+    Match,
+    PrefixIndex,
+    SplicedIds,
+    U32Array,
+    head_list,
+    ids_array,
+    spliced,
+)
 from .seams import (
     AddedTokenMargin,
     Splice,
@@ -51,6 +61,10 @@ __all__ = ["CachedTokenizer", "Encoded"]
 
 Prompt = str | Sequence[int]
 _T = TypeVar("_T")
+# What a tokenizers.Encoding holds per token (ids, type ids, token strings, offsets, word ids, masks),
+# counted while an entry keeps one for its lazy seams: 21 B measured (process RSS with 860k tokens of
+# Encodings held, deepseek tokenizer), rounded up.
+_ENCODING_BYTES_PER_TOKEN = 32
 # The cached path, as steps: yields a text to tokenize, is sent its Encoding, returns the result.
 _Steps = Generator[str, Any, _T]
 
@@ -443,7 +457,7 @@ class CachedTokenizer:
         known = match.shared_chunks if match is not None else 0
         arr = ids_array(ids)
         index.insert(
-            text, tuple(ids), pos, idx, index.entry_digests(text, digests), known_keys=known, arr=arr
+            text, tuple(ids), (pos, idx), index.entry_digests(text, digests), known_keys=known, arr=arr
         )
         self._count(lookups=1, tokens_encoded=len(ids), **{outcome: 1})
         return ids, 0, arr
@@ -452,12 +466,14 @@ class CachedTokenizer:
         """Reuse ``match.entry``'s tokens for ``text``; else name the counter to bump ("misses"...)."""
         entry = match.entry
         m = match.common
+        n_cached = len(entry.ids)
         if m == len(text) == len(entry.text):
-            self._count(lookups=1, hits=1, exact_hits=1, tokens_reused=len(entry.ids))
-            return list(entry.ids), len(entry.ids), entry.arr
+            self._count(lookups=1, hits=1, exact_hits=1, tokens_reused=n_cached)
+            return head_list(entry.ids, n_cached), n_cached, entry.arr
+        seam_pos, seam_idx = entry.seams()
         plan = plan_splice(
-            entry.seam_pos,
-            entry.seam_idx,
+            seam_pos,
+            seam_idx,
             m,
             text,
             margin=self.config.margin_chars + self._added_margin.extra(text, m),
@@ -471,15 +487,13 @@ class CachedTokenizer:
         if not verify_splice(enc, new, entry.ids, plan):
             return "fallbacks"
         tail = new[plan.idx_b - plan.idx_b0 :]
-        out = list(entry.ids)
-        del out[plan.idx_b :]
+        out = head_list(entry.ids, plan.idx_b)
         out += tail
         arr = np.concatenate((entry.arr[: plan.idx_b], ids_array(tail)))
         self._count(lookups=1, hits=1, tokens_reused=plan.idx_b, tokens_encoded=len(new))
         if len(text) > m:  # otherwise text is a prefix of the entry's, which already covers it
-            self._cache_spliced(
-                text, entry, m, plan, enc, len(new), tuple(out), arr, digests, match.shared_chunks
-            )
+            ids = spliced(entry.ids, plan.idx_b, tail)
+            self._cache_spliced(text, entry, m, plan, enc, len(new), ids, arr, digests, match.shared_chunks)
         return out, plan.idx_b, arr
 
     def _cache_spliced(
@@ -490,20 +504,42 @@ class CachedTokenizer:
         plan: Splice,
         enc: Any,
         n_new: int,
-        ids: tuple[int, ...],
+        ids: SplicedIds,
         arr: U32Array,
         digests: str,
         shared_chunks: int,
     ) -> None:
-        """Cache the query: the entry's seams up to b are valid for it (same words), then G's."""
-        pos = entry.seam_pos[: plan.seam_index + 1]
-        idx = entry.seam_idx[: plan.seam_index + 1]
+        """Cache the query: the entry's seams up to b are valid for it (same words), then G's, sampled
+        when the new entry is first spliced from (``LazySeams``: it keeps ``enc`` until then)."""
+        seams = _SplicedSeams(entry, plan, enc, n_new, self.config)
+        supersedes = entry if m == len(entry.text) else None
+        entry_digests = self._index.entry_digests(text, digests)
+        self._index.insert(
+            text, ids, seams, entry_digests, known_keys=shared_chunks, supersedes=supersedes, arr=arr
+        )
+
+
+class _SplicedSeams(LazySeams):
+    """A spliced entry's seams: its base entry's up to b (same words there), then those of the new part
+    ``enc`` = f(T[b':]) past b, sampled on first use.  It holds the base's seam arrays (already built:
+    planning the splice read them), not the base entry, which stays free to be evicted."""
+
+    __slots__ = ("base_idx", "base_pos", "cfg", "enc", "n_new", "plan")
+
+    def __init__(self, base: Entry, plan: Splice, enc: Any, n_new: int, cfg: CacheConfig) -> None:
+        self.base_pos, self.base_idx = base.seams()
+        super().__init__(len(self.base_pos) + n_new, _ENCODING_BYTES_PER_TOKEN * n_new)
+        self.plan, self.enc, self.n_new, self.cfg = plan, enc, n_new, cfg
+
+    def make(self) -> tuple[array[int], array[int]]:
+        plan, cfg, keep = self.plan, self.cfg, self.plan.seam_index + 1
+        pos, idx = self.base_pos[:keep], self.base_idx[:keep]
         sample_seams(
-            enc,
-            n_new,
-            stride=self.config.seam_stride_tokens,
-            tail_tokens=self.config.seam_tail_tokens,
-            tail_stride=self.config.seam_tail_stride_tokens,
+            self.enc,
+            self.n_new,
+            stride=cfg.seam_stride_tokens,
+            tail_tokens=cfg.seam_tail_tokens,
+            tail_stride=cfg.seam_tail_stride_tokens,
             first_token=plan.idx_b - plan.idx_b0,
             min_rel_pos=plan.pos_b - plan.pos_b0,
             pos_offset=plan.pos_b0,
@@ -511,8 +547,4 @@ class CachedTokenizer:
             out_pos=pos,
             out_idx=idx,
         )
-        supersedes = entry if m == len(entry.text) else None
-        entry_digests = self._index.entry_digests(text, digests)
-        self._index.insert(
-            text, ids, pos, idx, entry_digests, known_keys=shared_chunks, supersedes=supersedes, arr=arr
-        )
+        return pos, idx

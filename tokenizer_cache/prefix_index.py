@@ -47,12 +47,23 @@ import threading
 from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import overload
 
 import datrie
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Entry", "Match", "PrefixIndex", "common_prefix_len"]
+__all__ = [
+    "Entry",
+    "Ids",
+    "LazySeams",
+    "Match",
+    "PrefixIndex",
+    "SplicedIds",
+    "common_prefix_len",
+    "head_list",
+    "spliced",
+]
 
 DIGEST_CHARS = 4
 # Map digest byte 0 to 1: the trie alphabet is '\x01'..'\xff' (255 symbols, libdatrie's limit).
@@ -74,26 +85,114 @@ def ids_array(ids: Sequence[int]) -> U32Array:
     return np.frombuffer(array("I", ids), dtype=np.uint32)
 
 
+class SplicedIds(Sequence[int]):
+    """``base[:cut] + tail`` without building it: a query cached after a splice shares its root's tuple
+    (siblings after one long system prompt hold one copy of it, and caching a query skips an 8k-id
+    copy).  ``base`` is always a plain tuple, so reading an id never walks a chain."""
+
+    __slots__ = ("base", "cut", "tail")
+
+    def __init__(self, base: tuple[int, ...], cut: int, tail: tuple[int, ...]) -> None:
+        self.base, self.cut, self.tail = base, cut, tail
+
+    def __len__(self) -> int:
+        return self.cut + len(self.tail)
+
+    @overload
+    def __getitem__(self, i: int) -> int: ...
+    @overload
+    def __getitem__(self, i: slice) -> tuple[int, ...]: ...
+    def __getitem__(self, i: int | slice) -> int | tuple[int, ...]:
+        if isinstance(i, slice):
+            start, stop, step = i.indices(len(self))
+            if step != 1:
+                return tuple(self)[i]
+            if stop <= self.cut:
+                return self.base[start:stop]
+            if start >= self.cut:
+                return self.tail[start - self.cut : stop - self.cut]
+            return self.base[start : self.cut] + self.tail[: stop - self.cut]
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        return self.base[i] if i < self.cut else self.tail[i - self.cut]
+
+    def head_list(self, n: int) -> list[int]:
+        """``list(self[:n])`` with one copy."""
+        out = list(self.base)
+        if n <= self.cut:
+            del out[n:]
+        else:
+            del out[self.cut :]
+            out += self.tail[: n - self.cut]
+        return out
+
+    def then(self, n: int, new_tail: Sequence[int]) -> SplicedIds:
+        """``self[:n] + new_tail``, sharing the same root."""
+        if n <= self.cut:
+            return SplicedIds(self.base, n, tuple(new_tail))
+        return SplicedIds(self.base, self.cut, self.tail[: n - self.cut] + tuple(new_tail))
+
+
+Ids = tuple[int, ...] | SplicedIds
+
+
+def spliced(ids: Ids, n: int, new_tail: Sequence[int]) -> SplicedIds:
+    """``ids[:n] + new_tail`` as a ``SplicedIds`` on the root tuple."""
+    if isinstance(ids, SplicedIds):
+        return ids.then(n, new_tail)
+    return SplicedIds(ids, n, tuple(new_tail))
+
+
+def head_list(ids: Ids, n: int) -> list[int]:
+    """``list(ids[:n])``, one copy."""
+    if isinstance(ids, SplicedIds):
+        return ids.head_list(n)
+    out = list(ids)
+    del out[n:]
+    return out
+
+
+class LazySeams:
+    """Reuse-boundary candidates computed when an entry is first spliced from, not when it is cached: most
+    cached queries (a question after a shared prompt) are never extended.  A subclass says how
+    (``make``); ``count_bound`` bounds how many there will be, ``held_bytes`` what the object keeps
+    alive until then (the byte budget counts both).  One object per entry, no closure: every container
+    allocated per request brings the next young-generation collection closer."""
+
+    __slots__ = ("count_bound", "held_bytes")
+
+    def __init__(self, count_bound: int, held_bytes: int) -> None:
+        self.count_bound, self.held_bytes = count_bound, held_bytes
+
+    def make(self) -> tuple[array[int], array[int]]:
+        raise NotImplementedError
+
+
+Seams = tuple["array[int]", "array[int]"] | LazySeams
+
+
 class Entry:
     """One cached text and its tokens (without special tokens), plus its reuse-boundary candidates.
 
-    ``seam_pos[i]`` is a character position in ``text`` that starts a word of the tokenization, and
-    ``seam_idx[i]`` the index in ``ids`` of the token that starts there.  Both arrays increase.
+    ``seams()`` is ``(seam_pos, seam_idx)``: ``seam_pos[i]`` is a character position in ``text`` that
+    starts a word of the tokenization, and ``seam_idx[i]`` the index in ``ids`` of the token that starts
+    there.  Both arrays increase.
 
-    NOTE: ``ids`` is a tuple, not a list: the garbage collector stops tracking a tuple of ints after
-    one pass, while a list of 8k ints would be traversed by every full collection (milliseconds per
-    collection once the cache holds a few hundred entries).
+    NOTE: ``ids`` is a tuple (or a ``SplicedIds`` over one), not a list: the garbage collector stops
+    tracking a tuple of ints after one pass, while a list of 8k ints would be traversed by every full
+    collection (milliseconds per collection once the cache holds a few hundred entries).
     """
 
-    __slots__ = ("arr", "digests", "eid", "ids", "nbytes", "seam_idx", "seam_pos", "slot", "text")
+    __slots__ = ("_seams", "arr", "digests", "eid", "ids", "nbytes", "slot", "text")
 
     def __init__(
         self,
         eid: int,
         text: str,
-        ids: tuple[int, ...],
-        seam_pos: array[int],
-        seam_idx: array[int],
+        ids: Ids,
+        seams: Seams,
         digests: str,
         arr: U32Array | None = None,
     ) -> None:
@@ -103,21 +202,34 @@ class Entry:
         # The same ids as uint32, for callers that hash them (the router): an array is built from its
         # cached prefix in microseconds, a list of 8k Python ints takes ~50 us to convert.
         self.arr = ids_array(ids) if arr is None else arr
-        self.seam_pos = seam_pos
-        self.seam_idx = seam_idx
+        self._seams = seams
         self.digests = digests
         self.slot = 0
+        if isinstance(seams, LazySeams):
+            seam_bytes = 8 * seams.count_bound + seams.held_bytes
+        else:
+            seam_bytes = seams[0].itemsize * (len(seams[0]) + len(seams[1]))
         self.nbytes = (
             sys.getsizeof(text)
             + 64
+            # counted whole even when shared with a sibling (SplicedIds), so the estimate stays a bound
             + (_BYTES_PER_TOKEN + 4) * len(ids)
-            + seam_pos.itemsize * (len(seam_pos) + len(seam_idx))
+            + seam_bytes
             + 128
             + sys.getsizeof(digests)
             # trie cells: one per new digest character at most, plus key tails
             + 16 * len(digests)
             + _ENTRY_OVERHEAD
         )
+
+    def seams(self) -> tuple[array[int], array[int]]:
+        """``(seam_pos, seam_idx)``, computed on first use.  Two threads may both compute them: the
+        result is the same, and the attribute is swapped in one step."""
+        s = self._seams
+        if isinstance(s, LazySeams):
+            s = s.make()
+            self._seams = s
+        return s
 
 
 class Match:
@@ -228,9 +340,8 @@ class PrefixIndex:
     def insert(
         self,
         text: str,
-        ids: tuple[int, ...],
-        seam_pos: array[int],
-        seam_idx: array[int],
+        ids: Ids,
+        seams: Seams,
         digests: str,
         *,
         known_keys: int = 0,
@@ -251,7 +362,7 @@ class PrefixIndex:
                 if owner.text.startswith(text):  # (I) needs this: see "evict" in the module docstring
                     self._entries.move_to_end(owner.eid)
                     return owner
-            entry = Entry(self._next_eid, text, ids, seam_pos, seam_idx, digests, arr)
+            entry = Entry(self._next_eid, text, ids, seams, digests, arr)
             if entry.nbytes > self.max_bytes:
                 return None
             self._next_eid += 1
