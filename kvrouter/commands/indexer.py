@@ -11,6 +11,8 @@ from indexer.config import load_fleet
 from indexer.errors import ConfigError
 from indexer.service import build
 
+from .heap import freeze_on_startup
+
 log = logging.getLogger("kvrouter.indexer")
 
 
@@ -30,6 +32,7 @@ def run(args: argparse.Namespace) -> int:
     from kvrouter.gateway.prompts import FleetTokens
 
     app = build(fleet, encoder=FleetTokens.from_config(load_router_fleet(args.fleet)))
+    app.on_startup.append(freeze_on_startup)
     log.info(
         "indexer listening", extra={"host": args.host, "port": args.port, "instances": len(fleet.instances)}
     )

@@ -14,6 +14,7 @@ from ..config import load_router_fleet
 from ..gateway.app import Gateway, build_gateway
 from ..gateway.prompts import FleetTokens
 from ..routing.policies import POLICIES
+from .heap import freeze_on_startup
 
 log = logging.getLogger("kvrouter.serve")
 
@@ -48,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
         fleet_path=args.fleet,
     )
     app = build_gateway(gw)
+    app.on_startup.append(freeze_on_startup)  # after the gateway's start: tokenizers are loaded by then
     log.info(
         "gateway listening",
         extra={

@@ -24,6 +24,7 @@ from ..sim.faults import FaultConfig
 from ..sim.fleet import SimFleet, SimFleetConfig
 from ..sim.instance import DEFAULT_PROFILE
 from ..sim.timing import PROFILES
+from .heap import freeze_startup_heap
 
 log = logging.getLogger("kvrouter.sim")
 
@@ -111,6 +112,7 @@ async def serve(config: SimFleetConfig, fleet_out: str) -> int:
         loop.add_signal_handler(sig, stop.set)
     try:
         async with SimFleet(config) as fleet:
+            freeze_startup_heap()  # before the fleet file tells anyone it is up
             path = fleet.write_fleet_file(fleet_out)
             log.info(
                 "simulated fleet up",
