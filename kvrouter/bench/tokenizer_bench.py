@@ -99,10 +99,15 @@ def bench_prompts(a: argparse.Namespace, ct: CachedTokenizer, rng: random.Random
     questions = [
         f"\n\nQuestion {i}: " + text_of_tokens(ct, rng, a.question_tokens) for i in range(a.queries + 1)
     ]
+    texts = [prefix + q for q in questions[1:]]
+    # The baseline first, in the state of a router without this cache.  Measured after the cached phase,
+    # the same Rust call runs ~25 % faster (15.3 against 20.7 ms for one 8k encode): the cache keeps
+    # Encodings for its lazy seams, and a heap that holds them serves the tokenizer's allocations
+    # faster.  Both are reported; the speedup is against the cache-less process state.
+    full = [_timed(_ids, backend, text, True)[0] for text in texts[: a.full_samples]]
     ct.encode_prompt(prefix + questions[0])  # warm: cache the shared prefix
     # Phases are timed apart: interleaving a full encode (by another tokenizer instance) between
     # cached calls would evict the tokenizer's tables from the CPU caches and time that instead.
-    texts = [prefix + q for q in questions[1:]]
     cached: list[float] = []
     results: list[tuple[int, ...]] = []  # tuples: the GC stops tracking them (lists would slow it)
     for text in texts:
@@ -110,7 +115,7 @@ def bench_prompts(a: argparse.Namespace, ct: CachedTokenizer, rng: random.Random
         cached.append(dt)
         results.append(tuple(got))
     alone = [_timed(_ids, backend, q, False)[0] for q in questions[1:]]
-    full = [_timed(_ids, backend, text, True)[0] for text in texts[: a.full_samples]]
+    full_after = [_timed(_ids, backend, text, True)[0] for text in texts[: a.full_samples]]
     mismatches = sum(got != tuple(_ids(backend, text, True)) for got, text in zip(results, texts))
     s_cached, s_full = summary_us(cached), summary_us(full)
     return {
@@ -120,6 +125,7 @@ def bench_prompts(a: argparse.Namespace, ct: CachedTokenizer, rng: random.Random
         ),
         "cached": s_cached,
         "full": s_full,
+        "full_after_cached_phase": summary_us(full_after),
         "question_alone": summary_us(alone),
         "speedup_p50": round(s_full["p50_us"] / s_cached["p50_us"], 1),
         "mismatches": mismatches,
