@@ -22,9 +22,12 @@ class CacheConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Upper bound of the bytes held by cached entries (text, token ids, seams, trie keys; estimated
     conservatively).  The least recently used entries are evicted to stay under it."""
 
-    chunk_chars: int = 512
+    chunk_chars: int = 1024
     """Granularity of the datrie index: texts are cut into chunks of this many characters and each
-    chunk-aligned prefix gets one trie key.  Texts shorter than one chunk are never cached."""
+    chunk-aligned prefix gets one trie key.  Texts shorter than one chunk are never cached (they take
+    under half a millisecond to tokenize), and a reuse needs one whole chunk in common; the shared prefix
+    itself is then found to the character.  Larger chunks mean fewer digests and shorter trie keys: with
+    an 8k-token prefix, 1,024 instead of 512 took 17-28 us off the cached p50 (~540 us) in one process."""
 
     margin_chars: int = 16
     """Minimum distance, in characters, between the end of the text shared with a cached entry and the
