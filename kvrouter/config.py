@@ -127,6 +127,14 @@ class RouterFleetConfig(FleetConfig, frozen=True, forbid_unknown_fields=True):
     discovery: DiscoveryConfig | None = None
     """Kubernetes discovery: instances from the EndpointSlices of a vLLM Service."""
 
+    def served_models(self) -> list[str | None]:
+        """Every model name the fleet serves, after None (the fleet's default tokenizer): what a gateway
+        or indexer loads tokenizers for at start-up."""
+        models: list[str | None] = [None, *self.models]
+        for inst in self.instances:
+            models.extend(m for m in inst.models if m not in models)
+        return models
+
     def validate(self) -> None:
         super().validate()
         g = self.gateway

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from indexer import Indexer
 from indexer.encode import PayloadEncoder
-from kvrouter.routing import InstanceId, RequestId, RouteInput, Router, RouterConfig
+from kvrouter.routing import InstanceId, RequestId, RouteInput, Router, RouterConfig, hashring
 from kvrouter.routing.hashring import HashRing, stable_hash64
 from kvrouter.routing.router import Target
 
@@ -291,15 +291,23 @@ def _reference_walk(ring: HashRing, key: bytes) -> list[str]:
 def test_hash_ring_cached_walks_equal_the_point_by_point_walk(
     ops: list[tuple[bool, int]], keys: list[bytes]
 ) -> None:
-    """Walks are cached per landing point; joins and leaves in any order never leave a stale one."""
-    ring = HashRing(vnodes=7)
-    for join, i in ops:
-        if join:
-            ring.add(InstanceId(f"i{i}"))
-        else:
-            ring.remove(InstanceId(f"i{i}"))
-        for k in keys:
-            assert list(ring.walk(k)) == _reference_walk(ring, k)
+    """Walks are cached per landing point; joins and leaves in any order never leave a stale one, and
+    a cache that outgrows its bound starts over without changing an answer."""
+    saved = hashring._MAX_CACHED_IDS
+    try:
+        for cap in (saved, 5):
+            hashring._MAX_CACHED_IDS = cap
+            ring = HashRing(vnodes=7)
+            for join, i in ops:
+                if join:
+                    ring.add(InstanceId(f"i{i}"))
+                else:
+                    ring.remove(InstanceId(f"i{i}"))
+                for k in keys:
+                    assert list(ring.walk(k)) == _reference_walk(ring, k)
+                    assert ring._cached_ids == sum(len(o) for o in ring._orders.values()) <= max(cap, 8)
+    finally:
+        hashring._MAX_CACHED_IDS = saved
 
 
 def test_replicas_agree_on_a_cold_prefix_and_cold_prefixes_spread() -> None:

@@ -138,8 +138,13 @@ class SplicedIds(Sequence[int]):
 Ids = tuple[int, ...] | SplicedIds
 
 
-def spliced(ids: Ids, n: int, new_tail: Sequence[int]) -> SplicedIds:
-    """``ids[:n] + new_tail`` as a ``SplicedIds`` on the root tuple."""
+def spliced(ids: Ids, n: int, new_tail: Sequence[int]) -> Ids:
+    """``ids[:n] + new_tail``: a ``SplicedIds`` on the root tuple when it uses most of it, else a tuple of
+    its own.  An entry pins its whole root, and is charged for it (``Entry``): a short query spliced off
+    a long document must not keep the document's ids alive after the document's entry is evicted."""
+    root_len = len(ids.base) if isinstance(ids, SplicedIds) else len(ids)
+    if 2 * n < root_len:
+        return ids[:n] + tuple(new_tail)
     if isinstance(ids, SplicedIds):
         return ids.then(n, new_tail)
     return SplicedIds(ids, n, tuple(new_tail))
@@ -212,8 +217,10 @@ class Entry:
         self.nbytes = (
             sys.getsizeof(text)
             + 64
-            # counted whole even when shared with a sibling (SplicedIds), so the estimate stays a bound
-            + (_BYTES_PER_TOKEN + 4) * len(ids)
+            # counted whole even when shared with a sibling: a SplicedIds for its whole root (it keeps all
+            # of it alive), so the estimate stays a bound
+            + (_BYTES_PER_TOKEN + 4)
+            * (len(ids.base) + len(ids.tail) if isinstance(ids, SplicedIds) else len(ids))
             + seam_bytes
             + 128
             + sys.getsizeof(digests)

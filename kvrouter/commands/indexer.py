@@ -11,7 +11,7 @@ from indexer.config import load_fleet
 from indexer.errors import ConfigError
 from indexer.service import build
 
-from .heap import freeze_on_startup
+from .heap import freeze_startup_heap
 
 log = logging.getLogger("kvrouter.indexer")
 
@@ -31,8 +31,16 @@ def run(args: argparse.Namespace) -> int:
     from kvrouter.config import load_router_fleet
     from kvrouter.gateway.prompts import FleetTokens
 
-    app = build(fleet, encoder=FleetTokens.from_config(load_router_fleet(args.fleet)))
-    app.on_startup.append(freeze_on_startup)
+    rcfg = load_router_fleet(args.fleet)
+    tokens = FleetTokens.from_config(rcfg)
+    app = build(fleet, encoder=tokens)
+
+    async def load_tokenizers_then_freeze(_app: web.Application) -> None:
+        # Loaded now rather than on the first request that needs them, so the freeze covers them.
+        await tokens.warm(rcfg.served_models())
+        freeze_startup_heap()
+
+    app.on_startup.append(load_tokenizers_then_freeze)
     log.info(
         "indexer listening", extra={"host": args.host, "port": args.port, "instances": len(fleet.instances)}
     )

@@ -173,10 +173,7 @@ class Gateway:
             await self.warm.start()
         if self.shared is not None:
             await self.shared.start()
-        models: list[str | None] = [None, *self.cfg.models]
-        for inst in self.cfg.instances:
-            models.extend(m for m in inst.models if m not in models)
-        await self.tokens.warm(models)
+        await self.tokens.warm(self.cfg.served_models())
         await self.pool.start(self.session)
         for u in self.pool.upstreams.values():
             self._health_changed(u.name, u.healthy)

@@ -25,6 +25,11 @@ def stable_hash64(data: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
 
 
+# Instance ids held by cached walks before the cache starts over: ~8 MB of references.  A fleet of 64
+# targets at 160 points each needs ~650k to cache every point; 256 targets would need 10M.
+_MAX_CACHED_IDS = 1 << 20
+
+
 class HashRing:
     def __init__(self, instances: Iterable[InstanceId] = (), *, vnodes: int = 160) -> None:
         self.vnodes = vnodes
@@ -35,6 +40,7 @@ class HashRing:
         # lands and on the membership, so it is computed once per point (at most vnodes x members of
         # them) and dropped when membership changes; without it every request walked ~20-100 points.
         self._orders: dict[int, tuple[InstanceId, ...]] = {}
+        self._cached_ids = 0  # sum of the cached walks' lengths, bounded by _MAX_CACHED_IDS
         for inst in instances:
             self.add(inst)
 
@@ -46,7 +52,7 @@ class HashRing:
         if inst in self._members:
             return
         self._members.add(inst)
-        self._orders.clear()
+        self._forget_walks()
         for v in range(self.vnodes):
             p = stable_hash64(f"{inst}#{v}".encode())
             i = bisect.bisect(self._points, p)
@@ -57,7 +63,7 @@ class HashRing:
         if inst not in self._members:
             return
         self._members.discard(inst)
-        self._orders.clear()
+        self._forget_walks()
         keep = [(p, o) for p, o in zip(self._points, self._owners) if o != inst]
         self._points = [p for p, _ in keep]
         self._owners = [o for _, o in keep]
@@ -69,8 +75,17 @@ class HashRing:
         start = bisect.bisect(self._points, stable_hash64(key))
         order = self._orders.get(start)
         if order is None:
-            order = self._orders[start] = self._walk_from(start)
+            order = self._walk_from(start)
+            self._cached_ids += len(order)
+            if self._cached_ids > _MAX_CACHED_IDS:  # a large fleet: points x members can reach ~100 MB
+                self._forget_walks()
+                self._cached_ids = len(order)
+            self._orders[start] = order
         return order
+
+    def _forget_walks(self) -> None:
+        self._orders.clear()
+        self._cached_ids = 0
 
     def _walk_from(self, start: int) -> tuple[InstanceId, ...]:
         seen: dict[InstanceId, None] = {}
