@@ -50,11 +50,13 @@ class CacheConfig(msgspec.Struct, frozen=True, kw_only=True):
     executor_workers: int = msgspec.field(default_factory=_default_workers)
     """Threads of the executor that the async methods use when no executor is passed in."""
 
-    inline_chars: int = 2048
+    inline_chars: int = 1024
     """The async methods run encodes of up to this many characters (what is left to tokenize after the
     cache: a question after a cached prefix) on the calling thread, longer ones on the executor.  A hop to
-    the executor and back cost 200-400 us in the routing benchmark, as much as tokenizing ~1,000
-    characters; 2,048 characters block the loop for at most ~1 ms.  0: every encode on the executor."""
+    the executor and back cost 200-400 us in the routing benchmark, about what tokenizing ~1,000
+    characters costs.  Longer encodes go to the executor even so: there the Rust tokenizer runs without
+    the GIL, alongside the event loop's other work, which matters more than the hop once the gateway is
+    busy.  0: every encode on the executor."""
 
     def validate(self) -> CacheConfig:
         """Check cross-field constraints once; return self so it can be chained."""
