@@ -339,3 +339,19 @@ def test_instances_without_events_are_routed_by_load_and_speculative_entries() -
         r.dispatched(q, d.chosen, now=0.0)
         picks.append(d.chosen.target)
     assert len(set(picks)) == 1
+
+
+def test_rollouts_do_not_grow_the_rings_and_keep_prefix_affinity() -> None:
+    """A Kubernetes rollout renames every pod.  After 50 rollouts the policies' rings hold a bounded
+    number of members, and prefix-hash sends each key where a fresh ring of the current pods would."""
+    ix = Indexer(BS)
+    r = Router(ix, RouterConfig(policy="prefix-hash", shadow=True))
+    keys = [f"system prompt {k}".encode() for k in range(40)]
+    for rollout in range(50):
+        pods = [Target(InstanceId(f"pod-{rollout}-{i}")) for i in range(4)]
+        fresh = HashRing([p.instance for p in pods], vnodes=r.policy("prefix-hash").ring.vnodes)  # type: ignore[attr-defined]
+        for k, key in enumerate(keys):
+            d = r.route(RouteInput(RequestId(f"{rollout}-{k}"), 100, None, key), pods, dry_run=True)
+            assert d.chosen is not None and d.chosen.target == fresh.walk(key)[0]
+    for name in ("prefix-hash", "kv-aware"):
+        assert len(r.policy(name).ring.members) <= 2 * 4 + 4, name  # type: ignore[attr-defined]

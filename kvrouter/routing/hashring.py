@@ -41,6 +41,7 @@ class HashRing:
         # them) and dropped when membership changes; without it every request walked ~20-100 points.
         self._orders: dict[int, tuple[InstanceId, ...]] = {}
         self._cached_ids = 0  # sum of the cached walks' lengths, bounded by _MAX_CACHED_IDS
+        self._peak = 0  # the most targets prune() was offered at once
         for inst in instances:
             self.add(inst)
 
@@ -67,6 +68,32 @@ class HashRing:
         keep = [(p, o) for p, o in zip(self._points, self._owners) if o != inst]
         self._points = [p for p, _ in keep]
         self._owners = [o for _, o in keep]
+
+    def retain(self, keep: Iterable[str]) -> None:
+        """Drop every member not in ``keep``.  A member's points depend only on its name, so one dropped
+        and added again later owns exactly the arcs it had."""
+        keep = set(keep)
+        gone = [m for m in self._members if m not in keep]
+        if not gone:
+            return
+        self._members.difference_update(gone)
+        self._forget_walks()
+        kept = [(p, o) for p, o in zip(self._points, self._owners) if o in self._members]
+        self._points = [p for p, _ in kept]
+        self._owners = [o for _, o in kept]
+
+    def prune(self, current: Iterable[str], *, slack: int = 4) -> None:
+        """Members only ever join as the policies meet new targets; under churn (a Kubernetes rollout
+        renames every pod) the ring would grow without end, and every uncached walk scans until it has
+        seen all members.  Once it holds more than twice the most targets ever offered at once (plus
+        ``slack``), drop the ones not among the current targets.  Routing is unchanged: absent members
+        were skipped anyway, and a busy target left out of ``current`` comes back with the same arcs.
+        Measured against the peak, not the current count, so a fleet at capacity (few targets offered)
+        does not prune and re-add its busy members on every request."""
+        current = set(current)
+        self._peak = max(self._peak, len(current))
+        if len(self._members) > 2 * self._peak + slack:
+            self.retain(current)
 
     def walk(self, key: bytes) -> tuple[InstanceId, ...]:
         """Distinct instances in ring order from the key's point."""

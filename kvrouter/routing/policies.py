@@ -130,6 +130,7 @@ class KvAware:
             if len(tied) > 1:
                 for c in tied:
                     self.ring.add(InstanceId(c.target))
+                self.ring.prune(c.target for c in cands)
                 order: dict[str, int] = {str(t): i for i, t in enumerate(self.ring.walk(req.prefix_key))}
                 tied.sort(key=lambda c: order.get(c.target, len(order)))
                 out = tied + out[len(tied) :]
@@ -155,6 +156,7 @@ class PrefixHash:
         by_target = {c.target: c for c in cands}
         for t in set(by_target) - set(self.ring.members):
             self.ring.add(InstanceId(t))
+        self.ring.prune(by_target)
 
         def load(t: InstanceId) -> float:
             return by_target[t].in_flight / max(by_target[t].weight, 1e-6)
