@@ -216,6 +216,11 @@ TokenIds = Sequence[int] | npt.NDArray[np.integer[Any]]
 """Token ids as Python ints or as an integer array (uint32 from the tokenizer cache: hashed in place)."""
 
 
+def id_list(tokens: TokenIds) -> list[int]:
+    """The ids as a new list of Python ints (``tolist`` for an array: ~4x faster than ``list``)."""
+    return tokens.tolist() if isinstance(tokens, np.ndarray) else list(tokens)
+
+
 def content_hashes(
     tokens: TokenIds,
     block_size: int,

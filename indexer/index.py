@@ -277,7 +277,7 @@ class BlockIndex:
 
     @staticmethod
     def _clear_bit(gmap: cykhash.Int64toInt64Map, c: int, bit: int) -> None:
-        m = gmap[c] & ~bit
+        m = gmap.get(c, 0) & ~bit  # an absent key stays absent
         if m:
             gmap[c] = m
         else:
@@ -326,11 +326,7 @@ class BlockIndex:
                 for c in item.chains.tolist():
                     if exp.get(c, np.inf) <= now:
                         exp.discard(c)
-                        m = smap.get(c, 0) & ~bit
-                        if m:
-                            smap[c] = m
-                        else:
-                            smap.discard(c)
+                        self._clear_bit(smap, c, bit)
                 continue
             cur = np.empty(len(item.chains), dtype=np.float64)
             cykhash.Int64toFloat64Map_to(exp, item.chains, cur, False, np.inf)

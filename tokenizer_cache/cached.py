@@ -302,13 +302,12 @@ class CachedTokenizer:
         return (await self.aencode_prompt_ex(prompt, add_special_tokens=add_special_tokens)).tokens
 
     async def aencode_prompt_ex(self, prompt: Prompt, *, add_special_tokens: bool = True) -> Encoded:
-        if not isinstance(prompt, str):  # checking 100k ids takes milliseconds: long lists off the loop
-            call = functools.partial(self.encode_prompt_ex, prompt, add_special_tokens=add_special_tokens)
-            return await self._run(call, len(prompt) <= self.config.inline_chars)
-        if add_special_tokens and self._wrap is None:  # transformers tokenizes it whole: off the loop
-            call = functools.partial(self.encode_prompt_ex, prompt, add_special_tokens=True)
-            return await self._run(call, len(prompt) <= self.config.inline_chars)
-        return await self._adrive(self._text_steps(prompt, add_special_tokens))
+        if isinstance(prompt, str) and not (add_special_tokens and self._wrap is None):
+            return await self._adrive(self._text_steps(prompt, add_special_tokens))
+        # Token ids (checking 100k of them takes milliseconds), or a text that transformers tokenizes
+        # whole (a post-processor that is not a fixed prefix/suffix): one call, long ones off the loop.
+        call = functools.partial(self.encode_prompt_ex, prompt, add_special_tokens=add_special_tokens)
+        return await self._run(call, len(prompt) <= self.config.inline_chars)
 
     async def aencode_chat(
         self, messages: Sequence[Mapping[str, Any]], *args: Any, **kwargs: Any

@@ -21,14 +21,13 @@ from typing import Any
 
 import aiohttp
 import msgspec
-import numpy as np
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from indexer import Indexer, LookupResult
 from indexer import service as ixs
 from indexer.config import InstanceConfig
-from indexer.hashing import TokenIds
+from indexer.hashing import TokenIds, id_list
 from indexer.metrics import IndexerCollector
 from indexer.subscriber import EventSubscriber
 
@@ -253,8 +252,7 @@ class Gateway:
         url = self.cfg.gateway.indexer_url
         if not url or tokens is None or self.session is None:
             return None
-        ids = tokens.tolist() if isinstance(tokens, np.ndarray) else list(tokens)
-        body = {"token_ids": ids, "cache_salt": req.cache_salt, "lora_name": req.lora_name}
+        body = {"token_ids": id_list(tokens), "cache_salt": req.cache_salt, "lora_name": req.lora_name}
         try:
             async with self.session.post(
                 f"{url.rstrip('/')}/v1/cache/lookup", json=body, timeout=aiohttp.ClientTimeout(total=0.5)

@@ -2,35 +2,36 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
 
 # prometheus_client's labels() validates, stringifies and takes a lock on every call (~0.9 us); the
 # request path calls it about a dozen times.  These keep each child by its label values.  Children are
 # never removed from these metrics, so a kept child is never stale.
 
 
-class CachedCounter(Counter):
-    def labels(self, *labelvalues: Any, **labelkwargs: Any) -> CachedCounter:
+_M = TypeVar("_M", bound="_KeepsChildren")
+
+
+class _KeepsChildren(MetricWrapperBase):
+    def labels(self: _M, *labelvalues: Any, **labelkwargs: Any) -> _M:
         if labelkwargs:
             return super().labels(*labelvalues, **labelkwargs)
-        cache: dict[tuple[Any, ...], CachedCounter] = self.__dict__.setdefault("_kv_children", {})
+        cache: dict[tuple[Any, ...], _M] = self.__dict__.setdefault("_kv_children", {})
         child = cache.get(labelvalues)
         if child is None:
             child = cache[labelvalues] = super().labels(*labelvalues)
         return child
 
 
-class CachedHistogram(Histogram):
-    def labels(self, *labelvalues: Any, **labelkwargs: Any) -> CachedHistogram:
-        if labelkwargs:
-            return super().labels(*labelvalues, **labelkwargs)
-        cache: dict[tuple[Any, ...], CachedHistogram] = self.__dict__.setdefault("_kv_children", {})
-        child = cache.get(labelvalues)
-        if child is None:
-            child = cache[labelvalues] = super().labels(*labelvalues)
-        return child
+class CachedCounter(_KeepsChildren, Counter):
+    pass
+
+
+class CachedHistogram(_KeepsChildren, Histogram):
+    pass
 
 
 _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)

@@ -14,9 +14,8 @@ from collections import Counter
 from typing import Any
 
 import msgspec
-import numpy as np
 
-from indexer.hashing import TokenIds
+from indexer.hashing import TokenIds, id_list
 from indexer.service import LookupRequest, PromptError
 from tokenizer_cache import (
     ChatTemplateError,
@@ -123,8 +122,7 @@ class FleetTokens:
             raise PromptError(
                 f"cannot tokenize for model {req.model!r} (no tokenizer or chat template): send token_ids"
             )
-        ids: list[int] = got.tolist() if isinstance(got, np.ndarray) else list(got)
-        return ids
+        return id_list(got)
 
     async def warm(self, models: list[str | None]) -> None:
         """Load the tokenizers now (off the event loop), so the first requests do not wait for a load."""

@@ -61,13 +61,7 @@ class HashRing:
             self._owners.insert(i, inst)
 
     def remove(self, inst: InstanceId) -> None:
-        if inst not in self._members:
-            return
-        self._members.discard(inst)
-        self._forget_walks()
-        keep = [(p, o) for p, o in zip(self._points, self._owners) if o != inst]
-        self._points = [p for p, _ in keep]
-        self._owners = [o for _, o in keep]
+        self.retain(m for m in self._members if m != inst)
 
     def retain(self, keep: Iterable[str]) -> None:
         """Drop every member not in ``keep``.  A member's points depend only on its name, so one dropped

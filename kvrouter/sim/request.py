@@ -19,7 +19,7 @@ import enum
 
 import numpy as np
 
-from indexer.hashing import TokenIds
+from indexer.hashing import TokenIds, id_list
 
 from .hashing import block_extra_keys, chain_hashes, extra_digest
 from .types import BlockHash, RequestId
@@ -144,7 +144,7 @@ class Request:
         out: list[int] = []
         if start < p:
             part = self.prompt_token_ids[start : min(stop, p)]
-            out = part.tolist() if isinstance(part, np.ndarray) else list(part)
+            out = id_list(part)
         if stop > p:
             assert self._outputs is not None
             out += self._outputs[max(start, p) - p : stop - p]
