@@ -29,8 +29,8 @@ import msgspec
 
 from .loadgen import LiveRecord, drive
 from .routing import RouterConfig
-from .sim.evaluation import summarize
-from .sim.virtual_fleet import FleetSimConfig, VirtualFleet
+from .sim.evaluation.compare import summarize
+from .sim.evaluation.virtual_fleet import FleetSimConfig, VirtualFleet
 from .workloads import make_workload, materialize, tokenize_with
 from .workloads.spec import Workload
 
@@ -116,7 +116,7 @@ async def run_live(cfg: AgreementConfig, workload: Workload) -> tuple[Workload, 
     from .config import RouterFleetConfig
     from .gateway.app import Gateway, build_gateway
     from .gateway.prompts import FleetTokens
-    from .sim.fleet import SimFleet, SimFleetConfig
+    from .sim.server.fleet import SimFleet, SimFleetConfig
 
     fleet_cfg = SimFleetConfig(
         instances=cfg.instances,

@@ -138,10 +138,10 @@ def run_lookup(a: argparse.Namespace, url: str) -> dict[str, Any]:
 
 
 def run_agreement(a: argparse.Namespace) -> dict[str, Any]:
-    from ..replicas.virtual import ReplicaSimConfig, ReplicatedFleet
     from ..routing import RouterConfig
-    from ..sim.evaluation import EvalSpec, load_workload, summarize
-    from ..sim.virtual_fleet import FleetSimConfig
+    from ..sim.evaluation.compare import EvalSpec, load_workload, summarize
+    from ..sim.evaluation.replicas import ReplicaSimConfig, ReplicatedFleet
+    from ..sim.evaluation.virtual_fleet import FleetSimConfig
     from ..workloads.blocks import BlockContentCache
 
     n = a.replicas

@@ -26,7 +26,7 @@ from tokenizer_cache import CachedTokenizer, Encoded, default_tokenizer_path
 
 from ..routing import InstanceId, RequestId, RouteInput, Router
 from ..routing.router import Target
-from ..sim.tokenizer import SIM_CHAT_TEMPLATE
+from ..sim.server.tokenizer import SIM_CHAT_TEMPLATE
 from ..workloads.text import WORDS
 from .common import summary_us
 

@@ -10,8 +10,8 @@ from typing import Any
 import msgspec
 
 from ..routing.policies import KvAwareSettings, PolicySettings, PrefixHashSettings
-from ..sim.evaluation import DEFAULT_POLICIES, EvalSpec, evaluate, table, to_csv
-from ..sim.virtual_fleet import FleetSimConfig
+from ..sim.evaluation.compare import DEFAULT_POLICIES, EvalSpec, evaluate, table, to_csv
+from ..sim.evaluation.virtual_fleet import FleetSimConfig
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

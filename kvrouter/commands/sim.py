@@ -19,11 +19,11 @@ from collections.abc import Callable
 
 from indexer.encode import RELEASES
 
+from ..sim.engine.timing import PROFILES
 from ..sim.errors import SimError
-from ..sim.faults import FaultConfig
-from ..sim.fleet import SimFleet, SimFleetConfig
-from ..sim.instance import DEFAULT_PROFILE
-from ..sim.timing import PROFILES
+from ..sim.server.faults import FaultConfig
+from ..sim.server.fleet import SimFleet, SimFleetConfig
+from ..sim.server.instance import DEFAULT_PROFILE
 from .heap import freeze_startup_heap
 
 log = logging.getLogger("kvrouter.sim")

@@ -25,7 +25,7 @@ import numpy as np
 
 from indexer import Indexer, SourceKey, Trust
 from kvrouter.sim import CacheConfig, Engine, EngineConfig, SchedulerConfig
-from kvrouter.sim.payload import PayloadWriter
+from kvrouter.sim.engine.payload import PayloadWriter
 
 from .figures import Figure, ScenarioResult, at_most, exactly, fig
 from .payloads import HostilePayloads

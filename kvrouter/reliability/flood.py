@@ -28,9 +28,9 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from kvrouter.sim.events import BlockStored
-from kvrouter.sim.publisher import EventPublisher, PublisherConfig
-from kvrouter.sim.types import BlockHash
+from kvrouter.sim.engine.events import BlockStored
+from kvrouter.sim.engine.types import BlockHash
+from kvrouter.sim.server.publisher import EventPublisher, PublisherConfig
 
 from .driver import quantile
 from .figures import Figure, ScenarioResult, at_most, exactly, fig

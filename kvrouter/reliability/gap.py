@@ -23,8 +23,8 @@ import aiohttp
 import msgspec
 
 from indexer import SourceKey, Trust
-from kvrouter.sim.fleet import SimFleet
-from kvrouter.sim.server import SimServer
+from kvrouter.sim.server.fleet import SimFleet
+from kvrouter.sim.server.server import SimServer
 
 from .figures import Figure, ScenarioResult, at_least, at_most, exactly
 from .stack import (

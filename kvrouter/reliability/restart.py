@@ -26,7 +26,7 @@ import aiohttp
 import msgspec
 
 from indexer import SourceKey, Trust
-from kvrouter.sim.fleet import SimFleet
+from kvrouter.sim.server.fleet import SimFleet
 
 from .driver import Shot, one
 from .figures import Figure, ScenarioResult, at_least, exactly

@@ -27,9 +27,9 @@ from indexer.config import parse_fleet
 from kvrouter.config import RouterFleetConfig
 from kvrouter.gateway.app import Gateway, build_gateway
 from kvrouter.gateway.prompts import FleetTokens
-from kvrouter.sim.faults import FaultConfig
-from kvrouter.sim.fleet import SimFleet, SimFleetConfig, free_port_block
-from kvrouter.sim.tokenizer import load_sim_tokenizer
+from kvrouter.sim.server.faults import FaultConfig
+from kvrouter.sim.server.fleet import SimFleet, SimFleetConfig, free_port_block
+from kvrouter.sim.server.tokenizer import load_sim_tokenizer
 from tokenizer_cache import CachedTokenizer, default_tokenizer_path
 
 MODEL = "sim-model"

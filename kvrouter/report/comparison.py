@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-from ..sim.evaluation import EvalSpec
-from ..sim.virtual_fleet import FleetSimConfig
+from ..sim.evaluation.compare import EvalSpec
+from ..sim.evaluation.virtual_fleet import FleetSimConfig
 from ..workloads.registry import describe, list_workloads
 from .grid import Case, with_param
 from .scale import Scale, sized

@@ -28,7 +28,7 @@ from typing import Any
 import msgspec
 
 from ..routing.policies import POLICIES
-from ..sim.evaluation import EvalSpec, load_workload, run_one
+from ..sim.evaluation.compare import EvalSpec, load_workload, run_one
 from ..workloads.arrivals import AllAtOnce, Arrival, Bursts, Constant, Poisson, Stage, Staged
 from ..workloads.bounds import reuse_ceiling
 from ..workloads.registry import workload_params

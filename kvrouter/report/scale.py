@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from ..sim.evaluation import EvalSpec
+from ..sim.evaluation.compare import EvalSpec
 from ..workloads.arrivals import Staged
 from ..workloads.registry import make_workload, workload_params
 

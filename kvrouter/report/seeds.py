@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..sim.evaluation import EvalSpec
-from ..sim.virtual_fleet import FleetSimConfig
+from ..sim.evaluation.compare import EvalSpec
+from ..sim.evaluation.virtual_fleet import FleetSimConfig
 from .grid import Case
 from .scale import Scale
 from .tables import closest

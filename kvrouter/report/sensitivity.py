@@ -21,9 +21,9 @@ matches the others, neither cache-aware policy helps.
 
 from __future__ import annotations
 
-from ..sim.evaluation import EvalSpec
-from ..sim.timing import get_profile
-from ..sim.virtual_fleet import FleetSimConfig
+from ..sim.engine.timing import get_profile
+from ..sim.evaluation.compare import EvalSpec
+from ..sim.evaluation.virtual_fleet import FleetSimConfig
 from .grid import Case, with_param, with_rate
 from .scale import Scale
 from .study import Study

@@ -7,7 +7,11 @@ named hardware profiles), ``engine`` (the facade).  I/O shell: ``publisher`` (Ze
 any vLLM release's wire format, fault knobs).
 """
 
-from .engine import CacheConfig, Engine, EngineConfig, EngineMetrics, StepResult
+from .engine.engine import CacheConfig, Engine, EngineConfig, EngineMetrics, StepResult
+from .engine.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from .engine.scheduler import RequestOutput, SchedulerConfig
+from .engine.timing import PROFILES, TimingModel, TimingProfile, get_profile
+from .engine.types import BlockHash, BlockId, RequestId
 from .errors import (
     DuplicateRequest,
     PublisherError,
@@ -17,10 +21,6 @@ from .errors import (
     SimError,
     UnknownProfile,
 )
-from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
-from .scheduler import RequestOutput, SchedulerConfig
-from .timing import PROFILES, TimingModel, TimingProfile, get_profile
-from .types import BlockHash, BlockId, RequestId
 
 __all__ = [
     "PROFILES",

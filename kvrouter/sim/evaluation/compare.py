@@ -1,0 +1,290 @@
+"""``kvrouter eval``: every policy on one workload, in virtual time, plus the two bounds.
+
+bounds   reuse_ceiling   an infinite single cache (whole blocks, never the last prompt token)
+         pooled_cache    the same engine model with the whole fleet's capacity, speed and batch limits
+                         in one instance: what perfect placement of every block could reach
+policies each runs the workload through ``VirtualFleet`` (the gateway's Router + Indexer + the engine
+         model); policies run in parallel processes, one per core.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import multiprocessing as mp
+import os
+import statistics
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+import msgspec
+
+from ...routing import RouterConfig
+from ...routing.policies import POLICIES, READS_INDEX, PolicySettings
+from ...workloads import make_workload
+from ...workloads.blocks import BlockContentCache
+from ...workloads.bounds import reuse_ceiling
+from ...workloads.spec import Workload
+from .virtual_fleet import FleetRun, FleetSimConfig, VirtualFleet
+
+DEFAULT_POLICIES = ("kv-aware", "prefix-hash", "least-loaded", "round-robin", "random")
+
+
+class EvalSpec(msgspec.Struct, frozen=True):
+    """What to evaluate (JSON-able, so it crosses process boundaries as bytes)."""
+
+    workload: str | None = None
+    trace: str | None = None
+    overrides: dict[str, Any] = {}
+    fleet: FleetSimConfig = FleetSimConfig()
+    policies: tuple[str, ...] = DEFAULT_POLICIES
+    settings: PolicySettings = PolicySettings()
+    concurrency_threshold: int = 0
+    max_in_flight: int = 0
+    speculative: bool = True
+    series: bool = False
+    """Keep per-request TTFTs and the load-over-time samples in the output (for plots)."""
+
+
+def pct(v: list[float], p: float) -> float:
+    if not v:
+        return float("nan")
+    s = sorted(v)
+    k = (len(s) - 1) * p / 100.0
+    lo = int(k)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def load_workload(spec: EvalSpec) -> Workload:
+    if spec.trace:
+        from pathlib import Path
+
+        from ...workloads.mooncake import MooncakeOptions, load_mooncake
+
+        opts = msgspec.convert(spec.overrides, MooncakeOptions) if spec.overrides else MooncakeOptions()
+        return load_mooncake(Path(spec.trace), opts)
+    assert spec.workload
+    return make_workload(spec.workload, **spec.overrides)
+
+
+def summarize(run: FleetRun, *, series: bool = False) -> dict[str, Any]:
+    done = [r for r in run.records if not r.rejected and r.finish_s is not None]
+    ttft = [r.first_token_s - r.arrival_s for r in done if r.first_token_s is not None]
+    e2e = [r.finish_s - r.arrival_s for r in done if r.finish_s is not None]
+    prompt = sum(r.prompt_tokens for r in done)
+    cached = sum(r.cached_tokens for r in done)
+    out_tok = sum(r.output_tokens for r in done)
+    start = min((r.arrival_s for r in run.records), default=0.0)
+    span = max(run.makespan_s - start, 1e-9)
+    work = run.work_tokens
+    mean_work = statistics.fmean(work) if work else 0.0
+    inflight = [statistics.fmean(col) for col in zip(*run.load_samples)] if run.load_samples else []
+    imbalance = [max(s) / statistics.fmean(s) for s in run.load_samples if sum(s)]
+    err = [abs(r.predicted_cached_tokens - r.cached_tokens) for r in done]
+    res: dict[str, Any] = {
+        "requests": len(run.records),
+        "completed": len(done),
+        "rejected": sum(1 for r in run.records if r.rejected),
+        "hit_rate": cached / prompt if prompt else 0.0,
+        "ttft_mean_s": statistics.fmean(ttft) if ttft else float("nan"),
+        "ttft_p50_s": pct(ttft, 50),
+        "ttft_p90_s": pct(ttft, 90),
+        "ttft_p99_s": pct(ttft, 99),
+        "e2e_p50_s": pct(e2e, 50),
+        "e2e_p90_s": pct(e2e, 90),
+        "throughput_tok_s": out_tok / span,
+        "prompt_throughput_tok_s": prompt / span,
+        "makespan_s": span,
+        "max_over_mean_load": max(work) / mean_work if mean_work else 1.0,
+        "max_over_mean_in_flight": max(inflight) / statistics.fmean(inflight)
+        if inflight and any(inflight)
+        else 1.0,
+        "imbalance_p50_over_time": pct(imbalance, 50) if imbalance else 1.0,
+        "prediction_abs_error_mean_tokens": statistics.fmean(err) if err else 0.0,
+        "prediction_exact_fraction": sum(1 for e in err if e == 0) / len(err) if err else 1.0,
+        "index_errors": run.index_errors,
+    }
+    if series:
+        res["series"] = {
+            "ttft_s": ttft,
+            "load_times_s": run.load_times,
+            "load_in_flight": run.load_samples,
+            "work_tokens": work,
+        }
+    return res
+
+
+def _router_config(spec: EvalSpec, policy: str) -> RouterConfig:
+    # As a well-configured deployment: spill at the engines' max_num_seqs (beyond it a request waits for a
+    # whole generation to finish), unless the spec says otherwise (-1: no threshold).
+    threshold = spec.concurrency_threshold or spec.fleet.max_num_seqs
+    return RouterConfig(
+        policy=policy,
+        concurrency_threshold=max(0, threshold),
+        max_in_flight=spec.max_in_flight,
+        speculative=spec.speculative,
+        shadow=False,
+        settings=spec.settings,
+    )
+
+
+def run_one(
+    spec: EvalSpec,
+    policy: str,
+    progress: Callable[[int], None] | None = None,
+    workload: Workload | None = None,
+) -> dict[str, Any]:
+    w = workload or load_workload(spec)
+    cache = BlockContentCache(w.token_space, spec.fleet.block_size)
+    # Policies outside ``READS_INDEX`` run without KV events, lookups or speculative entries (VirtualFleet
+    # skips them): the same routing with a third less work.  Only the others hash prompts, up front.
+    if policy in READS_INDEX:
+        cache.warm(w.requests)
+    t0 = time.perf_counter()
+    if policy == "pooled-cache":
+        f = spec.fleet
+        n = f.instances
+        pooled = msgspec.structs.replace(
+            f,
+            events=False,
+            instances=1,
+            capacity_blocks=None if f.capacity_blocks is None else f.capacity_blocks * n,
+            max_num_seqs=f.max_num_seqs * n,
+            max_num_batched_tokens=f.max_num_batched_tokens * n,
+        )
+        vf = VirtualFleet(
+            w, pooled, _router_config(spec, "round-robin"), hashes=cache, progress=progress, pooled_of=n
+        )
+        run = vf.run()
+    else:
+        fleet = spec.fleet if policy in READS_INDEX else msgspec.structs.replace(spec.fleet, events=False)
+        run = VirtualFleet(w, fleet, _router_config(spec, policy), hashes=cache, progress=progress).run()
+    res = summarize(run, series=spec.series)
+    if policy not in READS_INDEX:  # no events: the router had nothing to predict from
+        res["prediction_abs_error_mean_tokens"] = res["prediction_exact_fraction"] = None
+    res["wall_s"] = time.perf_counter() - t0
+    return res
+
+
+def _worker(spec_bytes: bytes, policy: str, q: Any) -> tuple[str, dict[str, Any]]:
+    spec = msgspec.json.decode(spec_bytes, type=EvalSpec)
+    count = 0
+
+    def progress(n: int) -> None:
+        nonlocal count
+        count += n
+        if count >= 200:
+            q.put(count)
+            count = 0
+
+    res = run_one(spec, policy, progress)
+    q.put(count)
+    return policy, res
+
+
+def evaluate(spec: EvalSpec, *, jobs: int | None = None, show_progress: bool = True) -> dict[str, Any]:
+    """Bounds and every policy's figures, as the JSON ``kvrouter eval`` writes."""
+    for p in spec.policies:
+        if p not in POLICIES:
+            raise ValueError(f"unknown policy {p!r}; choose from {', '.join(POLICIES)}")
+    w = load_workload(spec)
+    names = [*spec.policies, "pooled-cache"]
+    jobs = jobs or min(len(names), os.cpu_count() or 1)
+    total = len(w.requests) * len(names)
+    bar = None
+    if show_progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, desc=f"eval {w.name}", unit="req", smoothing=0.05)
+    results: dict[str, dict[str, Any]] = {}
+    t0 = time.perf_counter()
+    ctx = mp.get_context("spawn" if jobs > 1 else "fork")
+    with ctx.Manager() as mgr, ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
+        q = mgr.Queue()
+        blob = msgspec.json.encode(spec)
+        # The longest jobs first (kv-aware indexes every event), so the last ones to start are short.
+        order = sorted(names, key=lambda p: p not in READS_INDEX)
+        futs = [pool.submit(_worker, blob, p, q) for p in order]
+        # The ceiling is computed here while the workers start up (spawning and importing take seconds).
+        cache = BlockContentCache(w.token_space, spec.fleet.block_size)
+        cache.warm(w.requests)
+        ceiling = reuse_ceiling(w, spec.fleet.block_size, cache=cache)
+        pending = set(futs)
+        while pending:
+            done = {f for f in pending if f.done()}
+            while not q.empty():
+                n = q.get()
+                if bar:
+                    bar.update(n)
+            for f in done:
+                name, res = f.result()
+                results[name] = res
+            pending -= done
+            time.sleep(0.1)
+        while not q.empty():
+            n = q.get()
+            if bar:
+                bar.update(n)
+    if bar:
+        bar.close()
+    pooled = results.pop("pooled-cache")
+    return {
+        "workload": w.name,
+        "requests": len(w.requests),
+        "fleet": msgspec.to_builtins(spec.fleet),
+        "bounds": {"reuse_ceiling": ceiling, "pooled_cache": pooled["hit_rate"], "pooled_cache_run": pooled},
+        "policies": {p: results[p] for p in spec.policies},
+        "wall_s": time.perf_counter() - t0,
+    }
+
+
+CSV_FIELDS = (
+    "hit_rate",
+    "ttft_mean_s",
+    "ttft_p50_s",
+    "ttft_p90_s",
+    "ttft_p99_s",
+    "e2e_p50_s",
+    "throughput_tok_s",
+    "rejected",
+    "max_over_mean_load",
+)
+
+
+def to_csv(result: dict[str, Any]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["policy", *CSV_FIELDS])
+    for name, r in result["policies"].items():
+        w.writerow([name, *(r[f] for f in CSV_FIELDS)])
+    b = result["bounds"]
+    w.writerow(["bound:reuse_ceiling", b["reuse_ceiling"], *[""] * (len(CSV_FIELDS) - 1)])
+    w.writerow(["bound:pooled_cache", b["pooled_cache"], *[""] * (len(CSV_FIELDS) - 1)])
+    return buf.getvalue()
+
+
+def table(result: dict[str, Any]) -> str:
+    """A plain-text table for the terminal."""
+    rows = [("policy", "hit", "TTFT p50", "p90", "p99", "mean", "tok/s", "rej", "max/mean")]
+    for name, r in result["policies"].items():
+        rows.append(
+            (
+                name,
+                f"{r['hit_rate']:.3f}",
+                f"{r['ttft_p50_s']:.3f}",
+                f"{r['ttft_p90_s']:.3f}",
+                f"{r['ttft_p99_s']:.3f}",
+                f"{r['ttft_mean_s']:.3f}",
+                f"{r['throughput_tok_s']:.0f}",
+                str(r["rejected"]),
+                f"{r['max_over_mean_load']:.2f}",
+            )
+        )
+    b = result["bounds"]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.rjust(wd) for c, wd in zip(row, widths)) for row in rows]
+    lines.append(f"bounds: reuse ceiling {b['reuse_ceiling']:.3f}, pooled cache {b['pooled_cache']:.3f}")
+    return "\n".join(lines)

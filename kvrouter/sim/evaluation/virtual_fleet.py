@@ -1,0 +1,386 @@
+"""A fleet of simulated engines in virtual time, routed by the gateway's own Router and Indexer.
+
+::
+
+      arrival ──Router.route──▶ dispatch ─(net latency)─▶ Engine.add_request
+                     ▲                                          │ step() = modelled duration
+                     │ apply_payload ◀─(event delay)─ payload ◀─┤ take_events() ──PayloadWriter
+                     │ first_token / finished ◀─(net latency)───┘ outputs at the step's end
+
+Nothing here routes or models an engine: routing is ``kvrouter.routing.Router`` over ``indexer.Indexer``
+(fed the engines' events as real vLLM payloads, decoded and hashed exactly as in the gateway), and every
+engine is ``kvrouter.sim.engine.engine.Engine``.  This module only keeps the clock: a heap of timed actions.
+When the router finds every instance at its cap, requests wait in a FIFO queue (bounded; beyond it they
+are rejected), as in the gateway.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+from collections import deque
+from collections.abc import Callable
+from functools import partial
+
+import msgspec
+
+from indexer import Indexer, SourceKey
+from indexer.hashing import I64Array
+
+from ...routing import InstanceId, RequestId, RouteInput, Router, RouterConfig
+from ...routing.policies import READS_INDEX
+from ...routing.router import Target
+from ...workloads.blocks import BlockContentCache
+from ...workloads.spec import Request, Segment, TokenSpace, Workload
+from ...workloads.tokens import output_tokens, prompt_tokens, segments_tokens
+from ..engine.engine import CacheConfig, Engine, EngineConfig
+from ..engine.payload import PayloadWriter
+from ..engine.scheduler import SchedulerConfig
+from ..errors import RequestRejected
+
+
+class FleetSimConfig(msgspec.Struct, frozen=True):
+    instances: int = 8
+    profile: str = "llama-3.1-70b-8xh100"
+    capacity_blocks: int | None = None
+    """KV blocks per instance (None: the profile's)."""
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    cpu_offload_blocks: int = 0
+    event_delay_s: float = 0.005
+    """Engine step end -> the router's index has the step's events (ZeroMQ + decode)."""
+    event_loss: float = 0.0
+    """Fraction of event batches lost on the way (no replay: the router sees gaps and stops trusting)."""
+    net_latency_s: float = 0.0005
+    """One way, router <-> engine."""
+    release: str = "0.33.0"
+    events: bool = True
+    """Publish KV events to the router's index.  Policies that never read the index (prefix-hash and the
+    baselines) route identically without them, so ``kvrouter eval`` turns them off there to save time."""
+    queue_size: int = 100_000
+    sample_interval_s: float = 1.0
+    seed: int = 0
+
+
+class RequestRecord(msgspec.Struct, gc=False):
+    id: str
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int = 0
+    instance: str | None = None
+    dispatch_s: float | None = None
+    first_token_s: float | None = None
+    finish_s: float | None = None
+    cached_tokens: int = 0
+    predicted_cached_tokens: int = 0
+    rejected: bool = False
+
+
+class FleetRun(msgspec.Struct):
+    records: list[RequestRecord]
+    load_times: list[float]
+    load_samples: list[list[int]]
+    """In flight per instance at each sample time."""
+    work_tokens: list[int]
+    """Tokens each instance computed (prefill + decode)."""
+    index_errors: dict[str, int]
+    makespan_s: float
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+        self._heap: list[tuple[float, int, Callable[[], None]]] = []
+        self._seq = itertools.count()
+
+    def at(self, t: float, fn: Callable[[], None]) -> None:
+        heapq.heappush(self._heap, (t, next(self._seq), fn))
+
+    def run(self) -> None:
+        while self._heap:
+            t, _, fn = heapq.heappop(self._heap)
+            self.now = t
+            fn()
+
+    def pending(self) -> int:
+        return len(self._heap)
+
+
+class VirtualFleet:
+    """Runs one workload under one router configuration."""
+
+    def __init__(
+        self,
+        workload: Workload,
+        cfg: FleetSimConfig,
+        router_cfg: RouterConfig,
+        *,
+        hashes: BlockContentCache | None = None,
+        progress: Callable[[int], None] | None = None,
+        pooled_of: int = 1,
+    ) -> None:
+        """``pooled_of`` > 1 builds the pooled-cache bound: one engine with that many instances' capacity
+        and speed (same batch limits scaled by the caller)."""
+        self.w = workload
+        self.cfg = cfg
+        self.clock = _Clock()
+        self.indexer = Indexer(cfg.block_size)
+        self.router = Router(self.indexer, router_cfg)
+        self.prefix_length = router_cfg.settings.prefix_hash.prefix_length
+        # Without events the index holds only speculative entries, which no policy outside READS_INDEX
+        # reads (they rank by load, turn or hash): such runs skip hashing, lookups and speculative entries,
+        # and route exactly as with them.
+        self.lookups = cfg.events or bool(
+            READS_INDEX & {router_cfg.policy, *router_cfg.model_policies.values()}
+        )
+        self.hashes = hashes or BlockContentCache(workload.token_space, cfg.block_size)
+        self.progress = progress
+        self.rng = random.Random(cfg.seed)
+        capacity = cfg.capacity_blocks
+        if capacity is None and pooled_of > 1:
+            from ..engine.timing import get_profile
+
+            capacity = get_profile(cfg.profile).kv_capacity_blocks(cfg.block_size) * pooled_of
+        ecfg = EngineConfig(
+            profile=cfg.profile,
+            speed=float(pooled_of),
+            cache=CacheConfig(
+                block_size=cfg.block_size,
+                enable_kv_cache_events=cfg.events,
+                num_gpu_blocks=capacity,
+                cpu_offload_blocks=cfg.cpu_offload_blocks,
+            ),
+            scheduler=SchedulerConfig(
+                max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens
+            ),
+            seed=cfg.seed,
+        )
+        self.names = [f"sim-{i}" for i in range(cfg.instances)]
+        self.engines = [Engine(ecfg) for _ in self.names]
+        self.writers = [PayloadWriter(cfg.release) for _ in self.names]
+        self.seqs = [0] * cfg.instances
+        self.busy = [False] * cfg.instances
+        self.work = [0] * cfg.instances
+        self.targets = [Target(InstanceId(n)) for n in self.names]
+        for n in self.names:
+            self.indexer.register(SourceKey(n, 0))
+        self.records: dict[str, RequestRecord] = {}
+        self.by_id = {r.id: r for r in workload.requests}
+        self.inputs: dict[str, RouteInput] = {}
+        self.queue: deque[str] = deque()
+        self.dependents: dict[str, list[Request]] = {}
+        self.finished = 0
+        self.load_times: list[float] = []
+        self.load_samples: list[list[int]] = []
+        self._closed_next = 0
+        self._last_finish = 0.0
+        # Times at which the router may hand some engine a new request (arrivals, finishes that free a
+        # slot, dispatches on their way): an engine may coalesce decode steps only up to the next one.
+        self._activity: list[float] = []
+
+    # ------------------------------------------------------------------ running
+    def run(self) -> FleetRun:
+        reqs = self.w.requests
+        if self.w.closed_loop:
+            conc = getattr(self.w.mode, "concurrency", 1)
+            for _ in range(min(conc, len(reqs))):
+                self._release_closed(0.0)
+        else:
+            for r in reqs:
+                if r.depends_on is not None and r.depends_on in self.by_id:
+                    self.dependents.setdefault(r.depends_on, []).append(r)
+                else:
+                    self._at_activity(r.arrival_s or 0.0, partial(self._arrive, r))
+        self.clock.at(0.0, self._sample)
+        self.clock.run()
+        recs = [self.records[r.id] for r in reqs if r.id in self.records]
+        return FleetRun(
+            recs,
+            self.load_times,
+            self.load_samples,
+            self.work,
+            dict(self.indexer.counters.event_errors)
+            | {f"decode:{k}": v for k, v in self.indexer.counters.decode_errors.items()},
+            self._last_finish,
+        )
+
+    def _sample(self) -> None:
+        self.load_times.append(self.clock.now)
+        self.load_samples.append([self.router.load.get(InstanceId(n)).in_flight for n in self.names])
+        if self.finished < len(self.w.requests) and self.clock.pending():
+            self.clock.at(self.clock.now + self.cfg.sample_interval_s, self._sample)
+
+    def _release_closed(self, now: float) -> None:
+        """Closed loop: the next request not yet sent whose predecessor (if any) is done."""
+        reqs = self.w.requests
+        while self._closed_next < len(reqs):
+            r = reqs[self._closed_next]
+            self._closed_next += 1
+            dep = r.depends_on
+            if (
+                dep is not None
+                and dep in self.by_id
+                and self.records.get(dep, RequestRecord("", 0, 0)).finish_s is None
+            ):
+                self.dependents.setdefault(dep, []).append(r)
+                continue
+            self._at_activity(now + (r.think_s if dep else 0.0), partial(self._arrive, r))
+            return
+
+    # ------------------------------------------------------------------ router side
+    def _arrive(self, r: Request) -> None:
+        now = self.clock.now
+        chains: I64Array | None = self.hashes.chain_hashes(r) if self.lookups else None
+        n = r.num_prompt_tokens
+        text = prefix_text(r, self.w.token_space, self.prefix_length)
+        inp = RouteInput(RequestId(r.id), n, chains, ((r.affinity_id or "") + "\0" + text).encode())
+        self.inputs[r.id] = inp
+        self.records[r.id] = RequestRecord(r.id, now, n)
+        self._try_route(r.id, queue_if_full=True)
+
+    def _try_route(self, rid: str, *, queue_if_full: bool) -> bool:
+        now = self.clock.now
+        inp = self.inputs[rid]
+        d = self.router.route(inp, self.targets, now)
+        if d.chosen is None:
+            if d.reason == "at_capacity" and queue_if_full:
+                if len(self.queue) >= self.cfg.queue_size:
+                    self._reject(rid)
+                else:
+                    self.queue.append(rid)
+            elif queue_if_full:
+                self._reject(rid)
+            return False
+        rec = self.records[rid]
+        rec.instance, rec.dispatch_s = d.chosen.target, now
+        rec.predicted_cached_tokens = d.chosen.cached_tokens
+        self.router.dispatched(inp, d.chosen, now)
+        i = self.names.index(d.chosen.instance)
+        self._at_activity(now + self.cfg.net_latency_s, partial(self._engine_add, i, rid))
+        return True
+
+    def _reject(self, rid: str) -> None:
+        self.records[rid].rejected = True
+        self._done(rid)
+
+    def _done(self, rid: str) -> None:
+        self.finished += 1
+        if self.progress:
+            self.progress(1)
+        self.inputs.pop(rid, None)
+        now = self.clock.now
+        self._last_finish = max(self._last_finish, now)
+        for dep in self.dependents.pop(rid, []):
+            at = max(dep.arrival_s or 0.0, now + dep.think_s)
+            self._at_activity(at, partial(self._arrive, dep))
+        if self.w.closed_loop:
+            self._release_closed(now)
+
+    def _first_token(self, rid: str, t: float) -> None:
+        self.records[rid].first_token_s = t
+        self.router.first_token(RequestId(rid))
+
+    def _finish(self, rid: str, cached: int, out_tokens: int) -> None:
+        rec = self.records[rid]
+        rec.finish_s = self.clock.now
+        rec.cached_tokens = cached
+        rec.output_tokens = out_tokens
+        self.router.finished(RequestId(rid))
+        self._done(rid)
+        while self.queue and self._try_route(self.queue[0], queue_if_full=False):
+            self.queue.popleft()
+
+    # ------------------------------------------------------------------ engine side
+    def _engine_add(self, i: int, rid: str) -> None:
+        r = self.by_id[rid]
+        eng = self.engines[i]
+        try:
+            out = output_tokens(r, self.w.token_space) if r.output_segments else None
+            eng.add_request(
+                rid,
+                prompt_tokens(r, self.w.token_space),
+                r.max_output_tokens,
+                cache_salt=r.cache_salt,
+                **({"output_token_ids": out.tolist()} if out is not None and _supports_output(eng) else {}),
+            )
+        except RequestRejected:
+            self.router.finished(RequestId(rid))
+            self._reject(rid)
+            return
+        if not self.busy[i]:
+            self.busy[i] = True
+            self.clock.at(self.clock.now, lambda: self._engine_step(i))
+
+    def _at_activity(self, t: float, fn: Callable[[], None]) -> None:
+        heapq.heappush(self._activity, t)
+        self.clock.at(t, fn)
+
+    def _next_activity(self) -> float:
+        act, now = self._activity, self.clock.now
+        while act and act[0] < now:
+            heapq.heappop(act)
+        return act[0] if act else float("inf")
+
+    def _engine_step(self, i: int) -> None:
+        eng = self.engines[i]
+        res = eng.step_many(100_000, self._next_activity() - self.clock.now)
+        end = self.clock.now + res.duration_s
+        self.work[i] += res.prefill_tokens + res.decode_tokens
+        events = eng.take_events()
+        if events:
+            seq = self.seqs[i]
+            self.seqs[i] += 1
+            if not (self.cfg.event_loss and self.rng.random() < self.cfg.event_loss):
+                payload = self.writers[i].payload(events, ts=end)
+                name = self.names[i]
+                self.clock.at(end + self.cfg.event_delay_s, lambda: self._deliver(name, seq, payload))
+        lat = self.cfg.net_latency_s
+        for o in res.outputs:
+            rid = o.request_id
+            if o.first_token:
+                t = end + lat
+                self.clock.at(t, partial(self._first_token, rid, t))
+            if o.finished:
+                cached, n_out = o.cached_tokens, o.num_output_tokens
+                self._at_activity(end + lat, partial(self._finish, rid, cached, n_out))
+        if eng.has_work():
+            self.clock.at(max(end, self.clock.now + 1e-9), lambda: self._engine_step(i))
+        else:
+            self.busy[i] = False
+
+    def _deliver(self, name: str, seq: int, payload: bytes) -> None:
+        if self.cfg.event_loss:
+            self.indexer.on_message(SourceKey(name, 0), seq, payload)  # gaps are seen and distrusted
+        else:
+            self.indexer.apply_payload(name, payload)
+
+
+def prefix_text(r: Request, space: TokenSpace, n_chars: int) -> str:
+    """The first ``n_chars`` of the text prefix-hash routing reads, exactly as the gateway builds it from
+    the HTTP body ``http_call`` sends (``ParsedRequest.prefix_text``): chat message contents joined by
+    newlines, the completion text, or the token ids joined by spaces.  NOTE: a different key here than in
+    the gateway would make prefix-hash in ``kvrouter eval`` a different policy from the one deployed."""
+    if r.messages is not None:
+        return "\n".join(m.content for m in r.messages)[:n_chars]
+    if r.text is not None:
+        return r.text[:n_chars]
+    k = n_chars // 2 + 1  # every id takes at least two characters (a digit and a space)
+    if r.token_ids is not None:
+        ids = r.token_ids[:k]
+    else:
+        segs, left = [], k
+        for s in r.segments:
+            if left <= 0:
+                break
+            segs.append(Segment(s.key, min(s.length, left)))
+            left -= s.length
+        ids = segments_tokens(space, segs).tolist()
+    return " ".join(map(str, ids))[:n_chars]
+
+
+def _supports_output(eng: Engine) -> bool:
+    import inspect
+
+    return "output_token_ids" in inspect.signature(eng.add_request).parameters

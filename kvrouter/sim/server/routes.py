@@ -1,0 +1,231 @@
+"""The simulated instance's HTTP plumbing and its non-generating routes (vLLM's extras, the admin).
+
+::
+
+    GET  /v1/models  /health  /metrics  /version           as vLLM answers them
+    POST /tokenize  /detokenize  /reset_prefix_cache
+    GET|POST /sim/faults   GET /sim/state                  the simulator's admin (fault knobs, engine truth)
+
+Also here: the app keys, request-body decoding, and the middleware that turns every refusal into vLLM's
+error body (``ApiError``; tokenizer errors such as a chat template failure become 400), so a bad request
+is never a 500.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+import msgspec
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from tokenizer_cache import TokenizerCacheError
+
+from ..errors import SimConfigError
+from .faults import FaultUpdate
+from .instance import SimInstance
+from .openai_api import ApiError, BadRequest, EngineUnavailable, parse_chat
+
+log = logging.getLogger("kvrouter.sim.server.routes")
+
+INSTANCE = web.AppKey("instance", SimInstance)
+REGISTRY = web.AppKey("registry", CollectorRegistry)
+
+
+class CrashHook(Protocol):
+    def __call__(self, down_s: float) -> None: ...
+
+
+CRASH = web.AppKey("crash", CrashHook)
+"""Schedules a crash of the instance (set by ``SimServer``: the server owns the port)."""
+
+_decode = msgspec.json.Decoder()
+_encode = msgspec.json.Encoder().encode
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+def json_response(body: bytes, status: int = 200) -> web.Response:
+    return web.Response(body=body, status=status, content_type="application/json")
+
+
+async def read_json(request: web.Request) -> object:
+    raw = await request.read()
+    if not raw:
+        raise BadRequest("the request body is empty")
+    try:
+        return _decode.decode(raw)
+    except msgspec.DecodeError as e:
+        raise BadRequest(f"the request body is not valid JSON: {e}") from None
+
+
+def check_alive(inst: SimInstance) -> None:
+    if inst.faults.dead:
+        raise EngineUnavailable("The engine is dead (simulated fault).")
+
+
+def drop_connection(request: web.Request, resp: web.StreamResponse | None = None) -> web.StreamResponse:
+    """What a crashed vLLM does to a client: the TCP connection goes away mid-answer.  The response
+    returned (the stream already started, if any) never reaches the client: aiohttp finds the transport
+    gone and drops it quietly."""
+    if request.transport is not None:
+        request.transport.abort()
+    return resp if resp is not None else web.Response()
+
+
+@web.middleware
+async def api_errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiError as e:
+        return json_response(e.body(), e.status)
+    except TokenizerCacheError as e:  # a chat template error, a token id out of the vocabulary
+        return json_response(BadRequest(str(e)).body(), 400)
+    except SimConfigError as e:  # an invalid admin update
+        return json_response(BadRequest(str(e)).body(), 400)
+
+
+# ---------------------------------------------------------------------------------------------- vLLM extras
+async def models(request: web.Request) -> web.Response:
+    inst = request.app[INSTANCE]
+    cfg = inst.config
+
+    def card(name: str, parent: str | None) -> dict[str, object]:
+        return {
+            "id": name,
+            "object": "model",
+            "created": inst.created,
+            "owned_by": "vllm",
+            "root": name,
+            "parent": parent,
+            "max_model_len": inst.max_model_len,
+            "permission": [
+                {
+                    "id": f"modelperm-{name}",
+                    "object": "model_permission",
+                    "created": inst.created,
+                    "allow_create_engine": False,
+                    "allow_sampling": True,
+                    "allow_logprobs": True,
+                    "allow_search_indices": False,
+                    "allow_view": True,
+                    "allow_fine_tuning": False,
+                    "organization": "*",
+                    "group": None,
+                    "is_blocking": False,
+                }
+            ],
+        }
+
+    data = [card(cfg.model, None), *(card(n, cfg.model) for n in cfg.lora_names)]
+    return json_response(_encode({"object": "list", "data": data}))
+
+
+async def health(request: web.Request) -> web.Response:
+    inst = request.app[INSTANCE]
+    return web.Response(status=503 if inst.faults.dead or inst.faults.crashed else 200)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[REGISTRY])
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def version(request: web.Request) -> web.Response:
+    return json_response(_encode({"version": request.app[INSTANCE].config.release}))
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    inst = request.app[INSTANCE]
+    body = await read_json(request)
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    if "messages" in body:
+        args = parse_chat(body, sampling=False)
+        special = body.get("add_special_tokens", False)
+        if not isinstance(special, bool):
+            raise BadRequest("'add_special_tokens' must be a bool", param="add_special_tokens")
+        tokens = await inst.tokenizer.aencode_chat(
+            args.messages,
+            args.tools,
+            args.chat_template_kwargs,
+            add_generation_prompt=args.add_generation_prompt,
+            continue_final_message=args.continue_final_message,
+            add_special_tokens=special,
+        )
+    else:
+        prompt = body.get("prompt")
+        special = body.get("add_special_tokens", True)
+        if not isinstance(prompt, str):
+            raise BadRequest("'prompt' must be a string", param="prompt")
+        if not isinstance(special, bool):
+            raise BadRequest("'add_special_tokens' must be a bool", param="add_special_tokens")
+        tokens = await inst.tokenizer.aencode_prompt(prompt, add_special_tokens=special)
+    out = {"count": len(tokens), "max_model_len": inst.max_model_len, "tokens": tokens, "token_strs": None}
+    return json_response(_encode(out))
+
+
+async def detokenize(request: web.Request) -> web.Response:
+    inst = request.app[INSTANCE]
+    body = await read_json(request)
+    ids = body.get("tokens") if isinstance(body, dict) else None
+    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise BadRequest("'tokens' must be a list of token ids", param="tokens")
+    if any(not 0 <= t < inst.tokenizer.vocab_size for t in ids):
+        raise BadRequest("a token id is out of the vocabulary", param="tokens")
+    return json_response(_encode({"prompt": inst.tokenizer.hf_tokenizer.decode(ids)}))
+
+
+async def reset_prefix_cache(request: web.Request) -> web.Response:
+    inst = request.app[INSTANCE]
+    running = request.query.get("reset_running_requests", "false").lower() in ("1", "true")
+    ok = inst.reset_prefix_cache(reset_running_requests=running)
+    if not ok:  # vLLM logs this and still answers 200
+        log.warning(
+            "prefix cache not reset: running requests hold blocks", extra={"instance": inst.config.name}
+        )
+    return web.Response(headers={"X-Sim-Prefix-Cache-Reset": "true" if ok else "false"})
+
+
+# ---------------------------------------------------------------------------------------------- admin
+async def get_faults(request: web.Request) -> web.Response:
+    return json_response(_encode(request.app[INSTANCE].faults.status()))
+
+
+async def post_faults(request: web.Request) -> web.StreamResponse:
+    inst = request.app[INSTANCE]
+    raw = await request.read()
+    try:
+        update = msgspec.json.decode(raw or b"{}", type=FaultUpdate)
+    except msgspec.DecodeError as e:  # ValidationError included
+        raise BadRequest(f"bad fault update: {e}") from None
+    status = inst.apply_faults(update)
+    if not update.crash:
+        return json_response(_encode(status))
+    # Answer first, then die: the answer is flushed before the crash closes the connection.
+    resp = web.Response(body=_encode(status), content_type="application/json")
+    await resp.prepare(request)
+    await resp.write_eof()
+    request.app[CRASH](update.down_s)
+    return resp
+
+
+async def state(request: web.Request) -> web.Response:
+    inst = request.app[INSTANCE]
+    ranks = []
+    for rank in inst.ranks:
+        pub = rank.publisher
+        ranks.append(
+            {
+                "rank": rank.rank,
+                "steps": rank.steps,
+                "in_flight": rank.in_flight,
+                "engine": rank.engine.metrics(),
+                "next_seq": None if pub is None else pub.next_seq,
+                "publisher": None if pub is None else pub.stats,
+            }
+        )
+    return json_response(_encode({"name": inst.config.name, "faults": inst.faults.status(), "ranks": ranks}))

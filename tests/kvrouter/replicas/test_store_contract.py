@@ -1,0 +1,131 @@
+"""One behaviour suite for every ``ReplicaStore``: ``RedisReplicaStore`` on a real redis-server and the
+in-process ``MemoryReplicaHub`` (on a fake clock).  Time passes with ``advance``: real sleeps on Redis."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import msgspec
+import pytest
+import redis.asyncio as aioredis
+
+from kvrouter.replicas import MemoryReplicaHub, RedisReplicaStore, ReplicaStore, SyncRequest
+from kvrouter.replicas.state import SpecWire
+from tests.support.redis_server import RedisServer, redis_server
+
+__all__ = ["redis_server"]
+
+LEASE_MS = 400
+WINDOW_MS = 1500
+
+
+class World(msgspec.Struct):
+    store: ReplicaStore
+    advance: Callable[[float], Awaitable[None]]
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 1_000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def world(request: pytest.FixtureRequest) -> AsyncIterator[World]:
+    if request.param == "memory":
+        clock = FakeClock()
+
+        async def tick(dt: float) -> None:
+            clock.t += dt
+
+        yield World(MemoryReplicaHub(clock), tick)
+        return
+    server: RedisServer = request.getfixturevalue("redis_server")
+    client = aioredis.Redis(host="127.0.0.1", port=server.port, decode_responses=False)
+    await client.flushdb()
+    yield World(RedisReplicaStore(client, "t"), asyncio.sleep)
+    await client.aclose()
+
+
+def req(replica: str, loads: dict[str, tuple[int, int]], specs: list[SpecWire] | None = None,
+        cursor: str = "", max_read: int = 100) -> SyncRequest:  # fmt: skip
+    enc = msgspec.msgpack.encode
+    return SyncRequest(
+        replica, LEASE_MS, enc(loads), enc(specs) if specs else b"", cursor, WINDOW_MS, max_read
+    )
+
+
+def loads_of(raw: list[bytes]) -> list[dict[str, list[int]]]:
+    return sorted((msgspec.msgpack.decode(r) for r in raw), key=str)
+
+
+def specs_of(pairs: list[tuple[int, bytes]]) -> list[str]:
+    return [e.instance for _, raw in pairs for e in msgspec.msgpack.decode(raw, type=list[SpecWire])]
+
+
+async def test_peers_see_each_others_load_but_not_their_own(world: World) -> None:
+    s = world.store
+    await s.sync(req("r1", {"w0": (2, 100)}))
+    r2 = await s.sync(req("r2", {"w1": (1, 10)}))
+    assert loads_of(r2.peer_loads) == [{"w0": [2, 100]}]
+    r1 = await s.sync(req("r1", {"w0": (3, 0)}))
+    assert loads_of(r1.peer_loads) == [{"w1": [1, 10]}]
+    r3 = await s.sync(req("r3", {}))
+    assert loads_of(r3.peer_loads) == [{"w0": [3, 0]}, {"w1": [1, 10]}]
+    assert r3.server_ms >= r1.server_ms
+
+
+async def test_a_lease_not_refreshed_ends(world: World) -> None:
+    s = world.store
+    await s.sync(req("crashed", {"w0": (5, 0)}))
+    await world.advance(LEASE_MS / 2000)
+    assert loads_of((await s.sync(req("r2", {}))).peer_loads) == [{"w0": [5, 0]}]
+    await world.advance(LEASE_MS / 1000 * 0.75)  # past the crashed replica's lease
+    assert (await s.sync(req("r2", {}))).peer_loads == []
+
+
+async def test_leave_ends_the_lease_at_once(world: World) -> None:
+    s = world.store
+    await s.sync(req("r1", {"w0": (1, 0)}))
+    await s.leave("r1")
+    assert (await s.sync(req("r2", {}))).peer_loads == []
+
+
+async def test_speculative_batches_reach_peers_once_in_order(world: World) -> None:
+    s = world.store
+    e = [SpecWire("w0", 0, b"\x01" * 8, 5000)]
+    f = [SpecWire("w1", 0, b"\x02" * 8, 5000)]
+    await s.sync(req("r1", {}, e))
+    await s.sync(req("r1", {}, f))
+    first = await s.sync(req("r2", {}))
+    assert specs_of(first.peer_specs) == ["w0", "w1"]
+    assert all(first.server_ms - ms < 1000 for ms, _ in first.peer_specs)
+    again = await s.sync(req("r2", {}, cursor=first.cursor))
+    assert again.peer_specs == [] and again.cursor == first.cursor
+    # our own batches advance our cursor but are never returned to us
+    mine = await s.sync(req("r2", {}, [SpecWire("w2", 0, b"\x03" * 8, 5000)], cursor=first.cursor))
+    assert mine.peer_specs == [] and mine.cursor != first.cursor
+    assert specs_of((await s.sync(req("r1", {}, cursor=""))).peer_specs) == ["w2"]
+
+
+async def test_reads_are_bounded_and_resume_at_the_cursor(world: World) -> None:
+    s = world.store
+    for i in range(5):
+        await s.sync(req("r1", {}, [SpecWire(f"w{i}", 0, b"\x00" * 8, 5000)]))
+    seen, cursor = [], ""
+    for _ in range(3):
+        r = await s.sync(req("r2", {}, cursor=cursor, max_read=2))
+        seen += specs_of(r.peer_specs)
+        cursor = r.cursor
+    assert seen == [f"w{i}" for i in range(5)]
+
+
+async def test_a_fresh_reader_sees_only_the_window(world: World) -> None:
+    s = world.store
+    await s.sync(req("r1", {}, [SpecWire("old", 0, b"\x00" * 8, 5000)]))
+    await world.advance(WINDOW_MS / 1000 + 0.2)
+    await s.sync(req("r1", {}, [SpecWire("new", 0, b"\x00" * 8, 5000)]))
+    assert specs_of((await s.sync(req("r2", {}))).peer_specs) == ["new"]

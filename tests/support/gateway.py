@@ -1,0 +1,53 @@
+"""Starting a simulated fleet and a gateway in front of it, in-process, on 127.0.0.1."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from indexer.config import parse_fleet
+from kvrouter.config import RouterFleetConfig
+from kvrouter.gateway.app import Gateway, build_gateway
+from kvrouter.gateway.prompts import FleetTokens
+from kvrouter.sim.server.fleet import SimFleet, SimFleetConfig
+
+MODEL = "sim-model"
+
+
+def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+@asynccontextmanager
+async def gateway(fleet: SimFleet, **over: Any) -> AsyncIterator[tuple[Gateway, str]]:
+    """A gateway for the fleet (fleet file + ``over``), serving at the yielded base URL."""
+    fast = {"gateway": {"health_interval_s": 0.2, "metrics_interval_s": 0.2}}
+    cfg = parse_fleet(merge(merge(fleet.fleet_dict(), fast), over), RouterFleetConfig)
+    gw = Gateway(cfg, tokens=FleetTokens.from_config(cfg))
+    app = build_gateway(gw)
+    server = TestServer(app, host="127.0.0.1", handler_cancellation=True)
+    await server.start_server()
+    try:
+        yield gw, str(server.make_url("")).rstrip("/")
+    finally:
+        await server.close()
+        tokens = gw.tokens
+        if isinstance(tokens, FleetTokens):
+            tokens.close()
+
+
+def sim_fleet(n: int = 3, **kw: Any) -> SimFleet:
+    return SimFleet(
+        SimFleetConfig(instances=n, profile="test", capacity_blocks=kw.pop("capacity_blocks", 2048), **kw)
+    )
+
+
+def app_of(gw: Gateway) -> web.Application:  # pragma: no cover - helper for debugging
+    return build_gateway(gw)

@@ -1,0 +1,20 @@
+"""Waiting on a condition in async tests: poll until it holds, with a generous deadline.
+
+A test waits for what it is about (a batch applied, an instance ejected), never for a fixed time: on a busy
+machine a fixed sleep is either too short (a flake) or too long everywhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+
+async def until(cond: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
+    """Return as soon as ``cond()`` holds; fail after ``timeout`` seconds, naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not met in {timeout} s")
+        await asyncio.sleep(0.01)
