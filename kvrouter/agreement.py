@@ -28,7 +28,7 @@ from typing import Any
 import msgspec
 
 from .loadgen import LiveRecord, drive
-from .routing import RouterConfig
+from .routing import PolicyName, RouterConfig
 from .sim.evaluation.compare import summarize
 from .sim.evaluation.virtual_fleet import FleetSimConfig, VirtualFleet
 from .workloads import make_workload, materialize, tokenize_with
@@ -62,7 +62,7 @@ class AgreementConfig(msgspec.Struct, frozen=True, kw_only=True):
     """The live fleet runs this many times faster than the profile (as ``kvrouter demo``)."""
     capacity_blocks: int | None = None
     """KV blocks per instance, both sides (None: the profile's)."""
-    policy: str = "kv-aware"
+    policy: str = PolicyName.KV_AWARE
     live_event_delay_s: float = 0.003
     """Assumed engine-step-to-index delay on the live path (ZeroMQ, decode, apply), real seconds."""
     live_net_latency_s: float = 0.002

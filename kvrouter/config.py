@@ -29,7 +29,8 @@ from indexer.errors import ConfigError
 
 from .membership.config import DiscoveryConfig, MembershipConfig
 from .replicas.config import SharedStateConfig, SnapshotConfig
-from .routing.policies import POLICIES, KvAwareSettings, PolicySettings, PrefixHashSettings
+from .routing import PolicyName, policy_name
+from .routing.policies import KvAwareSettings, PolicySettings, PrefixHashSettings
 from .routing.router import RouterConfig
 
 
@@ -43,7 +44,7 @@ class ModelConfig(msgspec.Struct, frozen=True):
 
 
 class RoutingConfig(msgspec.Struct, frozen=True):
-    policy: str = "kv-aware"
+    policy: str = PolicyName.KV_AWARE
     kv_aware: KvAwareSettings = KvAwareSettings()
     prefix_hash: PrefixHashSettings = PrefixHashSettings()
     speculative: bool = True
@@ -146,8 +147,10 @@ class RouterFleetConfig(FleetConfig, frozen=True, forbid_unknown_fields=True):
         if self.discovery is not None:
             self.discovery.validate()
         for name in [self.routing.policy, *(m.policy for m in self.models.values() if m.policy)]:
-            if name not in POLICIES:
-                raise ConfigError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
+            try:
+                policy_name(name)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
         if self.limits.queue_size < 0 or self.limits.queue_timeout_s <= 0:
             raise ConfigError("limits: queue_size must be >= 0 and queue_timeout_s > 0")
         if self.limits.max_requests < 0:

@@ -29,11 +29,13 @@ import aiohttp
 import msgspec
 
 from .loadgen import LiveRecord, drive
+from .percentiles import quantile
+from .routing import PolicyName
 from .workloads import make_workload
 from .workloads.live import http_call
 from .workloads.spec import Workload
 
-POLICIES = ("kv-aware", "prefix-hash", "least-loaded", "round-robin")
+POLICIES = (PolicyName.KV_AWARE, PolicyName.PREFIX_HASH, PolicyName.LEAST_LOADED, PolicyName.ROUND_ROBIN)
 
 
 class DemoConfig(msgspec.Struct, frozen=True):
@@ -120,20 +122,17 @@ def summarize(recs: list[LiveRecord], wall: float) -> dict[str, Any]:
     ttft = sorted(r.ttft_s for r in ok if r.ttft_s is not None)
     dec = sorted(r.decision_ms for r in ok if r.decision_ms is not None)
 
-    def q(v: list[float], p: float) -> float:
-        return v[min(len(v) - 1, int(p * len(v)))] if v else float("nan")
-
     prompt = sum(r.prompt_tokens for r in ok)
     return {
         "requests": len(recs),
         "errors": len(recs) - len(ok),
         "hit_rate": sum(r.cached_tokens for r in ok) / prompt if prompt else 0.0,
-        "ttft_p50_ms": q(ttft, 0.5) * 1e3,
-        "ttft_p90_ms": q(ttft, 0.9) * 1e3,
+        "ttft_p50_ms": quantile(ttft, 0.5) * 1e3,
+        "ttft_p90_ms": quantile(ttft, 0.9) * 1e3,
         "throughput_tok_s": sum(r.output_tokens for r in ok) / wall if wall else 0.0,
         "req_s": len(ok) / wall if wall else 0.0,
-        "decision_p50_ms": q(dec, 0.5),
-        "decision_p90_ms": q(dec, 0.9),
+        "decision_p50_ms": quantile(dec, 0.5),
+        "decision_p90_ms": quantile(dec, 0.9),
         "instances_used": len({r.instance for r in ok}),
         "mean_ttft_ms": statistics.fmean(ttft) * 1e3 if ttft else float("nan"),
     }

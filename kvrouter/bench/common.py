@@ -4,33 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-
-
-def pct(values: Sequence[float], p: float) -> float:
-    """Linear-interpolated percentile (same definition as the peerbench harnesses)."""
-    v = sorted(values)
-    if not v:
-        return float("nan")
-    k = (len(v) - 1) * p / 100.0
-    lo = int(k)
-    hi = min(lo + 1, len(v) - 1)
-    return v[lo] + (v[hi] - v[lo]) * (k - lo)
-
-
-def summary_us(values: Sequence[float]) -> dict[str, float]:
-    """p50 / p99 / mean in microseconds of timings given in seconds."""
-    return {
-        "n": len(values),
-        "p50_us": round(pct(values, 50) * 1e6, 2),
-        "p99_us": round(pct(values, 99) * 1e6, 2),
-        "mean_us": round(statistics.fmean(values) * 1e6, 2) if values else float("nan"),
-    }
 
 
 def rss_bytes() -> int:

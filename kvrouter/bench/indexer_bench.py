@@ -24,7 +24,8 @@ import numpy as np
 from indexer import Indexer
 from indexer.encode import PayloadEncoder
 
-from .common import peer_python, peerbench_dir, rss_bytes, run_peer, summary_us
+from ..percentiles import summary_us
+from .common import peer_python, peerbench_dir, rss_bytes, run_peer
 
 MASK64 = (1 << 64) - 1
 

@@ -34,8 +34,9 @@ import redis
 from indexer import Indexer
 from indexer.redis_index import RedisBlockIndex
 
+from ..percentiles import summary_us
+from ..routing import PolicyName
 from . import indexer_bench
-from .common import summary_us
 
 AGREEMENT_CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "llmd-precise@60qps": ("llmd-precise", {"num_requests": 750, "arrival": {"type": "poisson", "rate": 60}}),
@@ -157,7 +158,7 @@ def run_agreement(a: argparse.Namespace) -> dict[str, Any]:
         work = load_workload(spec)
         cache = BlockContentCache(work.token_space, spec.fleet.block_size)
         cache.warm(work.requests)
-        rc = RouterConfig(policy="kv-aware", shadow=False)
+        rc = RouterConfig(policy=PolicyName.KV_AWARE, shadow=False)
         rows: dict[str, Any] = {}
         for name, rcfg in configs.items():
             s = summarize(ReplicatedFleet(work, spec.fleet, rc, rcfg, hashes=cache).run())

@@ -24,11 +24,12 @@ from indexer.encode import PayloadEncoder
 from indexer.hashing import TokenIds, base_hash, chain, content_hashes
 from tokenizer_cache import CachedTokenizer, Encoded, default_tokenizer_path
 
-from ..routing import InstanceId, RequestId, RouteInput, Router
+from ..percentiles import summary_us
+from ..routing import RouteInput, Router
 from ..routing.router import Target
 from ..sim.server.tokenizer import SIM_CHAT_TEMPLATE
+from ..types import InstanceId, RequestId
 from ..workloads.text import WORDS
-from .common import summary_us
 
 
 def _words(rng: random.Random, n: int) -> str:

@@ -29,7 +29,7 @@ from typing import Any
 
 from tokenizer_cache import CacheConfig, CachedTokenizer, default_tokenizer_path
 
-from .common import summary_us
+from ..percentiles import summary_us
 
 # A ChatML-style template for tokenizers that ship none (the default DeepSeek tokenizer has none).
 BENCH_CHAT_TEMPLATE = (

@@ -28,8 +28,8 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         log.error("%s", e)
         return 2
-    from kvrouter.config import load_router_fleet
-    from kvrouter.gateway.prompts import FleetTokens
+    from ..config import load_router_fleet
+    from ..gateway.prompts import FleetTokens
 
     rcfg = load_router_fleet(args.fleet)
     tokens = FleetTokens.from_config(rcfg)

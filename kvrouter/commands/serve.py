@@ -13,7 +13,7 @@ from indexer.errors import ConfigError
 from ..config import load_router_fleet
 from ..gateway.app import Gateway, build_gateway
 from ..gateway.prompts import FleetTokens
-from ..routing.policies import POLICIES
+from ..routing import ALL_POLICIES
 from .heap import freeze_on_startup
 
 log = logging.getLogger("kvrouter.serve")
@@ -23,7 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fleet", required=True, help="fleet file (YAML)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
-    p.add_argument("--policy", choices=sorted(POLICIES), default=None, help="override routing.policy")
+    p.add_argument("--policy", choices=ALL_POLICIES, default=None, help="override routing.policy")
     p.add_argument(
         "--no-events", action="store_true", help="do not subscribe to KV events (load/prefix only)"
     )

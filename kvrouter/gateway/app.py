@@ -35,9 +35,10 @@ from ..config import RouterFleetConfig
 from ..membership import MembershipRuntime
 from ..membership.metrics import MembershipCollector
 from ..replicas import SharedState, WarmRestart, mark_restored, store_for
-from ..routing import RequestId, RouteInput, Router
+from ..routing import RouteInput, Router
 from ..routing.policies import Candidate
 from ..routing.router import Decision
+from ..types import RequestId
 from .gate import CapacityGate, QueueFull
 from .metrics import GatewayMetrics
 from .proxy import Proxy

@@ -34,8 +34,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from indexer.config import InstanceConfig
 
-from ..routing import InstanceId, LoadTracker
+from ..routing import LoadTracker
 from ..routing.router import Target
+from ..types import InstanceId
 
 log = logging.getLogger("kvrouter.gateway.upstream")
 
@@ -146,14 +147,14 @@ class UpstreamPool:
         if u is None:
             return 0
         loads = self.load.loads
-        return sum(loads[k].in_flight for t in u.targets() if (k := InstanceId(t.key)) in loads)
+        return sum(loads[k].in_flight for t in u.targets() if (k := t.key) in loads)
 
     def remove(self, name: str) -> Upstream | None:
         """Drop ``name`` and its load accounting (requests still in flight no longer count anywhere)."""
         u = self.upstreams.pop(name, None)
         if u is not None:
             for t in u.targets():
-                self.load.forget(InstanceId(t.key))
+                self.load.forget(t.key)
         return u
 
     # ------------------------------------------------------------------ passive checks
@@ -268,9 +269,7 @@ class UpstreamPool:
         now = time.monotonic()
         for t in u.targets():
             rank = str(t.dp_rank)
-            self.load.observe_engine(
-                InstanceId(t.key), int(running.get(rank, 0)), int(waiting.get(rank, 0)), now
-            )
+            self.load.observe_engine(t.key, int(running.get(rank, 0)), int(waiting.get(rank, 0)), now)
 
 
 def parse_engine_load(text: str) -> tuple[dict[str, float], dict[str, float]]:

@@ -21,6 +21,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
+from ..percentiles import quantile
 from .stack import MODEL
 
 
@@ -52,13 +53,6 @@ class PromptMix:
         r = self.rng
         tokens = [*r.choice(self.prefixes), *(r.randrange(100, 30_000) for _ in range(self.tail))]
         return {"model": MODEL, "prompt": tokens, "max_tokens": self.max_tokens, "ignore_eos": True}
-
-
-def quantile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    v = sorted(values)
-    return v[min(len(v) - 1, int(q * len(v)))]
 
 
 async def one(session: aiohttp.ClientSession, url: str, body: dict[str, Any], shot: Shot) -> None:

@@ -24,9 +24,10 @@ import msgspec
 import numpy as np
 
 from indexer import Indexer, SourceKey, Trust
-from kvrouter.sim import CacheConfig, Engine, EngineConfig, SchedulerConfig
-from kvrouter.sim.engine.payload import PayloadWriter
 
+from ..percentiles import quantile
+from ..sim import CacheConfig, Engine, EngineConfig, SchedulerConfig
+from ..sim.engine.payload import PayloadWriter
 from .figures import Figure, ScenarioResult, at_most, exactly, fig
 from .payloads import HostilePayloads
 
@@ -204,8 +205,8 @@ def run_event_fuzz(cfg: EventFuzzConfig) -> EventFuzzReport:
     rep.payloads = cfg.payloads
     rep.wall_s = time.perf_counter() - t_start
     rep.max_s = float(times.max()) if cfg.payloads else 0.0
-    rep.p99_us = float(np.percentile(times, 99) * 1e6) if cfg.payloads else 0.0
-    rep.p50_us = float(np.percentile(times, 50) * 1e6) if cfg.payloads else 0.0
+    rep.p99_us = quantile(times.tolist(), 0.99) * 1e6 if cfg.payloads else 0.0
+    rep.p50_us = quantile(times.tolist(), 0.5) * 1e6 if cfg.payloads else 0.0
     c = ix.counters
     rejections: Counter[str] = Counter()
     for k, v in c.decode_errors.items():

@@ -22,9 +22,9 @@ from typing import Any
 import msgspec
 
 from indexer import SourceKey, Trust
-from kvrouter.sim.server.faults import FaultConfig
-from kvrouter.sim.server.fleet import SimFleet
 
+from ..sim.server.faults import FaultConfig
+from ..sim.server.fleet import SimFleet
 from .figures import ScenarioResult, at_most, exactly, fig
 from .stack import GatewayProc, Resources, ScenarioError, client, completion, until
 

@@ -28,11 +28,10 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from kvrouter.sim.engine.events import BlockStored
-from kvrouter.sim.engine.types import BlockHash
-from kvrouter.sim.server.publisher import EventPublisher, PublisherConfig
-
-from .driver import quantile
+from ..percentiles import quantile
+from ..sim.engine.events import BlockStored
+from ..sim.engine.types import BlockHash
+from ..sim.server.publisher import EventPublisher, PublisherConfig
 from .figures import Figure, ScenarioResult, at_most, exactly, fig
 from .procs import ServeProcess, metric, rss_mb, slope_per_min
 from .stack import ScenarioError, free_port

@@ -23,9 +23,9 @@ import aiohttp
 import msgspec
 
 from indexer import SourceKey, Trust
-from kvrouter.sim.server.fleet import SimFleet
-from kvrouter.sim.server.server import SimServer
 
+from ..sim.server.fleet import SimFleet
+from ..sim.server.server import SimServer
 from .figures import Figure, ScenarioResult, at_least, at_most, exactly
 from .stack import (
     MODEL,

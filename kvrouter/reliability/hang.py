@@ -20,10 +20,10 @@ import time
 import aiohttp
 import msgspec
 
-from kvrouter.routing import InstanceId
-
+from ..percentiles import quantile
+from ..types import TargetKey
 from .crash import StreamOutcome, parse_sse
-from .driver import Shot, one, quantile
+from .driver import Shot, one
 from .figures import Figure, ScenarioResult, at_most, exactly
 from .stack import MODEL, Resources, cancel_all, client, set_faults, until
 
@@ -58,7 +58,7 @@ async def hang(res: Resources, cfg: HangConfig) -> ScenarioResult:
         async with g, client(timeout_s=60) as s:
             gw = g.gateway
             victim = fleet.servers[0]
-            vkey = InstanceId(victim.name)
+            vkey = TargetKey(victim.name)
             waiting: list[int] = []
             victim_in_flight: list[int] = []
 

@@ -26,7 +26,8 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from .driver import PromptMix, Shot, error_kinds, open_loop, quantile, summary
+from ..percentiles import quantile
+from .driver import PromptMix, Shot, error_kinds, open_loop, summary
 from .figures import Figure, ScenarioResult, at_least, at_most, exactly, fig
 from .procs import ServeProcess, SimProcess, metric, rss_mb, slope_per_min, tcp_connections
 from .stack import ScenarioError, merge

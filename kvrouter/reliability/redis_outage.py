@@ -24,8 +24,7 @@ from pathlib import Path
 import aiohttp
 import msgspec
 
-from kvrouter.replicas import SharedState
-
+from ..replicas import SharedState
 from .figures import Figure, ScenarioResult, at_most, exactly
 from .procs import RedisProcess, redis_binary
 from .stack import MODEL, GatewayProc, Resources, ScenarioError, client, completion, set_faults, until

@@ -26,8 +26,8 @@ import aiohttp
 import msgspec
 
 from indexer import SourceKey, Trust
-from kvrouter.sim.server.fleet import SimFleet
 
+from ..sim.server.fleet import SimFleet
 from .driver import Shot, one
 from .figures import Figure, ScenarioResult, at_least, exactly
 from .stack import MODEL, GatewayProc, Resources, ScenarioError, client, completion, until

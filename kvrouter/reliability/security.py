@@ -26,8 +26,7 @@ from pathlib import Path
 
 import msgspec
 
-from kvrouter.logs import JsonFormatter
-
+from ..logs import JsonFormatter
 from .figures import Figure, ScenarioResult, at_least, exactly
 from .stack import MODEL, Resources, client, completion, set_faults, subscribed, until
 

@@ -24,13 +24,14 @@ import aiohttp
 from aiohttp import web
 
 from indexer.config import parse_fleet
-from kvrouter.config import RouterFleetConfig
-from kvrouter.gateway.app import Gateway, build_gateway
-from kvrouter.gateway.prompts import FleetTokens
-from kvrouter.sim.server.faults import FaultConfig
-from kvrouter.sim.server.fleet import SimFleet, SimFleetConfig, free_port_block
-from kvrouter.sim.server.tokenizer import load_sim_tokenizer
 from tokenizer_cache import CachedTokenizer, default_tokenizer_path
+
+from ..config import RouterFleetConfig
+from ..gateway.app import Gateway, build_gateway
+from ..gateway.prompts import FleetTokens
+from ..sim.server.faults import FaultConfig
+from ..sim.server.fleet import SimFleet, SimFleetConfig, free_port_block
+from ..sim.server.tokenizer import load_sim_tokenizer
 
 MODEL = "sim-model"
 FAST = {"gateway": {"health_interval_s": 0.2, "metrics_interval_s": 0.2}}

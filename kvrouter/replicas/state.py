@@ -25,7 +25,8 @@ import numpy as np
 from indexer import SourceKey
 from indexer.core import SpeculativeEntry
 
-from ..routing import InstanceId, Router
+from ..routing import Router
+from ..types import TargetKey
 
 
 class SpecWire(msgspec.Struct, array_like=True, gc=False):
@@ -132,7 +133,7 @@ class ReplicaState:
     # ------------------------------------------------------------------ incoming
     def apply(self, reply: SyncReply, now: float) -> None:
         """Peers' load replaces the previous view; peers' new speculative entries join the index."""
-        totals: dict[InstanceId, tuple[int, int]] = {}
+        totals: dict[TargetKey, tuple[int, int]] = {}
         self.peers = len(reply.peer_loads)
         for raw in reply.peer_loads:
             try:
@@ -141,8 +142,8 @@ class ReplicaState:
                 self.decode_errors += 1
                 continue
             for target, (n, tokens) in report.items():
-                cur = totals.get(InstanceId(target), (0, 0))
-                totals[InstanceId(target)] = (cur[0] + n, cur[1] + tokens)
+                cur = totals.get(TargetKey(target), (0, 0))
+                totals[TargetKey(target)] = (cur[0] + n, cur[1] + tokens)
         self.router.load.set_external(totals)
         self.cursor = reply.cursor
         if not self.speculative:

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
+from ..routing import PolicyName
 from ..sim.evaluation.compare import EvalSpec
 from ..sim.evaluation.virtual_fleet import FleetSimConfig
 from ..workloads.registry import describe, list_workloads
@@ -22,7 +23,7 @@ from .grid import Case, with_param
 from .scale import Scale, sized
 from .study import Study
 
-POLICIES = ("kv-aware", "prefix-hash", "least-loaded", "round-robin")
+POLICIES = (PolicyName.KV_AWARE, PolicyName.PREFIX_HASH, PolicyName.LEAST_LOADED, PolicyName.ROUND_ROBIN)
 
 MOONCAKE = "mooncake-conversation"
 MOONCAKE_SLICE: Mapping[str, Any] = MappingProxyType({"limit": 2500, "rate_multiplier": 3.0})
@@ -71,7 +72,7 @@ def workload_cases(scale: Scale) -> list[Case]:
     baseline)."""
     cases = []
     for name in list_workloads():
-        pols = (*POLICIES, "random") if name == MOONCAKE else POLICIES
+        pols = (*POLICIES, PolicyName.RANDOM) if name == MOONCAKE else POLICIES
         cases.append(Case(name, workload_spec(name, scale, policies=pols)))
     return cases
 
@@ -95,10 +96,13 @@ def prefix_hash_studies(scale: Scale) -> list[Study]:
     out = []
     for name, (over, fraction) in SWEEP_WORKLOADS.items():
         base = EvalSpec(
-            workload=name, overrides=dict(over), fleet=FleetSimConfig(instances=8), policies=("prefix-hash",)
+            workload=name,
+            overrides=dict(over),
+            fleet=FleetSimConfig(instances=8),
+            policies=(PolicyName.PREFIX_HASH,),
         )
         base = scale.size(sized(base, fraction) if fraction != 1.0 else base)
-        ref = Case("reference", with_param(base, "policies", ("kv-aware",)), bounds=False)
+        ref = Case("reference", with_param(base, "policies", (PolicyName.KV_AWARE,)), bounds=False)
         for path, values, label in (
             ("settings.prefix_hash.prefix_length", PREFIX_LENGTHS, "prefix_length (characters)"),
             ("settings.prefix_hash.load_bound", LOAD_BOUNDS, "load_bound"),

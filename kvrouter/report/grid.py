@@ -27,7 +27,7 @@ from typing import Any
 
 import msgspec
 
-from ..routing.policies import POLICIES
+from ..routing import policy_name
 from ..sim.evaluation.compare import EvalSpec, load_workload, run_one
 from ..workloads.arrivals import AllAtOnce, Arrival, Bursts, Constant, Poisson, Stage, Staged
 from ..workloads.bounds import reuse_ceiling
@@ -132,8 +132,10 @@ def _tasks(cases: Sequence[Case]) -> list[tuple[int, str]]:
     out: list[tuple[int, str]] = []
     for i, c in enumerate(cases):
         for p in c.spec.policies:
-            if p not in POLICIES:
-                raise ValueError(f"{c.label}: unknown policy {p!r}; choose from {', '.join(POLICIES)}")
+            try:
+                policy_name(p)
+            except ValueError as e:
+                raise ValueError(f"{c.label}: {e}") from None
         out.extend((i, p) for p in c.spec.policies)
         if c.bounds:
             out.extend([(i, POOLED), (i, REUSE)])

@@ -19,6 +19,7 @@ from matplotlib.axis import Axis
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
+from ..routing import ALL_POLICIES
 from .tables import policies_of
 
 Result = dict[str, Any]
@@ -49,7 +50,7 @@ class Chart(Figure):
 
 def _colors(policies: Sequence[str]) -> dict[str, Any]:
     # Fixed colours per policy name, so every figure of every notebook agrees.
-    fixed = ["kv-aware", "prefix-hash", "least-loaded", "round-robin", "random"]
+    fixed = list(ALL_POLICIES)
     names = fixed + [p for p in policies if p not in fixed]
     return {p: f"C{i % 10}" for i, p in enumerate(names)}
 

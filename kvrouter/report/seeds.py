@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..routing import PolicyName
 from ..sim.evaluation.compare import EvalSpec
 from ..sim.evaluation.virtual_fleet import FleetSimConfig
 from .grid import Case
@@ -29,7 +30,7 @@ from .scale import Scale
 from .tables import closest
 
 INSTANCES = 7
-POLICIES = ("random", "prefix-hash", "kv-aware")
+POLICIES = (PolicyName.RANDOM, PolicyName.PREFIX_HASH, PolicyName.KV_AWARE)
 WORKLOAD = "aws-8k-shared-prefix"
 REQUESTS = 3000
 RATE = 16.0
@@ -77,14 +78,14 @@ def calibration_cases(scale: Scale) -> list[Case]:
     out = []
     for g in GROUPS:
         n = scaled_groups(scale, g)
-        spec = _spec(scale, WORKLOAD, RATE, policies=("random",), num_groups=n)
+        spec = _spec(scale, WORKLOAD, RATE, policies=(PolicyName.RANDOM,), num_groups=n)
         out.append(Case(f"{n} prefix{'es' if n > 1 else ''}", spec, n, bounds=False))
     return out
 
 
 def chosen_groups(calibration: Sequence[dict[str, Any]]) -> int:
     """The prefix count whose random hit rate came closest to AWS's 25 %."""
-    return int(closest(calibration, "random", "hit_rate", RANDOM_HIT_TARGET)["x"])
+    return int(closest(calibration, PolicyName.RANDOM, "hit_rate", RANDOM_HIT_TARGET)["x"])
 
 
 def rate_cases(scale: Scale, calibration: Sequence[dict[str, Any]]) -> list[Case]:

@@ -21,6 +21,7 @@ matches the others, neither cache-aware policy helps.
 
 from __future__ import annotations
 
+from ..routing import PolicyName
 from ..sim.engine.timing import get_profile
 from ..sim.evaluation.compare import EvalSpec
 from ..sim.evaluation.virtual_fleet import FleetSimConfig
@@ -28,7 +29,7 @@ from .grid import Case, with_param, with_rate
 from .scale import Scale
 from .study import Study
 
-POLICIES = ("kv-aware", "prefix-hash", "least-loaded")
+POLICIES = (PolicyName.KV_AWARE, PolicyName.PREFIX_HASH, PolicyName.LEAST_LOADED)
 BASE = EvalSpec(
     workload="mooncake-conversation",
     overrides={"limit": 800, "rate_multiplier": 3.0},
@@ -89,8 +90,12 @@ def load_study(scale: Scale, base: EvalSpec) -> Study:
 
 
 def event_studies(scale: Scale, base: EvalSpec) -> list[Study]:
-    kv = with_param(base, "policies", ("kv-aware",))
-    ref = Case("reference", with_param(base, "policies", ("prefix-hash", "least-loaded")), bounds=False)
+    kv = with_param(base, "policies", (PolicyName.KV_AWARE,))
+    ref = Case(
+        "reference",
+        with_param(base, "policies", (PolicyName.PREFIX_HASH, PolicyName.LEAST_LOADED)),
+        bounds=False,
+    )
     delay = [
         _case("event_delay_s", with_param(kv, "fleet.event_delay_s", d), d)
         for d in scale.values(EVENT_DELAYS_S)

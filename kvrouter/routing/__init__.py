@@ -4,21 +4,22 @@ Nothing here does I/O or reads a clock: callers pass ``now`` and observations in
 """
 
 from .load import InstanceLoad, LoadTracker
-from .policies import POLICIES, Policy, make_policy
+from .policies import Policy, PolicyName
+from .registry import ALL_POLICIES, READS_INDEX, make_policy, policy_name
 from .router import Candidate, Decision, RouteInput, Router, RouterConfig
-from .types import InstanceId, RequestId
 
 __all__ = [
-    "POLICIES",
+    "ALL_POLICIES",
+    "READS_INDEX",
     "Candidate",
     "Decision",
-    "InstanceId",
     "InstanceLoad",
     "LoadTracker",
     "Policy",
-    "RequestId",
+    "PolicyName",
     "RouteInput",
     "Router",
     "RouterConfig",
     "make_policy",
+    "policy_name",
 ]

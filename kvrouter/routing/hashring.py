@@ -18,7 +18,7 @@ import hashlib
 import math
 from collections.abc import Callable, Iterable
 
-from .types import InstanceId
+from ..types import TargetKey
 
 
 def stable_hash64(data: bytes) -> int:
@@ -31,25 +31,25 @@ _MAX_CACHED_IDS = 1 << 20
 
 
 class HashRing:
-    def __init__(self, instances: Iterable[InstanceId] = (), *, vnodes: int = 160) -> None:
+    def __init__(self, instances: Iterable[TargetKey] = (), *, vnodes: int = 160) -> None:
         self.vnodes = vnodes
         self._points: list[int] = []
-        self._owners: list[InstanceId] = []
-        self._members: set[InstanceId] = set()
+        self._owners: list[TargetKey] = []
+        self._members: set[TargetKey] = set()
         # start index -> distinct owners in ring order from there.  A walk depends only on where the key
         # lands and on the membership, so it is computed once per point (at most vnodes x members of
         # them) and dropped when membership changes; without it every request walked ~20-100 points.
-        self._orders: dict[int, tuple[InstanceId, ...]] = {}
+        self._orders: dict[int, tuple[TargetKey, ...]] = {}
         self._cached_ids = 0  # sum of the cached walks' lengths, bounded by _MAX_CACHED_IDS
         self._peak = 0  # the most targets prune() was offered at once
         for inst in instances:
             self.add(inst)
 
     @property
-    def members(self) -> frozenset[InstanceId]:
+    def members(self) -> frozenset[TargetKey]:
         return frozenset(self._members)
 
-    def add(self, inst: InstanceId) -> None:
+    def add(self, inst: TargetKey) -> None:
         if inst in self._members:
             return
         self._members.add(inst)
@@ -60,7 +60,7 @@ class HashRing:
             self._points.insert(i, p)
             self._owners.insert(i, inst)
 
-    def remove(self, inst: InstanceId) -> None:
+    def remove(self, inst: TargetKey) -> None:
         self.retain(m for m in self._members if m != inst)
 
     def retain(self, keep: Iterable[str]) -> None:
@@ -89,7 +89,7 @@ class HashRing:
         if len(self._members) > 2 * self._peak + slack:
             self.retain(current)
 
-    def walk(self, key: bytes) -> tuple[InstanceId, ...]:
+    def walk(self, key: bytes) -> tuple[TargetKey, ...]:
         """Distinct instances in ring order from the key's point."""
         if not self._points:
             return ()
@@ -108,8 +108,8 @@ class HashRing:
         self._orders.clear()
         self._cached_ids = 0
 
-    def _walk_from(self, start: int) -> tuple[InstanceId, ...]:
-        seen: dict[InstanceId, None] = {}
+    def _walk_from(self, start: int) -> tuple[TargetKey, ...]:
+        seen: dict[TargetKey, None] = {}
         n, want = len(self._points), len(self._members)
         for k in range(n):
             seen.setdefault(self._owners[(start + k) % n])
@@ -120,12 +120,12 @@ class HashRing:
     def choose(
         self,
         key: bytes,
-        load: Callable[[InstanceId], float],
+        load: Callable[[TargetKey], float],
         *,
         bound: float = 1.25,
-        eligible: Callable[[InstanceId], bool] = lambda _: True,
-        order: Iterable[InstanceId] | None = None,
-    ) -> InstanceId | None:
+        eligible: Callable[[TargetKey], bool] = lambda _: True,
+        order: Iterable[TargetKey] | None = None,
+    ) -> TargetKey | None:
         """The first eligible instance clockwise whose load is below the bounded-load capacity.
         ``order``: ``walk(key)`` when the caller has it already."""
         cands = [i for i in (self.walk(key) if order is None else order) if eligible(i)]

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 
 import msgspec
 
-from .types import InstanceId, RequestId
+from ..types import RequestId, TargetKey
 
 
 class InstanceLoad(msgspec.Struct):
@@ -50,7 +50,7 @@ class InstanceLoad(msgspec.Struct):
 
 
 class _Req(msgspec.Struct):
-    instance: InstanceId
+    instance: TargetKey
     prefill_tokens: int
     prefilling: bool = True
 
@@ -59,16 +59,16 @@ class LoadTracker:
     """Per-instance load, updated by the router's own dispatches and by engine metrics."""
 
     def __init__(self) -> None:
-        self.loads: dict[InstanceId, InstanceLoad] = {}
+        self.loads: dict[TargetKey, InstanceLoad] = {}
         self._reqs: dict[RequestId, _Req] = {}
 
-    def get(self, inst: InstanceId) -> InstanceLoad:
+    def get(self, inst: TargetKey) -> InstanceLoad:
         load = self.loads.get(inst)
         if load is None:
             load = self.loads[inst] = InstanceLoad()
         return load
 
-    def dispatch(self, rid: RequestId, inst: InstanceId, prefill_tokens: int) -> None:
+    def dispatch(self, rid: RequestId, inst: TargetKey, prefill_tokens: int) -> None:
         """A request was sent to ``inst``; ``prefill_tokens`` is what it must compute (not cached)."""
         if rid in self._reqs:
             self.finish(rid)
@@ -101,11 +101,11 @@ class LoadTracker:
         else:
             load.decoding -= 1
 
-    def observe_engine(self, inst: InstanceId, running: int, waiting: int, now: float) -> None:
+    def observe_engine(self, inst: TargetKey, running: int, waiting: int, now: float) -> None:
         load = self.get(inst)
         load.engine_running, load.engine_waiting, load.engine_seen_at = running, waiting, now
 
-    def set_external(self, loads: Mapping[InstanceId, tuple[int, int]]) -> None:
+    def set_external(self, loads: Mapping[TargetKey, tuple[int, int]]) -> None:
         """Other replicas' (in flight, prefill tokens) per instance; instances absent here get zero."""
         for inst, load in self.loads.items():
             if inst not in loads:
@@ -114,14 +114,14 @@ class LoadTracker:
             load = self.get(inst)
             load.external_in_flight, load.external_prefill_tokens = n, tokens
 
-    def instance_of(self, rid: RequestId) -> InstanceId | None:
+    def instance_of(self, rid: RequestId) -> TargetKey | None:
         r = self._reqs.get(rid)
         return None if r is None else r.instance
 
     def total_in_flight(self) -> int:
         return sum(load.in_flight for load in self.loads.values())
 
-    def forget(self, inst: InstanceId) -> None:
+    def forget(self, inst: TargetKey) -> None:
         for rid in [r for r, v in self._reqs.items() if v.instance == inst]:
             self.finish(rid)
         self.loads.pop(inst, None)

@@ -18,18 +18,24 @@ it to ask every policy what it would have done, on the same request, for free.
 
 from __future__ import annotations
 
+import enum
 import random
-from collections.abc import Callable
 from typing import Protocol
 
 import msgspec
 
+from ..types import InstanceId, TargetKey
 from .hashring import HashRing
-from .types import InstanceId
 
-READS_INDEX = frozenset({"kv-aware"})
-"""Policies whose ranking reads cached tokens (the index).  The others rank by load, turn or hash alone, so
-a simulator may leave the index out of their runs and get the same decisions."""
+
+class PolicyName(enum.StrEnum):
+    """Every policy's name (``registry`` builds them).  A ``StrEnum``: equal to its string."""
+
+    KV_AWARE = "kv-aware"
+    PREFIX_HASH = "prefix-hash"
+    LEAST_LOADED = "least-loaded"
+    ROUND_ROBIN = "round-robin"
+    RANDOM = "random"
 
 
 class Candidate(msgspec.Struct):
@@ -37,7 +43,7 @@ class Candidate(msgspec.Struct):
 
     instance: InstanceId
     dp_rank: int
-    target: str
+    target: TargetKey
     """``instance`` or ``instance/rank``: the key of load accounting and of the hash ring."""
     trust: str = "none"
     """The index's trust in this target (exact, partial, degraded, cold), or "none" without events."""
@@ -65,7 +71,7 @@ class RouteView(msgspec.Struct):
 
 
 class Policy(Protocol):
-    name: str
+    name: PolicyName
 
     def rank(self, req: RouteView, cands: list[Candidate], *, dry_run: bool = False) -> list[Candidate]: ...
 
@@ -95,7 +101,7 @@ class KvAwareSettings(msgspec.Struct, frozen=True):
 
 
 class KvAware:
-    name = "kv-aware"
+    name = PolicyName.KV_AWARE
 
     def __init__(self, settings: KvAwareSettings | None = None) -> None:
         self.s = settings or KvAwareSettings()
@@ -129,7 +135,7 @@ class KvAware:
             tied = [c for c in out if (c.score, c.in_flight, c.cached_tokens) == first]
             if len(tied) > 1:
                 for c in tied:
-                    self.ring.add(InstanceId(c.target))
+                    self.ring.add(c.target)
                 self.ring.prune(c.target for c in cands)
                 order: dict[str, int] = {str(t): i for i, t in enumerate(self.ring.walk(req.prefix_key))}
                 tied.sort(key=lambda c: order.get(c.target, len(order)))
@@ -146,7 +152,7 @@ class PrefixHashSettings(msgspec.Struct, frozen=True):
 
 
 class PrefixHash:
-    name = "prefix-hash"
+    name = PolicyName.PREFIX_HASH
 
     def __init__(self, settings: PrefixHashSettings | None = None) -> None:
         self.s = settings or PrefixHashSettings()
@@ -155,10 +161,10 @@ class PrefixHash:
     def rank(self, req: RouteView, cands: list[Candidate], *, dry_run: bool = False) -> list[Candidate]:
         by_target = {c.target: c for c in cands}
         for t in set(by_target) - set(self.ring.members):
-            self.ring.add(InstanceId(t))
+            self.ring.add(t)
         self.ring.prune(by_target)
 
-        def load(t: InstanceId) -> float:
+        def load(t: TargetKey) -> float:
             return by_target[t].in_flight / max(by_target[t].weight, 1e-6)
 
         walk = self.ring.walk(req.prefix_key)
@@ -176,7 +182,7 @@ class PrefixHash:
 
 
 class LeastLoaded:
-    name = "least-loaded"
+    name = PolicyName.LEAST_LOADED
 
     def __init__(self, rng: random.Random | None = None) -> None:
         self.rng = rng or random.Random(0)
@@ -190,7 +196,7 @@ class LeastLoaded:
 
 
 class RoundRobin:
-    name = "round-robin"
+    name = PolicyName.ROUND_ROBIN
 
     def __init__(self) -> None:
         self._next = 0
@@ -209,7 +215,7 @@ class RoundRobin:
 
 
 class Random:
-    name = "random"
+    name = PolicyName.RANDOM
 
     def __init__(self, rng: random.Random | None = None) -> None:
         self.rng = rng or random.Random(0)
@@ -235,20 +241,3 @@ class PolicySettings(msgspec.Struct, frozen=True):
     kv_aware: KvAwareSettings = KvAwareSettings()
     prefix_hash: PrefixHashSettings = PrefixHashSettings()
     seed: int = 0
-
-
-POLICIES: dict[str, Callable[[PolicySettings], Policy]] = {
-    "kv-aware": lambda s: KvAware(s.kv_aware),
-    "prefix-hash": lambda s: PrefixHash(s.prefix_hash),
-    "least-loaded": lambda s: LeastLoaded(random.Random(s.seed)),
-    "round-robin": lambda s: RoundRobin(),
-    "random": lambda s: Random(random.Random(s.seed)),
-}
-
-
-def make_policy(name: str, settings: PolicySettings | None = None) -> Policy:
-    try:
-        factory = POLICIES[name]
-    except KeyError:
-        raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}") from None
-    return factory(settings or PolicySettings())

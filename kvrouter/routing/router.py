@@ -19,16 +19,17 @@ import numpy as np
 from indexer import Indexer, InstanceMatch, LookupResult, SourceKey, Trust
 from indexer.hashing import I64Array
 
+from ..types import InstanceId, RequestId, TargetKey, target_key
 from .load import LoadTracker
-from .policies import Candidate, Policy, PolicySettings, RouteView, make_policy
-from .types import InstanceId, RequestId
+from .policies import Candidate, Policy, PolicyName, PolicySettings, RouteView
+from .registry import ALL_POLICIES, make_policy
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 
 
 class RouterConfig(msgspec.Struct, frozen=True):
-    policy: str = "kv-aware"
-    """Default policy (kv-aware, prefix-hash, least-loaded, round-robin, random)."""
+    policy: str = PolicyName.KV_AWARE
+    """Default policy (a ``PolicyName``)."""
     model_policies: dict[str, str] = {}
     """Per-model policy overrides."""
     concurrency_threshold: int = 0
@@ -53,8 +54,8 @@ class Target(msgspec.Struct):
     weight: float = 1.0
 
     @property
-    def key(self) -> str:
-        return self.instance if self.dp_size == 1 else f"{self.instance}/{self.dp_rank}"
+    def key(self) -> TargetKey:
+        return target_key(self.instance, self.dp_rank, self.dp_size)
 
 
 _USABLE = frozenset(t.value for t in Trust if t.usable)
@@ -133,7 +134,7 @@ class Router:
         for t in targets:
             if not t.healthy:
                 continue
-            load = self.load.get(InstanceId(t.key))
+            load = self.load.get(t.key)
             c = Candidate(
                 t.instance,
                 t.dp_rank,
@@ -216,9 +217,9 @@ class Router:
     def _reason(policy: str, chosen: Candidate, ranked: list[Candidate]) -> str:
         if chosen is not ranked[0]:
             return "spill"
-        if policy == "prefix-hash":
+        if policy == PolicyName.PREFIX_HASH:
             return "affinity"
-        if policy == "kv-aware" and chosen.cached_tokens > 0:
+        if policy == PolicyName.KV_AWARE and chosen.cached_tokens > 0:
             return "cache"
         return "load"
 
@@ -226,8 +227,8 @@ class Router:
         # Policies only write ``score``: rank the same candidates (a new list each time, as ranking
         # reorders it) and put the active policy's scores back, instead of copying every candidate.
         scores = [c.score for c in cands]
-        out = {}
-        for name in ("kv-aware", "prefix-hash", "least-loaded", "round-robin", "random"):
+        out: dict[str, ShadowChoice] = {}
+        for name in ALL_POLICIES:
             if name == active:
                 continue
             ranked = self.policy(name).rank(view, list(cands), dry_run=True)
@@ -241,7 +242,7 @@ class Router:
     def dispatched(self, inp: RouteInput, chosen: Candidate, now: float) -> None:
         """The request was sent to ``chosen``: account its load and expect its blocks there."""
         to_compute = max(0, inp.num_tokens - chosen.cached_tokens)
-        self.load.dispatch(inp.request_id, InstanceId(chosen.target), to_compute)
+        self.load.dispatch(inp.request_id, chosen.target, to_compute)
         if self.config.speculative and inp.chains is not None and len(inp.chains):
             self.indexer.add_speculative(SourceKey(chosen.instance, chosen.dp_rank), inp.chains, now=now)
 

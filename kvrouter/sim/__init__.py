@@ -11,7 +11,7 @@ from .engine.engine import CacheConfig, Engine, EngineConfig, EngineMetrics, Ste
 from .engine.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from .engine.scheduler import RequestOutput, SchedulerConfig
 from .engine.timing import PROFILES, TimingModel, TimingProfile, get_profile
-from .engine.types import BlockHash, BlockId, RequestId
+from .engine.types import BlockHash, BlockId
 from .errors import (
     DuplicateRequest,
     PublisherError,
@@ -36,7 +36,6 @@ __all__ = [
     "EngineMetrics",
     "KVEvent",
     "PublisherError",
-    "RequestId",
     "RequestOutput",
     "RequestRejected",
     "RequestTooLong",

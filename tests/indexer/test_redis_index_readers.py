@@ -10,8 +10,9 @@ from indexer import Indexer, SourceKey, Trust
 from indexer.encode import PayloadEncoder
 from indexer.redis_index import RedisBlockIndex
 from kvrouter.replicas.trust import TrustMirror
-from kvrouter.routing import InstanceId, RequestId, RouteInput, Router, RouterConfig
+from kvrouter.routing import RouteInput, Router, RouterConfig
 from kvrouter.routing.router import Target
+from kvrouter.types import InstanceId, RequestId
 from tests.support.redis_server import RedisServer, redis_server
 
 __all__ = ["redis_server"]

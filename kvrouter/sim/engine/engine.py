@@ -22,6 +22,7 @@ import numpy as np
 
 from indexer.hashing import TokenIds
 
+from ...types import RequestId
 from ..errors import DuplicateRequest, RequestRejected, RequestTooLong, SimConfigError
 from .blockpool import BlockPool
 from .events import KVEvent
@@ -31,7 +32,7 @@ from .offload import CpuOffloadTier
 from .request import Request
 from .scheduler import BatchStats, RequestOutput, Scheduler, SchedulerConfig
 from .timing import TimingModel, get_profile
-from .types import BlockHash, RequestId
+from .types import BlockHash
 
 
 class CacheConfig(msgspec.Struct, frozen=True):

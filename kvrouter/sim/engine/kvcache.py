@@ -21,11 +21,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ...types import RequestId
 from .blockpool import BlockPool
 from .events import BlockStored
 from .offload import CpuOffloadTier
 from .request import Request
-from .types import BlockHash, BlockId, RequestId
+from .types import BlockHash, BlockId
 
 
 class KVCacheManager:

@@ -21,8 +21,9 @@ import numpy as np
 
 from indexer.hashing import TokenIds, id_list
 
+from ...types import RequestId
 from .hashing import block_extra_keys, chain_hashes, extra_digest
-from .types import BlockHash, RequestId
+from .types import BlockHash
 
 
 class Status(enum.Enum):

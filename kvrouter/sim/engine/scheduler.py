@@ -24,10 +24,11 @@ from collections import deque
 
 import msgspec
 
+from ...types import RequestId
 from ..errors import SimConfigError
 from .kvcache import KVCacheManager
 from .request import Request, Status
-from .types import FinishReason, RequestId
+from .types import FinishReason
 
 
 class SchedulerConfig(msgspec.Struct, frozen=True):

@@ -16,9 +16,6 @@ BlockHash = NewType("BlockHash", int)
 BlockId = NewType("BlockId", int)
 """A physical block of the KV pool, 0 <= id < capacity."""
 
-RequestId = NewType("RequestId", str)
-"""The id a client (or the HTTP shell) gave a request."""
-
 MediumName = Literal["GPU", "CPU"]
 """Where a block lives, as vLLM names it in events."""
 

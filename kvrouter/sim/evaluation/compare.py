@@ -21,15 +21,16 @@ from typing import Any
 
 import msgspec
 
-from ...routing import RouterConfig
-from ...routing.policies import POLICIES, READS_INDEX, PolicySettings
+from ...percentiles import quantile
+from ...routing import ALL_POLICIES, READS_INDEX, PolicyName, RouterConfig, policy_name
+from ...routing.policies import PolicySettings
 from ...workloads import make_workload
 from ...workloads.blocks import BlockContentCache
 from ...workloads.bounds import reuse_ceiling
 from ...workloads.spec import Workload
 from .virtual_fleet import FleetRun, FleetSimConfig, VirtualFleet
 
-DEFAULT_POLICIES = ("kv-aware", "prefix-hash", "least-loaded", "round-robin", "random")
+DEFAULT_POLICIES: tuple[str, ...] = ALL_POLICIES
 
 
 class EvalSpec(msgspec.Struct, frozen=True):
@@ -46,16 +47,6 @@ class EvalSpec(msgspec.Struct, frozen=True):
     speculative: bool = True
     series: bool = False
     """Keep per-request TTFTs and the load-over-time samples in the output (for plots)."""
-
-
-def pct(v: list[float], p: float) -> float:
-    if not v:
-        return float("nan")
-    s = sorted(v)
-    k = (len(s) - 1) * p / 100.0
-    lo = int(k)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
 def load_workload(spec: EvalSpec) -> Workload:
@@ -90,11 +81,11 @@ def summarize(run: FleetRun, *, series: bool = False) -> dict[str, Any]:
         "rejected": sum(1 for r in run.records if r.rejected),
         "hit_rate": cached / prompt if prompt else 0.0,
         "ttft_mean_s": statistics.fmean(ttft) if ttft else float("nan"),
-        "ttft_p50_s": pct(ttft, 50),
-        "ttft_p90_s": pct(ttft, 90),
-        "ttft_p99_s": pct(ttft, 99),
-        "e2e_p50_s": pct(e2e, 50),
-        "e2e_p90_s": pct(e2e, 90),
+        "ttft_p50_s": quantile(ttft, 0.5),
+        "ttft_p90_s": quantile(ttft, 0.9),
+        "ttft_p99_s": quantile(ttft, 0.99),
+        "e2e_p50_s": quantile(e2e, 0.5),
+        "e2e_p90_s": quantile(e2e, 0.9),
         "throughput_tok_s": out_tok / span,
         "prompt_throughput_tok_s": prompt / span,
         "makespan_s": span,
@@ -102,7 +93,7 @@ def summarize(run: FleetRun, *, series: bool = False) -> dict[str, Any]:
         "max_over_mean_in_flight": max(inflight) / statistics.fmean(inflight)
         if inflight and any(inflight)
         else 1.0,
-        "imbalance_p50_over_time": pct(imbalance, 50) if imbalance else 1.0,
+        "imbalance_p50_over_time": quantile(imbalance, 0.5) if imbalance else 1.0,
         "prediction_abs_error_mean_tokens": statistics.fmean(err) if err else 0.0,
         "prediction_exact_fraction": sum(1 for e in err if e == 0) / len(err) if err else 1.0,
         "index_errors": run.index_errors,
@@ -156,7 +147,12 @@ def run_one(
             max_num_batched_tokens=f.max_num_batched_tokens * n,
         )
         vf = VirtualFleet(
-            w, pooled, _router_config(spec, "round-robin"), hashes=cache, progress=progress, pooled_of=n
+            w,
+            pooled,
+            _router_config(spec, PolicyName.ROUND_ROBIN),
+            hashes=cache,
+            progress=progress,
+            pooled_of=n,
         )
         run = vf.run()
     else:
@@ -188,8 +184,7 @@ def _worker(spec_bytes: bytes, policy: str, q: Any) -> tuple[str, dict[str, Any]
 def evaluate(spec: EvalSpec, *, jobs: int | None = None, show_progress: bool = True) -> dict[str, Any]:
     """Bounds and every policy's figures, as the JSON ``kvrouter eval`` writes."""
     for p in spec.policies:
-        if p not in POLICIES:
-            raise ValueError(f"unknown policy {p!r}; choose from {', '.join(POLICIES)}")
+        policy_name(p)
     w = load_workload(spec)
     names = [*spec.policies, "pooled-cache"]
     jobs = jobs or min(len(names), os.cpu_count() or 1)

@@ -23,10 +23,11 @@ from indexer.hashing import I64Array
 
 from ...replicas.state import ReplicaState, SyncReply
 from ...replicas.store import MemoryReplicaHub
-from ...routing import InstanceId, RequestId, RouteInput, Router, RouterConfig
+from ...routing import RouteInput, Router, RouterConfig
 from ...routing.load import InstanceLoad
 from ...routing.policies import Candidate
 from ...routing.router import Decision, Target
+from ...types import RequestId, TargetKey
 from ...workloads.blocks import BlockContentCache
 from ...workloads.spec import Workload
 from .virtual_fleet import FleetSimConfig, VirtualFleet
@@ -50,7 +51,7 @@ class _SummedLoad:
     def __init__(self, routers: list[Router]) -> None:
         self.routers = routers
 
-    def get(self, inst: InstanceId) -> InstanceLoad:
+    def get(self, inst: TargetKey) -> InstanceLoad:
         return InstanceLoad(in_flight=sum(r.load.get(inst).in_flight for r in self.routers))
 
 

@@ -28,9 +28,9 @@ import msgspec
 from indexer import Indexer, SourceKey
 from indexer.hashing import I64Array
 
-from ...routing import InstanceId, RequestId, RouteInput, Router, RouterConfig
-from ...routing.policies import READS_INDEX
+from ...routing import READS_INDEX, RouteInput, Router, RouterConfig
 from ...routing.router import Target
+from ...types import InstanceId, RequestId, TargetKey
 from ...workloads.blocks import BlockContentCache
 from ...workloads.spec import Request, Segment, TokenSpace, Workload
 from ...workloads.tokens import output_tokens, prompt_tokens, segments_tokens
@@ -208,7 +208,7 @@ class VirtualFleet:
 
     def _sample(self) -> None:
         self.load_times.append(self.clock.now)
-        self.load_samples.append([self.router.load.get(InstanceId(n)).in_flight for n in self.names])
+        self.load_samples.append([self.router.load.get(TargetKey(n)).in_flight for n in self.names])
         if self.finished < len(self.w.requests) and self.clock.pending():
             self.clock.at(self.clock.now + self.cfg.sample_interval_s, self._sample)
 

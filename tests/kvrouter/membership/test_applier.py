@@ -19,10 +19,11 @@ from indexer.config import FleetConfig, IndexerOptions, InstanceConfig
 from indexer.subscriber import EventSubscriber
 from kvrouter.gateway.upstream import UpstreamPool
 from kvrouter.membership import FleetMembership, Reconciler
-from kvrouter.routing import InstanceId, LoadTracker, RequestId
+from kvrouter.routing import LoadTracker
 from kvrouter.sim.engine.events import BlockStored
 from kvrouter.sim.engine.types import BlockHash
 from kvrouter.sim.server.publisher import EventPublisher, PublisherConfig
+from kvrouter.types import InstanceId, RequestId
 from tests.support.net import free_port
 
 BS = 16

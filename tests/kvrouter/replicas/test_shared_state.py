@@ -17,8 +17,9 @@ from prometheus_client import CollectorRegistry
 from indexer import Indexer, SourceKey
 from kvrouter.replicas import SharedState, SharedStateConfig
 from kvrouter.replicas.config import REDIS_URL_ENV
-from kvrouter.routing import InstanceId, RequestId, RouteInput, Router, RouterConfig
+from kvrouter.routing import RouteInput, Router, RouterConfig
 from kvrouter.routing.router import Decision, Target
+from kvrouter.types import InstanceId, RequestId
 from tests.support.redis_server import RedisServer, redis_server
 
 __all__ = ["redis_server"]

@@ -10,9 +10,10 @@ from hypothesis import strategies as st
 
 from indexer import Indexer
 from indexer.encode import PayloadEncoder
-from kvrouter.routing import InstanceId, RequestId, RouteInput, Router, RouterConfig, hashring
+from kvrouter.routing import RouteInput, Router, RouterConfig, hashring
 from kvrouter.routing.hashring import HashRing, stable_hash64
 from kvrouter.routing.router import Target
+from kvrouter.types import InstanceId, RequestId
 
 BS = 16
 ENC = PayloadEncoder()

@@ -5,8 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from kvrouter.routing import RouterConfig
-from kvrouter.routing.policies import POLICIES, READS_INDEX
+from kvrouter.routing import ALL_POLICIES, READS_INDEX, RouterConfig
 from kvrouter.sim.evaluation.compare import EvalSpec, load_workload
 from kvrouter.sim.evaluation.virtual_fleet import FleetSimConfig, VirtualFleet
 
@@ -17,7 +16,7 @@ SPEC = EvalSpec(
 )
 
 
-@pytest.mark.parametrize("policy", sorted(set(POLICIES) - READS_INDEX))
+@pytest.mark.parametrize("policy", sorted(set(ALL_POLICIES) - READS_INDEX))
 def test_baselines_route_the_same_without_lookups(policy: str) -> None:
     w = load_workload(SPEC)
     rc = RouterConfig(policy=policy, shadow=False, concurrency_threshold=8)
