@@ -16,7 +16,7 @@ from .errors import (
     SourceOverCapacity,
     UnknownParent,
 )
-from .hashing import HASH_VERSION, base_hash, block_hashes, chain, content_hashes
+from .hashing import HASH_VERSION, base_hash, chain, content_hashes, request_chains
 from .index import BlockIndex, SourceMatch
 from .types import ChainHash, EngineHash, InstanceId, Medium, SourceKey, Trust
 
@@ -43,7 +43,7 @@ __all__ = [
     "Trust",
     "UnknownParent",
     "base_hash",
-    "block_hashes",
     "chain",
     "content_hashes",
+    "request_chains",
 ]

@@ -27,8 +27,8 @@ from .hashing import (
     chain,
     chain_one,
     chained_hashes,
-    content_hashes,
     content_hashes_raw,
+    request_chains,
     stable_key_hash,
     warmup,
 )
@@ -376,8 +376,8 @@ class Indexer:
     def chain_hashes(
         self, token_ids: TokenIds, *, lora_name: str | None = None, cache_salt: str | None = None
     ) -> I64Array:
-        """Our chain hashes of every full block of a prompt."""
-        return chain(content_hashes(token_ids, self.block_size), base_hash(lora_name, cache_salt))
+        """``hashing.request_chains`` at this index's block size."""
+        return request_chains(token_ids, self.block_size, lora_name=lora_name, cache_salt=cache_salt)
 
     def lookup(
         self,

@@ -321,7 +321,7 @@ def chain(content: I64Array, prev: int) -> I64Array:
 
 def warmup() -> None:
     """Compile (or load from numba's cache) the hashing kernels now rather than on the first event."""
-    block_hashes(list(range(32)), 16)
+    request_chains(list(range(32)), 16)
     chained_hashes(list(range(32)), 16, 0, 2, 0)
     chained_hashes(np.arange(32, dtype=np.uint32), 16, 0, 2, 0)
 
@@ -330,6 +330,9 @@ def chain_one(content: int, prev: int) -> ChainHash:
     return ChainHash(to_i64(_P * (prev & _MASK) + (content & _MASK)))
 
 
-def block_hashes(tokens: Sequence[int], block_size: int, *, base: int = 0) -> I64Array:
-    """Chain hashes of every full block of a prompt."""
-    return chain(content_hashes(tokens, block_size), base)
+def request_chains(
+    tokens: TokenIds, block_size: int, *, lora_name: str | None = None, cache_salt: str | None = None
+) -> I64Array:
+    """Our chain hashes of every full block of a request's prompt, in its (LoRA, salt) namespace: the one
+    function a request's hashes come from (the gateway, the cache-hit API, benchmarks, tests)."""
+    return chain(content_hashes(tokens, block_size), base_hash(lora_name, cache_salt))

@@ -114,8 +114,8 @@ async def run_live(cfg: AgreementConfig, workload: Workload) -> tuple[Workload, 
     from indexer.types import SourceKey
 
     from .config import RouterFleetConfig
-    from .gateway.app import Gateway, build_gateway
-    from .gateway.prompts import FleetTokens
+    from .gateway import Gateway, build_gateway
+    from .pipeline import FleetTokens
     from .sim.server.fleet import SimFleet, SimFleetConfig
 
     fleet_cfg = SimFleetConfig(

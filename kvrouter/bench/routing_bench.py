@@ -21,11 +21,13 @@ import msgspec
 
 from indexer import Indexer, SourceKey
 from indexer.encode import PayloadEncoder
-from indexer.hashing import TokenIds, base_hash, chain, content_hashes
+from indexer.hashing import TokenIds, request_chains
 from tokenizer_cache import CachedTokenizer, Encoded, default_tokenizer_path
 
+from ..api.requests import prefix_text
 from ..percentiles import summary_us
-from ..routing import RouteInput, Router
+from ..routing import RouteInput, Router, route_input
+from ..routing.policies import PrefixHashSettings
 from ..routing.router import Target
 from ..sim.server.tokenizer import SIM_CHAT_TEMPLATE
 from ..types import InstanceId, RequestId
@@ -68,8 +70,19 @@ def main(a: argparse.Namespace) -> dict[str, Any]:
     stages: dict[str, list[float]] = {
         k: [] for k in ("render_tokenize", "hash", "lookup_score", "total", "shadow_after_dispatch")
     }
-    # the prefix-hash key the gateway builds: the first 1024 characters of the prompt's text
-    key = ("\x00" + system[:1024]).encode()
+
+    def route_input_of(i: str, ids: TokenIds, msgs: list[dict[str, str]]) -> RouteInput:
+        """As the gateway builds it (``route_input``): chains in the request's namespace, the prefix key."""
+        return route_input(
+            RequestId(i),
+            chains=request_chains(ids, 16),
+            num_tokens=len(ids),
+            prefix_text=prefix_text(msgs),
+            affinity=None,
+            model=None,
+            prefix_length=PrefixHashSettings().prefix_length,
+        )
+
     chosen = set()
     for i in range(a.iters):
         msgs = [
@@ -79,11 +92,9 @@ def main(a: argparse.Namespace) -> dict[str, Any]:
         t0 = time.perf_counter()
         ids = _as_gateway_hashes_them(tok.encode_chat_ex(msgs))
         t1 = time.perf_counter()
-        chains = chain(content_hashes(ids, 16), base_hash(None, None))
+        inp = route_input_of(str(i), ids, msgs)
         t2 = time.perf_counter()
-        d = router.route(
-            RouteInput(RequestId(str(i)), len(ids), chains, key), targets, now=float(i), shadow=False
-        )
+        d = router.route(inp, targets, now=float(i), shadow=False)
         t3 = time.perf_counter()
         assert d.chosen is not None
         chosen.add(d.chosen.instance)
@@ -107,10 +118,7 @@ def main(a: argparse.Namespace) -> dict[str, Any]:
             ]
             t0 = time.perf_counter()
             ids = _as_gateway_hashes_them(await tok.aencode_chat_ex(msgs))
-            chains = chain(content_hashes(ids, 16), 0)
-            d = router.route(
-                RouteInput(RequestId(f"a{i}"), len(ids), chains, key), targets, now=float(i), shadow=False
-            )
+            d = router.route(route_input_of(f"a{i}", ids, msgs), targets, now=float(i), shadow=False)
             out.append(time.perf_counter() - t0)
             router.shadow(d)
         return out

@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
         log.error("%s", e)
         return 2
     from ..config import load_router_fleet
-    from ..gateway.prompts import FleetTokens
+    from ..pipeline import FleetTokens
 
     rcfg = load_router_fleet(args.fleet)
     tokens = FleetTokens.from_config(rcfg)

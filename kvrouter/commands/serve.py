@@ -11,8 +11,8 @@ from aiohttp import web
 from indexer.errors import ConfigError
 
 from ..config import load_router_fleet
-from ..gateway.app import Gateway, build_gateway
-from ..gateway.prompts import FleetTokens
+from ..gateway import Gateway, build_gateway
+from ..pipeline import FleetTokens
 from ..routing import ALL_POLICIES
 from .heap import freeze_on_startup
 

@@ -1,76 +1,21 @@
-"""The gateway's Prometheus metrics, in a registry of its own (no process-global state)."""
+"""The proxy's own Prometheus metrics (HTTP, upstreams, streams), beside the request path's
+(``pipeline.metrics``) on one registry of its own (no process-global state)."""
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.metrics import MetricWrapperBase
+from ..pipeline.metrics import CachedCounter, CachedHistogram, PipelineMetrics
 
-# prometheus_client's labels() validates, stringifies and takes a lock on every call (~0.9 us); the
-# request path calls it about a dozen times.  These keep each child by its label values.  Children are
-# never removed from these metrics, so a kept child is never stale.
-
-
-_M = TypeVar("_M", bound="_KeepsChildren")
-
-
-class _KeepsChildren(MetricWrapperBase):
-    def labels(self: _M, *labelvalues: Any, **labelkwargs: Any) -> _M:
-        if labelkwargs:
-            return super().labels(*labelvalues, **labelkwargs)
-        cache: dict[tuple[Any, ...], _M] = self.__dict__.setdefault("_kv_children", {})
-        child = cache.get(labelvalues)
-        if child is None:
-            child = cache[labelvalues] = super().labels(*labelvalues)
-        return child
-
-
-class CachedCounter(_KeepsChildren, Counter):
-    pass
-
-
-class CachedHistogram(_KeepsChildren, Histogram):
-    pass
-
-
-_LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
 class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = registry or CollectorRegistry(auto_describe=False)
+        self.pipeline = PipelineMetrics(r)
         self.requests = CachedCounter(
             "kvrouter_requests", "Requests by route and status", ["route", "status"], registry=r
-        )
-        self.decisions = CachedCounter(
-            "kvrouter_decisions", "Routing decisions by policy and reason", ["policy", "reason"], registry=r
-        )
-        self.decision_seconds = Histogram(
-            "kvrouter_routing_decision_seconds",
-            "Render + tokenize + hash + look up + score, per request",
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.prompt_tokens = Counter("kvrouter_prompt_tokens", "Prompt tokens routed", registry=r)
-        self.predicted_cached = CachedCounter(
-            "kvrouter_predicted_cached_tokens",
-            "Cached prompt tokens the router predicted",
-            ["target"],
-            registry=r,
-        )
-        self.reported_cached = CachedCounter(
-            "kvrouter_reported_cached_tokens",
-            "Cached prompt tokens vLLM reported (usage.prompt_tokens_details.cached_tokens)",
-            ["target"],
-            registry=r,
-        )
-        self.cached_error = Histogram(
-            "kvrouter_cached_tokens_error",
-            "Predicted minus reported cached tokens, per request with a usage report",
-            buckets=(-8192, -2048, -512, -128, -16, -1, 0, 1, 16, 128, 512, 2048, 8192),
-            registry=r,
         )
         self.in_flight = Gauge(
             "kvrouter_instance_in_flight", "Requests in flight per target", ["target"], registry=r
@@ -87,36 +32,17 @@ class GatewayMetrics:
             ["instance"],
             registry=r,
         )
-        self.spills = Counter(
-            "kvrouter_spills", "Requests spilled past the concurrency threshold", registry=r
-        )
-        self.rejections = CachedCounter(
-            "kvrouter_rejections", "Requests rejected, by reason", ["reason"], registry=r
-        )
         self.internal_errors = Counter(
             "kvrouter_internal_errors",
             "Requests answered 500 by a bug in the gateway, by exception type",
             ["error"],
             registry=r,
         )
-        self.queue_depth = Gauge("kvrouter_queue_depth", "Requests waiting for capacity", registry=r)
         self.upstream_ttft = CachedHistogram(
             "kvrouter_upstream_ttft_seconds",
             "Time from dispatch to the first streamed token (or to the response, unstreamed)",
             ["target"],
             buckets=_TTFT_BUCKETS,
-            registry=r,
-        )
-        self.shadow_cached = CachedCounter(
-            "kvrouter_shadow_cached_tokens",
-            "Cached tokens each policy's choice would have had (shadow scoring, incl. the active policy)",
-            ["policy"],
-            registry=r,
-        )
-        self.shadow_agree = CachedCounter(
-            "kvrouter_shadow_agreement",
-            "Requests where a shadow policy chose the same target",
-            ["policy"],
             registry=r,
         )
         self.client_disconnects = Counter("kvrouter_client_disconnects", "Clients that went away", registry=r)

@@ -6,7 +6,8 @@
                                                   ├─▶ Reconciler.set_desired(source, instances)
     Kubernetes ──EndpointSliceDiscovery ──────────┘       │ per name: add | update | drain → remove
                  (list-and-watch of a Service's slices)   ▼
-                                             FleetMembership (the ``Membership`` seam)
+                                             a ``Membership`` (the seam): the gateway's
+                                             ``gateway.fleet_membership`` applies it to its
                                              EventSubscriber · UpstreamPool · Indexer · LoadTracker
 
 | module            | role                                                         | I/O        |
@@ -14,15 +15,14 @@
 | model             | diff, merge of sources, the ``Membership`` protocol           | none       |
 | endpointslices    | EndpointSlice wire types, list-watch cache, slice → instances | none       |
 | reconcile         | per-name workers driving applied → desired, drains            | asyncio    |
-| applier           | ``FleetMembership`` over the gateway's objects                | via them   |
 | fleetfile         | fleet-file reload                                             | file       |
 | kube, discovery   | list-and-watch client and loop                                | aiohttp    |
-| metrics           | Prometheus collector over the runtime's counters              | none       |
-| runtime           | all of the above inside one gateway: start / stop / state     | —          |
-| fake_apiserver    | a faithful fake API server for tests                          | aiohttp    |
+
+This package never imports the gateway: ``gateway.membership_runtime`` runs it inside one gateway
+(start / stop / state), ``gateway.fleet_membership`` applies its steps, ``gateway.membership_metrics``
+exposes its counters.  Tests drive discovery against ``tests/support/fake_apiserver.py``.
 """
 
-from .applier import FleetMembership
 from .config import DiscoveryConfig, KubeConnection, MembershipConfig, kube_connection
 from .discovery import EndpointSliceDiscovery
 from .errors import (
@@ -36,7 +36,6 @@ from .errors import (
 from .fleetfile import FleetFileWatcher
 from .model import Membership, MembershipDiff, diff, routing_only
 from .reconcile import Reconciler
-from .runtime import MembershipRuntime
 
 __all__ = [
     "ApiStatusError",
@@ -45,14 +44,12 @@ __all__ = [
     "DiscoveryError",
     "EndpointSliceDiscovery",
     "FleetFileWatcher",
-    "FleetMembership",
     "FleetReloadError",
     "KubeConnection",
     "Membership",
     "MembershipConfig",
     "MembershipDiff",
     "MembershipError",
-    "MembershipRuntime",
     "Reconciler",
     "ResourceExpired",
     "diff",

@@ -4,14 +4,14 @@ and its ``instances`` become the desired set of the ``fleet`` source.
 ::
 
     every interval_s: read ── sha256 same ──▶ nothing
-                              sha256 new ──▶ load_router_fleet ── ok ──▶ Reconciler.set_desired("fleet", ..)
-                                                      │                  other sections changed: restart
-                                                      └── error ──▶ counted once, old membership kept
+                              sha256 new ──▶ load(path) ── ok ──▶ Reconciler.set_desired("fleet", ..)
+                                                │                  other sections changed: restart
+                                                └── error ──▶ counted once, old membership kept
 
 Why hash every time and not trust mtime: mtime has coarse granularity on some filesystems (two writes in
 one tick look the same), and Kubernetes updates a mounted ConfigMap by swapping a symlink, which the hash
 sees like any other change.  A fleet file is a few kilobytes, so reading it every second costs nothing.
-The file is read again by ``load_router_fleet``: if it changed in between, the next poll sees a hash
+The file is read again by ``load``: if it changed in between, the next poll sees a hash
 different from the one recorded and parses it again, so the last version always wins.
 """
 
@@ -24,44 +24,38 @@ import logging
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Generic, TypeVar
 
+from indexer.config import FleetConfig
 from indexer.errors import ConfigError
 
 from .errors import FleetReloadError
 from .model import sections_changed
 from .reconcile import Reconciler
 
-if TYPE_CHECKING:
-    from ..config import RouterFleetConfig
-
 log = logging.getLogger("kvrouter.membership.fleetfile")
 
 
-def load_router_fleet(path: Path) -> RouterFleetConfig:
-    # NOTE: imported here, not at the top: kvrouter.config imports membership.config (its sections).
-    from ..config import load_router_fleet as load
-
-    return load(path)
+C = TypeVar("C", bound=FleetConfig)
 
 
-class FleetFileWatcher:
+class FleetFileWatcher(Generic[C]):
     """``start()`` / ``stop()``, or ``poll()`` by hand.  ``config`` is the last valid file."""
 
     def __init__(
         self,
         path: str | Path,
         reconciler: Reconciler,
-        running: RouterFleetConfig,
+        running: C,
         *,
+        load: Callable[[Path], C],
         interval_s: float = 1.0,
         source: str = "fleet",
-        load: Callable[[Path], RouterFleetConfig] = load_router_fleet,
-        on_config: Callable[[RouterFleetConfig, list[str]], None] | None = None,
+        on_config: Callable[[C, list[str]], None] | None = None,
     ) -> None:
         """``running`` is the config the process started with; sections other than ``instances`` that
         differ from it are reported in ``pending_restart`` (and passed to ``on_config``, which may apply
-        the ones it knows to be safe)."""
+        the ones it knows to be safe).  ``load`` parses a file (the gateway's fleet-file loader)."""
         self.path = Path(path)
         self.reconciler = reconciler
         self.running = running

@@ -26,7 +26,7 @@ import numpy as np
 from indexer import Indexer, SourceKey, Trust
 
 from ..percentiles import quantile
-from ..sim import CacheConfig, Engine, EngineConfig, SchedulerConfig
+from ..sim.engine import CacheConfig, Engine, EngineConfig, SchedulerConfig
 from ..sim.engine.payload import PayloadWriter
 from .figures import Figure, ScenarioResult, at_most, exactly, fig
 from .payloads import HostilePayloads

@@ -64,7 +64,7 @@ async def hang(res: Resources, cfg: HangConfig) -> ScenarioResult:
 
             async def sample() -> None:
                 while True:
-                    waiting.append(gw.gate.waiting)
+                    waiting.append(gw.pipeline.gate.waiting)
                     victim_in_flight.append(gw.router.load.get(vkey).in_flight)
                     await asyncio.sleep(0.01)
 

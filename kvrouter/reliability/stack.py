@@ -27,8 +27,8 @@ from indexer.config import parse_fleet
 from tokenizer_cache import CachedTokenizer, default_tokenizer_path
 
 from ..config import RouterFleetConfig
-from ..gateway.app import Gateway, build_gateway
-from ..gateway.prompts import FleetTokens
+from ..gateway import Gateway, build_gateway
+from ..pipeline import FleetTokens
 from ..sim.server.faults import FaultConfig
 from ..sim.server.fleet import SimFleet, SimFleetConfig, free_port_block
 from ..sim.server.tokenizer import load_sim_tokenizer

@@ -6,7 +6,7 @@ Nothing here does I/O or reads a clock: callers pass ``now`` and observations in
 from .load import InstanceLoad, LoadTracker
 from .policies import Policy, PolicyName
 from .registry import ALL_POLICIES, READS_INDEX, make_policy, policy_name
-from .router import Candidate, Decision, RouteInput, Router, RouterConfig
+from .router import Candidate, Decision, RouteInput, Router, RouterConfig, Target, route_input
 
 __all__ = [
     "ALL_POLICIES",
@@ -20,6 +20,8 @@ __all__ = [
     "RouteInput",
     "Router",
     "RouterConfig",
+    "Target",
     "make_policy",
     "policy_name",
+    "route_input",
 ]

@@ -70,6 +70,25 @@ class RouteInput(msgspec.Struct):
     model: str | None = None
 
 
+def route_input(
+    request_id: RequestId,
+    *,
+    chains: I64Array | None,
+    num_tokens: int | None,
+    prefix_text: str,
+    affinity: str | None,
+    model: str | None,
+    prefix_length: int,
+) -> RouteInput:
+    """The one way a request becomes the router's input, for the gateway, the endpoint picker, the
+    evaluator and the benchmarks alike: a different prefix key in one of them would make prefix-hash a
+    different policy there.  ``prefix_text`` is the request's text as ``api.requests.prefix_text`` reads
+    it; ``num_tokens`` None (no tokenizer) estimates four characters a token."""
+    key = ((affinity or "") + "\x00" + prefix_text[:prefix_length]).encode()
+    n = num_tokens if num_tokens is not None else max(1, len(prefix_text) // 4)
+    return RouteInput(request_id, n, chains, key, model)
+
+
 class ShadowChoice(msgspec.Struct):
     target: str
     cached_tokens: int

@@ -1,50 +1,13 @@
-"""A simulated vLLM instance, faithful to vLLM wherever a router can tell.
+"""A simulated vLLM, faithful to vLLM wherever a router can tell, in three parts by job:
 
-Pure engine model (no asyncio, no zmq, no clock; shared by the live simulator and the trace-driven
-evaluator): ``blockpool`` (paged KV pool with prefix caching and events), ``offload`` (CPU tier),
-``kvcache`` (per-request block tables), ``scheduler`` (continuous batching), ``timing`` (step durations and
-named hardware profiles), ``engine`` (the facade).  I/O shell: ``publisher`` (ZeroMQ PUB + replay ROUTER,
-any vLLM release's wire format, fault knobs).
+::
+
+    engine/       the engine model, pure and clock-free: block pool with prefix caching and KV events
+                  (blockpool, kvcache, offload), continuous batching (scheduler), step durations (timing),
+                  the facade (engine), vLLM's wire payloads (payload)
+    server/       the live simulated vLLM: an aiohttp OpenAI server per instance, its ranks stepping the
+                  engine in real time, the ZeroMQ publisher, faults, a whole fleet in one process
+    evaluation/   the virtual-time evaluator: a fleet of engines routed by the real Router (``kvrouter
+                  eval``), router replicas in virtual time
+    errors.py     the simulator's error tree, shared by the three
 """
-
-from .engine.engine import CacheConfig, Engine, EngineConfig, EngineMetrics, StepResult
-from .engine.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
-from .engine.scheduler import RequestOutput, SchedulerConfig
-from .engine.timing import PROFILES, TimingModel, TimingProfile, get_profile
-from .engine.types import BlockHash, BlockId
-from .errors import (
-    DuplicateRequest,
-    PublisherError,
-    RequestRejected,
-    RequestTooLong,
-    SimConfigError,
-    SimError,
-    UnknownProfile,
-)
-
-__all__ = [
-    "PROFILES",
-    "AllBlocksCleared",
-    "BlockHash",
-    "BlockId",
-    "BlockRemoved",
-    "BlockStored",
-    "CacheConfig",
-    "DuplicateRequest",
-    "Engine",
-    "EngineConfig",
-    "EngineMetrics",
-    "KVEvent",
-    "PublisherError",
-    "RequestOutput",
-    "RequestRejected",
-    "RequestTooLong",
-    "SchedulerConfig",
-    "SimConfigError",
-    "SimError",
-    "StepResult",
-    "TimingModel",
-    "TimingProfile",
-    "UnknownProfile",
-    "get_profile",
-]

@@ -11,7 +11,7 @@ from typing import Any
 
 import aiohttp
 
-from kvrouter.sim import CacheConfig, EngineConfig, SchedulerConfig
+from kvrouter.sim.engine import CacheConfig, EngineConfig, SchedulerConfig
 from kvrouter.sim.server.answers import AnswerVocab
 from kvrouter.sim.server.faults import FaultConfig
 from kvrouter.sim.server.fleet import free_port_block

@@ -28,8 +28,9 @@ import msgspec
 from indexer import Indexer, SourceKey
 from indexer.hashing import I64Array
 
+from ...api.requests import prefix_text as api_prefix_text
 from ...routing import READS_INDEX, RouteInput, Router, RouterConfig
-from ...routing.router import Target
+from ...routing.router import Target, route_input
 from ...types import InstanceId, RequestId, TargetKey
 from ...workloads.blocks import BlockContentCache
 from ...workloads.spec import Request, Segment, TokenSpace, Workload
@@ -234,8 +235,15 @@ class VirtualFleet:
         now = self.clock.now
         chains: I64Array | None = self.hashes.chain_hashes(r) if self.lookups else None
         n = r.num_prompt_tokens
-        text = prefix_text(r, self.w.token_space, self.prefix_length)
-        inp = RouteInput(RequestId(r.id), n, chains, ((r.affinity_id or "") + "\0" + text).encode())
+        inp = route_input(
+            RequestId(r.id),
+            chains=chains,
+            num_tokens=n,
+            prefix_text=prefix_text(r, self.w.token_space, self.prefix_length),
+            affinity=r.affinity_id,
+            model=None,
+            prefix_length=self.prefix_length,
+        )
         self.inputs[r.id] = inp
         self.records[r.id] = RequestRecord(r.id, now, n)
         self._try_route(r.id, queue_if_full=True)
@@ -358,14 +366,12 @@ class VirtualFleet:
 
 
 def prefix_text(r: Request, space: TokenSpace, n_chars: int) -> str:
-    """The first ``n_chars`` of the text prefix-hash routing reads, exactly as the gateway builds it from
-    the HTTP body ``http_call`` sends (``ParsedRequest.prefix_text``): chat message contents joined by
-    newlines, the completion text, or the token ids joined by spaces.  NOTE: a different key here than in
-    the gateway would make prefix-hash in ``kvrouter eval`` a different policy from the one deployed."""
+    """The first ``n_chars`` of the text prefix-hash routing reads (``api.requests.prefix_text``) of the
+    HTTP body ``http_call`` sends for this request, built without materialising more than it needs."""
     if r.messages is not None:
-        return "\n".join(m.content for m in r.messages)[:n_chars]
+        return api_prefix_text([{"content": m.content} for m in r.messages])[:n_chars]
     if r.text is not None:
-        return r.text[:n_chars]
+        return api_prefix_text(prompt=r.text)[:n_chars]
     k = n_chars // 2 + 1  # every id takes at least two characters (a digit and a space)
     if r.token_ids is not None:
         ids = r.token_ids[:k]
@@ -377,7 +383,7 @@ def prefix_text(r: Request, space: TokenSpace, n_chars: int) -> str:
             segs.append(Segment(s.key, min(s.length, left)))
             left -= s.length
         ids = segments_tokens(space, segs).tolist()
-    return " ".join(map(str, ids))[:n_chars]
+    return api_prefix_text(prompt=ids)[:n_chars]
 
 
 def _supports_output(eng: Engine) -> bool:

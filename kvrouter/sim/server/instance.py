@@ -28,12 +28,13 @@ import zmq.asyncio
 from indexer.encode import RELEASES
 from tokenizer_cache import CachedTokenizer
 
+from ...api.errors import BadRequest, NotFound, ServiceUnavailable
+from ...api.requests import too_long
 from ..engine.engine import Engine, EngineConfig
 from ..engine.scheduler import RequestOutput
 from ..errors import RequestRejected, SimConfigError, SimError
 from .answers import AnswerVocab
 from .faults import FaultConfig, FaultState, FaultStatus, FaultUpdate
-from .openai_api import BadRequest, EngineUnavailable, ModelNotFound, too_long
 from .prom import RequestStats
 from .publisher import EventPublisher, PublisherConfig, topic_for
 from .rank import Crashed, EngineRank, Item
@@ -289,12 +290,12 @@ class SimInstance:
         return min((self.ranks[(turn + i) % n] for i in range(n)), key=EngineRank.load)
 
     def lora_for(self, model: str | None) -> str | None:
-        """The LoRA adapter a request's ``model`` names (None: the base model).  Raises ``ModelNotFound``."""
+        """The LoRA adapter a request's ``model`` names (None: the base model).  Raises ``NotFound``."""
         if model is None or model == self.config.model:
             return None
         if model in self.config.lora_names:
             return model
-        raise ModelNotFound(f"The model `{model}` does not exist.", param="model")
+        raise NotFound(f"The model `{model}` does not exist.", param="model")
 
     def submit(
         self,
@@ -309,9 +310,9 @@ class SimInstance:
         ignore_eos: bool = False,
     ) -> InFlight:
         """Admit a request into a rank.  Raises ``BadRequest`` (vLLM would refuse it) or
-        ``EngineUnavailable`` (crashed)."""
+        ``ServiceUnavailable`` (crashed)."""
         if self.faults.crashed:
-            raise EngineUnavailable("the engine is down")
+            raise ServiceUnavailable("the engine is down")
         rank = self.pick_rank(rank_header)
         if not prompt:
             raise BadRequest("The decoder prompt cannot be empty", param="prompt")

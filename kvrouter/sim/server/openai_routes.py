@@ -17,20 +17,10 @@ import time
 
 from aiohttp import web
 
+from ...api.bodies import SSE_DONE, chat_body, chat_chunk, completion_body, completion_chunk, usage_chunk
+from ...api.requests import ChatArgs, CompletionArgs, parse_chat, parse_completion
+from ...api.usage import usage
 from .instance import EngineCrashed, InFlight, SimInstance
-from .openai_api import (
-    SSE_DONE,
-    ChatArgs,
-    CompletionArgs,
-    chat_body,
-    chat_chunk,
-    completion_body,
-    completion_chunk,
-    parse_chat,
-    parse_completion,
-    usage,
-    usage_chunk,
-)
 from .routes import INSTANCE, check_alive, drop_connection, json_response, read_json
 
 

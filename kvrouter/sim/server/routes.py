@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import msgspec
 from aiohttp import web
@@ -23,10 +23,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from tokenizer_cache import TokenizerCacheError
 
+from ...api.errors import ApiError, BadRequest, ServiceUnavailable
+from ...api.requests import decode_object, parse_chat
 from ..errors import SimConfigError
 from .faults import FaultUpdate
 from .instance import SimInstance
-from .openai_api import ApiError, BadRequest, EngineUnavailable, parse_chat
 
 log = logging.getLogger("kvrouter.sim.server.routes")
 
@@ -41,7 +42,6 @@ class CrashHook(Protocol):
 CRASH = web.AppKey("crash", CrashHook)
 """Schedules a crash of the instance (set by ``SimServer``: the server owns the port)."""
 
-_decode = msgspec.json.Decoder()
 _encode = msgspec.json.Encoder().encode
 
 
@@ -50,19 +50,13 @@ def json_response(body: bytes, status: int = 200) -> web.Response:
     return web.Response(body=body, status=status, content_type="application/json")
 
 
-async def read_json(request: web.Request) -> object:
-    raw = await request.read()
-    if not raw:
-        raise BadRequest("the request body is empty")
-    try:
-        return _decode.decode(raw)
-    except msgspec.DecodeError as e:
-        raise BadRequest(f"the request body is not valid JSON: {e}") from None
+async def read_json(request: web.Request) -> dict[str, Any]:
+    return decode_object(await request.read())
 
 
 def check_alive(inst: SimInstance) -> None:
     if inst.faults.dead:
-        raise EngineUnavailable("The engine is dead (simulated fault).")
+        raise ServiceUnavailable("The engine is dead (simulated fault).")
 
 
 def drop_connection(request: web.Request, resp: web.StreamResponse | None = None) -> web.StreamResponse:

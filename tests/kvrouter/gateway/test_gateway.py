@@ -15,9 +15,9 @@ import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
 from indexer.config import parse_fleet
+from kvrouter.api import parse_body
 from kvrouter.config import RouterFleetConfig
-from kvrouter.gateway.prompts import FleetTokens
-from kvrouter.gateway.requests import parse_body
+from kvrouter.pipeline import FleetTokens
 from kvrouter.sim.server.fleet import SimFleet
 from tests.support.gateway import MODEL, gateway, sim_fleet
 from tests.support.wait import until

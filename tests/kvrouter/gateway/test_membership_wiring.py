@@ -17,9 +17,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from indexer.config import InstanceConfig
 from kvrouter.config import load_router_fleet
-from kvrouter.gateway.app import Gateway, build_gateway
-from kvrouter.membership import DiscoveryConfig, KubeConnection, MembershipConfig, MembershipRuntime
-from kvrouter.membership.metrics import MembershipCollector
+from kvrouter.gateway import Gateway, build_gateway
+from kvrouter.gateway.membership_metrics import MembershipCollector
+from kvrouter.gateway.membership_runtime import MembershipRuntime
+from kvrouter.membership import DiscoveryConfig, KubeConnection, MembershipConfig
 from tests.support.fake_apiserver import FakeApiServer, make_slice
 from tests.support.net import free_port
 

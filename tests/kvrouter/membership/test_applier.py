@@ -17,8 +17,9 @@ from aiohttp import web
 from indexer import Indexer, SourceKey
 from indexer.config import FleetConfig, IndexerOptions, InstanceConfig
 from indexer.subscriber import EventSubscriber
+from kvrouter.gateway.fleet_membership import FleetMembership
 from kvrouter.gateway.upstream import UpstreamPool
-from kvrouter.membership import FleetMembership, Reconciler
+from kvrouter.membership import Reconciler
 from kvrouter.routing import LoadTracker
 from kvrouter.sim.engine.events import BlockStored
 from kvrouter.sim.engine.types import BlockHash

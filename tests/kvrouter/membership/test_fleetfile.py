@@ -34,7 +34,7 @@ def setup(
     cfg = load_router_fleet(path)
     m = FakeMembership()
     r = Reconciler(m, initial=cfg.instances, poll_s=0.005)
-    return path, m, r, FleetFileWatcher(path, r, cfg, interval_s=0.02)
+    return path, m, r, FleetFileWatcher(path, r, cfg, load=load_router_fleet, interval_s=0.02)
 
 
 async def test_an_unchanged_file_applies_nothing(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from indexer.encode import PayloadEncoder
 from indexer.subscriber import EventSubscriber
 from indexer.wire import MAX_DP_RANK
 from kvrouter.reliability.event_fuzz import EventFuzzConfig, event_fuzz_result, run_event_fuzz
-from kvrouter.sim import BlockStored
+from kvrouter.sim.engine import BlockStored
 from kvrouter.sim.engine.types import BlockHash
 from kvrouter.sim.server.publisher import EventPublisher, PublisherConfig
 from tests.support.net import free_port

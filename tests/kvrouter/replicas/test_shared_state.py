@@ -238,7 +238,7 @@ async def test_the_gateway_wires_shared_state_and_snapshots(ns_flush: RedisServe
 
     from indexer.config import InstanceConfig, parse_fleet
     from kvrouter.config import RouterFleetConfig
-    from kvrouter.gateway.app import Gateway
+    from kvrouter.gateway import Gateway
 
     snap = tmp_path / "index.snapshot"
     cfg = parse_fleet(

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from indexer.hashing import TokenEncodingError, base_hash, block_hashes, content_hashes
+from indexer.hashing import TokenEncodingError, content_hashes, request_chains
 from kvrouter.workloads import (
     BlockContentCache,
     NotMaterialized,
@@ -117,7 +117,7 @@ def test_block_cache_matches_direct_hashing(prompts: list[list[Segment]], block_
         assert np.array_equal(lazy.content_hashes(r), want)
         assert np.array_equal(warmed.content_hashes(r), want)
         salted = msgspec.structs.replace(r, cache_salt="s")
-        want_chain = block_hashes(prompt_ids(r, SPACE), block_size, base=base_hash(None, "s"))
+        want_chain = request_chains(prompt_ids(r, SPACE), block_size, cache_salt="s")
         assert np.array_equal(lazy.chain_hashes(salted), want_chain)
 
 

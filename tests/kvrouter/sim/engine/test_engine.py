@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvrouter.sim import (
+from kvrouter.sim.engine import (
     CacheConfig,
     DuplicateRequest,
     Engine,

@@ -11,7 +11,7 @@ from indexer.encode import version_tuple
 from indexer.wire import BatchDecoder
 from indexer.wire import BlockRemoved as WireRemoved
 from indexer.wire import BlockStored as WireStored
-from kvrouter.sim import CacheConfig, Engine, EngineConfig, SchedulerConfig
+from kvrouter.sim.engine import CacheConfig, Engine, EngineConfig, SchedulerConfig
 from kvrouter.sim.engine.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from kvrouter.sim.engine.payload import PayloadWriter
 from kvrouter.sim.engine.types import BlockHash

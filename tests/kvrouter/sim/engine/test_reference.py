@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from indexer import Indexer
 from indexer.encode import version_tuple
-from kvrouter.sim import CacheConfig, Engine, EngineConfig, SchedulerConfig
+from kvrouter.sim.engine import CacheConfig, Engine, EngineConfig, SchedulerConfig
 from kvrouter.sim.engine.events import BlockRemoved, BlockStored
 from kvrouter.sim.engine.payload import PayloadWriter
 

@@ -10,8 +10,8 @@ import msgspec
 import pytest
 
 from kvrouter import agreement
+from kvrouter.api import parse_body
 from kvrouter.commands import agreement as command
-from kvrouter.gateway.requests import parse_body
 from kvrouter.sim.evaluation.virtual_fleet import prefix_text
 from kvrouter.workloads import http_call, make_workload, materialize
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from indexer import Indexer, SourceKey, Trust
 from indexer.config import FleetConfig, IndexerOptions, InstanceConfig
 from indexer.subscriber import EventSubscriber
-from kvrouter.sim import CacheConfig, Engine, EngineConfig, SchedulerConfig
+from kvrouter.sim.engine import CacheConfig, Engine, EngineConfig, SchedulerConfig
 from kvrouter.sim.server.publisher import EventPublisher, PublisherConfig
 from tests.support.net import free_port
 

@@ -12,9 +12,9 @@ import zmq.asyncio
 
 from indexer import DecodeError
 from indexer.wire import BatchDecoder
-from kvrouter.sim import PublisherError, SimConfigError
 from kvrouter.sim.engine.events import BlockRemoved, KVEvent
 from kvrouter.sim.engine.types import BlockHash
+from kvrouter.sim.errors import PublisherError, SimConfigError
 from kvrouter.sim.server.publisher import END_SEQ, EventPublisher, PublisherConfig, topic_for
 from tests.support.net import free_port
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 
@@ -25,15 +25,13 @@ from indexer import Indexer
 from indexer.config import InstanceConfig
 from indexer.subscriber import EventSubscriber
 
-from ..gateway.upstream import UpstreamPool
-from .applier import FleetMembership
-from .config import DiscoveryConfig, KubeConnection, MembershipConfig, kube_connection
-from .discovery import EndpointSliceDiscovery
-from .fleetfile import FleetFileWatcher
-from .reconcile import Reconciler
-
-if TYPE_CHECKING:  # kvrouter.config imports membership.config: no import of it at load time
-    from ..config import RouterFleetConfig
+from ..config import RouterFleetConfig, load_router_fleet
+from ..membership.config import DiscoveryConfig, KubeConnection, MembershipConfig, kube_connection
+from ..membership.discovery import EndpointSliceDiscovery
+from ..membership.fleetfile import FleetFileWatcher
+from ..membership.reconcile import Reconciler
+from .fleet_membership import FleetMembership
+from .upstream import UpstreamPool
 
 FLEET_SOURCE = "fleet"
 K8S_SOURCE = "kubernetes"
@@ -65,12 +63,13 @@ class MembershipRuntime:
             initial_source=FLEET_SOURCE,
             drain_timeout_s=options.drain_timeout_s,
         )
-        self.watcher: FleetFileWatcher | None = None
+        self.watcher: FleetFileWatcher[RouterFleetConfig] | None = None
         if options.reload and fleet_path is not None:
             self.watcher = FleetFileWatcher(
                 fleet_path,
                 self.reconciler,
                 running,
+                load=load_router_fleet,
                 interval_s=options.reload_interval_s,
                 source=FLEET_SOURCE,
             )

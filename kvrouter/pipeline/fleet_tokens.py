@@ -26,8 +26,9 @@ from tokenizer_cache import (
     UnsupportedContentError,
 )
 
+from ..api.errors import ApiError, BadRequest
+from ..api.requests import Kind, ParsedRequest, parse_body
 from ..config import RouterFleetConfig
-from .requests import BadRequest, Kind, ParsedRequest, parse_body
 
 log = logging.getLogger("kvrouter.gateway")
 
@@ -116,8 +117,8 @@ class FleetTokens:
         try:
             parsed = parse_body(msgspec.json.encode(body), kind)
             got = await self.tokens(parsed)
-        except BadRequest as e:
-            raise PromptError(e.reason, e.status) from None
+        except ApiError as e:
+            raise PromptError(e.message, e.status) from None
         if got is None:
             raise PromptError(
                 f"cannot tokenize for model {req.model!r} (no tokenizer or chat template): send token_ids"

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .runtime import MembershipRuntime
+from .membership_runtime import MembershipRuntime
 
 _P = "kvrouter_membership"
 _STEPS = ("added", "updated", "removed", "undrained")

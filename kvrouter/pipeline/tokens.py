@@ -1,4 +1,4 @@
-"""From a parsed request to the token ids vLLM will compute and our block hashes of them.
+"""From a parsed request to the token ids vLLM will compute: the seam the request path tokenizes through.
 
 Token-id prompts pass through.  Text prompts and chat messages go through the model's tokenizer (the
 tokenizer cache: chat template rendered exactly as vLLM does, long repeated prefixes not re-tokenized), run
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from indexer.hashing import I64Array, TokenIds, base_hash, chain, content_hashes
+from indexer.hashing import TokenIds
 
-from .requests import ParsedRequest
+from ..api.requests import ParsedRequest
 
 
 class TokenSource(Protocol):
@@ -32,10 +32,3 @@ class PassThroughTokens:
 
     async def tokens(self, req: ParsedRequest) -> TokenIds | None:
         return req.prompt if isinstance(req.prompt, list) else None
-
-
-def block_chains(
-    tokens: TokenIds, block_size: int, *, cache_salt: str | None, lora_name: str | None
-) -> I64Array:
-    """Our chain hashes of the prompt's full blocks, in the request's (salt, LoRA) namespace."""
-    return chain(content_hashes(tokens, block_size), base_hash(lora_name, cache_salt))

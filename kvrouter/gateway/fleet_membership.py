@@ -24,7 +24,7 @@ from indexer import Indexer
 from indexer.config import InstanceConfig
 from indexer.subscriber import EventSubscriber
 
-from ..gateway.upstream import UpstreamPool
+from .upstream import UpstreamPool
 
 log = logging.getLogger("kvrouter.membership")
 

@@ -1,0 +1,304 @@
+"""OpenAI request bodies: one reader, two strictnesses.
+
+- ``parse_body`` (the gateway): reads what routing needs and checks only that; every other field passes
+  through untouched (vLLM has many extensions the router does not read).  The body is kept as a JSON
+  object and forwarded, re-encoded only when the gateway changes it (an injected tenant salt).
+- ``parse_completion`` / ``parse_chat`` (the simulated vLLM): vLLM's own checks where a router or a client
+  can tell (types of the fields the simulator reads, ``max_tokens >= 1``, a non-empty string
+  ``cache_salt``, ``stream_options`` only with ``stream``, no request-supplied chat template), and a clear
+  400 for features whose output the simulator cannot produce (``n > 1``, ``echo``, ``logprobs``, several
+  prompts at once) rather than a silently wrong answer.
+
+Both raise ``BadRequest`` with a reason the client can act on.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from .errors import BadRequest
+
+Kind = Literal["completions", "chat"]
+_decode = msgspec.json.Decoder()
+
+
+def decode_object(raw: bytes) -> dict[str, Any]:
+    """A request body as a JSON object (400 when empty, not JSON, or not an object)."""
+    if not raw:
+        raise BadRequest("the request body is empty")
+    try:
+        body = _decode.decode(raw)
+    except msgspec.DecodeError as e:
+        raise BadRequest(f"the request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    return body
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _token_ids(v: object) -> bool:
+    """A non-empty list of token ids (each fits vLLM's uint32 vocabulary index)."""
+    return isinstance(v, list) and bool(v) and all(_is_int(t) and 0 <= t < 2**32 for t in v)
+
+
+def _opt(body: dict[str, Any], key: str, kind: str) -> Any:
+    """``body[key]`` if present and of ``kind``; None if absent or null; a 400 naming the field otherwise."""
+    v = body.get(key)
+    if v is None:
+        return None
+    ok = {
+        "bool": isinstance(v, bool),
+        "int": _is_int(v),
+        "number": _is_number(v),
+        "str": isinstance(v, str),
+        "dict": isinstance(v, dict),
+        "list": isinstance(v, list),
+    }[kind]
+    if not ok:
+        article = "an" if kind[0] in "aeiou" else "a"
+        raise BadRequest(f"'{key}' must be {article} {kind}", param=key)
+    return v
+
+
+def _salt(body: dict[str, Any]) -> str | None:
+    salt = body.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise BadRequest("Parameter 'cache_salt' must be a non-empty string if provided.", param="cache_salt")
+    return salt
+
+
+def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
+        raise BadRequest("'messages' must be a non-empty list of objects", param="messages")
+    for m in msgs:
+        if not isinstance(m.get("role"), str):
+            raise BadRequest("every message needs a string 'role'", param="messages")
+    return msgs
+
+
+def prefix_text(messages: list[dict[str, Any]] | None = None, prompt: str | list[int] | None = None) -> str:
+    """The text prefix-hash routing reads: chat message contents (strings, or their parts' text) joined by
+    newlines, the completion text, or its token ids joined by spaces."""
+    if messages is not None:
+        parts = []
+        for m in messages:
+            c = m.get("content")
+            if isinstance(c, str):
+                parts.append(c)
+            elif isinstance(c, list):
+                parts.extend(p.get("text", "") for p in c if isinstance(p, dict))
+        return "\n".join(parts)
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list):
+        return " ".join(map(str, prompt))
+    return ""
+
+
+# ---------------------------------------------------------------------------------------------- lenient
+class ParsedRequest(msgspec.Struct):
+    """What the gateway reads of a completions or chat request; ``body`` is forwarded."""
+
+    kind: Kind
+    body: dict[str, Any]
+    raw: bytes
+    model: str | None = None
+    stream: bool = False
+    include_usage: bool = False
+    prompt: str | list[int] | None = None
+    """Completions: the (first) prompt as text or token ids."""
+    messages: list[dict[str, Any]] | None = None
+    cache_salt: str | None = None
+    affinity: str | None = None
+    """SageMaker X-Amzn-SageMaker-Prefix-Aware-Id or OpenAI prompt_cache_key."""
+    lora_name: str | None = None
+    modified: bool = False
+
+    def prefix_text(self) -> str:
+        return prefix_text(self.messages, self.prompt)
+
+    def set_salt(self, salt: str) -> None:
+        """Enforce ``salt`` as the request's ``cache_salt`` (the forwarded body carries it)."""
+        self.body["cache_salt"] = self.cache_salt = salt
+        self.modified = True
+
+    def encoded_body(self) -> bytes:
+        return msgspec.json.encode(self.body) if self.modified else self.raw
+
+
+def parse_body(raw: bytes, kind: Kind | None, affinity_header: str | None = None) -> ParsedRequest:
+    """Parse and check a completions or chat body (``kind`` None: decide from the body, as /invocations)."""
+    body = decode_object(raw)
+    if kind is None:
+        kind = "chat" if "messages" in body else "completions"
+    model = _opt(body, "model", "str")
+    stream = bool(_opt(body, "stream", "bool"))
+    opts = body.get("stream_options")
+    include_usage = isinstance(opts, dict) and opts.get("include_usage") is True
+    affinity = body.get("prompt_cache_key") or affinity_header
+    if affinity is not None and not isinstance(affinity, str):
+        raise BadRequest("'prompt_cache_key' must be a string", param="prompt_cache_key")
+    req = ParsedRequest(
+        kind, body, raw, model, stream, include_usage, cache_salt=_salt(body), affinity=affinity
+    )
+    if kind == "chat":
+        req.messages = _messages(body)
+    else:
+        p = body.get("prompt")
+        if isinstance(p, str) or _token_ids(p):
+            req.prompt = p
+        elif isinstance(p, list) and p and (isinstance(p[0], str) or _token_ids(p[0])):
+            req.prompt = p[0]  # a batch of prompts: route on the first
+        else:
+            raise BadRequest(
+                "'prompt' must be a string, a list of token ids, or a list of those", param="prompt"
+            )
+    for field in ("max_tokens", "n"):
+        v = body.get(field)
+        if v is not None and (not _is_int(v) or v < 0):
+            raise BadRequest(f"'{field}' must be a non-negative integer", param=field)
+    return req
+
+
+# ---------------------------------------------------------------------------------------------- strict
+class SamplingArgs(msgspec.Struct, kw_only=True):
+    """What both generation routes of the simulated vLLM read besides the prompt."""
+
+    model: str | None = None
+    max_tokens: int | None = None
+    """None: up to the context (vLLM's default)."""
+    stream: bool = False
+    include_usage: bool = False
+    continuous_usage: bool = False
+    cache_salt: str | None = None
+    ignore_eos: bool = False
+    seed: int | None = None
+
+
+class CompletionArgs(SamplingArgs, kw_only=True):
+    prompt: str | list[int]
+
+
+class ChatArgs(SamplingArgs, kw_only=True):
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+
+
+def _sampling(body: dict[str, Any], max_tokens_keys: tuple[str, ...]) -> dict[str, Any]:
+    out: dict[str, Any] = {"model": _opt(body, "model", "str")}
+    for key in max_tokens_keys:  # chat: max_completion_tokens wins over the deprecated max_tokens
+        v = _opt(body, key, "int")
+        if v is not None:
+            if v < 1:
+                raise BadRequest(f"max_tokens must be at least 1, got {v}.", param=key)
+            out["max_tokens"] = v
+            break
+    stream = bool(_opt(body, "stream", "bool"))
+    out["stream"] = stream
+    opts = _opt(body, "stream_options", "dict")
+    if opts is not None:
+        if not stream:
+            raise BadRequest("Stream options can only be defined when `stream=True`.", param="stream_options")
+        inc, cont = opts.get("include_usage", True), opts.get("continuous_usage_stats", False)
+        if not isinstance(inc, (bool, type(None))) or not isinstance(cont, (bool, type(None))):
+            raise BadRequest("stream_options fields must be booleans", param="stream_options")
+        out["include_usage"] = bool(inc)
+        out["continuous_usage"] = bool(cont)
+    out["cache_salt"] = _salt(body)
+    out["ignore_eos"] = bool(_opt(body, "ignore_eos", "bool"))
+    out["seed"] = _opt(body, "seed", "int")
+    n = _opt(body, "n", "int")
+    if n is not None and n != 1:
+        raise BadRequest("the simulated vLLM instance supports only n=1", param="n")
+    t = _opt(body, "temperature", "number")
+    if t is not None and t < 0:
+        raise BadRequest(f"temperature must be non-negative, got {t}.", param="temperature")
+    p = _opt(body, "top_p", "number")
+    if p is not None and not 0 < p <= 1:
+        raise BadRequest(f"top_p must be in (0, 1], got {p}.", param="top_p")
+    return out
+
+
+def parse_completion(body: object) -> CompletionArgs:
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    if "prompt" not in body or body["prompt"] is None:
+        raise BadRequest("'prompt' is required", param="prompt")
+    p = body["prompt"]
+    if isinstance(p, list) and p and isinstance(p[0], (str, list)):
+        if len(p) != 1:
+            raise BadRequest("the simulated vLLM instance takes one prompt per request", param="prompt")
+        p = p[0]
+    if not (isinstance(p, str) or _token_ids(p)):
+        raise BadRequest("'prompt' must be a string or a list of token ids", param="prompt")
+    if body.get("echo"):
+        raise BadRequest("the simulated vLLM instance does not support echo", param="echo")
+    if body.get("logprobs") is not None:
+        raise BadRequest("the simulated vLLM instance does not support logprobs", param="logprobs")
+    return CompletionArgs(prompt=p, **_sampling(body, ("max_tokens",)))
+
+
+def parse_chat(body: object, *, sampling: bool = True) -> ChatArgs:
+    """A chat body; ``sampling=False`` reads only what renders the prompt (``/tokenize``)."""
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    msgs = _messages(body)
+    kwargs = _opt(body, "chat_template_kwargs", "dict")
+    if body.get("chat_template") is not None or "chat_template" in (kwargs or {}):
+        raise BadRequest(
+            "Chat template is passed with request, but --trust-request-chat-template is not set. "
+            "Refused request with untrusted chat template.",
+            param="chat_template",
+        )
+    tools = _opt(body, "tools", "list")
+    if tools is not None and not all(isinstance(t, dict) for t in tools):
+        raise BadRequest("'tools' must be a list of objects", param="tools")
+    agp = _opt(body, "add_generation_prompt", "bool")
+    cfm = _opt(body, "continue_final_message", "bool")
+    common: dict[str, Any] = {}
+    if sampling:
+        if body.get("logprobs") or body.get("top_logprobs") is not None:
+            raise BadRequest("the simulated vLLM instance does not support logprobs", param="logprobs")
+        common = _sampling(body, ("max_completion_tokens", "max_tokens"))
+    return ChatArgs(
+        messages=msgs,
+        tools=tools,
+        chat_template_kwargs=kwargs,
+        add_generation_prompt=True if agp is None else agp,
+        continue_final_message=bool(cfm),
+        **common,
+    )
+
+
+def too_long(max_model_len: int, n_prompt: int, max_tokens: int | None) -> BadRequest | None:
+    """vLLM's context-length refusal (0.25+ wording), or None when the request fits."""
+    if max_tokens is None:
+        if n_prompt < max_model_len:
+            return None
+        return BadRequest(
+            f"This model's maximum context length is {max_model_len} tokens. However, your request has "
+            f"{n_prompt} input tokens. Please reduce the length of the input messages.",
+            param="input_tokens",
+        )
+    if n_prompt + max_tokens <= max_model_len:
+        return None
+    return BadRequest(
+        f"This model's maximum context length is {max_model_len} tokens. However, you requested {max_tokens} "
+        f"output tokens and your prompt contains {n_prompt} input tokens, for a total of "
+        f"{n_prompt + max_tokens} tokens. Please reduce the length of the input prompt or the number of "
+        "requested output tokens.",
+        param="input_tokens",
+    )

@@ -1,0 +1,30 @@
+"""The gateway's error tree: what goes wrong between the gateway and an upstream or its client.
+
+::
+
+    GatewayError
+    ├── UpstreamFailed   an attempt failed before its first byte (``reason`` a metric label; ``connection``:
+    │                    the instance could not be reached, so it leaves rotation at once)
+    └── ClientGone       the client closed its connection; the upstream request is aborted
+
+What a client is answered with is an ``api.errors.ApiError``; these never reach a client as such.
+"""
+
+from __future__ import annotations
+
+
+class GatewayError(Exception):
+    reason = "gateway"
+
+
+class UpstreamFailed(GatewayError):
+    def __init__(self, reason: str, *, connection: bool) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.connection = connection
+
+
+class ClientGone(GatewayError):
+    """The client closed its connection; the upstream request is aborted."""
+
+    reason = "client_gone"

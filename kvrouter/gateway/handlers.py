@@ -1,0 +1,195 @@
+"""The gateway's HTTP routes: thin shells around the request pipeline and the gateway's state.
+
+POST /v1/completions  /v1/chat/completions     routed and proxied (streaming passed through)
+POST /invocations  GET /ping                   Amazon SageMaker's contract (OpenAI-shaped bodies)
+GET  /v1/models                                aggregated over the fleet
+GET  /health  /livez  /metrics                 fleet state; event-loop liveness; Prometheus text
+POST /v1/route/explain                         every candidate's cache, tier, load, trust, score
+POST /v1/cache/lookup  GET /v1/fleet           the embedded indexer's API
+
+Every error is answered by ``errors_mw`` with the one error body (``api.errors``): a client's mistake is a
+4xx with a reason, a bug a counted, logged 500 that carries no request contents.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from indexer import service as ixs
+
+from ..api.errors import ApiError, InternalError, Overloaded, ServiceUnavailable, Unauthorized, error_body
+from ..api.requests import Kind, ParsedRequest
+from ..pipeline import explain as explain_body
+from ..pipeline.pipeline import same_secret
+from .app import Gateway
+
+log = logging.getLogger("kvrouter.gateway")
+
+GATEWAY: web.AppKey[Gateway] = web.AppKey("gateway", Gateway)
+ADMIN_PATHS = ("/v1/route/explain", "/v1/cache/lookup", "/v1/fleet")
+
+
+def error_response(e: ApiError, retry_after_s: float | None = None) -> web.Response:
+    headers = {"Retry-After": str(retry_after_s)} if retry_after_s is not None else None
+    return web.Response(body=e.body(), status=e.status, content_type="application/json", headers=headers)
+
+
+@web.middleware
+async def errors_mw(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    gw = request.app[GATEWAY]
+    route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unknown"
+    token = gw.cfg.gateway.admin_token
+    if (
+        token
+        and request.path in ADMIN_PATHS
+        and not same_secret(request.headers.get("Authorization", ""), f"Bearer {token}")
+    ):
+        gw.metrics.requests.labels(route, "401").inc()
+        return error_response(Unauthorized("admin token required"))
+    try:
+        resp = await handler(request)
+    except (Overloaded, ServiceUnavailable) as e:
+        # The client should come back, not wait here.
+        resp = error_response(e, gw.cfg.limits.retry_after_s)
+    except ApiError as e:
+        resp = error_response(e)
+    except web.HTTPException as e:
+        if e.status >= 400 and not e.text:
+            e.text = error_body(e.status, e.reason).decode()
+            e.content_type = "application/json"
+        gw.metrics.requests.labels(route, str(e.status)).inc()
+        raise
+    except ConnectionResetError:
+        raise  # the client went away: nothing to answer (cancellation is a BaseException, never caught here)
+    except Exception as e:
+        # A bug, not the client's fault: answered as a well-formed JSON 500 (never aiohttp's bare page),
+        # logged with its traceback but without the request's contents, and counted.
+        log.exception("internal error", extra={"route": route, "error": type(e).__name__})
+        gw.metrics.internal_errors.labels(type(e).__name__).inc()
+        resp = error_response(InternalError(f"internal error ({type(e).__name__})"))
+    gw.metrics.requests.labels(route, str(resp.status)).inc()
+    return resp
+
+
+async def route_and_forward(
+    request: web.Request, kind: Kind | None, path_of: Callable[[ParsedRequest], str]
+) -> web.StreamResponse:
+    gw = request.app[GATEWAY]
+    pl = gw.pipeline
+    with pl.held():
+        p = await pl.prepare(await request.read(), kind, request.headers)
+        d = await pl.admit(p)
+        assert d.chosen is not None and gw.proxy is not None
+        extra = {
+            "x-kvrouter-policy": d.policy,
+            "x-kvrouter-reason": d.reason,
+            "x-kvrouter-decision-ms": f"{(time.perf_counter() - p.started) * 1e3:.3f}",
+        }
+        log.debug(
+            "routed", extra={"request": p.inp.request_id, "target": d.chosen.target, "reason": d.reason}
+        )
+        return await gw.proxy.forward(request, p, d.chosen, path_of(p.req), extra)
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await route_and_forward(request, "completions", lambda r: "/v1/completions")
+
+
+async def chat(request: web.Request) -> web.StreamResponse:
+    return await route_and_forward(request, "chat", lambda r: "/v1/chat/completions")
+
+
+async def invocations(request: web.Request) -> web.StreamResponse:
+    paths = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+    return await route_and_forward(request, None, lambda r: paths[r.kind])
+
+
+async def livez(request: web.Request) -> web.Response:
+    """Liveness: the event loop answers (unlike /health, not tied to the fleet's state)."""
+    return web.Response(text="ok")
+
+
+async def ping(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    up = any(u.healthy and not u.draining for u in gw.pool.upstreams.values())
+    return web.Response(status=200 if up else 503)
+
+
+async def health(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    ups = {
+        u.name: {"healthy": u.healthy, "failures": u.failures, "models": u.cfg.models or u.served_models}
+        for u in gw.pool.upstreams.values()
+    }
+    healthy = sum(1 for u in gw.pool.upstreams.values() if u.healthy)
+    body = {
+        "status": "ok" if healthy else "no_healthy_instance",
+        "instances": ups,
+        "index": ixs.source_state(gw.indexer, gw.subscriber),
+        "block_size_mismatch": {k.label(): v for k, v in gw.indexer.block_size_mismatch.items()},
+        "membership": gw.membership.state(),
+    }
+    return web.json_response(body, status=200 if healthy else 503)
+
+
+async def models(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    data = [{"id": m, "object": "model", "owned_by": "kvrouter"} for m in gw.pool.models()]
+    return web.json_response({"object": "list", "data": data})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    for key, load in gw.router.load.loads.items():
+        gw.metrics.in_flight.labels(key).set(load.effective_in_flight())
+    gw.metrics.loop_tasks.set(len(asyncio.all_tasks()))
+    return web.Response(
+        body=generate_latest(gw.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
+    )
+
+
+async def explain(request: web.Request) -> web.Response:
+    gw = request.app[GATEWAY]
+    p = await gw.pipeline.prepare(await request.read(), None, request.headers, operator=True)
+    d = gw.pipeline.decide(p, dry_run=True)
+    return web.json_response(explain_body(p, d, time.perf_counter() - p.started))
+
+
+def build_gateway(gw: Gateway) -> web.Application:
+    app = web.Application(client_max_size=gw.cfg.limits.max_body_bytes, middlewares=[errors_mw])
+    app[GATEWAY] = gw
+    # the indexer's own handlers, on this gateway's indexer
+    app[ixs.INDEXER] = gw.indexer
+    app[ixs.SUBSCRIBER] = gw.subscriber
+    encoder = gw.tokens if isinstance(gw.tokens, ixs.PromptEncoder) else None
+    app[ixs.ENCODER] = encoder
+    app[ixs.REGISTRY] = gw.metrics.registry
+
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        await gw.start()
+        yield
+        with contextlib.suppress(asyncio.CancelledError):
+            await gw.stop()
+
+    app.cleanup_ctx.append(lifecycle)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_post("/invocations", invocations)
+    app.router.add_get("/ping", ping)
+    app.router.add_get("/livez", livez)
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_post("/v1/route/explain", explain)
+    app.router.add_post("/v1/cache/lookup", ixs.lookup)
+    app.router.add_get("/v1/fleet", ixs.fleet)
+    return app

@@ -1,0 +1,90 @@
+"""The request path's Prometheus metrics: decisions, predictions against what vLLM reported, shadow
+scoring, admission.  Every front door (the proxy, the endpoint picker) records into these, on the
+registry of the process that serves it (no process-global state)."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
+
+# prometheus_client's labels() validates, stringifies and takes a lock on every call; the request path
+# calls it about a dozen times.  These keep each child by its label values.  Children are never removed
+# from these metrics, so a kept child is never stale.
+
+_M = TypeVar("_M", bound="_KeepsChildren")
+
+
+class _KeepsChildren(MetricWrapperBase):
+    def labels(self: _M, *labelvalues: Any, **labelkwargs: Any) -> _M:
+        if labelkwargs:
+            return super().labels(*labelvalues, **labelkwargs)
+        cache: dict[tuple[Any, ...], _M] = self.__dict__.setdefault("_kv_children", {})
+        child = cache.get(labelvalues)
+        if child is None:
+            child = cache[labelvalues] = super().labels(*labelvalues)
+        return child
+
+
+class CachedCounter(_KeepsChildren, Counter):
+    pass
+
+
+class CachedHistogram(_KeepsChildren, Histogram):
+    pass
+
+
+_LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+
+
+class PipelineMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = self.registry = registry
+        self.decisions = CachedCounter(
+            "kvrouter_decisions", "Routing decisions by policy and reason", ["policy", "reason"], registry=r
+        )
+        self.decision_seconds = Histogram(
+            "kvrouter_routing_decision_seconds",
+            "Render + tokenize + hash + look up + score, per request",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.prompt_tokens = Counter("kvrouter_prompt_tokens", "Prompt tokens routed", registry=r)
+        self.predicted_cached = CachedCounter(
+            "kvrouter_predicted_cached_tokens",
+            "Cached prompt tokens the router predicted",
+            ["target"],
+            registry=r,
+        )
+        self.reported_cached = CachedCounter(
+            "kvrouter_reported_cached_tokens",
+            "Cached prompt tokens vLLM reported (usage.prompt_tokens_details.cached_tokens)",
+            ["target"],
+            registry=r,
+        )
+        self.cached_error = Histogram(
+            "kvrouter_cached_tokens_error",
+            "Predicted minus reported cached tokens, per request with a usage report",
+            buckets=(-8192, -2048, -512, -128, -16, -1, 0, 1, 16, 128, 512, 2048, 8192),
+            registry=r,
+        )
+        self.spills = Counter(
+            "kvrouter_spills", "Requests spilled past the concurrency threshold", registry=r
+        )
+        self.rejections = CachedCounter(
+            "kvrouter_rejections", "Requests rejected, by reason", ["reason"], registry=r
+        )
+        self.queue_depth = Gauge("kvrouter_queue_depth", "Requests waiting for capacity", registry=r)
+        self.shadow_cached = CachedCounter(
+            "kvrouter_shadow_cached_tokens",
+            "Cached tokens each policy's choice would have had (shadow scoring, incl. the active policy)",
+            ["policy"],
+            registry=r,
+        )
+        self.shadow_agree = CachedCounter(
+            "kvrouter_shadow_agreement",
+            "Requests where a shadow policy chose the same target",
+            ["policy"],
+            registry=r,
+        )
