@@ -14,8 +14,8 @@ source still matching holds, and returns per-source depths and tier splits.
 Memory policy (bounded, with expiry):
 
 * a hard cap per (source, medium): ``max_blocks_per_source`` (a store beyond it raises
-  ``SourceOverCapacity``, as in process), so memory is at most sources x cap x ~160 B (measured:
-  164 B of Redis memory per indexed (source, block) pair, ``kvrouter.bench.redis_bench``);
+  ``SourceOverCapacity``, as in process), so memory is at most sources x cap x the bytes per pair that
+  ``kvrouter bench redis`` measures (docs/measurements.md, "Redis backend");
 * every key carries a TTL (``key_ttl_s``, default 24 h), refreshed whenever a write touches it and, for
   the blocks a lookup matched, by every ``refresh_every``-th lookup (a refresh doubles a lookup's cost,
   and a block matched that often is hot enough to be caught by one).  Keys of an indexer that died, or

@@ -1,4 +1,5 @@
-"""The ``kvrouter`` console script.  Each subcommand lives in its own module, imported only when used.
+"""The ``kvrouter`` console script.  Each subcommand lives in its own module, imported only when it runs:
+``kvrouter serve`` never loads the simulator, the evaluator or the reliability suite.
 
 A command module exposes ``add_arguments(parser)`` and ``run(args) -> int``.
 """
@@ -25,12 +26,30 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _command_of(argv: list[str]) -> str | None:
+    """The subcommand named on the command line (the first word that is not an option or its value)."""
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--log-level":
+            skip = True
+        elif not a.startswith("-"):
+            return a
+    return None
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser; only the module of the command ``argv`` names is imported (all of them when
+    ``argv`` is None, e.g. to check every command's arguments)."""
     ap = argparse.ArgumentParser(prog="kvrouter", description="KV-cache-aware routing for vLLM fleets")
     ap.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
+    wanted = None if argv is None else _command_of(argv)
     for name, (module, helptext) in COMMANDS.items():
         p = sub.add_parser(name, help=helptext, description=helptext)
+        if argv is not None and name != wanted:
+            continue
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as e:
@@ -44,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    ap = build_parser(argv)
     args = ap.parse_args(argv)
     from .logs import setup_logging
 

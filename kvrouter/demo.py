@@ -47,10 +47,8 @@ class DemoConfig(msgspec.Struct, frozen=True):
     """Shared system prompts (tenants, apps) ..."""
     per_group: int = 25
     """... each used by this many requests.  The first request of a group is a cold prefill under any
-    policy, so with ``groups / (groups * per_group)`` >= 10 % the TTFT p90 lands on those unavoidable cold
-    prefills and cannot tell policies apart (at 10 per group, three runs ranked kv-aware's p90 first once
-    and behind prefix-hash twice, by 0-59 ms).  At 25 per group (4 % cold) the p90 measures where the
-    warm requests went: kv-aware 28-29 ms against prefix-hash 54-55 ms in two runs."""
+    policy: when cold requests are 10 % or more of the total, the TTFT p90 lands on them and cannot tell
+    policies apart; at 4 % it measures where the warm requests went (docs/measurements.md, "demo")."""
     system_tokens: int = 2000
     question_tokens: int = 120
     output_tokens: int = 24

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import aiohttp
 import msgspec
 
+from .api.usage import read_usage
 from .workloads.live import http_call
 from .workloads.spec import Workload
 
@@ -39,12 +40,11 @@ def _usage(line: bytes, rec: LiveRecord) -> None:
         obj = msgspec.json.decode(line[6:])
     except msgspec.DecodeError:
         return
-    u = obj.get("usage") if isinstance(obj, dict) else None
-    if isinstance(u, dict):
-        rec.prompt_tokens = int(u.get("prompt_tokens") or 0)
-        rec.output_tokens = int(u.get("completion_tokens") or 0)
-        d = u.get("prompt_tokens_details") or {}
-        rec.cached_tokens = int(d.get("cached_tokens") or 0) if isinstance(d, dict) else 0
+    u = read_usage(obj)
+    if u is not None:
+        rec.prompt_tokens = u.prompt_tokens or 0
+        rec.output_tokens = u.completion_tokens or 0
+        rec.cached_tokens = u.cached_tokens or 0
 
 
 async def one(session: aiohttp.ClientSession, base: str, wl: Workload, idx: int, model: str) -> LiveRecord:

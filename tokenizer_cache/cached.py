@@ -16,7 +16,7 @@ Request path of ``encode_prompt(text)`` (the chat path renders first, then does 
 Tokenization always runs outside the index lock and releases the GIL (see ``_encode``).  The async
 methods do the cache's own work (digests, lookup, splicing: Python that holds the GIL wherever it runs)
 on the calling event loop, and so the encodes of up to ``inline_chars`` characters: a hop to a thread
-and back costs 200-400 us on a busy 2-core machine, about as much as tokenizing a 200-token question.
+and back costs about as much as tokenizing a short question (docs/measurements.md, "tokenizer cache").
 Longer encodes (a miss: a whole 8k-token prompt) go to a thread pool, where they run without the GIL
 alongside the loop's other work.
 """

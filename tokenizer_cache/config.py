@@ -26,8 +26,8 @@ class CacheConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Granularity of the datrie index: texts are cut into chunks of this many characters and each
     chunk-aligned prefix gets one trie key.  Texts shorter than one chunk are never cached (they take
     under half a millisecond to tokenize), and a reuse needs one whole chunk in common; the shared prefix
-    itself is then found to the character.  Larger chunks mean fewer digests and shorter trie keys: with
-    an 8k-token prefix, 1,024 instead of 512 took 17-28 us off the cached p50 (~540 us) in one process."""
+    itself is then found to the character.  Larger chunks mean fewer digests and shorter trie keys
+    (docs/measurements.md, "tokenizer cache")."""
 
     margin_chars: int = 16
     """Minimum distance, in characters, between the end of the text shared with a cached entry and the
@@ -53,8 +53,8 @@ class CacheConfig(msgspec.Struct, frozen=True, kw_only=True):
     inline_chars: int = 1024
     """The async methods run encodes of up to this many characters (what is left to tokenize after the
     cache: a question after a cached prefix) on the calling thread, longer ones on the executor.  A hop to
-    the executor and back cost 200-400 us in the routing benchmark, about what tokenizing ~1,000
-    characters costs.  Longer encodes go to the executor even so: there the Rust tokenizer runs without
+    the executor and back costs about what tokenizing this many characters does (docs/measurements.md,
+    "tokenizer cache").  Longer encodes go to the executor even so: there the Rust tokenizer runs without
     the GIL, alongside the event loop's other work, which matters more than the hop once the gateway is
     busy.  0: every encode on the executor."""
 

@@ -14,8 +14,9 @@ def freeze_startup_heap() -> None:
     """Move every object alive after start-up into the collector's permanent generation.
 
     A loaded Hugging Face tokenizer leaves ~130,000 tracked objects (vocabularies, merges, transformers'
-    module state) that live as long as the process.  Each full collection traversed them all: 64 ms
-    with the deepseek tokenizer, a stall of the event loop, and so of every request in flight, whenever
+    module state) that live as long as the process.  Each full collection traversed them all (tens of
+    milliseconds: docs/measurements.md, "start-up heap"), a stall of the event loop, and so of every
+    request in flight, whenever
     the request path's own allocations triggered one.  Frozen, a full collection takes microseconds.
     Called once, when nothing is in flight: objects frozen are never freed, so a later call could pin a
     request's garbage.

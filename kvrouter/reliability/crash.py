@@ -8,7 +8,7 @@ fails, new requests avoid it within 2 s, and it returns to rotation once healthy
     watcher:    the gateway's view of the victim (in rotation or not), every 5 ms
 
 A well-formed error event: every ``data:`` line parses as JSON (or is ``[DONE]``), one of them carries
-``error.type == "upstream_error"``, and the stream ends with ``data: [DONE]``.
+``error.type == "BadGatewayError"``, and the stream ends with ``data: [DONE]``.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def parse_sse(body: bytes, out: StreamOutcome) -> None:
             continue
         out.chunks += 1
         err = obj.get("error") if isinstance(obj, dict) else None
-        if isinstance(err, dict) and err.get("type") == "upstream_error":
+        if isinstance(err, dict) and err.get("type") == "BadGatewayError":
             out.error_event = True
     out.done = bool(events) and events[-1].strip() == b"data: [DONE]"
 

@@ -22,7 +22,7 @@ import aiohttp
 import msgspec
 
 from ..percentiles import quantile
-from .stack import MODEL
+from .stack import MODEL, cached_tokens
 
 
 class Shot(msgspec.Struct, gc=False):
@@ -66,8 +66,7 @@ async def one(session: aiohttp.ClientSession, url: str, body: dict[str, Any], sh
             dm = r.headers.get("x-kvrouter-decision-ms")
             shot.decision_ms = float(dm) if dm else None
             if r.status == 200 and b"cached_tokens" in data:
-                usage = msgspec.json.decode(data).get("usage") or {}
-                shot.cached_tokens = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+                shot.cached_tokens = cached_tokens(msgspec.json.decode(data))
     except (aiohttp.ClientError, TimeoutError, ValueError) as e:
         shot.error = type(e).__name__
     shot.latency_s = time.perf_counter() - t0

@@ -26,6 +26,7 @@ from aiohttp import web
 from indexer.config import parse_fleet
 from tokenizer_cache import CachedTokenizer, default_tokenizer_path
 
+from ..api.usage import read_usage
 from ..config import RouterFleetConfig
 from ..gateway import Gateway, build_gateway
 from ..pipeline import FleetTokens
@@ -243,11 +244,10 @@ async def completion(
         return r.status, dict(r.headers), data if isinstance(data, dict) else {}
 
 
-def cached_tokens(data: dict[str, Any]) -> int:
+def cached_tokens(answer: object) -> int:
     """``usage.prompt_tokens_details.cached_tokens`` of an answer (0 when absent)."""
-    usage = data.get("usage") or {}
-    details = usage.get("prompt_tokens_details") or {}
-    return int(details.get("cached_tokens") or 0)
+    u = read_usage(answer)
+    return (u.cached_tokens or 0) if u is not None else 0
 
 
 async def cancel_all(tasks: list[asyncio.Task[Any]]) -> None:

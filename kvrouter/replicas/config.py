@@ -22,10 +22,9 @@ class SharedStateConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
     replica_id: str | None = None
     """This replica's name in Redis; None: ``<hostname>-<pid>-<random>``, unique per process."""
     interval_s: float = 0.05
-    """How often a replica publishes its state and reads the others' (one Redis round trip, ~0.1 ms of
-    Redis CPU).  Peers learn of a request this much later on average: in the virtual fleet, 4 replicas
-    reach within 1.3 points of one router's hit rate at 50 ms and lose 1-2 points at 200 ms under
-    bursts of new prefixes (``kvrouter.bench.redis_bench``)."""
+    """How often a replica publishes its state and reads the others' (one Redis round trip).  Peers learn
+    of a request this much later on average, so a longer interval costs hit rate under bursts of new
+    prefixes (docs/measurements.md, "replica sync interval")."""
     lease_s: float = 2.0
     """A replica's published load lives this long unless refreshed: a crashed replica's load is gone
     after at most this.  Also how long a Redis outage may last before the others' load is dropped."""

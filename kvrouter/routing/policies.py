@@ -81,8 +81,7 @@ class KvAwareSettings(msgspec.Struct, frozen=True):
     """Extra weight of the prefill a choice adds to the fleet.  The first term of the cost is this request's
     wait (queued + own prefill); this one charges the capacity it takes from every later request, so a
     target that must recompute a prefix another target holds loses even when it is idle right now.
-    Tuned with ``kvrouter eval`` on the Mooncake conversation trace (3x rate, 8 instances): 1 -> hit rate
-    88 % of the pooled-cache bound, 3 -> 88 %, 8 -> 96 %, 20 -> 99 % with mean TTFT +4 %."""
+    Tuned with ``kvrouter eval`` (docs/measurements.md, "kv-aware weights")."""
     load_weight: float = 32.0
     """Prefill-token equivalent of one request in flight (each decodes in every later step)."""
     load_bound: float = 1.5
@@ -90,9 +89,8 @@ class KvAwareSettings(msgspec.Struct, frozen=True):
     every target is (consistent hashing's bounded-load idea, with slack).  Without it, one prefix shared by
     all traffic stays on the instance that computed it up to the spill threshold: the cost charges
     recomputing the prefix elsewhere in full, though each other instance pays it once.  With it, that
-    instance takes its share plus the slack and the prefix spreads.  Measured with ``kvrouter eval``: one
-    8k prefix on 7 instances at 16 req/s, e2e p50 4.45 s -> 3.23 s and TTFT p50 38 -> 26 ms (random: 24);
-    Mooncake conversation (4,000 requests, 3x): hit rate 27.0 -> 26.9 %, mean TTFT +0.8 %.  0: off."""
+    instance takes its share plus the slack and the prefix spreads (docs/measurements.md, "kv-aware
+    weights").  0: off."""
     load_slack: float = 8.0
     """Requests in flight a target may hold above ``load_bound`` x mean: a burst of one new prefix up to
     this size stays together on an idle fleet (its later requests hit what the first computes)."""

@@ -200,7 +200,7 @@ class Router:
         """Choose a target.  ``dry_run`` (explain) leaves every policy's state as it was.
 
         ``shadow=False`` defers shadow scoring: the decision keeps what it needs, and ``shadow(d)`` fills
-        ``d.shadow`` later.  The gateway does that once the request is on its way upstream, so the ~35 us
+        ``d.shadow`` later.  The gateway does that once the request is on its way upstream, so the time
         of asking four other policies is not part of any request's latency."""
         policy = self.policy_for(inp.model)
         cands = self.candidates(inp, targets, now, remote)

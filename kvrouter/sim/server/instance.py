@@ -40,9 +40,8 @@ from .publisher import EventPublisher, PublisherConfig, topic_for
 from .rank import Crashed, EngineRank, Item
 
 DEFAULT_PROFILE = "qwen3-32b-2xh100"
-"""Default timing profile of ``kvrouter sim``: Qwen3-32B on 2 x H100 (17 ms decode steps, ~13k prompt
-tokens/s) in real time.  Its steps are long enough that eight busy instances fit on two cores, and a
-cached prefix visibly cuts time to first token (a 4k-token prompt: 0.33 s cold, 18 ms when cached)."""
+"""Default timing profile of ``kvrouter sim``: Qwen3-32B on 2 x H100 in real time.  Its steps are long
+enough that eight busy instances fit on two cores, and a cached prefix visibly cuts time to first token."""
 
 
 class SimInstanceConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -1,0 +1,102 @@
+"""The shape of the code, checked: dependencies point one way and pure parts stay pure.
+
+- ``indexer`` and ``tokenizer_cache`` never import ``kvrouter``; ``tokenizer_cache`` never imports
+  ``indexer`` and the reverse.
+- Between kvrouter's subpackages (``sim`` counted as its three parts), the import graph has no cycle.
+- Pure cores import no I/O library: routing, the engine model, the request/response shapes.
+- No product module imports a test module or fake.
+- ``kvrouter serve`` loads neither the simulator nor the reliability suite.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PRODUCT = ("indexer", "tokenizer_cache", "kvrouter")
+IO_LIBS = {"asyncio", "aiohttp", "zmq", "redis", "socket", "subprocess"}
+
+
+def _imports() -> dict[str, set[str]]:
+    """Module -> every module it imports (absolute names, relative imports resolved)."""
+    out: dict[str, set[str]] = defaultdict(set)
+    for top in PRODUCT:
+        for path in (ROOT / top).rglob("*.py"):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            is_pkg = parts[-1] == "__init__"
+            if is_pkg:
+                parts = parts[:-1]
+            mod = ".".join(parts)
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom):
+                    if node.level:
+                        base = parts if is_pkg else parts[:-1]
+                        base = base[: len(base) - (node.level - 1)]
+                        target = ".".join([*base, *([node.module] if node.module else [])])
+                    else:
+                        target = node.module or ""
+                    out[mod].add(target)
+                elif isinstance(node, ast.Import):
+                    out[mod].update(a.name for a in node.names)
+    return out
+
+
+def _unit(mod: str) -> str:
+    p = mod.split(".")
+    if p[0] != "kvrouter" or len(p) == 1:
+        return p[0]
+    if p[1] == "sim" and len(p) > 2 and p[2] in ("engine", "server", "evaluation"):
+        return ".".join(p[:3])
+    return ".".join(p[:2])
+
+
+def test_core_packages_never_import_the_router() -> None:
+    for mod, targets in _imports().items():
+        top = mod.split(".")[0]
+        if top == "kvrouter":
+            continue
+        other = "indexer" if top == "tokenizer_cache" else "tokenizer_cache"
+        bad = {t for t in targets if t.split(".")[0] in ("kvrouter", other, "tests")}
+        assert not bad, (mod, bad)
+
+
+def test_no_cycle_between_kvrouter_subpackages() -> None:
+    graph: dict[str, set[str]] = defaultdict(set)
+    for mod, targets in _imports().items():
+        for t in targets:
+            if t.split(".")[0] == "kvrouter" and _unit(t) != _unit(mod) and mod.startswith("kvrouter"):
+                graph[_unit(mod)].add(_unit(t))
+    for start in list(graph):
+        seen, stack = set(), [start]
+        while stack:
+            for nxt in graph.get(stack.pop(), ()):
+                assert nxt != start, f"import cycle through {start} and {nxt}"
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append(nxt)
+
+
+def test_pure_parts_do_no_io() -> None:
+    pure = ("kvrouter.routing", "kvrouter.sim.engine", "kvrouter.api", "kvrouter.types")
+    for mod, targets in _imports().items():
+        if mod.startswith(pure):
+            bad = {t for t in targets if t.split(".")[0] in IO_LIBS}
+            assert not bad, (mod, bad)
+
+
+def test_no_product_module_imports_tests() -> None:
+    for mod, targets in _imports().items():
+        assert not any(t.split(".")[0] == "tests" for t in targets), mod
+
+
+def test_serve_loads_neither_simulator_nor_reliability_suite() -> None:
+    code = (
+        "import sys; from kvrouter.cli import build_parser; build_parser(['serve', '--fleet', 'f']);"
+        "print(sorted(m for m in sys.modules if m.startswith(('kvrouter.sim', 'kvrouter.reliability'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]", out.stdout
