@@ -16,11 +16,13 @@
       bind_accept: listed                   # bind mode: only the instances above may publish
 
 Decoded with msgspec (types checked, defaults in code), then ``validate()`` checks what types cannot.  The
-router's own settings extend this struct in ``kvrouter.config``; fields unknown here are ignored.
+router's own settings extend this struct in ``kvrouter.config``.  A key that no struct knows is refused
+with its path and the nearest valid name (``parse_fleet``).
 """
 
 from __future__ import annotations
 
+import difflib
 import re
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -149,7 +151,51 @@ def load_yaml(path: str | Path) -> Any:
 _F = TypeVar("_F", bound="FleetConfig")
 
 
-def parse_fleet(obj: Any, cls: type[_F]) -> _F:
+def _structs_in(t: msgspec.inspect.Type) -> list[msgspec.inspect.StructType]:
+    """The struct types a value of type ``t`` may be (Optional and unions looked through)."""
+    if isinstance(t, msgspec.inspect.StructType):
+        return [t]
+    if isinstance(t, msgspec.inspect.UnionType):
+        return [s for u in t.types for s in _structs_in(u)]
+    return []
+
+
+def unknown_keys(obj: Any, t: msgspec.inspect.Type, path: str = "") -> list[str]:
+    """Every key of ``obj`` (parsed YAML) that type ``t`` has no field for, anywhere in the tree, each as
+    ``path.to.key`` with the nearest valid name: a misspelt key is an error, never a silent default."""
+    out: list[str] = []
+    structs = _structs_in(t)
+    if isinstance(obj, dict) and len(structs) == 1:
+        st = structs[0]
+        fields = {f.encode_name: f for f in st.fields}
+        for k, v in obj.items():
+            where = f"{path}.{k}" if path else str(k)
+            f = fields.get(k)
+            if f is None:
+                near = difflib.get_close_matches(str(k), list(fields), n=1, cutoff=0.6)
+                out.append(where + (f" (did you mean {near[0]}?)" if near else ""))
+            else:
+                out += unknown_keys(v, f.type, where)
+    elif isinstance(obj, list) and isinstance(t, (msgspec.inspect.ListType, msgspec.inspect.SetType)):
+        for i, v in enumerate(obj):
+            out += unknown_keys(v, t.item_type, f"{path}[{i}]")
+    elif isinstance(obj, dict) and isinstance(t, msgspec.inspect.DictType):
+        for k, v in obj.items():
+            out += unknown_keys(v, t.value_type, f"{path}.{k}")
+    return out
+
+
+def parse_fleet(obj: Any, cls: type[_F], *, other_sections: bool = False) -> _F:
+    """Type-check and validate a parsed fleet file.  Unknown keys anywhere are refused with their paths;
+    ``other_sections``: top-level sections this struct does not know are left for another reader (the
+    standalone indexer reads the router's fleet file)."""
+    unknown = unknown_keys(obj, msgspec.inspect.type_info(cls))
+    if other_sections:
+        unknown = [u for u in unknown if "." in u.split(" ")[0] or "[" in u.split(" ")[0]]
+    if unknown:
+        raise ConfigError(
+            "fleet file: unknown key" + ("s " if len(unknown) > 1 else " ") + ", ".join(unknown)
+        )
     try:
         cfg = msgspec.convert(obj, cls)
     except msgspec.ValidationError as e:
@@ -159,5 +205,5 @@ def parse_fleet(obj: Any, cls: type[_F]) -> _F:
 
 
 def load_fleet(path: str | Path) -> FleetConfig:
-    """Read, type-check and validate a fleet file."""
-    return parse_fleet(load_yaml(path), FleetConfig)
+    """Read, type-check and validate a fleet file (the router's sections, unknown here, are left alone)."""
+    return parse_fleet(load_yaml(path), FleetConfig, other_sections=True)

@@ -75,8 +75,22 @@ def json_response(obj: Any, status: int = 200) -> web.Response:
     return web.Response(body=_json.encode(obj), status=status, content_type="application/json")
 
 
+_ERROR_TYPES = {
+    400: "BadRequestError",
+    401: "UnauthorizedError",
+    404: "NotFoundError",
+    413: "BadRequestError",
+}
+
+
+def error_body(status: int, reason: str) -> bytes:
+    """vLLM's error shape, as every kvrouter HTTP API answers errors (``kvrouter.api.errors``)."""
+    kind = _ERROR_TYPES.get(status, "BadRequestError" if status < 500 else "InternalServerError")
+    return _json.encode({"error": {"message": reason, "type": kind, "param": None, "code": status}})
+
+
 def error(status: int, reason: str) -> web.Response:
-    return json_response({"error": {"message": reason, "code": status}}, status)
+    return web.Response(body=error_body(status, reason), status=status, content_type="application/json")
 
 
 async def read_json(request: web.Request, decoder: msgspec.json.Decoder[Any]) -> Any:
@@ -86,16 +100,12 @@ async def read_json(request: web.Request, decoder: msgspec.json.Decoder[Any]) ->
     except web.HTTPRequestEntityTooLarge:
         raise
     if not body:
-        raise web.HTTPBadRequest(
-            text=_json.encode({"error": {"message": "empty body", "code": 400}}).decode(),
-            content_type="application/json",
-        )
+        raise web.HTTPBadRequest(text=error_body(400, "empty body").decode(), content_type="application/json")
     try:
         return decoder.decode(body)
     except (msgspec.ValidationError, msgspec.DecodeError) as e:
         raise web.HTTPBadRequest(
-            text=_json.encode({"error": {"message": f"invalid request: {e}", "code": 400}}).decode(),
-            content_type="application/json",
+            text=error_body(400, f"invalid request: {e}").decode(), content_type="application/json"
         ) from None
 
 

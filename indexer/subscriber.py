@@ -55,6 +55,16 @@ class SourceStatus(msgspec.Struct):
     """An idle probe (``IndexerOptions.idle_probe_s``) went out since the last message."""
 
 
+def replay_reply(frames: list[bytes]) -> tuple[bytes, bytes] | None:
+    """(seq, payload) of one replay reply, in either release's framing; None if it is neither.  The end
+    marker is a reply whose seq is ``END_SEQ``."""
+    if len(frames) == 3:  # vLLM <= 0.25: [b"", seq, payload]
+        return frames[1], frames[2]
+    if len(frames) == 4:  # vLLM >= 0.26: [b"", topic, seq, payload]
+        return frames[2], frames[3]
+    return None
+
+
 class EventSubscriber:
     """Subscribes to a fleet's KV events and feeds the ``Indexer``.  ``start()`` / ``stop()``."""
 
@@ -346,13 +356,11 @@ class EventSubscriber:
                 await dealer.send_multipart([b"", start.to_bytes(8, "big")])
                 while True:
                     frames = await dealer.recv_multipart()
-                    if len(frames) == 3:  # vLLM <= 0.25: [b"", seq, payload]
-                        seq_b, payload = frames[1], frames[2]
-                    elif len(frames) == 4:  # vLLM >= 0.26: [b"", topic, seq, payload]
-                        seq_b, payload = frames[2], frames[3]
-                    else:
+                    reply = replay_reply(frames)
+                    if reply is None:
                         self.counters["bad_replay_frames"] += 1
                         continue
+                    seq_b, payload = reply
                     if seq_b == END_SEQ:
                         ended = True
                         break

@@ -282,6 +282,15 @@ def _rank_ok(rank: int | None) -> bool:
     return rank is None or 0 <= rank <= MAX_DP_RANK
 
 
+def stored_block_size(batch: DecodedBatch) -> int | None:
+    """The block size a batch's stored blocks announce (the first real BlockStored; offload placeholders
+    with no tokens say nothing), or None."""
+    for ev in batch.events:
+        if isinstance(ev, _StoredFields) and ev.block_size > 0 and ev.token_ids != b"\x90":
+            return ev.block_size
+    return None
+
+
 def peek_ts(payload: bytes) -> float | None:
     """The batch timestamp of ``[float64 ts, ...]`` without decoding the rest (None for other shapes)."""
     if len(payload) >= 10 and payload[0] in (0x92, 0x93) and payload[1] == 0xCB:

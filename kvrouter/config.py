@@ -111,6 +111,31 @@ class GatewayConfig(msgspec.Struct, frozen=True):
     """Use a remote `kvrouter indexer` instead of the embedded one."""
 
 
+class ParityConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    enabled: bool = True
+    """Check token parity against the fleet's own ``/tokenize``."""
+    sample_rate: float = 0.01
+    """Fraction of live requests whose token ids are checked (after they were routed, off their path)."""
+    startup: bool = True
+    """Check each model's probe set at start-up (and whenever it fails, until it passes)."""
+    recheck_interval_s: float = 10.0
+    """While a model's parity fails, its probe set is checked again this often."""
+    shortfall_blocks: int = 1
+    """Check a request when vLLM reports at least this many blocks fewer cached tokens than predicted."""
+    timeout_s: float = 2.0
+    """One /tokenize call."""
+    queue: int = 64
+    """Checks waiting at most; more are dropped (counted), never queued without bound."""
+
+    def validate(self) -> None:
+        if not 0.0 <= self.sample_rate <= 1.0:
+            raise ConfigError("parity.sample_rate must be in [0, 1]")
+        if self.recheck_interval_s <= 0 or self.timeout_s <= 0 or self.queue < 1 or self.shortfall_blocks < 1:
+            raise ConfigError(
+                "parity: recheck_interval_s and timeout_s must be > 0, queue and shortfall_blocks >= 1"
+            )
+
+
 class RouterFleetConfig(FleetConfig, frozen=True, forbid_unknown_fields=True):
     chat_template: str | None = None
     """The fleet's chat template (a file or a Jinja string), when its tokenizer has none."""
@@ -127,6 +152,8 @@ class RouterFleetConfig(FleetConfig, frozen=True, forbid_unknown_fields=True):
     """Fleet-file reload and draining of leaving instances."""
     discovery: DiscoveryConfig | None = None
     """Kubernetes discovery: instances from the EndpointSlices of a vLLM Service."""
+    parity: ParityConfig = ParityConfig()
+    """Token parity with the fleet: checked at start-up, on sampled requests and on cache shortfalls."""
 
     def served_models(self) -> list[str | None]:
         """Every model name the fleet serves, after None (the fleet's default tokenizer): what a gateway
@@ -144,6 +171,7 @@ class RouterFleetConfig(FleetConfig, frozen=True, forbid_unknown_fields=True):
         self.replicas.validate()
         self.snapshot.validate()
         self.membership.validate()
+        self.parity.validate()
         if self.discovery is not None:
             self.discovery.validate()
         for name in [self.routing.policy, *(m.policy for m in self.models.values() if m.policy)]:

@@ -14,6 +14,7 @@ The HTTP routes are in ``handlers``; ``build_gateway`` makes the aiohttp app.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -32,9 +33,12 @@ from ..config import RouterFleetConfig
 from ..pipeline import PassThroughTokens, RequestPipeline, TokenSource
 from ..replicas import SharedState, WarmRestart, mark_restored, store_for
 from ..routing import Router
+from .event_sources import EventSourceResolver
+from .fleet_check import check_fleet
 from .membership_metrics import MembershipCollector
 from .membership_runtime import MembershipRuntime
 from .metrics import GatewayMetrics
+from .parity_probe import ParityProber
 from .proxy import Proxy
 from .upstream import UpstreamPool
 
@@ -73,7 +77,7 @@ class Gateway:
             failure_threshold=g.failure_threshold,
             ejection_s=g.ejection_s,
             ejection_max_s=g.ejection_max_s,
-            on_change=self._health_changed,
+            on_change=self._health_transition,
             on_eject=lambda name, _span: self.metrics.ejections.labels(name).inc(),
         )
         self.tokens = tokens or PassThroughTokens()
@@ -107,8 +111,14 @@ class Gateway:
             on_removed=self._instance_removed,
         )
         self.metrics.registry.register(MembershipCollector(self.membership))
+        self.parity = ParityProber(self.pipeline, self.pool)
+        # Events are found on the instances that give only a URL (not in bind mode: they connect to us).
+        self.event_sources = EventSourceResolver(
+            self.membership.membership, enabled=self.subscriber is not None and cfg.bind is None
+        )
         self.session: aiohttp.ClientSession | None = None
         self.proxy: Proxy | None = None
+        self._checks: asyncio.Task[None] | None = None
 
     def _health_changed(self, name: str, healthy: bool) -> None:
         for t in self.pool.upstreams[name].targets():
@@ -116,12 +126,22 @@ class Gateway:
         if healthy:
             self.pipeline.released()
 
+    def _health_transition(self, name: str, healthy: bool) -> None:
+        self._health_changed(name, healthy)
+        if healthy:  # back, perhaps restarted: another template, other publishers
+            self.parity.instance_back(name)
+            asked = self.membership.membership.discoverable(name)
+            if asked is not None:
+                self.event_sources.watch(asked)
+
     def _instance_added(self, inst: InstanceConfig) -> None:
+        self.event_sources.watch(inst)
         u = self.pool.upstreams.get(inst.name)
         if u is not None:
             self._health_changed(inst.name, u.healthy)
 
     def _instance_removed(self, inst: InstanceConfig) -> None:
+        self.event_sources.forget(inst.name)
         keys = [inst.name] if inst.dp_size == 1 else [f"{inst.name}/{r}" for r in range(inst.dp_size)]
         for key in keys:
             for gauge in (self.metrics.healthy, self.metrics.in_flight):
@@ -180,8 +200,30 @@ class Gateway:
         for u in self.pool.upstreams.values():
             self._health_changed(u.name, u.healthy)
         await self.membership.start(self.session)
+        await self.event_sources.start(self.session, [u.cfg for u in self.pool.upstreams.values()])
+        await self.parity.start(self.session)
+        self._checks = asyncio.create_task(self._startup_checks(), name="fleet-check")
+
+    async def _startup_checks(self) -> None:
+        """``kvrouter check`` at start-up, logged (token parity is the prober's: not checked twice)."""
+        assert self.session is not None
+        reports = await check_fleet(self.cfg, self.pipeline, self.session, pool=self.pool, parity=False)
+        for r in reports:
+            for c in r.checks:
+                level = logging.INFO if c.verdict in ("ok", "skip") else logging.WARNING
+                log.log(
+                    level,
+                    "fleet check",
+                    extra={"instance": r.instance, "check": c.name, "verdict": c.verdict, "detail": c.detail},
+                )
 
     async def stop(self) -> None:
+        if self._checks is not None:
+            self._checks.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._checks
+        await self.parity.stop()
+        await self.event_sources.stop()
         await self.membership.stop()
         if self.shared is not None:
             await self.shared.stop()

@@ -50,8 +50,48 @@ class FleetMembership:
         initial = subscriber.fleet.instances if subscriber else [u.cfg for u in pool.upstreams.values()]
         self._configs: dict[str, InstanceConfig] = {i.name: i for i in initial}
         """What is applied, by name (the reconciler's ``applied``, seen from here)."""
+        self._found: dict[str, InstanceConfig] = {}
+        """Instances whose events were found on the instance itself (``/kv_event_sources``), not given."""
+
+    def _with_found(self, inst: InstanceConfig) -> InstanceConfig:
+        """``inst`` as given, with the events found on the instance when the given config has none."""
+        f = self._found.get(inst.name)
+        if f is None or inst.events is not None or inst.url != f.url:
+            return inst
+        return msgspec.structs.replace(
+            inst, events=f.events, replay=f.replay, topic=f.topic, dp_size=f.dp_size
+        )
+
+    def discoverable(self, name: str) -> InstanceConfig | None:
+        """The config to ask ``/kv_event_sources`` with, if ``name``'s events are not given (found before,
+        or never): None when the fleet gives them, or the instance is unknown."""
+        cfg = self._configs.get(name)
+        if cfg is None or cfg.url is None:
+            return None
+        if name in self._found:
+            return msgspec.structs.replace(cfg, events=None, replay=None)
+        return cfg if cfg.events is None else None
+
+    async def rewire(self, inst: InstanceConfig) -> None:
+        """``inst``'s event endpoints were found on the instance: subscribe to them (again, if they moved:
+        the old subscription and its blocks go, as after any restart)."""
+        if self.pool.upstreams.get(inst.name) is None:
+            return  # it left while we asked
+        given = self.discoverable(inst.name) or inst  # as the fleet gives it: no events
+        self._found[inst.name] = inst
+        inst = self._with_found(given)
+        if inst == self._configs.get(inst.name) and self.pool.upstreams[inst.name].cfg == inst:
+            return  # the same publishers as before: the subscription stands (it sees restarts itself)
+        if self.subscriber is not None:
+            await self.subscriber.remove_instance(inst.name)
+            self.subscriber.add_instance(inst)
+        self.pool.upstreams[inst.name].cfg = inst
+        self._configs[inst.name] = inst
+        if self.subscriber is not None:
+            self._sync_fleet()
 
     async def add(self, inst: InstanceConfig) -> None:
+        inst = self._with_found(inst)
         self._configs[inst.name] = inst
         if self.subscriber is not None:
             self.subscriber.add_instance(inst)  # idempotent: a retry after a failure below is safe
@@ -62,6 +102,7 @@ class FleetMembership:
             self.on_added(inst)
 
     def update(self, inst: InstanceConfig) -> None:
+        inst = self._with_found(inst)
         u = self.pool.upstreams.get(inst.name)
         if u is not None:
             u.cfg = inst
@@ -87,6 +128,7 @@ class FleetMembership:
         else:
             self.indexer.remove_instance(name)
         self.pool.remove(name)
+        self._found.pop(name, None)
         inst = self._configs.pop(name, None)
         if self.subscriber is not None:
             self._sync_fleet()

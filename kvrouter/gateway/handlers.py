@@ -3,9 +3,9 @@
 POST /v1/completions  /v1/chat/completions     routed and proxied (streaming passed through)
 POST /invocations  GET /ping                   Amazon SageMaker's contract (OpenAI-shaped bodies)
 GET  /v1/models                                aggregated over the fleet
-GET  /health  /livez  /metrics                 fleet state; event-loop liveness; Prometheus text
+GET  /health  /livez  /metrics                 fleet state and token parity; loop liveness; Prometheus
 POST /v1/route/explain                         every candidate's cache, tier, load, trust, score
-POST /v1/cache/lookup  GET /v1/fleet           the embedded indexer's API
+POST /v1/cache/lookup  GET /v1/fleet           the embedded indexer's API (+ token parity per model)
 
 Every error is answered by ``errors_mw`` with the one error body (``api.errors``): a client's mistake is a
 4xx with a reason, a bug a counted, logged 500 that carries no request contents.
@@ -137,6 +137,7 @@ async def health(request: web.Request) -> web.Response:
         "index": ixs.source_state(gw.indexer, gw.subscriber),
         "block_size_mismatch": {k.label(): v for k, v in gw.indexer.block_size_mismatch.items()},
         "membership": gw.membership.state(),
+        "token_parity": gw.pipeline.parity.state(),
     }
     return web.json_response(body, status=200 if healthy else 503)
 
@@ -155,6 +156,17 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(
         body=generate_latest(gw.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
     )
+
+
+async def fleet(request: web.Request) -> web.Response:
+    """The indexer's view of every source, and the token parity of every model."""
+    gw = request.app[GATEWAY]
+    body = {
+        "block_size": gw.indexer.block_size,
+        "sources": ixs.source_state(gw.indexer, gw.subscriber),
+        "token_parity": gw.pipeline.parity.state(),
+    }
+    return web.json_response(body)
 
 
 async def explain(request: web.Request) -> web.Response:
@@ -191,5 +203,5 @@ def build_gateway(gw: Gateway) -> web.Application:
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/v1/route/explain", explain)
     app.router.add_post("/v1/cache/lookup", ixs.lookup)
-    app.router.add_get("/v1/fleet", ixs.fleet)
+    app.router.add_get("/v1/fleet", fleet)
     return app

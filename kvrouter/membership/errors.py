@@ -3,6 +3,8 @@
 MembershipError
 ├── FleetReloadError       a changed fleet file that cannot be used (the old membership stays)
 │                          reason: ``unreadable`` | ``invalid``
+├── EventSourcesError      an instance's GET /kv_event_sources answer cannot be used (it stays routed by
+│                          load until it can); reason ``unreachable`` | ``invalid`` | ``disabled`` | ``ranks``
 └── DiscoveryError         the Kubernetes API server could not be read (the last known membership stays)
     ├── ResourceExpired    410 Gone, as an HTTP status or as a watch ERROR event: relist
     ├── ApiStatusError     any other non-2xx answer or watch ERROR event; reason ``http_<code>``
@@ -19,6 +21,12 @@ class MembershipError(Exception):
 
 
 class FleetReloadError(MembershipError):
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+
+
+class EventSourcesError(MembershipError):
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(f"{reason}: {detail}")
         self.reason = reason

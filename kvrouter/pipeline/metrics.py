@@ -82,6 +82,12 @@ class PipelineMetrics:
             ["policy"],
             registry=r,
         )
+        self.parity_checks = CachedCounter(
+            "kvrouter_token_parity_checks",
+            "Token-parity checks against the fleet's /tokenize, by model and result (match, mismatch, error)",
+            ["model", "result"],
+            registry=r,
+        )
         self.shadow_agree = CachedCounter(
             "kvrouter_shadow_agreement",
             "Requests where a shadow policy chose the same target",

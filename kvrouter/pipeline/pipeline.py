@@ -38,6 +38,7 @@ from ..routing import Candidate, Decision, RouteInput, Router, Target, route_inp
 from ..types import RequestId
 from .gate import CapacityGate, QueueFull
 from .metrics import PipelineMetrics
+from .parity import ParityTracker
 from .tokens import TokenSource
 
 SAGEMAKER_AFFINITY = "X-Amzn-SageMaker-Prefix-Aware-Id"
@@ -87,6 +88,7 @@ class RequestPipeline:
         metrics: PipelineMetrics,
         *,
         remote: RemoteLookup | None = None,
+        parity: ParityTracker | None = None,
     ) -> None:
         self.cfg = cfg
         self.router = router
@@ -94,6 +96,7 @@ class RequestPipeline:
         self.tokens = tokens
         self.m = metrics
         self.remote = remote
+        self.parity = parity or ParityTracker(cfg.parity)
         self.gate = CapacityGate(cfg.limits.queue_size, cfg.limits.queue_timeout_s)
         self.active = 0
         """Requests held right now (reading, routing, queued or proxied)."""
@@ -154,7 +157,9 @@ class RequestPipeline:
             raise NotFound(f"model {req.model!r} is not served by this fleet", param="model")
         tokens = await self.tokens.tokens(req)
         chains = None
-        if tokens is not None:
+        # While the fleet renders this model differently, its token ids predict nothing: route it by
+        # prefix text and load until the parity checks pass again.
+        if tokens is not None and self.parity.trusted(req.model):
             chains = request_chains(
                 tokens, self.cfg.block_size, lora_name=req.lora_name, cache_salt=req.cache_salt
             )
@@ -244,6 +249,7 @@ class RequestPipeline:
         """The request is on its way to ``chosen``."""
         self.router.dispatched(p.inp, chosen, time.monotonic())
         self.m.predicted_cached.labels(chosen.target).inc(chosen.cached_tokens)
+        self.parity.routed(p.req, p.tokens, chosen.instance)
 
     def first_token(self, p: Prepared) -> None:
         self.router.first_token(p.inp.request_id)
@@ -257,6 +263,14 @@ class RequestPipeline:
         if usage is not None and usage.cached_tokens is not None:
             self.m.reported_cached.labels(chosen.target).inc(usage.cached_tokens)
             self.m.cached_error.observe(chosen.cached_tokens - usage.cached_tokens)
+            self.parity.shortfall(
+                p.req,
+                p.tokens,
+                chosen.instance,
+                chosen.cached_tokens,
+                usage.cached_tokens,
+                self.cfg.block_size,
+            )
 
     def released(self) -> None:
         """Capacity was freed outside a request (an instance became healthy): wake a waiting request."""

@@ -132,6 +132,32 @@ async def version(request: web.Request) -> web.Response:
     return json_response(_encode({"version": request.app[INSTANCE].config.release}))
 
 
+async def kv_event_sources(request: web.Request) -> web.Response:
+    """vLLM 0.33's publisher config per data-parallel rank, ports offset by the rank, as it answers when
+    started with ``--kv-events-config '{"endpoint": "tcp://*:P", "replay_endpoint": "tcp://*:R", ...}'``
+    (``*``: this host); in bind mode the endpoint it connects to.  Empty without events."""
+    cfg = request.app[INSTANCE].config
+    out: dict[str, dict[str, object]] = {}
+    for rank in range(cfg.dp_size):
+        pub = cfg.publisher_config(rank)
+        if pub is None:
+            continue
+        port = int(pub.endpoint.rpartition(":")[2]) + rank
+        endpoint = pub.endpoint if pub.connect else f"tcp://*:{port}"
+        replay = None if cfg.replay_port is None else f"tcp://*:{cfg.replay_port + rank}"
+        out[str(rank)] = {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": endpoint,
+            "replay_endpoint": replay,
+            "buffer_steps": pub.buffer_steps,
+            "hwm": pub.hwm,
+            "max_queue_size": 100000,
+            "topic": pub.topic,
+        }
+    return json_response(_encode(out))
+
+
 async def tokenize(request: web.Request) -> web.Response:
     inst = request.app[INSTANCE]
     body = await read_json(request)

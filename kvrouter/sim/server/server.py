@@ -36,6 +36,7 @@ from .routes import (
     detokenize,
     get_faults,
     health,
+    kv_event_sources,
     metrics,
     models,
     post_faults,
@@ -84,6 +85,7 @@ def build_app(inst: SimInstance, crash: CrashHook) -> web.Application:
     r.add_post("/ping", health)
     r.add_get("/metrics", metrics)
     r.add_get("/version", version)
+    r.add_get("/kv_event_sources", kv_event_sources)
     r.add_post("/tokenize", tokenize)
     r.add_post("/detokenize", detokenize)
     r.add_post("/reset_prefix_cache", reset_prefix_cache)
