@@ -29,7 +29,7 @@ from indexer.encode import RELEASES
 from tokenizer_cache import CachedTokenizer
 
 from ...api.errors import BadRequest, NotFound, ServiceUnavailable
-from ...api.requests import too_long
+from ...api.requests import ChatArgs, too_long
 from ..engine.engine import Engine, EngineConfig
 from ..engine.scheduler import RequestOutput
 from ..errors import RequestRejected, SimConfigError, SimError
@@ -347,6 +347,22 @@ class SimInstance:
             rank.wake()  # the loop publishes AllBlocksCleared after any step in flight, even when idle
         return ok
 
+    async def encode_chat(self, args: ChatArgs, *, add_special_tokens: bool = False) -> list[int]:
+        """A chat's prompt tokens as this instance renders it.  Under ``render_fault`` it renders as an
+        instance started with another template would: a system line the fleet's template never writes
+        comes first, so every token id after the first few differs from the router's."""
+        messages = args.messages
+        if self.faults.render_fault:
+            messages = [{"role": "system", "content": "[rendered by another template]"}, *messages]
+        return await self.tokenizer.aencode_chat(
+            messages,
+            args.tools,
+            args.chat_template_kwargs,
+            add_generation_prompt=args.add_generation_prompt,
+            continue_final_message=args.continue_final_message,
+            add_special_tokens=add_special_tokens,
+        )
+
     def apply_faults(self, update: FaultUpdate) -> FaultStatus:
         """Every knob of ``update`` except ``crash`` (the server's: it owns the port)."""
         update.validate()
@@ -365,6 +381,8 @@ class SimInstance:
             f.stall_events = update.stall_events
         if update.mute_replay is not None:
             f.mute_replay = update.mute_replay
+        if update.render_fault is not None:
+            f.render_fault = update.render_fault
         for rank in self.ranks:
             if rank.publisher is not None:
                 self._apply_publisher_faults(rank.publisher)

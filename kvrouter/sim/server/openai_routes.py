@@ -39,13 +39,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     check_alive(inst)
     args = parse_chat(await read_json(request))
     lora = inst.lora_for(args.model)
-    tokens = await inst.tokenizer.aencode_chat(
-        args.messages,
-        args.tools,
-        args.chat_template_kwargs,
-        add_generation_prompt=args.add_generation_prompt,
-        continue_final_message=args.continue_final_message,
-    )
+    tokens = await inst.encode_chat(args)
     return await _generate(request, inst, "chatcmpl", tokens, args, lora)
 
 

@@ -168,14 +168,7 @@ async def tokenize(request: web.Request) -> web.Response:
         special = body.get("add_special_tokens", False)
         if not isinstance(special, bool):
             raise BadRequest("'add_special_tokens' must be a bool", param="add_special_tokens")
-        tokens = await inst.tokenizer.aencode_chat(
-            args.messages,
-            args.tools,
-            args.chat_template_kwargs,
-            add_generation_prompt=args.add_generation_prompt,
-            continue_final_message=args.continue_final_message,
-            add_special_tokens=special,
-        )
+        tokens = await inst.encode_chat(args, add_special_tokens=special)
     else:
         prompt = body.get("prompt")
         special = body.get("add_special_tokens", True)
