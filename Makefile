@@ -37,3 +37,11 @@ reliability: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
+
+# Golden fixtures recorded with vLLM's own code (dev tools; fetch release wheels into ~/.cache/kvrouter).
+.PHONY: golden-wire golden-wire-check
+golden-wire: $(STAMP)
+	$(BIN)/python tools/record_wire_golden.py
+
+golden-wire-check: $(STAMP)
+	$(BIN)/python tools/record_wire_golden.py --check

@@ -97,7 +97,9 @@ def test_033_maps_with_extra_keys_and_zero_size_placeholders() -> None:
     assert cpu["token_ids"] == [] and cpu["block_size"] == 0 and cpu["parent_block_hash"] is None
     assert "group_idx" not in cpu and "extra_keys" not in cpu  # the connector sets neither
     removed = next(ev for ev in batch[1] if ev["type"] == "BlockRemoved")
-    assert set(removed) == {"type", "block_hashes", "medium"} and len(removed["block_hashes"]) == 1
+    # the block pool's eviction names its KV-cache group (0.20+; tests/fixtures/wire)
+    assert set(removed) == {"type", "block_hashes", "medium", "group_idx"} and removed["group_idx"] == 0
+    assert len(removed["block_hashes"]) == 1
     assert batch[1][-1] == {"type": "AllBlocksCleared"}
 
 
@@ -110,7 +112,7 @@ def test_023_positional_events() -> None:
     cpu = next(ev for ev in batch[1] if ev[0] == "BlockStored" and ev[6] == "CPU")
     assert cpu[3] == [] and cpu[4] == 4  # block_size 0 only from 0.33
     removed = next(ev for ev in batch[1] if ev[0] == "BlockRemoved")
-    assert removed[2:] == ["GPU", None]  # medium, group_idx
+    assert removed[2:] == ["GPU", 0]  # medium, group_idx (the block pool names group 0 from 0.20)
     assert batch[1][-1] == ["AllBlocksCleared"]
 
 

@@ -36,7 +36,7 @@ import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from vllm_isolated import load_kv_events  # noqa: E402
+from vllm_isolated import load_kv_events
 
 RELEASES = (
     "0.9.0", "0.10.0", "0.10.2", "0.11.0", "0.13.0", "0.16.0", "0.20.0", "0.23.0",
@@ -59,11 +59,11 @@ def _is_old_hash(release: str) -> bool:
     return tuple(int(p) for p in release.split(".")) < (0, 10, 2)
 
 
-def hash_forms(release: str) -> tuple[list[Any], Any]:
-    """Block hashes of the ``hash_forms`` batch, and a parent hash, as the release could send them."""
+def hash_forms(release: str) -> list[Any]:
+    """Three chained block hashes in the forms the release could send (the third's parent is the second)."""
     if _is_old_hash(release):
-        return [-1, -(2**63), 2**63 - 1], -5
-    return [2**64 - 1, 2**63, DIGEST], DIGEST[:-1] + b"\x00"
+        return [-1, -(2**63), 2**63 - 1]
+    return [2**64 - 1, DIGEST, 2**63]
 
 
 def _stored(**kw: Any) -> dict[str, Any]:
@@ -79,7 +79,8 @@ def _stored(**kw: Any) -> dict[str, Any]:
 
 
 def _removed(hashes: list[Any], **kw: Any) -> dict[str, Any]:
-    return {"type": "BlockRemoved", "block_hashes": hashes, "medium": "GPU", **kw}
+    """A GPU eviction as the block pool sends it: one hash, ``group_idx`` = the KV-cache group (0.20+)."""
+    return {"type": "BlockRemoved", "block_hashes": hashes, "medium": "GPU", "group_idx": 0, **kw}
 
 
 Plan = list[tuple[str, int | None, list[dict[str, Any]]]]
@@ -90,7 +91,7 @@ def scenario(release: str, fields: dict[str, set[str]]) -> Plan:
     batch needing a field the release lacks (offload media before 0.10.2, 0.23's group metadata) is left
     out for that release."""
     toks = list(range(1, 49))
-    hashes, parent = hash_forms(release)
+    hashes = hash_forms(release)
     batches: Plan = [
         (
             "stored_chain",
@@ -98,7 +99,11 @@ def scenario(release: str, fields: dict[str, set[str]]) -> Plan:
             [
                 _stored(block_hashes=[H1, H2], token_ids=toks[:32], block_size=16, extra_keys=[None, None]),
                 _stored(
-                    block_hashes=[H3], parent_block_hash=H2, token_ids=toks[32:], block_size=16, extra_keys=[None]
+                    block_hashes=[H3],
+                    parent_block_hash=H2,
+                    token_ids=toks[32:],
+                    block_size=16,
+                    extra_keys=[None],
                 ),
             ],
         ),
@@ -116,7 +121,7 @@ def scenario(release: str, fields: dict[str, set[str]]) -> Plan:
                 )
             ],
         ),
-        ("removed", 0, [_removed([H3]), _removed([H2], group_idx=0)]),
+        ("removed", 0, [_removed([H3]), _removed([H2])]),
         ("eviction_run", 0, [_removed([0x100000000 + i]) for i in range(17)]),  # 17: an array16 header
         ("cleared", 0, [{"type": "AllBlocksCleared"}]),
         # rank left unset: what the release's publisher makes of it (0.33 fills in its own rank)
@@ -126,7 +131,9 @@ def scenario(release: str, fields: dict[str, set[str]]) -> Plan:
             0,
             [
                 _stored(block_hashes=hashes[:2], token_ids=toks[:32], block_size=16),
-                _stored(block_hashes=hashes[2:], parent_block_hash=parent, token_ids=toks[32:], block_size=16),
+                _stored(
+                    block_hashes=hashes[2:], parent_block_hash=hashes[1], token_ids=toks[32:], block_size=16
+                ),
                 _removed([hashes[0]]),
             ],
         ),
@@ -150,7 +157,7 @@ def scenario(release: str, fields: dict[str, set[str]]) -> Plan:
                     medium="STORAGE",
                     group_idx=None,
                 ),
-                _removed([H1, H2], medium="CPU"),
+                _removed([H1, H2], medium="CPU", group_idx=None),  # the connector's: no group
             ],
         ),
         (
@@ -203,7 +210,12 @@ def schema(mod: ModuleType) -> dict[str, Any]:
 
     def fields(cls: type) -> list[str]:
         return [
-            f.name + ("*" if f.default is not msgspec.NODEFAULT or f.default_factory is not msgspec.NODEFAULT else "")
+            f.name
+            + (
+                "*"
+                if f.default is not msgspec.NODEFAULT or f.default_factory is not msgspec.NODEFAULT
+                else ""
+            )
             for f in msgspec.structs.fields(cls)
         ]
 
@@ -226,7 +238,9 @@ def _recv(sock: zmq.Socket[bytes], what: str) -> list[bytes]:
 
 def record(release: str) -> dict[str, Any]:
     mod = load_kv_events(release)
-    fields = {c: {f.name for f in msgspec.structs.fields(getattr(mod, c))} for c in ("BlockStored", "KVEventBatch")}
+    fields = {
+        c: {f.name for f in msgspec.structs.fields(getattr(mod, c))} for c in ("BlockStored", "KVEventBatch")
+    }
     plan = scenario(release, fields)
     ctx = zmq.Context.instance()  # the publisher's own context: inproc endpoints need the same one
     tag = release.replace(".", "_")

@@ -55,7 +55,9 @@ def _fetch(release: str, members: list[str]) -> None:
         cmd += ["--python-version", "3.12", "--dest", tmp, f"vllm=={release}"]
         for p in _PLATFORMS:
             cmd += ["--platform", p]
-        print(f"fetching vllm=={release} (one wheel, kept only until {members} are extracted)", file=sys.stderr)
+        print(
+            f"fetching vllm=={release} (one wheel, kept only until {members} are extracted)", file=sys.stderr
+        )
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         (wheel,) = Path(tmp).glob("vllm-*.whl")
         with zipfile.ZipFile(wheel) as zf:

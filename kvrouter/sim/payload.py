@@ -3,7 +3,10 @@
 Differences between releases are the encoder's business (``indexer.encode.PayloadEncoder``: positional
 events up to 0.23, maps from 0.24, no rank on 0.9, fields only ever appended); this module maps the
 engine's events onto it and applies the value rules the encoder cannot know: offload placeholders (the
-``OffloadingConnector``'s stores) carry no ``group_idx`` nor ``extra_keys``, and ``block_size`` 0 from 0.33.
+``OffloadingConnector``'s stores) carry no ``group_idx`` nor ``extra_keys``, and ``block_size`` 0 from 0.33;
+the block pool's GPU evictions carry ``group_idx`` 0 from 0.20 (``BlockRemoved(..., group_idx=
+get_group_id(h))``), the CPU tier's removals none.  Checked byte for byte against payloads written by each
+release's own classes (tests/fixtures/wire, tests/kvrouter/sim/test_payload_golden.py).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ class PayloadWriter:
         self.release = release
         self.dp_rank = dp_rank
         self._placeholder_size_zero = version_tuple(release) >= (0, 33, 0)
+        self._gpu_removed_group: int | None = 0 if version_tuple(release) >= (0, 20, 0) else None
 
     def payload(self, events: Sequence[KVEvent], ts: float) -> bytes:
         """``[ts, events, data_parallel_rank]`` (``[ts, events]`` on 0.9) as the release writes it.
@@ -38,9 +42,12 @@ class PayloadWriter:
         run_medium: str | None = None
         encode = msgspec.msgpack.encode
 
+        def group_of(medium: str | None) -> int | None:
+            return self._gpu_removed_group if medium == "GPU" else None
+
         def flush_run() -> None:
             if run:
-                parts.append(enc.removed_run(run, run_medium))
+                parts.append(enc.removed_run(run, run_medium, group_of(run_medium)))
                 run.clear()
 
         for ev in events:
@@ -70,7 +77,9 @@ class PayloadWriter:
                         )
                     )
                 case BlockRemoved():
-                    pending.append(enc.removed(ev.block_hashes, medium=ev.medium))
+                    pending.append(
+                        enc.removed(ev.block_hashes, medium=ev.medium, group_idx=group_of(ev.medium))
+                    )
                 case AllBlocksCleared():
                     pending.append(enc.cleared())
             parts.append(encode(pending.pop()))
