@@ -67,6 +67,7 @@ def hash_forms(release: str) -> list[Any]:
 
 
 def _stored(**kw: Any) -> dict[str, Any]:
+    """A GPU store as the KV-cache manager publishes it: group 0, labelled with its spec kind (0.23+)."""
     base: dict[str, Any] = {
         "parent_block_hash": None,
         "lora_id": None,
@@ -74,6 +75,7 @@ def _stored(**kw: Any) -> dict[str, Any]:
         "lora_name": None,
         "extra_keys": None,
         "group_idx": 0,
+        "kv_cache_spec_kind": "full_attention",
     }
     return {"type": "BlockStored", **base, **kw}
 
@@ -141,13 +143,16 @@ def scenario(release: str, fields: dict[str, set[str]]) -> Plan:
             "offload",
             0,
             [
-                # OffloadingConnector placeholders: the GPU blocks' hashes, no tokens (block_size 0 on 0.33)
+                # offload placeholders: the GPU blocks' hashes, no tokens (block_size 0 on 0.33); the values
+                # are the simulator's CPU tier's, not a connector's (0.33's OffloadingConnector sends one hash
+                # per event with its offload group: see the report of issue 23)
                 _stored(
                     block_hashes=[H1, H2],
                     token_ids=[],
                     block_size=0 if release == "0.33.0" else 16,
                     medium="CPU",
                     group_idx=None,
+                    kv_cache_spec_kind=None,
                 ),
                 _stored(
                     block_hashes=[H3],
@@ -156,6 +161,7 @@ def scenario(release: str, fields: dict[str, set[str]]) -> Plan:
                     block_size=0 if release == "0.33.0" else 16,
                     medium="STORAGE",
                     group_idx=None,
+                    kv_cache_spec_kind=None,
                 ),
                 _removed([H1, H2], medium="CPU", group_idx=None),  # the connector's: no group
             ],

@@ -20,7 +20,8 @@ from pathlib import Path
 KV_EVENTS = "vllm/distributed/kv_events.py"
 KV_CACHE_UTILS = "vllm/v1/core/kv_cache_utils.py"
 BLOCK_POOL = "vllm/v1/core/block_pool.py"
-MEMBERS = (KV_EVENTS, KV_CACHE_UTILS, BLOCK_POOL)
+KV_CACHE_MANAGER = "vllm/v1/core/kv_cache_manager.py"
+MEMBERS = (KV_EVENTS, KV_CACHE_UTILS, BLOCK_POOL, KV_CACHE_MANAGER)
 """Every member the recorders read: fetched together, so each wheel is downloaded once."""
 
 # Platforms vLLM's x86_64 wheels were tagged with over the releases (manylinux1 for 0.9-0.10, 2_31 for

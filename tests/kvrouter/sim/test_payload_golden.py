@@ -6,6 +6,8 @@ events and written by ``PayloadWriter`` for that release: the bytes must be *equ
 decode alike, because the simulator stands in for vLLM in every end-to-end test and byte equality is the
 only check that covers fields the indexer ignores.  Batches with events the engine never emits (STORAGE
 media, other KV-cache groups, hybrid-model metadata, digests as hashes, negative hashes) are left out.
+The ``offload`` batch's values (placeholders without a group, two hashes per event) are the simulator's CPU
+tier's, chosen by the recorder: its bytes check the encoding, not that a vLLM connector sends such events.
 """
 
 from __future__ import annotations
@@ -40,8 +42,13 @@ def sim_event(ev: dict[str, Any]) -> KVEvent | None:
     medium = ev.get("medium", "GPU")
     if medium not in ("GPU", "CPU") or any(isinstance(h, dict) or h < 0 for h in ev["block_hashes"]):
         return None
-    if any(ev.get(f) is not None for f in ("kv_cache_spec_kind", "locality", "ownership", "session_id")):
+    if any(ev.get(f) is not None for f in ("locality", "ownership", "session_id", "lookahead_token_ids")):
         return None
+    gpu_store = ev["type"] == "BlockStored" and medium == "GPU"
+    if ev.get("kv_cache_spec_kind") != (
+        "full_attention" if gpu_store and "kv_cache_spec_kind" in ev else None
+    ):
+        return None  # the engine models one full-attention group
     hashes = [BlockHash(h) for h in ev["block_hashes"]]
     if ev["type"] == "BlockRemoved":
         # the engine's GPU evictions are the block pool's (group 0); its CPU removals the connector's
