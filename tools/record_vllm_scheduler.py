@@ -12,9 +12,9 @@ Recorded per scenario (tests/fixtures/vllm_scheduler/<scenario>.json):
   tokens the fake model gave it, and ``num_cached_tokens`` as vLLM reports it (the ``prefill_stats`` of
   its first output: the prefix-cache hit of its first scheduling, as ``usage.prompt_tokens_details``);
 * per step: tokens scheduled per request, requests preempted, and the KV events the scheduler published
-  (vLLM's ``KVEventBatch``, kept by an ``EventPublisher`` put in the scheduler's publisher slot), both as
-  fields and as the 0.33 payload (``msgspec.msgpack`` of the batch, as ``ZmqEventPublisher`` encodes it;
-  ``ts`` set to the step number so recordings are reproducible).
+  (vLLM's ``KVEventBatch``, kept by an ``EventPublisher`` put in the scheduler's publisher slot) as the
+  0.33 payload (``msgspec.msgpack`` of the batch, as ``ZmqEventPublisher`` encodes it; ``ts`` set to the
+  step number so recordings are reproducible), with a one-line summary of its events.
 
 Run with the vLLM venv: ``/work/vllm/venv/bin/python tools/record_vllm_scheduler.py [--check]``
 (``make golden-scheduler``).  Block hashes are sha256 with vLLM's fixed default NONE_HASH seed.
@@ -152,7 +152,41 @@ def scenarios() -> list[Scenario]:
         Req("plain-2", 24, [*shared, 13], 2),
     ]
     out.append(s)
+
+    for seed, blocks, budget, seqs in (
+        (1, 24, 48, 4),
+        (2, 16, 96, 4),
+        (3, 40, 32, 4),
+        (4, 12, 64, 2),
+        (5, 30, 128, 8),
+    ):
+        out.append(_random(seed, blocks, budget, seqs))
     return out
+
+
+def _random(seed: int, num_blocks: int, budget: int, max_num_seqs: int) -> Scenario:
+    """Seeded mixed traffic: 30 requests over 4 shared prefixes with random suffixes, arrivals (several
+    in one step), output lengths, salts and adapters, in a pool small enough to evict and preempt."""
+    rng = random.Random(seed)
+    prefixes = [_toks(rng, rng.randrange(16, 70)) for _ in range(4)]
+    s = Scenario(
+        f"random_{seed}",
+        f"Seed {seed}: 30 requests over 4 shared prefixes (random suffixes, arrivals, lengths; some salted, "
+        f"some on one of two adapters), {num_blocks} blocks, {budget}-token step budget, "
+        f"{max_num_seqs} running at most.",
+        num_blocks=num_blocks,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=budget,
+        max_loras=2,
+    )
+    t = 0
+    for i in range(30):
+        t += rng.choice((0, 0, 1, 2, 3, 5))
+        prompt = rng.choice(prefixes)[:] + _toks(rng, rng.randrange(0, 30))
+        salt = rng.choice((None, None, None, "s1", "s2"))
+        lora = rng.choice((None, None, None, "ad-1", "ad-2"))
+        s.requests.append(Req(f"q{i}", t, prompt, rng.randrange(1, 20), salt, lora))
+    return s
 
 
 # ---------------------------------------------------------------------------------------------- vLLM
@@ -296,8 +330,8 @@ def run(sc: Scenario, model_dir: str) -> dict[str, Any]:
         }
         if batch is not None:
             batch.ts = float(step)
+            rec["events"] = " ".join(_summary(e) for e in batch.events)
             rec["payload"] = enc.encode(batch).hex()
-            rec["events"] = [_describe(e) for e in batch.events]
         steps.append(rec)
         step += 1
         if step > 2000:
@@ -337,14 +371,13 @@ def _vllm_version() -> str:
     return str(vllm.__version__)
 
 
-def _describe(ev: Any) -> dict[str, Any]:
-    import msgspec
-
-    d = {"type": type(ev).__name__}
-    for k, v in msgspec.structs.asdict(ev).items():
-        if v is not None:
-            d[k] = [list(x) if isinstance(x, tuple) else x for x in v] if isinstance(v, list) else v
-    return d
+def _summary(ev: Any) -> str:
+    """``S3<`` (stored 3 blocks after a parent), ``S2`` (from the start), ``R`` (removed), ``C`` (cleared):
+    a reader's index into the payload, which holds every field."""
+    kind = type(ev).__name__
+    if kind == "BlockStored":
+        return f"S{len(ev.block_hashes)}" + ("<" if ev.parent_block_hash is not None else "")
+    return "R" if kind == "BlockRemoved" else "C"
 
 
 def _dump(obj: dict[str, Any]) -> str:
