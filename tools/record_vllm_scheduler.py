@@ -190,9 +190,8 @@ def _random(seed: int, num_blocks: int, budget: int, max_num_seqs: int) -> Scena
 
 
 # ---------------------------------------------------------------------------------------------- vLLM
-def _model_dir() -> str:
+def _write_model_config(d: str) -> None:
     """A config.json of a tiny Llama: the scheduler reads lengths from it; no weights exist or load."""
-    d = tempfile.mkdtemp(prefix="golden-model-")
     cfg = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -207,7 +206,6 @@ def _model_dir() -> str:
         "rms_norm_eps": 1e-5,
     }
     Path(d, "config.json").write_text(json.dumps(cfg))
-    return d
 
 
 def run(sc: Scenario, model_dir: str) -> dict[str, Any]:
@@ -395,8 +393,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true", help="compare with the committed fixtures, write nothing")
     args = ap.parse_args()
-    model_dir = _model_dir()
-    files = {f"{sc.name}.json": _dump(run(sc, model_dir)) for sc in scenarios()}
+    with tempfile.TemporaryDirectory(prefix="golden-model-") as model_dir:
+        _write_model_config(model_dir)
+        files = {f"{sc.name}.json": _dump(run(sc, model_dir)) for sc in scenarios()}
     if args.check:
         stale = [n for n, t in files.items() if not (OUT / n).exists() or (OUT / n).read_text() != t]
         if stale:
