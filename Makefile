@@ -15,8 +15,8 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check indexer tokenizer_cache kvrouter tests
-	$(BIN)/ruff format --check indexer tokenizer_cache kvrouter tests
+	$(BIN)/ruff check indexer tokenizer_cache kvrouter tests tools
+	$(BIN)/ruff format --check indexer tokenizer_cache kvrouter tests tools
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -37,3 +37,20 @@ reliability: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
+
+# Golden fixtures recorded with vLLM's own code (dev tools; fetch release wheels into ~/.cache/kvrouter).
+.PHONY: golden-wire golden-wire-check
+golden-wire: $(STAMP)
+	$(BIN)/python tools/record_wire_golden.py
+
+golden-wire-check: $(STAMP)
+	$(BIN)/python tools/record_wire_golden.py --check
+
+# vLLM's own scheduler + block pool (no GPU), run from the venv that has vllm==0.33.0 installed.
+VLLM_PYTHON ?= /work/vllm/venv/bin/python
+.PHONY: golden-scheduler golden-scheduler-check
+golden-scheduler:
+	$(VLLM_PYTHON) tools/record_vllm_scheduler.py
+
+golden-scheduler-check:
+	$(VLLM_PYTHON) tools/record_vllm_scheduler.py --check
