@@ -64,12 +64,13 @@ otherwise the text is tokenized in full.
 from __future__ import annotations
 
 from .cached import CachedTokenizer, Encoded
-from .chat import UnsupportedContentError
-from .config import CacheConfig, CacheStats
+from .chat import RenderedChat, UnsupportedContentError
+from .config import CacheConfig, CacheStats, RenderOptions
 from .errors import (
     ChatTemplateError,
     InvalidPromptError,
     NoChatTemplateError,
+    RequestValidationError,
     TokenizerCacheError,
     TokenizerLoadError,
 )
@@ -84,6 +85,9 @@ __all__ = [
     "Encoded",
     "InvalidPromptError",
     "NoChatTemplateError",
+    "RenderOptions",
+    "RenderedChat",
+    "RequestValidationError",
     "TokenizerCacheError",
     "TokenizerLoadError",
     "TokenizerRegistry",
