@@ -180,16 +180,13 @@ def conversation(message: dict[str, Any], fmt: ContentFormatName, n: int) -> dic
     if role == "system":
         parts = _strip_billing_header(parts)
     openai = fmt == "openai"
-    texts = [
-        t
-        for t in (_part(p, openai, f"messages[{n}].content[{i}]") for i, p in enumerate(parts))
-        if t is not None
-    ]
+    # vLLM keeps only truthy parts: in the "string" format empty or missing texts vanish
+    texts = [t for t in (_part(p, openai, f"messages[{n}].content[{i}]") for i, p in enumerate(parts)) if t]
     if openai:
         out: dict[str, Any] = {"role": role, "content": texts}
     else:
         if any(not isinstance(t, str) for t in texts):
-            raise ChatTemplateError(f"messages[{n}]: a text part has no text")
+            raise ChatTemplateError(f"messages[{n}]: a text part is not a string")
         out = {"role": role, "content": "\n".join(texts)}
     if role == "assistant":
         if message.get("tool_calls") is not None:

@@ -132,8 +132,10 @@ def _prompts(prompt: Any) -> list[str | list[int]]:
         return [prompt]
     if type(prompt) is not list:
         raise InvalidPromptError("prompt must be a string, a list of strings or a list of token ids")
+    if not prompt:
+        raise InvalidPromptError("You must pass at least one prompt")
     if _is_ids(prompt):
-        return [prompt] if prompt else []
+        return [prompt]
     if all(_is_ids(p) for p in prompt) or all(isinstance(p, str) for p in prompt):
         return list(prompt)
     raise InvalidPromptError("prompt must be a string, a list of strings or a list of token ids")

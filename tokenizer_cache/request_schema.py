@@ -149,31 +149,75 @@ class _Union(_Node):
 
     def check(self, value: Any) -> tuple[Any, int | None]:
         best: tuple[Any, int | None] | None = None
-        reasons = []
+        reasons: list[Any] = []
         for choice in self.choices:
+            if isinstance(choice, _TD):
+                if (why := choice.rejects(value)) is not None:
+                    reasons.append(why)  # a cheap first look: not an object, or a tag that differs
+                    continue
+                if (
+                    best is not None
+                    and best[1] is not None
+                    and choice.flat
+                    and best[1] >= choice.bound(value)
+                ):
+                    continue  # it cannot set more fields than the best so far, and ties go to the earlier
+
             try:
                 out, n = choice.check(value)
             except Invalid as e:
-                reasons.append(str(e))
+                reasons.append(e)
                 continue
             if n is None and best is None:
                 return out, n  # an exact match that sets no fields wins at once
             if best is None or (best[1] is not None and n is not None and n > best[1]):
                 best = (out, n)
         if best is None:
-            raise Invalid(" or ".join(dict.fromkeys(reasons)))
+            raise Invalid(" or ".join(dict.fromkeys(map(str, reasons))))
         return best
 
 
-@dataclass(frozen=True)
+def _nests(node: _Node) -> bool:
+    if isinstance(node, _TD):
+        return True
+    if isinstance(node, _Union):
+        return any(_nests(c) for c in node.choices)
+    if isinstance(node, (_List, _Dict)):
+        return _nests(node.item if isinstance(node, _List) else node.value)
+    return False
+
+
+def _is_object(value: Any) -> bool:
+    return type(value) is dict or isinstance(value, Mapping)
+
+
 class _TD(_Node):
     """A TypedDict in a model that allows extra keys."""
 
-    name: str
-    fields: tuple[tuple[str, _Node, bool], ...]
+    def __init__(self, name: str, fields: tuple[tuple[str, _Node, bool], ...]) -> None:
+        self.name = name
+        self.fields = fields
+        self.declared = frozenset(f[0] for f in fields)
+        # Required literal fields ("role", "type"): checked first, without building anything.
+        self.tags = tuple((k, n.values) for k, n, req in fields if req and isinstance(n, _Lit))
+        # No nested TypedDict: the fields it sets are at most the declared keys present.
+        self.flat = not any(_nests(n) for _, n, _ in fields)
+
+    def bound(self, value: Mapping[str, Any]) -> int:
+        return sum(1 for k in self.declared if k in value)
+
+    def rejects(self, value: Any) -> str | None:
+        """Why ``value`` cannot be this type, found cheaply (None: it may be)."""
+        if not _is_object(value):
+            return f"an object ({self.name})"
+        for key, values in self.tags:
+            tag = value.get(key)
+            if type(tag) is not str or tag not in values:
+                return f"{self.name}.{key} in {list(values)}"
+        return None
 
     def check(self, value: Any) -> tuple[Any, int | None]:
-        if not isinstance(value, Mapping):
+        if not _is_object(value):
             raise Invalid(f"an object ({self.name})")
         out: dict[str, Any] = {}
         count = 0
@@ -186,11 +230,30 @@ class _TD(_Node):
                 count += 1 + (nested or 0)
             elif required:
                 raise Invalid(f"{self.name}.{key} is required")
-        declared = {f[0] for f in self.fields}
+        declared = self.declared
         for k, v in value.items():
             if k not in declared:
                 out[k] = v
         return out, count
+
+
+class _ByRole(_Node):
+    """The message union: the OpenAI member whose ``role`` literal matches (at most one does), then vLLM's
+    catch-all member, in that order; the other members fail on their role, so they are not tried."""
+
+    def __init__(self, openai: tuple[_TD, ...], custom: _TD) -> None:
+        self.by_role = {
+            v: _Union((td, custom)) for td in openai for k, vals in td.tags if k == "role" for v in vals
+        }
+        self.custom_only = _Union((custom,))
+
+    def check(self, value: Any) -> tuple[Any, int | None]:
+        role = value.get("role") if _is_object(value) else None
+        return (
+            self.by_role.get(role, self.custom_only).check(value)
+            if type(role) is str
+            else self.custom_only.check(value)
+        )
 
 
 def _opt(node: _Node) -> _Node:
@@ -346,83 +409,80 @@ def _text_only_content(required: bool = True) -> tuple[str, _Node, bool]:
     return ("content", _Union((_S, _Iterable(_TEXT))), required)
 
 
-_MESSAGES = _Union(
-    (
-        _TD(
-            "DeveloperMessage",
-            (_text_only_content(), ("role", _Lit(("developer",)), True), ("name", _S, False)),
+_OPENAI_MESSAGES = (
+    _TD(
+        "DeveloperMessage",
+        (_text_only_content(), ("role", _Lit(("developer",)), True), ("name", _S, False)),
+    ),
+    _TD("SystemMessage", (_text_only_content(), ("role", _Lit(("system",)), True), ("name", _S, False))),
+    _TD(
+        "UserMessage",
+        (
+            ("content", _Union((_S, _Iterable(_Union((_TEXT, _IMAGE, _INPUT_AUDIO, _FILE))))), True),
+            ("role", _Lit(("user",)), True),
+            ("name", _S, False),
         ),
-        _TD("SystemMessage", (_text_only_content(), ("role", _Lit(("system",)), True), ("name", _S, False))),
-        _TD(
-            "UserMessage",
+    ),
+    _TD(
+        "AssistantMessage",
+        (
+            ("role", _Lit(("assistant",)), True),
+            ("audio", _opt(_TD("Audio", (("id", _S, True),))), False),
+            ("content", _Union((_S, _Iterable(_Union((_TEXT, _REFUSAL))), _None())), False),
             (
-                ("content", _Union((_S, _Iterable(_Union((_TEXT, _IMAGE, _INPUT_AUDIO, _FILE))))), True),
-                ("role", _Lit(("user",)), True),
-                ("name", _S, False),
+                "function_call",
+                _opt(_TD("FunctionCall", (("arguments", _S, True), ("name", _S, True)))),
+                False,
             ),
+            ("name", _S, False),
+            ("refusal", _opt(_S), False),
+            ("tool_calls", _Iterable(_Union((_FUNCTION_CALL, _CUSTOM_CALL))), False),
         ),
-        _TD(
-            "AssistantMessage",
-            (
-                ("role", _Lit(("assistant",)), True),
-                ("audio", _opt(_TD("Audio", (("id", _S, True),))), False),
-                ("content", _Union((_S, _Iterable(_Union((_TEXT, _REFUSAL))), _None())), False),
-                (
-                    "function_call",
-                    _opt(_TD("FunctionCall", (("arguments", _S, True), ("name", _S, True)))),
-                    False,
-                ),
-                ("name", _S, False),
-                ("refusal", _opt(_S), False),
-                ("tool_calls", _Iterable(_Union((_FUNCTION_CALL, _CUSTOM_CALL))), False),
-            ),
-        ),
-        _TD(
-            "ToolMessage", (_text_only_content(), ("role", _Lit(("tool",)), True), ("tool_call_id", _S, True))
-        ),
-        _TD(
-            "FunctionMessage",
-            (("content", _opt(_S), True), ("name", _S, True), ("role", _Lit(("function",)), True)),
-        ),
-        _TD(
-            "CustomMessage",
-            (
-                ("role", _S, True),
-                ("content", _Union((_S, _List(_VLLM_PARTS))), False),
-                ("name", _S, False),
-                ("tool_call_id", _opt(_S), False),
-                ("tool_calls", _opt(_List(_FUNCTION_CALL)), False),
-                (
-                    "reasoning",
-                    _Union(
-                        (
-                            _S,
-                            _TD(
-                                "PromptEmbedsPart",
-                                (("data", _S, True), ("type", _Lit(("prompt_embeds",)), True)),
-                            ),
-                            _None(),
-                        )
-                    ),
-                    False,
-                ),
-                (
-                    "tools",
-                    _opt(
-                        _List(
-                            _TD(
-                                "FunctionTool",
-                                (("function", _FUNCTION_DEF, True), ("type", _Lit(("function",)), True)),
-                            )
-                        )
-                    ),
-                    False,
-                ),
-                ("task", _opt(_S), False),
-            ),
-        ),
-    )
+    ),
+    _TD("ToolMessage", (_text_only_content(), ("role", _Lit(("tool",)), True), ("tool_call_id", _S, True))),
+    _TD(
+        "FunctionMessage",
+        (("content", _opt(_S), True), ("name", _S, True), ("role", _Lit(("function",)), True)),
+    ),
 )
+_CUSTOM_MESSAGE = _TD(
+    "CustomMessage",
+    (
+        ("role", _S, True),
+        ("content", _Union((_S, _List(_VLLM_PARTS))), False),
+        ("name", _S, False),
+        ("tool_call_id", _opt(_S), False),
+        ("tool_calls", _opt(_List(_FUNCTION_CALL)), False),
+        (
+            "reasoning",
+            _Union(
+                (
+                    _S,
+                    _TD(
+                        "PromptEmbedsPart",
+                        (("data", _S, True), ("type", _Lit(("prompt_embeds",)), True)),
+                    ),
+                    _None(),
+                )
+            ),
+            False,
+        ),
+        (
+            "tools",
+            _opt(
+                _List(
+                    _TD(
+                        "FunctionTool",
+                        (("function", _FUNCTION_DEF, True), ("type", _Lit(("function",)), True)),
+                    )
+                )
+            ),
+            False,
+        ),
+        ("task", _opt(_S), False),
+    ),
+)
+_MESSAGES = _ByRole(_OPENAI_MESSAGES, _CUSTOM_MESSAGE)
 
 
 def validate_message(message: Any, n: int) -> dict[str, Any]:
@@ -441,11 +501,38 @@ def validate_message(message: Any, n: int) -> dict[str, Any]:
             if not isinstance(calls, (str, Mapping, tuple)):
                 raise RequestValidationError(f"messages[{n}].tool_calls must be an array")
             message["tool_calls"] = list(calls)
+        fast = _plain_text_message(message)
+        if fast is not None:
+            return fast
     try:
         out, _ = _MESSAGES.check(message)
     except Invalid as e:
         raise RequestValidationError(f"messages[{n}] is not a valid chat message: {e}") from None
     return dict(out)
+
+
+_PLAIN_KEYS = frozenset({"role", "content", "name", "tool_call_id", "reasoning", "task"})
+_NAMED_ROLES = frozenset({"developer", "system", "user", "assistant"})
+
+
+def _plain_text_message(m: dict[str, Any]) -> dict[str, Any] | None:
+    """The common message, decided without the union: string content and only string-or-null fields.
+
+    Such a message validates exactly when the union would accept it: for the developer, system, user and
+    assistant roles when ``name`` is a string or absent (OpenAI's member takes it, other keys ride along
+    as extras); for ``tool`` when ``tool_call_id`` is a string (OpenAI's) or null/absent and the other
+    fields fit vLLM's member; for any other role when they fit vLLM's member.  Which member wins changes
+    only the key order of the message dict, which vLLM rebuilds anyway.  None: not such a message."""
+    if type(m.get("content")) is not str or type(m.get("role")) is not str or not _PLAIN_KEYS.issuperset(m):
+        return None
+    name = m.get("name", "")
+    if type(name) is not str:
+        return None  # no member takes a non-string name: let the union say why
+    if m["role"] in _NAMED_ROLES:
+        return m
+    if any(type(m.get(k)) not in (str, type(None)) for k in ("tool_call_id", "reasoning", "task")):
+        return None
+    return m
 
 
 def validate_messages(messages: list[Any]) -> list[dict[str, Any]]:
