@@ -116,6 +116,38 @@ class RenderOptions(msgspec.Struct, frozen=True, kw_only=True):
     refused, ``truncate_prompt_tokens: -1`` keeps ``max_model_len - 1`` tokens, and ``max_tokens`` above it
     is refused.  None: no length checks (and ``-1`` truncates nothing)."""
 
+    @classmethod
+    def from_vllm_args(cls, args: list[str], *, max_model_len: int | None = None) -> RenderOptions:
+        """The options of a vLLM server started with these command-line arguments (the flags above; others
+        are ignored).  Flags that are absent mean vLLM's defaults, not "unknown"."""
+
+        def value(flag: str) -> str | None:
+            for i, a in enumerate(args):
+                if a == flag and i + 1 < len(args):
+                    return args[i + 1]
+                if a.startswith(flag + "="):
+                    return a.split("=", 1)[1]
+            return None
+
+        def json_value(flag: str) -> Any:
+            raw = value(flag)
+            return None if raw is None else msgspec.json.decode(raw)
+
+        fmt = value("--chat-template-content-format") or "auto"
+        if fmt not in ("auto", "string", "openai"):
+            raise TokenizerLoadError(f"--chat-template-content-format {fmt!r} is not auto, string or openai")
+        length = value("--max-model-len")
+        return cls(
+            chat_template_content_format=fmt,  # type: ignore[arg-type]
+            default_chat_template_kwargs=json_value("--default-chat-template-kwargs"),
+            exclude_tools_when_tool_choice_none="--exclude-tools-when-tool-choice-none" in args,
+            reasoning_effort_map=json_value("--reasoning-effort-map"),
+            trust_request_chat_template="--trust-request-chat-template" in args,
+            tool_parser=value("--tool-call-parser") is not None,
+            trust_request_mm_kwargs="--trust-request-mm-kwargs" in args,
+            max_model_len=int(length) if length is not None else max_model_len,
+        ).validate()
+
     def validate(self) -> RenderOptions:
         if self.max_model_len is not None and self.max_model_len < 1:
             raise TokenizerLoadError("max_model_len must be >= 1")

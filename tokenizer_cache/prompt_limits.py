@@ -23,7 +23,7 @@ from typing import Any
 from .chat_request import TokenizeSpec, check_common, tokenize_spec
 from .config import RenderOptions
 from .errors import InvalidPromptError, RequestValidationError
-from .request_schema import Invalid, lax_bool
+from .request_schema import Invalid, lax_bool, lax_int
 
 __all__ = [
     "CompletionPlan",
@@ -121,11 +121,19 @@ def plan_completion(body: Mapping[str, Any], options: RenderOptions) -> Completi
     return CompletionPlan(_prompts(prompt), spec)
 
 
-def _is_ids(value: Any) -> bool:
-    return type(value) is list and all(type(x) is int and x >= 0 for x in value)
+def _ids(value: Any) -> list[int] | None:
+    """``list[int >= 0]`` in pydantic's lax mode (integral floats, booleans, numeric strings), else None."""
+    if type(value) is not list:
+        return None
+    try:
+        ids = [lax_int(x) for x in value]
+    except Invalid:
+        return None
+    return ids if all(x >= 0 for x in ids) else None
 
 
 def _prompts(prompt: Any) -> list[str | list[int]]:
+    """The prompt union (ids | lists of ids | text | texts), strings preferred where they fit exactly."""
     if prompt is None:
         return []
     if isinstance(prompt, str):
@@ -134,8 +142,11 @@ def _prompts(prompt: Any) -> list[str | list[int]]:
         raise InvalidPromptError("prompt must be a string, a list of strings or a list of token ids")
     if not prompt:
         raise InvalidPromptError("You must pass at least one prompt")
-    if _is_ids(prompt):
-        return [prompt]
-    if all(_is_ids(p) for p in prompt) or all(isinstance(p, str) for p in prompt):
+    if all(isinstance(p, str) for p in prompt):
         return list(prompt)
+    if (ids := _ids(prompt)) is not None:
+        return [ids]
+    lists = [_ids(p) for p in prompt]
+    if all(x is not None for x in lists):
+        return [x for x in lists if x is not None]
     raise InvalidPromptError("prompt must be a string, a list of strings or a list of token ids")

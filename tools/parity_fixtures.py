@@ -43,8 +43,24 @@ from tests.fixtures.parity_models import MAX_MODEL_LEN, SPECS, build_model, fing
 
 OUT = ROOT / "tests" / "fixtures" / "parity"
 SERVED = "parity"
-# The flags the fixtures are recorded with; the tests build the matching RenderOptions.
+# The flags the fixtures are recorded with (the tests build the matching RenderOptions): every model with
+# FLAGS, and three more server configurations on one model each.
 FLAGS = ["--trust-request-chat-template", "--enable-auto-tool-choice", "--tool-call-parser", "pythonic"]
+VARIANTS: dict[str, tuple[str, list[str]]] = {
+    "qwen3_server_flags": (
+        "qwen3",
+        [
+            *FLAGS,
+            "--default-chat-template-kwargs",
+            '{"enable_thinking": false, "x_var": "from the server"}',
+            "--exclude-tools-when-tool-choice-none",
+            "--reasoning-effort-map",
+            '{"low": "none", "max": "high"}',
+        ],
+    ),
+    "gemma3_string_format": ("gemma3", [*FLAGS, "--chat-template-content-format", "string"]),
+    "llama3_1_default_flags": ("llama3_1", []),
+}
 
 
 def venv_python(args: argparse.Namespace) -> Path:
@@ -81,11 +97,11 @@ def free_port() -> int:
 class RenderServer:
     """``vllm launch render`` on one model directory, in its own process group."""
 
-    def __init__(self, python: Path, model_dir: Path, log: Path) -> None:
+    def __init__(self, python: Path, model_dir: Path, flags: list[str], log: Path) -> None:
         self.port = free_port()
         vllm = python.parent / "vllm"
         cmd = [str(vllm), "launch", "render", str(model_dir), "--host", "127.0.0.1", "--port", str(self.port)]
-        cmd += ["--served-model-name", SERVED, *FLAGS]
+        cmd += ["--served-model-name", SERVED, *flags]
         env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}
         self.log = log.open("w")
         self.proc = subprocess.Popen(
@@ -169,7 +185,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--venv", help="virtualenv with vLLM installed (default: see above)")
     ap.add_argument("--vllm-version", default="0.33.0", help="vLLM release for a new virtualenv")
-    ap.add_argument("--models", nargs="*", default=sorted(SPECS), help="parity models to record")
+    targets = {**{m: (m, FLAGS) for m in SPECS}, **VARIANTS}
+    ap.add_argument("--only", nargs="*", default=sorted(targets), help="fixtures to record (default: all)")
     ap.add_argument("--seed", type=int, default=20261201)
     ap.add_argument("--workers", type=int, default=4, help="requests in flight per server")
     ap.add_argument("--start-timeout", type=float, default=600.0)
@@ -187,9 +204,10 @@ def main() -> None:
     }
     _write(OUT / "corpus.json", corpus_json)
     with tempfile.TemporaryDirectory(prefix="parity-") as tmp:
-        for name in args.models:
-            model_dir = build_model(name, Path(tmp) / name)
-            server = RenderServer(python, model_dir, Path(tmp) / f"{name}.log")
+        for name in args.only:
+            model, flags = targets[name]
+            model_dir = build_model(model, Path(tmp) / name / model)
+            server = RenderServer(python, model_dir, flags, Path(tmp) / f"{name}.log")
             try:
                 t0 = time.monotonic()
                 server.wait_ready(args.start_timeout)
@@ -208,10 +226,10 @@ def main() -> None:
             _write(
                 OUT / f"{name}.json",
                 {
-                    "model": name,
+                    "model": model,
                     "fingerprint": fingerprint(model_dir),
                     "versions": ver,
-                    "flags": FLAGS,
+                    "flags": flags,
                     "max_model_len": MAX_MODEL_LEN,
                     "seed": args.seed,
                     **results,

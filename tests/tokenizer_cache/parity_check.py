@@ -71,12 +71,7 @@ def expected_cases(corpus: dict[str, Any], recorded: dict[str, Any]) -> Iterator
 
 def render_options(recorded: dict[str, Any]) -> RenderOptions:
     """The options matching the flags the render server ran with."""
-    flags = recorded["flags"]
-    return RenderOptions(
-        trust_request_chat_template="--trust-request-chat-template" in flags,
-        tool_parser="--tool-call-parser" in flags,
-        max_model_len=recorded["max_model_len"],
-    )
+    return RenderOptions.from_vllm_args(recorded["flags"], max_model_len=recorded["max_model_len"])
 
 
 def _first_difference(want: list[int], got: list[int]) -> str:

@@ -43,14 +43,17 @@ def _report(label: str, mismatches: list[Mismatch], total: int) -> str:
 def model(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[str, Path]]:
+    """A fixture's name and the model directory it was recorded on (several fixtures share a model)."""
     name = request.param
-    directory = build_model(name, tmp_path_factory.mktemp(name))
-    yield name, directory
+    model_name = load_model(name)["model"]
+    yield name, build_model(model_name, tmp_path_factory.mktemp(name) / model_name)
 
 
 def test_fixtures_cover_every_model_and_case() -> None:
     corpus = load_corpus()
-    assert set(MODELS) == {"deepseek_v3", "gemma3", "llama3_1", "qwen2_5", "qwen3"}
+    models = {load_model(name)["model"] for name in MODELS}
+    assert models == {"deepseek_v3", "gemma3", "llama3_1", "qwen2_5", "qwen3"}
+    assert len(MODELS) == 8, "the five models with the fixture flags, and three more server configurations"
     for name in MODELS:
         recorded = load_model(name)
         assert set(recorded["chat"]) == {c["id"] for c in corpus["chat"]}, name
