@@ -1,16 +1,18 @@
 """Token parity with vLLM 0.33: the recorded render-server answers (``make parity-fixtures``), replayed.
 
-For every parity model the whole corpus goes through a cold ``CachedTokenizer`` (the growing agent
-conversations then splice each turn onto the previous one), then through the same tokenizer again from
-the event loop (warm: exact repeats), then through a tokenizer whose cache was filled in another order.
+For every fixture (a parity model and the vLLM flags it was recorded with) the whole corpus goes through a
+cold ``CachedTokenizer`` (the growing agent conversations then splice each turn onto the previous one),
+then through the same tokenizer again from the event loop (warm: exact repeats), then, cache cleared, in
+another order.
 Every case must agree exactly: the same ids, or a typed error where vLLM answered 400.  No vLLM needed.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,6 +29,7 @@ from tests.tokenizer_cache.parity_check import (
     run_sync,
 )
 from tokenizer_cache import CacheConfig, CachedTokenizer
+from tokenizer_cache.loading import load_hf_tokenizer
 
 MODELS = recorded_models()
 # Small chunks: the cache splices at many more places than the production defaults allow.
@@ -39,14 +42,21 @@ def _report(label: str, mismatches: list[Mismatch], total: int) -> str:
     return "\n".join(lines)
 
 
-@pytest.fixture(scope="module", params=MODELS)
-def model(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[str, Path]]:
-    """A fixture's name and the model directory it was recorded on (several fixtures share a model)."""
-    name = request.param
-    model_name = load_model(name)["model"]
-    yield name, build_model(model_name, tmp_path_factory.mktemp(name) / model_name)
+ModelDirs = Callable[[str], tuple[Path, Any]]
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> ModelDirs:
+    """A parity model's directory and its loaded Hugging Face tokenizer, built once per model."""
+    built: dict[str, tuple[Path, Any]] = {}
+
+    def get(model: str) -> tuple[Path, Any]:
+        if model not in built:
+            directory = build_model(model, tmp_path_factory.mktemp(model) / model)
+            built[model] = (directory, load_hf_tokenizer(str(directory)))
+        return built[model]
+
+    return get
 
 
 def test_fixtures_cover_every_model_and_case() -> None:
@@ -62,23 +72,23 @@ def test_fixtures_cover_every_model_and_case() -> None:
         assert rendered > len(corpus["chat"]) // 2, f"{name}: vLLM refused most of the corpus"
 
 
-async def test_tokens_match_vllm(model: tuple[str, Path]) -> None:
-    name, directory = model
+@pytest.mark.parametrize("name", MODELS)
+async def test_tokens_match_vllm(name: str, model_dirs: ModelDirs) -> None:
     recorded = load_model(name)
+    directory, hf = model_dirs(recorded["model"])
     assert fingerprint(directory) == recorded["fingerprint"], (
         f"{name}: the model directory built here differs from the one vLLM rendered with; "
         "rebuild the fixtures (make parity-fixtures)"
     )
     cases = list(expected_cases(load_corpus(), recorded))
-    options = render_options(recorded)
-    with CachedTokenizer.from_pretrained(str(directory), config=SMALL, render_options=options) as tok:
+    with CachedTokenizer(hf, config=SMALL, render_options=render_options(recorded)) as tok:
         cold = run_sync(tok, cases)
         assert tok.stats().hits > 0, "the growing conversations never reused the cache"
         warm = await run_async(tok, cases)
         assert tok.stats().exact_hits > 0
-    shuffled: list[Expected] = cases[:]
-    random.Random(7).shuffle(shuffled)
-    with CachedTokenizer.from_pretrained(str(directory), config=SMALL, render_options=options) as tok:
+        tok.clear()
+        shuffled: list[Expected] = cases[:]
+        random.Random(7).shuffle(shuffled)
         other_order = run_sync(tok, shuffled)
     assert not cold, _report(f"{name} (cold cache)", cold, len(cases))
     assert not warm, _report(f"{name} (warm cache, async)", warm, len(cases))
