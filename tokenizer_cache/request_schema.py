@@ -1,19 +1,12 @@
-"""The shape checks vLLM's request model applies to chat messages, reproduced without pydantic.
+"""The message types vLLM 0.33's chat request accepts, and the validation of ``messages`` against them.
 
-vLLM 0.33 validates ``messages`` against a union of TypedDicts (OpenAI's six message types, then vLLM's own
-catch-all message type) inside a model that allows extra keys.  Which member wins decides what reaches the
-template and which requests are refused, so it is reproduced here:
-
-- each member is tried; a member validates when its required keys are present and every declared key
-  it finds has the declared type (extra keys are kept, after the declared ones);
-- the winner is the member that *sets the most declared fields*, counting the fields of nested TypedDicts
-  validated eagerly (content parts in a ``list``, tool calls in a ``list``); ties go to the earlier member;
-- OpenAI's members declare their content parts and tool calls as ``Iterable``: validated lazily, when
-  vLLM iterates them, so a part those members do not know fails the request there (a 400) even though
-  vLLM's own member would have accepted it.  Such content is returned as ``LazyParts``.
-
-So ``{"role": "user", "content": [{"type": "text", ...}]}`` goes to vLLM's member (4 fields set against 2),
-while ``[{"type": "input_text", ...}]`` alone goes to OpenAI's user member (2 against 2) and fails.
+``messages`` is a union of OpenAI's six message types (developer, system, user, assistant, tool, function)
+and vLLM's catch-all type (any role), validated with pydantic's rules (``typed_dicts``).  Which member
+wins decides what reaches the template and which requests are refused.  OpenAI's members declare content
+parts and tool calls as ``Iterable``: checked only when vLLM reads them, against OpenAI's narrower part
+types.  So ``{"role": "user", "content": [{"type": "text", ...}]}`` goes to vLLM's member (4 fields set
+against 2) and is accepted, while ``[{"type": "input_text", ...}]`` alone ties (2 against 2), goes to
+OpenAI's user member, and fails when read: a 400.
 
 Validated dicts keep vLLM's key order (declared keys in declaration order, then extras in input order):
 templates that serialise a tool call or a content part see them in that order.
@@ -22,10 +15,28 @@ templates that serialise a tool call or a content part see them in that order.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from .errors import RequestValidationError
+from .typed_dicts import (
+    TD,
+    AnyValue,
+    Bool,
+    ByRole,
+    DictOf,
+    Invalid,
+    IterableOf,
+    LazyParts,
+    ListOf,
+    Lit,
+    Node,
+    Null,
+    OneOf,
+    Str,
+    lax_bool,
+    lax_int,
+    optional,
+)
 
 __all__ = [
     "Invalid",
@@ -39,450 +50,203 @@ __all__ = [
 ]
 
 
-class Invalid(Exception):
-    """A value does not fit a schema (internal; turned into ``RequestValidationError``)."""
-
-
-# -- schema nodes: (validate(value) -> (output, fields_set_count or None)) ---------------------------
-
-
-class _Node:
-    def check(self, value: Any) -> tuple[Any, int | None]:
-        raise NotImplementedError
-
-
-class _Str(_Node):
-    def check(self, value: Any) -> tuple[Any, int | None]:
-        if type(value) is not str:
-            raise Invalid("a string")
-        return value, None
-
-
-class _Bool(_Node):
-    """pydantic's lax bool: booleans, 0/1, and the usual words."""
-
-    _WORDS = {"1": True, "on": True, "t": True, "true": True, "y": True, "yes": True}
-    _WORDS.update({"0": False, "off": False, "f": False, "false": False, "n": False, "no": False})
-
-    def check(self, value: Any) -> tuple[Any, int | None]:
-        return lax_bool(value), None
-
-
-class _Any(_Node):
-    def check(self, value: Any) -> tuple[Any, int | None]:
-        return value, None
-
-
-class _None(_Node):
-    def check(self, value: Any) -> tuple[Any, int | None]:
-        if value is not None:
-            raise Invalid("null")
-        return None, None
-
-
-@dataclass(frozen=True)
-class _Lit(_Node):
-    values: tuple[str, ...]
-
-    def check(self, value: Any) -> tuple[Any, int | None]:
-        if type(value) is not str or value not in self.values:
-            raise Invalid(f"one of {list(self.values)}")
-        return value, None
-
-
-@dataclass(frozen=True)
-class _Dict(_Node):
-    """``dict[str, X]``."""
-
-    value: _Node
-
-    def check(self, value: Any) -> tuple[Any, int | None]:
-        if not isinstance(value, Mapping):
-            raise Invalid("an object")
-        out = {}
-        for k, v in value.items():
-            if type(k) is not str:
-                raise Invalid("string keys")
-            out[k] = self.value.check(v)[0]
-        return out, None
-
-
-@dataclass(frozen=True)
-class _List(_Node):
-    item: _Node
-
-    def check(self, value: Any) -> tuple[Any, int | None]:
-        if type(value) is not list:
-            raise Invalid("an array")
-        out, total = [], None
-        for v in value:
-            o, n = self.item.check(v)
-            out.append(o)
-            if n is not None:
-                total = (total or 0) + n
-        return out, total
-
-
-@dataclass
-class LazyParts:
-    """Content kept as given, validated item by item (against ``item``) only when vLLM reads it."""
-
-    items: list[Any]
-    item: _Node
-
-
-@dataclass(frozen=True)
-class _Iterable(_Node):
-    item: _Node
-
-    def check(self, value: Any) -> tuple[Any, int | None]:
-        if isinstance(value, (list, tuple)):
-            return LazyParts(list(value), self.item), None
-        if isinstance(value, (str, Mapping)):  # iterable in Python: characters, keys
-            return LazyParts(list(value), self.item), None
-        raise Invalid("an iterable")
-
-
-@dataclass(frozen=True)
-class _Union(_Node):
-    choices: tuple[_Node, ...]
-
-    def check(self, value: Any) -> tuple[Any, int | None]:
-        best: tuple[Any, int | None] | None = None
-        reasons: list[Any] = []
-        for choice in self.choices:
-            if isinstance(choice, _TD):
-                if (why := choice.rejects(value)) is not None:
-                    reasons.append(why)  # a cheap first look: not an object, or a tag that differs
-                    continue
-                if (
-                    best is not None
-                    and best[1] is not None
-                    and choice.flat
-                    and best[1] >= choice.bound(value)
-                ):
-                    continue  # it cannot set more fields than the best so far, and ties go to the earlier
-
-            try:
-                out, n = choice.check(value)
-            except Invalid as e:
-                reasons.append(e)
-                continue
-            if n is None and best is None:
-                return out, n  # an exact match that sets no fields wins at once
-            if best is None or (best[1] is not None and n is not None and n > best[1]):
-                best = (out, n)
-        if best is None:
-            raise Invalid(" or ".join(dict.fromkeys(map(str, reasons))))
-        return best
-
-
-def _nests(node: _Node) -> bool:
-    if isinstance(node, _TD):
-        return True
-    if isinstance(node, _Union):
-        return any(_nests(c) for c in node.choices)
-    if isinstance(node, (_List, _Dict)):
-        return _nests(node.item if isinstance(node, _List) else node.value)
-    return False
-
-
-def _is_object(value: Any) -> bool:
-    return type(value) is dict or isinstance(value, Mapping)
-
-
-class _TD(_Node):
-    """A TypedDict in a model that allows extra keys."""
-
-    def __init__(self, name: str, fields: tuple[tuple[str, _Node, bool], ...]) -> None:
-        self.name = name
-        self.fields = fields
-        self.declared = frozenset(f[0] for f in fields)
-        # Required literal fields ("role", "type"): checked first, without building anything.
-        self.tags = tuple((k, n.values) for k, n, req in fields if req and isinstance(n, _Lit))
-        # No nested TypedDict: the fields it sets are at most the declared keys present.
-        self.flat = not any(_nests(n) for _, n, _ in fields)
-
-    def bound(self, value: Mapping[str, Any]) -> int:
-        return sum(1 for k in self.declared if k in value)
-
-    def rejects(self, value: Any) -> str | None:
-        """Why ``value`` cannot be this type, found cheaply (None: it may be)."""
-        if not _is_object(value):
-            return f"an object ({self.name})"
-        for key, values in self.tags:
-            tag = value.get(key)
-            if type(tag) is not str or tag not in values:
-                return f"{self.name}.{key} in {list(values)}"
-        return None
-
-    def check(self, value: Any) -> tuple[Any, int | None]:
-        if not _is_object(value):
-            raise Invalid(f"an object ({self.name})")
-        out: dict[str, Any] = {}
-        count = 0
-        for key, node, required in self.fields:
-            if key in value:
-                try:
-                    out[key], nested = node.check(value[key])
-                except Invalid as e:
-                    raise Invalid(f"{self.name}.{key}: {e}") from None
-                count += 1 + (nested or 0)
-            elif required:
-                raise Invalid(f"{self.name}.{key} is required")
-        declared = self.declared
-        for k, v in value.items():
-            if k not in declared:
-                out[k] = v
-        return out, count
-
-
-class _ByRole(_Node):
-    """The message union: the OpenAI member whose ``role`` literal matches (at most one does), then vLLM's
-    catch-all member, in that order; the other members fail on their role, so they are not tried."""
-
-    def __init__(self, openai: tuple[_TD, ...], custom: _TD) -> None:
-        self.by_role = {
-            v: _Union((td, custom)) for td in openai for k, vals in td.tags if k == "role" for v in vals
-        }
-        self.custom_only = _Union((custom,))
-
-    def check(self, value: Any) -> tuple[Any, int | None]:
-        role = value.get("role") if _is_object(value) else None
-        return (
-            self.by_role.get(role, self.custom_only).check(value)
-            if type(role) is str
-            else self.custom_only.check(value)
-        )
-
-
-def _opt(node: _Node) -> _Node:
-    return _Union((node, _None()))
-
-
-def lax_bool(value: Any) -> bool:
-    if type(value) is bool:
-        return value
-    if type(value) in (int, float) and value in (0, 1):
-        return bool(value)
-    if type(value) is str and value.strip().lower() in _Bool._WORDS:
-        return _Bool._WORDS[value.strip().lower()]
-    raise Invalid("a boolean")
-
-
-def lax_int(value: Any) -> int:
-    """pydantic's lax int: integers (and booleans), integral floats, numeric strings."""
-    if type(value) in (int, bool):
-        return int(value)
-    if type(value) is float and value.is_integer():
-        return int(value)
-    if type(value) is str:
-        try:
-            return int(value.strip())
-        except ValueError:
-            pass
-    raise Invalid("an integer")
-
-
 # -- the schemas (openai 3.x types and vLLM 0.33's additions) --------------------------------------
 
-_S, _B, _ANY = _Str(), _Bool(), _Any()
-_EMBEDS = _opt(_Union((_S, _Dict(_ANY))))
-_BREAKPOINT = _TD(
-    "PromptCacheBreakpoint", (("mode", _Lit(("explicit",)), True), ("ttl", _Lit(("30m", "12h")), False))
+_S, _B, _ANY = Str(), Bool(), AnyValue()
+_EMBEDS = optional(OneOf((_S, DictOf(_ANY))))
+_BREAKPOINT = TD(
+    "PromptCacheBreakpoint", (("mode", Lit(("explicit",)), True), ("ttl", Lit(("30m", "12h")), False))
 )
-_TEXT = _TD(
+_TEXT = TD(
     "TextPart",
-    (("text", _S, True), ("type", _Lit(("text",)), True), ("prompt_cache_breakpoint", _BREAKPOINT, False)),
+    (("text", _S, True), ("type", Lit(("text",)), True), ("prompt_cache_breakpoint", _BREAKPOINT, False)),
 )
-_IMAGE = _TD(
+_IMAGE = TD(
     "ImagePart",
     (
         (
             "image_url",
-            _TD(
-                "ImageURL", (("url", _S, True), ("detail", _Lit(("auto", "low", "high", "original")), False))
-            ),
+            TD("ImageURL", (("url", _S, True), ("detail", Lit(("auto", "low", "high", "original")), False))),
             True,
         ),
-        ("type", _Lit(("image_url",)), True),
+        ("type", Lit(("image_url",)), True),
         ("prompt_cache_breakpoint", _BREAKPOINT, False),
     ),
 )
-_INPUT_AUDIO = _TD(
+_INPUT_AUDIO = TD(
     "InputAudioPart",
     (
         (
             "input_audio",
-            _TD("InputAudio", (("data", _S, True), ("format", _Lit(("wav", "mp3")), True))),
+            TD("InputAudio", (("data", _S, True), ("format", Lit(("wav", "mp3")), True))),
             True,
         ),
-        ("type", _Lit(("input_audio",)), True),
+        ("type", Lit(("input_audio",)), True),
         ("prompt_cache_breakpoint", _BREAKPOINT, False),
     ),
 )
-_FILE = _TD(
+_FILE = TD(
     "File",
     (
         (
             "file",
-            _TD("FileFile", (("file_data", _S, False), ("file_id", _S, False), ("filename", _S, False))),
+            TD("FileFile", (("file_data", _S, False), ("file_id", _S, False), ("filename", _S, False))),
             True,
         ),
-        ("type", _Lit(("file",)), True),
+        ("type", Lit(("file",)), True),
         ("prompt_cache_breakpoint", _BREAKPOINT, False),
     ),
 )
-_REFUSAL = _TD("RefusalPart", (("refusal", _S, True), ("type", _Lit(("refusal",)), True)))
-_URL = _TD("URL", (("url", _S, True),))
-_VLLM_PARTS = _Union(
+_REFUSAL = TD("RefusalPart", (("refusal", _S, True), ("type", Lit(("refusal",)), True)))
+_URL = TD("URL", (("url", _S, True),))
+_VLLM_PARTS = OneOf(
     (
         _TEXT,
         _IMAGE,
         _INPUT_AUDIO,
         _FILE,
-        _TD("AudioPart", (("audio_url", _URL, True), ("type", _Lit(("audio_url",)), True))),
-        _TD("VideoPart", (("video_url", _URL, True), ("type", _Lit(("video_url",)), True))),
+        TD("AudioPart", (("audio_url", _URL, True), ("type", Lit(("audio_url",)), True))),
+        TD("VideoPart", (("video_url", _URL, True), ("type", Lit(("video_url",)), True))),
         _REFUSAL,
-        _TD("PILImagePart", (("image_pil", _opt(_ANY), False), ("uuid", _opt(_S), False))),
-        _TD("SimpleImagePart", (("image_url", _opt(_S), False), ("uuid", _opt(_S), False))),
-        _TD(
+        TD("PILImagePart", (("image_pil", optional(_ANY), False), ("uuid", optional(_S), False))),
+        TD("SimpleImagePart", (("image_url", optional(_S), False), ("uuid", optional(_S), False))),
+        TD(
             "ImageEmbedsPart",
             (
                 ("image_embeds", _EMBEDS, False),
-                ("type", _Lit(("image_embeds",)), True),
-                ("uuid", _opt(_S), False),
+                ("type", Lit(("image_embeds",)), True),
+                ("uuid", optional(_S), False),
             ),
         ),
-        _TD(
+        TD(
             "AudioEmbedsPart",
             (
                 ("audio_embeds", _EMBEDS, False),
-                ("type", _Lit(("audio_embeds",)), True),
-                ("uuid", _opt(_S), False),
+                ("type", Lit(("audio_embeds",)), True),
+                ("uuid", optional(_S), False),
             ),
         ),
-        _TD(
+        TD(
             "VideoEmbedsPart",
             (
                 ("video_embeds", _EMBEDS, False),
                 ("audio_embeds", _EMBEDS, False),
-                ("type", _Lit(("video_embeds",)), True),
-                ("uuid", _opt(_S), False),
+                ("type", Lit(("video_embeds",)), True),
+                ("uuid", optional(_S), False),
             ),
         ),
-        _TD("PromptEmbedsPart", (("data", _S, True), ("type", _Lit(("prompt_embeds",)), True))),
-        _TD("SimpleAudioPart", (("audio_url", _opt(_S), False),)),
-        _TD("SimpleVideoPart", (("video_url", _opt(_S), False), ("uuid", _opt(_S), False))),
-        _TD("ToolReferencePart", (("name", _S, False), ("type", _Lit(("tool_reference",)), False))),
+        TD("PromptEmbedsPart", (("data", _S, True), ("type", Lit(("prompt_embeds",)), True))),
+        TD("SimpleAudioPart", (("audio_url", optional(_S), False),)),
+        TD("SimpleVideoPart", (("video_url", optional(_S), False), ("uuid", optional(_S), False))),
+        TD("ToolReferencePart", (("name", _S, False), ("type", Lit(("tool_reference",)), False))),
         _S,
-        _TD(
+        TD(
             "ThinkingPart",
-            (("thinking", _S, True), ("closed", _B, False), ("type", _Lit(("thinking",)), True)),
+            (("thinking", _S, True), ("closed", _B, False), ("type", Lit(("thinking",)), True)),
         ),
     )
 )
-_FUNCTION = _TD("Function", (("arguments", _S, True), ("name", _S, True)))
-_FUNCTION_CALL = _TD(
-    "FunctionToolCall", (("id", _S, True), ("function", _FUNCTION, True), ("type", _Lit(("function",)), True))
+_FUNCTION = TD("Function", (("arguments", _S, True), ("name", _S, True)))
+_FUNCTION_CALL = TD(
+    "FunctionToolCall", (("id", _S, True), ("function", _FUNCTION, True), ("type", Lit(("function",)), True))
 )
-_CUSTOM_CALL = _TD(
+_CUSTOM_CALL = TD(
     "CustomToolCall",
     (
         ("id", _S, True),
-        ("custom", _TD("Custom", (("input", _S, True), ("name", _S, True))), True),
-        ("type", _Lit(("custom",)), True),
+        ("custom", TD("Custom", (("input", _S, True), ("name", _S, True))), True),
+        ("type", Lit(("custom",)), True),
     ),
 )
-_FUNCTION_DEF = _TD(
+_FUNCTION_DEF = TD(
     "FunctionDefinition",
     (
         ("name", _S, True),
         ("description", _S, False),
-        ("parameters", _Dict(_ANY), False),
-        ("strict", _opt(_B), False),
+        ("parameters", DictOf(_ANY), False),
+        ("strict", optional(_B), False),
     ),
 )
 
 
-def _text_only_content(required: bool = True) -> tuple[str, _Node, bool]:
-    return ("content", _Union((_S, _Iterable(_TEXT))), required)
+def _text_only_content(required: bool = True) -> tuple[str, Node, bool]:
+    return ("content", OneOf((_S, IterableOf(_TEXT))), required)
 
 
 _OPENAI_MESSAGES = (
-    _TD(
+    TD(
         "DeveloperMessage",
-        (_text_only_content(), ("role", _Lit(("developer",)), True), ("name", _S, False)),
+        (_text_only_content(), ("role", Lit(("developer",)), True), ("name", _S, False)),
     ),
-    _TD("SystemMessage", (_text_only_content(), ("role", _Lit(("system",)), True), ("name", _S, False))),
-    _TD(
+    TD("SystemMessage", (_text_only_content(), ("role", Lit(("system",)), True), ("name", _S, False))),
+    TD(
         "UserMessage",
         (
-            ("content", _Union((_S, _Iterable(_Union((_TEXT, _IMAGE, _INPUT_AUDIO, _FILE))))), True),
-            ("role", _Lit(("user",)), True),
+            ("content", OneOf((_S, IterableOf(OneOf((_TEXT, _IMAGE, _INPUT_AUDIO, _FILE))))), True),
+            ("role", Lit(("user",)), True),
             ("name", _S, False),
         ),
     ),
-    _TD(
+    TD(
         "AssistantMessage",
         (
-            ("role", _Lit(("assistant",)), True),
-            ("audio", _opt(_TD("Audio", (("id", _S, True),))), False),
-            ("content", _Union((_S, _Iterable(_Union((_TEXT, _REFUSAL))), _None())), False),
+            ("role", Lit(("assistant",)), True),
+            ("audio", optional(TD("Audio", (("id", _S, True),))), False),
+            ("content", OneOf((_S, IterableOf(OneOf((_TEXT, _REFUSAL))), Null())), False),
             (
                 "function_call",
-                _opt(_TD("FunctionCall", (("arguments", _S, True), ("name", _S, True)))),
+                optional(TD("FunctionCall", (("arguments", _S, True), ("name", _S, True)))),
                 False,
             ),
             ("name", _S, False),
-            ("refusal", _opt(_S), False),
-            ("tool_calls", _Iterable(_Union((_FUNCTION_CALL, _CUSTOM_CALL))), False),
+            ("refusal", optional(_S), False),
+            ("tool_calls", IterableOf(OneOf((_FUNCTION_CALL, _CUSTOM_CALL))), False),
         ),
     ),
-    _TD("ToolMessage", (_text_only_content(), ("role", _Lit(("tool",)), True), ("tool_call_id", _S, True))),
-    _TD(
+    TD("ToolMessage", (_text_only_content(), ("role", Lit(("tool",)), True), ("tool_call_id", _S, True))),
+    TD(
         "FunctionMessage",
-        (("content", _opt(_S), True), ("name", _S, True), ("role", _Lit(("function",)), True)),
+        (("content", optional(_S), True), ("name", _S, True), ("role", Lit(("function",)), True)),
     ),
 )
-_CUSTOM_MESSAGE = _TD(
+_CUSTOM_MESSAGE = TD(
     "CustomMessage",
     (
         ("role", _S, True),
-        ("content", _Union((_S, _List(_VLLM_PARTS))), False),
+        ("content", OneOf((_S, ListOf(_VLLM_PARTS))), False),
         ("name", _S, False),
-        ("tool_call_id", _opt(_S), False),
-        ("tool_calls", _opt(_List(_FUNCTION_CALL)), False),
+        ("tool_call_id", optional(_S), False),
+        ("tool_calls", optional(ListOf(_FUNCTION_CALL)), False),
         (
             "reasoning",
-            _Union(
+            OneOf(
                 (
                     _S,
-                    _TD(
+                    TD(
                         "PromptEmbedsPart",
-                        (("data", _S, True), ("type", _Lit(("prompt_embeds",)), True)),
+                        (("data", _S, True), ("type", Lit(("prompt_embeds",)), True)),
                     ),
-                    _None(),
+                    Null(),
                 )
             ),
             False,
         ),
         (
             "tools",
-            _opt(
-                _List(
-                    _TD(
+            optional(
+                ListOf(
+                    TD(
                         "FunctionTool",
-                        (("function", _FUNCTION_DEF, True), ("type", _Lit(("function",)), True)),
+                        (("function", _FUNCTION_DEF, True), ("type", Lit(("function",)), True)),
                     )
                 )
             ),
             False,
         ),
-        ("task", _opt(_S), False),
+        ("task", optional(_S), False),
     ),
 )
-_MESSAGES = _ByRole(_OPENAI_MESSAGES, _CUSTOM_MESSAGE)
+_MESSAGES = ByRole(_OPENAI_MESSAGES, _CUSTOM_MESSAGE)
 
 
 def validate_message(message: Any, n: int) -> dict[str, Any]:
