@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test lint typecheck unit bench demo reliability clean
+.PHONY: install test lint typecheck unit bench demo reliability parity-fixtures clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,12 @@ demo: $(STAMP)
 
 reliability: $(STAMP)
 	$(BIN)/kvrouter reliability
+
+# vLLM's own token ids for the parity corpus (tests/fixtures/parity/), from vLLM's GPU-less render server
+# in a separate virtualenv (see tools/parity_fixtures.py; VLLM_VENV=... to choose it).
+VLLM_VERSION ?= 0.33.0
+parity-fixtures: $(STAMP)
+	$(BIN)/python tools/parity_fixtures.py --vllm-version $(VLLM_VERSION) $(if $(VLLM_VENV),--venv $(VLLM_VENV),)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

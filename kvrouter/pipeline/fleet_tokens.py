@@ -1,10 +1,9 @@
 """The gateway's token source: the tokenizer cache, one tokenizer per served model.
 
-Chat requests are rendered with the model's chat template exactly as vLLM renders them (the request's
-``tools``, ``chat_template_kwargs``, ``add_generation_prompt``, ``continue_final_message`` and ``documents``
-honoured) and tokenized without special tokens; completions text is tokenized with them; token-id prompts
-pass through.  Tokenization runs on the tokenizer cache's thread pool, off the event loop.  A template
-error is the client's: a 400 with the reason.
+Chat requests are rendered with the model's chat template exactly as vLLM renders them (the whole body:
+``tokenizer_cache``'s ``aencode_chat_request``, see docs/parity.md); completions text is tokenized with
+special tokens; token-id prompts pass through.  Long tokenizations run on the tokenizer cache's thread
+pool, off the event loop.  A template error is the client's: a 400 with the reason.
 """
 
 from __future__ import annotations
@@ -60,20 +59,7 @@ class FleetTokens:
         b = req.body
         try:
             if req.messages is not None:
-                kwargs: dict[str, Any] = {
-                    "add_generation_prompt": b.get("add_generation_prompt", True) is not False,
-                    "continue_final_message": b.get("continue_final_message", False) is True,
-                }
-                if b.get("documents") is not None:
-                    kwargs["documents"] = b["documents"]
-                if b.get("add_special_tokens") is True:
-                    kwargs["add_special_tokens"] = True
-                enc = await tok.aencode_chat_ex(
-                    req.messages,
-                    tools=b.get("tools"),
-                    chat_template_kwargs=b.get("chat_template_kwargs"),
-                    **kwargs,
-                )
+                enc = await tok.aencode_chat_request(b)  # every field vLLM reads, as vLLM reads it
             else:
                 assert isinstance(req.prompt, str)
                 enc = await tok.aencode_prompt_ex(
