@@ -1,8 +1,8 @@
 """Record vLLM's own token ids for the parity corpus (``make parity-fixtures``; a dev tool, not product code).
 
-For every parity model (``tests/fixtures/parity_models.py``) this starts vLLM's GPU-less render server
+For every parity model (``tests/support/parity_models.py``) this starts vLLM's GPU-less render server
 (``vllm launch render``, ``VLLM_TARGET_DEVICE=cpu``) from a separate virtualenv that has the pinned vLLM
-release, posts every body of the corpus (``tests/fixtures/parity_corpus.py``) to
+release, posts every body of the corpus (``tests/support/parity_corpus.py``) to
 ``/v1/chat/completions/render`` or ``/v1/completions/render``, and writes what vLLM answered to
 ``tests/fixtures/parity/``:
 
@@ -38,8 +38,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.fixtures.parity_corpus import build_corpus  # noqa: E402
-from tests.fixtures.parity_models import MAX_MODEL_LEN, SPECS, build_model, fingerprint  # noqa: E402
+from tests.support.parity_corpus import build_corpus  # noqa: E402
+from tests.support.parity_models import MAX_MODEL_LEN, SPECS, build_model, fingerprint  # noqa: E402
 
 OUT = ROOT / "tests" / "fixtures" / "parity"
 SERVED = "parity"

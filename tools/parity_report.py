@@ -73,7 +73,7 @@ def _legacy(tok: Any, kind: str, body: dict[str, Any]) -> Any:
 
 def run(names: list[str], legacy: bool) -> dict[str, dict[str, int]]:
     sys.path.append(str(ROOT))  # after $PYTHONPATH: a baseline's tokenizer_cache comes first
-    from tests.fixtures.parity_models import build_model
+    from tests.support.parity_models import build_model
     from tokenizer_cache import CachedTokenizer, TokenizerCacheError
 
     figures: dict[str, dict[str, int]] = {}

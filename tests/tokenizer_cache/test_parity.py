@@ -16,8 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.fixtures.parity_models import build_model, fingerprint
-from tests.tokenizer_cache.parity_check import (
+from tests.support.parity_check import (
     Expected,
     Mismatch,
     expected_cases,
@@ -28,6 +27,7 @@ from tests.tokenizer_cache.parity_check import (
     run_async,
     run_sync,
 )
+from tests.support.parity_models import build_model, fingerprint
 from tokenizer_cache import CacheConfig, CachedTokenizer
 from tokenizer_cache.loading import load_hf_tokenizer
 

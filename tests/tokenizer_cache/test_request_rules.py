@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.fixtures.tokenizer_kit import build_bytelevel
+from tests.support.tokenizer_kit import build_bytelevel
 from tokenizer_cache import (
     CachedTokenizer,
     ChatTemplateError,

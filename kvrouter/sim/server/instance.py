@@ -20,7 +20,8 @@ import itertools
 import random
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import msgspec
 import zmq.asyncio
@@ -29,7 +30,7 @@ from indexer.encode import RELEASES
 from tokenizer_cache import CachedTokenizer
 
 from ...api.errors import BadRequest, NotFound, ServiceUnavailable
-from ...api.requests import ChatArgs, too_long
+from ...api.requests import too_long
 from ..engine.engine import Engine, EngineConfig
 from ..engine.scheduler import RequestOutput
 from ..errors import RequestRejected, SimConfigError, SimError
@@ -347,21 +348,20 @@ class SimInstance:
             rank.wake()  # the loop publishes AllBlocksCleared after any step in flight, even when idle
         return ok
 
-    async def encode_chat(self, args: ChatArgs, *, add_special_tokens: bool = False) -> list[int]:
-        """A chat's prompt tokens as this instance renders it.  Under ``render_fault`` it renders as an
-        instance started with another template would: a system line the fleet's template never writes
-        comes first, so every token id after the first few differs from the router's."""
-        messages = args.messages
+    async def encode_chat(self, body: Mapping[str, Any]) -> list[int]:
+        """A chat request's prompt tokens as this instance renders it (vLLM 0.33's whole chat path, the
+        tokenizer cache's ``aencode_chat_request``).  Under ``render_fault`` it renders as an instance
+        started with another template would: a system line the fleet's template never writes comes first,
+        so every token id after the first few differs from the router's."""
         if self.faults.render_fault:
-            messages = [{"role": "system", "content": "[rendered by another template]"}, *messages]
-        return await self.tokenizer.aencode_chat(
-            messages,
-            args.tools,
-            args.chat_template_kwargs,
-            add_generation_prompt=args.add_generation_prompt,
-            continue_final_message=args.continue_final_message,
-            add_special_tokens=add_special_tokens,
-        )
+            body = {
+                **body,
+                "messages": [
+                    {"role": "system", "content": "[rendered by another template]"},
+                    *body["messages"],
+                ],
+            }
+        return (await self.tokenizer.aencode_chat_request(body)).tokens
 
     def apply_faults(self, update: FaultUpdate) -> FaultStatus:
         """Every knob of ``update`` except ``crash`` (the server's: it owns the port)."""

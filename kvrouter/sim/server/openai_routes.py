@@ -37,9 +37,10 @@ async def completions(request: web.Request) -> web.StreamResponse:
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     inst = request.app[INSTANCE]
     check_alive(inst)
-    args = parse_chat(await read_json(request))
+    body = await read_json(request)
+    args = parse_chat(body)
     lora = inst.lora_for(args.model)
-    tokens = await inst.encode_chat(args)
+    tokens = await inst.encode_chat(body)
     return await _generate(request, inst, "chatcmpl", tokens, args, lora)
 
 

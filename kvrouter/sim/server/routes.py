@@ -164,11 +164,8 @@ async def tokenize(request: web.Request) -> web.Response:
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     if "messages" in body:
-        args = parse_chat(body, sampling=False)
-        special = body.get("add_special_tokens", False)
-        if not isinstance(special, bool):
-            raise BadRequest("'add_special_tokens' must be a bool", param="add_special_tokens")
-        tokens = await inst.encode_chat(args, add_special_tokens=special)
+        parse_chat(body, sampling=False)
+        tokens = await inst.encode_chat(body)
     else:
         prompt = body.get("prompt")
         special = body.get("add_special_tokens", True)
