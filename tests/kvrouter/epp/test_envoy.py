@@ -124,7 +124,7 @@ async def test_a_body_larger_than_one_body_message(fleet: SimFleet, tmp_path: Pa
         await envoy_for(server, tmp_path) as base,
         aiohttp.ClientSession() as s,
     ):
-        st, h, data = await call(
+        st, _, data = await call(
             s, base + "/v1/completions", {"model": MODEL, "max_tokens": 2, "prompt": big}
         )
         assert st == 200, data
@@ -183,7 +183,7 @@ async def test_picker_down_fail_closed_and_fail_open(fleet: SimFleet, tmp_path: 
             await r.read()
             return r.status, {k.lower(): v for k, v in r.headers.items()}
 
-    async with picker(fleet) as (pk, server), aiohttp.ClientSession() as s:
+    async with picker(fleet) as (_, server), aiohttp.ClientSession() as s:
         await server.stop()  # the picker is down; its components keep running
         async with await envoy_for(server, tmp_path / "closed") as base:
             before = served_counts(fleet)
