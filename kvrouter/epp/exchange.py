@@ -64,6 +64,7 @@ class Exchange:
         self._held = contextlib.ExitStack()
         self._stream = False
         self._unary: list[bytes] = []
+        self._unary_size = 0
         self._first = True
         self._watcher = UsageWatcher()
         self._dispatched_at = 0.0
@@ -240,8 +241,11 @@ class Exchange:
                 if self._first and b.body:
                     self._first_token()
                 self._watcher.feed_stream(b.body)
-            else:
+            elif self._unary_size + len(b.body) <= self.picker.options.max_response_buffer:
                 self._unary.append(b.body)
+                self._unary_size += len(b.body)
+            else:  # too large to keep: the answer passes, its usage goes unread
+                self._unary, self._unary_size = [], self.picker.options.max_response_buffer + 1
         out = [
             pr.body_response(piece, eos and last, request=False)
             for piece, last in pr.chunks(b.body, self.picker.chunk_bytes)
