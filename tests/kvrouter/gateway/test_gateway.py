@@ -168,16 +168,22 @@ async def test_sagemaker_contract(fleet: SimFleet) -> None:
     async with gateway(fleet, routing={"policy": "prefix-hash"}) as (_, base), aiohttp.ClientSession() as s:
         async with s.get(f"{base}/ping") as r:
             assert r.status == 200
-        seen = set()
-        for i in range(4):
-            async with s.post(
-                f"{base}/invocations",
-                json={"model": MODEL, "prompt": f"different prompt {i} " * 5, "max_tokens": 2},
-                headers={"X-Amzn-SageMaker-Prefix-Aware-Id": "tenant-7"},
-            ) as r:
+        # prefix-hash keys on affinity id + prefix: one prompt under eight affinity ids spreads over the
+        # instances, each id keeps its instance, and the body's prompt_cache_key is the same key as the header
+        prompt = {"model": MODEL, "prompt": "the same prompt for every tenant " * 5, "max_tokens": 2}
+        ids = [f"tenant-{i}" for i in range(8)]
+
+        async def where(tenant: str, *, header: bool = True) -> str:
+            body = prompt if header else {**prompt, "prompt_cache_key": tenant}
+            hdrs = {"X-Amzn-SageMaker-Prefix-Aware-Id": tenant} if header else {}
+            async with s.post(f"{base}/invocations", json=body, headers=hdrs) as r:
                 assert r.status == 200
-                seen.add(r.headers["x-kvrouter-instance"])
-        # prefix-hash keys on affinity id + prefix: different prompts may spread, but every answer is 200
+                return r.headers["x-kvrouter-instance"]
+
+        first = {t: await where(t) for t in ids}
+        assert len(set(first.values())) > 1, first
+        assert {t: await where(t) for t in ids} == first
+        assert {t: await where(t, header=False) for t in ids[:3]} == {t: first[t] for t in ids[:3]}
         async with s.post(
             f"{base}/invocations",
             json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
