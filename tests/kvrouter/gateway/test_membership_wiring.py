@@ -139,7 +139,8 @@ async def test_fleet_file_membership_through_the_gateway(tmp_path: Path) -> None
         assert state["applied"] == [] and state["fleet_file"]["counters"]["reloads"] >= 2
         # _instance_removed: no gauge is left behind for an instance that is gone (counters stay)
         text = await gauges(gw_url)
-        assert "kvrouter_instance_healthy{" not in text and 'kvrouter_instance_in_flight{target="u0"}' not in text
+        assert "kvrouter_instance_healthy{" not in text
+        assert 'kvrouter_instance_in_flight{target="u0"}' not in text
 
 
 async def test_kubernetes_discovery_through_the_gateway(tmp_path: Path) -> None:
