@@ -160,9 +160,9 @@ def test_preemption_takes_the_most_recent_request_and_recomputes_it() -> None:
 
 
 def test_no_admission_in_a_step_that_preempted() -> None:
-    """vLLM admits nothing from the waiting queue in a step that preempted: c, waiting before that step and
-    small enough to fit in what the preemption freed, stays queued behind the preempted b until the next
-    step.  (Step 1 runs a and b; step 2 must preempt: the 5-block pool cannot grow both.)"""
+    """A step that preempts (recompute mode) puts its victim back at the FRONT of the waiting queue and
+    admits nothing: c, waiting before that step, stays queued behind the preempted b, and only a ran.
+    (Step 1 runs a and b; step 2 must preempt: the 5-block pool cannot grow both.)"""
     e = make(bs=2, blocks=5, seqs=4)
     e.add_request("a", [1, 2, 3, 4], 6)
     e.add_request("b", [5, 6, 7, 8], 6)
