@@ -165,11 +165,13 @@ async def test_explain_shows_every_candidate_without_sending(fleet: SimFleet) ->
 
 
 async def test_sagemaker_contract(fleet: SimFleet) -> None:
-    async with gateway(fleet, routing={"policy": "prefix-hash"}) as (_, base), aiohttp.ClientSession() as s:
+    # prefix-hash keys on affinity id + prefix: one prompt under eight affinity ids spreads over the
+    # instances, each id keeps its instance, and the body's prompt_cache_key is the same key as the header.
+    # (Bounded load off: the engines' scraped load, stale on a busy machine, must not move a key here.)
+    routing = {"policy": "prefix-hash", "prefix_hash": {"load_bound": 1000.0}}
+    async with gateway(fleet, routing=routing) as (_, base), aiohttp.ClientSession() as s:
         async with s.get(f"{base}/ping") as r:
             assert r.status == 200
-        # prefix-hash keys on affinity id + prefix: one prompt under eight affinity ids spreads over the
-        # instances, each id keeps its instance, and the body's prompt_cache_key is the same key as the header
         prompt = {"model": MODEL, "prompt": "the same prompt for every tenant " * 5, "max_tokens": 2}
         ids = [f"tenant-{i}" for i in range(8)]
 
