@@ -203,7 +203,7 @@ state_ops = st.lists(
 )
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 # an entry that ages in the store before a peer takes it in, then outlives its ttl
 @example(ops=[("dispatch", 0, TARGETS[0], 2), ("sync", 0), ("wait", 3.0), ("sync", 1), ("wait", 3.0)])
 # two peers' requests on one target add up

@@ -122,5 +122,5 @@ class LoadMachine(RuleBasedStateMachine):
 
 TestLoadTrackerAgainstReference = LoadMachine.TestCase
 TestLoadTrackerAgainstReference.settings = settings(
-    max_examples=40, stateful_step_count=30, deadline=None, suppress_health_check=list(HealthCheck)
+    max_examples=30, stateful_step_count=30, deadline=None, suppress_health_check=list(HealthCheck)
 )

@@ -66,7 +66,7 @@ def fleet_of(cands: list[Candidate]) -> list[Candidate]:
     return cands
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(
     cands=st.lists(candidate, min_size=1, max_size=6).map(fleet_of),
     num_tokens=st.sampled_from([1, 100, 1024, 4097]),
@@ -98,7 +98,7 @@ BS = 16
 PROMPT = list(range(1, 16 * BS + 2))  # 16 full blocks and a last token
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(
     loads=st.lists(st.integers(0, 12), min_size=2, max_size=5),
     cached_blocks=st.lists(st.integers(0, 16), min_size=5, max_size=5),
