@@ -254,7 +254,9 @@ def content_hashes(
     return out.view(np.int64)
 
 
-def _checked_array(seg: npt.NDArray[np.integer[Any]], block_size: int) -> npt.NDArray[np.integer[Any]]:
+def checked_tokens(seg: npt.NDArray[np.integer[Any]], block_size: int) -> npt.NDArray[np.integer[Any]]:
+    """The ids as a contiguous integer array the compiled kernels read (uint32 passes as is).  Raises
+    ``TokenEncodingError`` for a bad block size or ids outside 0 .. 2**32-1."""
     if not 0 < block_size <= MAX_BLOCK_SIZE:
         raise TokenEncodingError(f"block size {block_size} outside 1..{MAX_BLOCK_SIZE}")
     if seg.dtype == np.uint32:  # the tokenizer cache's arrays: nothing to check
@@ -268,7 +270,7 @@ def _checked_array(seg: npt.NDArray[np.integer[Any]], block_size: int) -> npt.ND
 
 def _content_hashes_array(seg: npt.NDArray[np.integer[Any]], block_size: int, n: int) -> I64Array:
     out = np.empty(n, dtype=np.uint64)
-    _array_blocks(_checked_array(seg, block_size), block_size, n, out)
+    _array_blocks(checked_tokens(seg, block_size), block_size, n, out)
     return out.view(np.int64)
 
 
@@ -293,7 +295,7 @@ def chained_hashes(tokens: TokenIds, block_size: int, start_block: int, n_blocks
     lo = start_block * block_size
     if isinstance(tokens, np.ndarray):  # hashed in place, in one compiled pass
         out = np.empty(n, dtype=np.uint64)
-        seg = _checked_array(tokens[lo : lo + n * block_size], block_size)
+        seg = checked_tokens(tokens[lo : lo + n * block_size], block_size)
         _array_chain(seg, block_size, n, np.uint64(prev & _MASK), out)
         return out.view(np.int64)
     try:
