@@ -13,12 +13,12 @@ without a side row all its bits are GPU.
 
 Invariants
 * a chain has a PRIMARY entry iff some slot holds it in some kind; a group's mask is never 0;
-* a group entry's side flag (bit 0 of ``G``) is set iff its SIDE row exists, and the row's
+* a group entry's side flag (bit 0 of ``g``) is set iff its SIDE row exists, and the row's
   cpu | storage | speculative part is then not 0;
 * ordinals of a chain's groups are exactly 0 .. ng-1, and ng >= 2 (a chain left with one group goes back
   inline).
 
-Tag 0 marks an empty bucket, so any 64-bit chain hash is a valid key.  Arrays: 20 bytes an entry.
+Tag 0 marks an empty bucket, so any 64-bit chain hash is a valid key.
 """
 
 from __future__ import annotations
@@ -40,18 +40,22 @@ PRIMARY = 1
 ORD = 2
 SIDE = ORD + MAX_GROUPS
 
+BUCKET = np.dtype([("k", "<i8"), ("m", "<i8"), ("t", "<i2"), ("g", "<i2")])
+"""One bucket: key (the chain hash), mask (or side row), tag, group field; packed, 20 bytes, so a probe
+reads one cache line, not four arrays."""
+
 I64 = npt.NDArray[np.int64]
 
 
 @njit(inline="always")
-def find(K: Any, T: Any, k: Any, tag: Any) -> Any:
-    cap = len(K)
+def find(R: Any, k: Any, tag: Any) -> Any:
+    cap = len(R)
     i = home(k, cap)
     while True:
-        t = T[i]
+        t = R[i].t
         if t == 0:
             return -1
-        if t == tag and K[i] == k:
+        if t == tag and R[i].k == k:
             return i
         i += 1
         if i == cap:
@@ -59,57 +63,54 @@ def find(K: Any, T: Any, k: Any, tag: Any) -> Any:
 
 
 @njit(inline="always")
-def _insert(K: Any, T: Any, M: Any, G: Any, st: Any, k: Any, tag: Any, m: Any, g: Any) -> Any:
+def _insert(R: Any, st: Any, k: Any, tag: Any, m: Any, g: Any) -> Any:
     """Add an entry known to be absent (never moves another entry)."""
-    cap = len(K)
+    cap = len(R)
     i = home(k, cap)
-    while T[i] != 0:
+    while R[i].t != 0:
         i += 1
         if i == cap:
             i = 0
-    K[i] = k
-    T[i] = tag
-    M[i] = m
-    G[i] = g
+    R[i].k = k
+    R[i].t = tag
+    R[i].m = m
+    R[i].g = g
     st[0] += 1
     return i
 
 
-@njit(cache=True)
-def _delete(K: Any, T: Any, M: Any, G: Any, st: Any, i: Any) -> None:
+@njit(inline="always")
+def _delete(R: Any, st: Any, i: Any) -> None:
     """Empty bucket ``i`` (moves later entries of its probe run back)."""
-    cap = len(K)
+    cap = len(R)
     j = i
     while True:
         j += 1
         if j == cap:
             j = 0
-        if T[j] == 0:
+        if R[j].t == 0:
             break
-        if not stays(i, home(K[j], cap), j):
-            K[i] = K[j]
-            T[i] = T[j]
-            M[i] = M[j]
-            G[i] = G[j]
+        if not stays(i, home(R[j].k, cap), j):
+            R[i] = R[j]
             i = j
-    T[i] = 0
+    R[i].t = 0
     st[0] -= 1
 
 
 @njit(inline="always")
-def _locate(K: Any, T: Any, G: Any, c: Any, g: Any) -> tuple[Any, Any, Any]:
+def _locate(R: Any, c: Any, g: Any) -> tuple[Any, Any, Any]:
     """(primary, group entry, ordinal) of chain ``c`` in group ``g``, -1 if absent (ordinal -1: inline)."""
-    p = find(K, T, c, PRIMARY)
+    p = find(R, c, PRIMARY)
     if p < 0:
         return -1, -1, -1
-    meta = np.int64(G[p])
+    meta = np.int64(R[p].g)
     if meta >= 0:
         if (meta >> 1) == g:
             return p, p, -1
         return p, -1, -1
     for o in range(-meta):
-        q = find(K, T, c, ORD + o)
-        if (np.int64(G[q]) >> 1) == g:
+        q = find(R, c, ORD + o)
+        if (np.int64(R[q].g) >> 1) == g:
             return p, q, o
     return p, -1, -1
 
@@ -129,138 +130,136 @@ def _side_alloc(SP: Any, st: Any) -> Any:
     return idx
 
 
-@njit(cache=True)
-def _set(K: Any, T: Any, M: Any, G: Any, SP: Any, st: Any, c: Any, g: Any, bit: Any, kind: Any) -> Any:
+@njit(inline="always")
+def _set(R: Any, SP: Any, st: Any, c: Any, g: Any, bit: Any, kind: Any) -> Any:
     """Set ``bit`` of group ``g`` for chain ``c`` in ``kind``.  Returns whether it was already set."""
-    p, e, _ = _locate(K, T, G, c, g)
+    p, e, _ = _locate(R, c, g)
     if e < 0:
         gv = g << 1
         if kind != 0:
             idx = _side_alloc(SP, st)
             SP[idx, kind] = bit
-            _insert(K, T, M, G, st, c, SIDE + g, idx, 0)
+            _insert(R, st, c, SIDE + g, idx, 0)
             gv |= 1
         if p < 0:
-            _insert(K, T, M, G, st, c, PRIMARY, bit, gv)
+            _insert(R, st, c, PRIMARY, bit, gv)
             return False
-        meta = np.int64(G[p])
+        meta = np.int64(R[p].g)
         if meta >= 0:  # inline -> two groups
-            _insert(K, T, M, G, st, c, ORD, M[p], meta)
-            _insert(K, T, M, G, st, c, ORD + 1, bit, gv)
-            M[p] = 0
-            G[p] = -2
+            _insert(R, st, c, ORD, R[p].m, meta)
+            _insert(R, st, c, ORD + 1, bit, gv)
+            R[p].m = 0
+            R[p].g = -2
         else:
-            _insert(K, T, M, G, st, c, ORD - meta, bit, gv)
-            G[p] = meta - 1
+            _insert(R, st, c, ORD - meta, bit, gv)
+            R[p].g = meta - 1
         return False
-    if (G[e] & 1) == 0:
+    if (R[e].g & 1) == 0:
         if kind == 0:
-            was = (M[e] & bit) != 0
-            M[e] |= bit
+            was = (R[e].m & bit) != 0
+            R[e].m |= bit
             return was
         idx = _side_alloc(SP, st)
-        SP[idx, 0] = M[e]
+        SP[idx, 0] = R[e].m
         SP[idx, kind] = bit
-        _insert(K, T, M, G, st, c, SIDE + g, idx, 0)
-        G[e] |= 1
-        M[e] |= bit
+        _insert(R, st, c, SIDE + g, idx, 0)
+        R[e].g |= 1
+        R[e].m |= bit
         return False
-    idx = M[find(K, T, c, SIDE + g)]
+    idx = R[find(R, c, SIDE + g)].m
     was = (SP[idx, kind] & bit) != 0
     SP[idx, kind] |= bit
-    M[e] |= bit
+    R[e].m |= bit
     return was
 
 
-@njit(cache=True)
-def _drop_group(K: Any, T: Any, M: Any, G: Any, st: Any, c: Any, p: Any, e: Any, o: Any) -> None:
+@njit(inline="always")
+def _drop_group(R: Any, st: Any, c: Any, p: Any, e: Any, o: Any) -> None:
     """Remove group entry ``e`` (ordinal ``o``) of chain ``c``, keeping ordinals dense."""
     if o < 0:
-        _delete(K, T, M, G, st, p)
+        _delete(R, st, p)
         return
-    ng = -np.int64(G[p])
+    ng = -np.int64(R[p].g)
     if o != ng - 1:  # the last ordinal takes the freed one (moved as a whole by later deletions)
-        q = find(K, T, c, ORD + ng - 1)
-        M[e] = M[q]
-        G[e] = G[q]
-        _delete(K, T, M, G, st, q)
+        q = find(R, c, ORD + ng - 1)
+        R[e].m = R[q].m
+        R[e].g = R[q].g
+        _delete(R, st, q)
     else:
-        _delete(K, T, M, G, st, e)
+        _delete(R, st, e)
     ng -= 1
-    p = find(K, T, c, PRIMARY)
+    p = find(R, c, PRIMARY)
     if ng == 1:
-        q = find(K, T, c, ORD)
-        M[p] = M[q]
-        G[p] = G[q]
-        _delete(K, T, M, G, st, q)
+        q = find(R, c, ORD)
+        R[p].m = R[q].m
+        R[p].g = R[q].g
+        _delete(R, st, q)
     else:
-        G[p] = -ng
+        R[p].g = -ng
 
 
-@njit(cache=True)
-def _clear(K: Any, T: Any, M: Any, G: Any, SP: Any, st: Any, c: Any, g: Any, bit: Any, kind: Any) -> Any:
+@njit(inline="always")
+def _clear(R: Any, SP: Any, st: Any, c: Any, g: Any, bit: Any, kind: Any) -> Any:
     """Clear ``bit`` of group ``g`` for chain ``c`` in ``kind``.  Returns whether it was set."""
-    p, e, o = _locate(K, T, G, c, g)
+    p, e, o = _locate(R, c, g)
     if e < 0:
         return False
-    if (G[e] & 1) == 0:
-        if kind != 0 or (M[e] & bit) == 0:
+    if (R[e].g & 1) == 0:
+        if kind != 0 or (R[e].m & bit) == 0:
             return False
-        M[e] &= ~bit
-        left = M[e]
+        R[e].m &= ~bit
+        left = R[e].m
     else:
-        s = find(K, T, c, SIDE + g)
-        idx = M[s]
+        s = find(R, c, SIDE + g)
+        idx = R[s].m
         if (SP[idx, kind] & bit) == 0:
             return False
         SP[idx, kind] &= ~bit
         left = SP[idx, 0] | SP[idx, 1] | SP[idx, 2] | SP[idx, 3]
-        M[e] = left
+        R[e].m = left
         if (SP[idx, 1] | SP[idx, 2] | SP[idx, 3]) == 0:  # all GPU again: the side row goes
-            G[e] = (G[e] >> 1) << 1
+            R[e].g = (R[e].g >> 1) << 1
             SP[idx, 0] = st[1]
             st[1] = idx
             st[3] -= 1
-            _delete(K, T, M, G, st, s)
-            p, e, o = _locate(K, T, G, c, g)
+            _delete(R, st, s)
+            p, e, o = _locate(R, c, g)
     if left == 0:
-        _drop_group(K, T, M, G, st, c, p, e, o)
+        _drop_group(R, st, c, p, e, o)
     return True
 
 
 @njit(cache=True)
-def ct_set(K: Any, T: Any, M: Any, G: Any, SP: Any, st: Any, chains: Any, g: Any, bit: Any, kind: Any) -> Any:
+def ct_set(R: Any, SP: Any, st: Any, chains: Any, g: Any, bit: Any, kind: Any) -> Any:
     """Set the bit for every chain, in order; ``out[i]``: it was already set (a further reference)."""
     out = np.zeros(len(chains), dtype=np.bool_)
     for i in range(len(chains)):
-        out[i] = _set(K, T, M, G, SP, st, chains[i], g, bit, kind)
+        out[i] = _set(R, SP, st, chains[i], g, bit, kind)
     return out
 
 
 @njit(cache=True)
-def ct_clear(
-    K: Any, T: Any, M: Any, G: Any, SP: Any, st: Any, chains: Any, g: Any, bit: Any, kind: Any
-) -> Any:
+def ct_clear(R: Any, SP: Any, st: Any, chains: Any, g: Any, bit: Any, kind: Any) -> Any:
     """Clear the bit for every chain; ``out[i]``: it was set."""
     out = np.zeros(len(chains), dtype=np.bool_)
     for i in range(len(chains)):
-        out[i] = _clear(K, T, M, G, SP, st, chains[i], g, bit, kind)
+        out[i] = _clear(R, SP, st, chains[i], g, bit, kind)
     return out
 
 
 @njit(cache=True)
-def ct_kinds(K: Any, T: Any, M: Any, G: Any, SP: Any, chains: Any, g: Any, bit: Any) -> Any:
+def ct_kinds(R: Any, SP: Any, chains: Any, g: Any, bit: Any) -> Any:
     """Per chain, the kinds in which the slot holds it: bit k set for kind k."""
     out = np.zeros(len(chains), dtype=np.uint8)
     for i in range(len(chains)):
         c = chains[i]
-        e = _locate(K, T, G, c, g)[1]
-        if e < 0 or (M[e] & bit) == 0:
+        e = _locate(R, c, g)[1]
+        if e < 0 or (R[e].m & bit) == 0:
             continue
-        if (G[e] & 1) == 0:
+        if (R[e].g & 1) == 0:
             out[i] = 1
             continue
-        idx = M[find(K, T, c, SIDE + g)]
+        idx = R[find(R, c, SIDE + g)].m
         f = 0
         for k in range(KINDS):
             if SP[idx, k] & bit:
@@ -270,15 +269,15 @@ def ct_kinds(K: Any, T: Any, M: Any, G: Any, SP: Any, chains: Any, g: Any, bit: 
 
 
 @njit(cache=True)
-def ct_contains(K: Any, T: Any, c: Any) -> Any:
-    return find(K, T, c, PRIMARY) >= 0
+def ct_contains(R: Any, c: Any) -> Any:
+    return find(R, c, PRIMARY) >= 0
 
 
 @njit(cache=True)
-def ct_dump(K: Any, T: Any, M: Any, G: Any, SP: Any, with_kind: Any) -> Any:
+def ct_dump(R: Any, SP: Any, with_kind: Any) -> Any:
     """Rows ``[slot, chain, kind]``, one per (slot, chain, kind) held: of kind ``with_kind``, or of every
     kind but speculative when it is -1."""
-    cap = len(K)
+    cap = len(R)
     total = 0
     out = np.empty((0, 3), dtype=np.int64)
     for step in range(2):
@@ -286,18 +285,18 @@ def ct_dump(K: Any, T: Any, M: Any, G: Any, SP: Any, with_kind: Any) -> Any:
             out = np.empty((total, 3), dtype=np.int64)
             total = 0
         for i in range(cap):
-            t = np.int64(T[i])
-            ge = np.int64(G[i])
+            t = np.int64(R[i].t)
+            ge = np.int64(R[i].g)
             if t == 0 or t >= SIDE or (t == PRIMARY and ge < 0):
                 continue
             g = ge >> 1
-            c = K[i]
+            c = R[i].k
             for kind in range(KINDS):
                 if kind != with_kind and (with_kind >= 0 or kind == SPECULATIVE):
                     continue
-                m = M[i] if kind == 0 else 0
+                m = R[i].m if kind == 0 else 0
                 if ge & 1:
-                    m = SP[M[find(K, T, c, SIDE + g)], kind]
+                    m = SP[R[find(R, c, SIDE + g)].m, kind]
                 rest = np.uint64(m)
                 while rest:
                     low = rest & (~rest + np.uint64(1))
@@ -311,30 +310,24 @@ def ct_dump(K: Any, T: Any, M: Any, G: Any, SP: Any, with_kind: Any) -> Any:
 
 
 @njit(cache=True)
-def ct_rehash(K: Any, T: Any, M: Any, G: Any, K2: Any, T2: Any, M2: Any, G2: Any) -> None:
-    cap2 = len(K2)
-    for i in range(len(K)):
-        if T[i] == 0:
+def ct_rehash(R: Any, R2: Any) -> None:
+    cap2 = len(R2)
+    for i in range(len(R)):
+        if R[i].t == 0:
             continue
-        j = home(K[i], cap2)
-        while T2[j] != 0:
+        j = home(R[i].k, cap2)
+        while R2[j].t != 0:
             j += 1
             if j == cap2:
                 j = 0
-        K2[j] = K[i]
-        T2[j] = T[i]
-        M2[j] = M[i]
-        G2[j] = G[i]
+        R2[j] = R[i]
 
 
 class ChainTable:
-    """The arrays, their capacity and growth; the kernels do the rest."""
+    """The buckets, their capacity and growth; the kernels do the rest."""
 
     def __init__(self, capacity: int = 1024) -> None:
-        self.K = np.zeros(capacity, dtype=np.int64)
-        self.T = np.zeros(capacity, dtype=np.int16)
-        self.M = np.zeros(capacity, dtype=np.int64)
-        self.G = np.zeros(capacity, dtype=np.int16)
+        self.R = np.zeros(capacity, dtype=BUCKET)
         self.SP = np.zeros((64, KINDS), dtype=np.int64)
         # entries used, free side-row list head, side rows ever used, side rows in use
         self.st = np.array([0, -1, 0, 0], dtype=np.int64)
@@ -345,15 +338,11 @@ class ChainTable:
     def reserve(self, n: int) -> None:
         """Room for ``n`` more chains: setting one may add a primary and two ordinals, or a side row."""
         need = int(self.st[0]) + 3 * n
-        cap = len(self.K)
+        cap = len(self.R)
         if need > cap * MAX_LOAD:
-            new = grown(cap, need)
-            K2 = np.zeros(new, dtype=np.int64)
-            T2 = np.zeros(new, dtype=np.int16)
-            M2 = np.zeros(new, dtype=np.int64)
-            G2 = np.zeros(new, dtype=np.int16)
-            ct_rehash(self.K, self.T, self.M, self.G, K2, T2, M2, G2)
-            self.K, self.T, self.M, self.G = K2, T2, M2, G2
+            R2 = np.zeros(grown(cap, need), dtype=BUCKET)
+            ct_rehash(self.R, R2)
+            self.R = R2
         if int(self.st[2]) + n > len(self.SP):
             rows = len(self.SP)
             while int(self.st[2]) + n > rows:
@@ -364,19 +353,19 @@ class ChainTable:
 
     def set(self, chains: I64, g: int, bit: int, kind: int) -> npt.NDArray[np.bool_]:
         self.reserve(len(chains))
-        return ct_set(self.K, self.T, self.M, self.G, self.SP, self.st, chains, g, bit, kind)
+        return ct_set(self.R, self.SP, self.st, chains, g, bit, kind)
 
     def clear(self, chains: I64, g: int, bit: int, kind: int) -> npt.NDArray[np.bool_]:
-        return ct_clear(self.K, self.T, self.M, self.G, self.SP, self.st, chains, g, bit, kind)
+        return ct_clear(self.R, self.SP, self.st, chains, g, bit, kind)
 
     def kinds(self, chains: I64, g: int, bit: int) -> npt.NDArray[np.uint8]:
-        return ct_kinds(self.K, self.T, self.M, self.G, self.SP, chains, g, bit)
+        return ct_kinds(self.R, self.SP, chains, g, bit)
 
     def contains(self, chain: int) -> bool:
-        return bool(ct_contains(self.K, self.T, chain))
+        return bool(ct_contains(self.R, chain))
 
     def dump(self, kind: int = -1) -> I64:
-        return ct_dump(self.K, self.T, self.M, self.G, self.SP, kind)
+        return ct_dump(self.R, self.SP, kind)
 
     def nbytes(self) -> int:
-        return int(self.K.nbytes + self.T.nbytes + self.M.nbytes + self.G.nbytes + self.SP.nbytes)
+        return int(self.R.nbytes + self.SP.nbytes)

@@ -1,6 +1,6 @@
 """One source's engine hashes (vLLM's block ids) -> our chain hashes, in an open-addressing table.
 
-Three arrays: keys, values, and an occupancy byte (so every 64-bit key is valid): 17 bytes an entry.
+One array of packed buckets: key, value, and an occupancy byte (so every 64-bit key is valid), 17 bytes.
 """
 
 from __future__ import annotations
@@ -14,15 +14,16 @@ from numba import njit
 from .probing import MAX_LOAD, grown, home, stays
 
 I64 = npt.NDArray[np.int64]
+BUCKET = np.dtype([("k", "<i8"), ("v", "<i8"), ("o", "u1")])
 
 
 @njit(inline="always")
-def _efind(EK: Any, EO: Any, k: Any) -> Any:
+def _efind(E: Any, k: Any) -> Any:
     """The key's bucket, or -(bucket it would take + 1)."""
-    cap = len(EK)
+    cap = len(E)
     i = home(k, cap)
-    while EO[i]:
-        if EK[i] == k:
+    while E[i].o:
+        if E[i].k == k:
             return i
         i += 1
         if i == cap:
@@ -31,39 +32,39 @@ def _efind(EK: Any, EO: Any, k: Any) -> Any:
 
 
 @njit(cache=True)
-def et_put(EK: Any, EV: Any, EO: Any, keys: Any, vals: Any) -> Any:
+def et_put(E: Any, keys: Any, vals: Any) -> Any:
     """Map each key to its value (a later one wins); returns how many keys were new."""
     added = 0
     for n in range(len(keys)):
-        i = _efind(EK, EO, keys[n])
+        i = _efind(E, keys[n])
         if i < 0:
             i = -i - 1
-            EK[i] = keys[n]
-            EO[i] = 1
+            E[i].k = keys[n]
+            E[i].o = 1
             added += 1
-        EV[i] = vals[n]
+        E[i].v = vals[n]
     return added
 
 
 @njit(cache=True)
-def et_get(EK: Any, EV: Any, EO: Any, keys: Any, out: Any) -> Any:
+def et_get(E: Any, keys: Any, out: Any) -> Any:
     """``out[i]`` = value of ``keys[i]``; returns a mask of the keys found."""
     found = np.zeros(len(keys), dtype=np.bool_)
     for n in range(len(keys)):
-        i = _efind(EK, EO, keys[n])
+        i = _efind(E, keys[n])
         if i >= 0:
-            out[n] = EV[i]
+            out[n] = E[i].v
             found[n] = True
     return found
 
 
 @njit(cache=True)
-def et_del(EK: Any, EV: Any, EO: Any, keys: Any) -> Any:
+def et_del(E: Any, keys: Any) -> Any:
     """Remove the keys; returns how many were present."""
-    cap = len(EK)
+    cap = len(E)
     gone = 0
     for n in range(len(keys)):
-        i = _efind(EK, EO, keys[n])
+        i = _efind(E, keys[n])
         if i < 0:
             continue
         gone += 1
@@ -72,41 +73,39 @@ def et_del(EK: Any, EV: Any, EO: Any, keys: Any) -> Any:
             j += 1
             if j == cap:
                 j = 0
-            if not EO[j]:
+            if not E[j].o:
                 break
-            if not stays(i, home(EK[j], cap), j):
-                EK[i] = EK[j]
-                EV[i] = EV[j]
+            if not stays(i, home(E[j].k, cap), j):
+                E[i].k = E[j].k
+                E[i].v = E[j].v
                 i = j
-        EO[i] = 0
+        E[i].o = 0
     return gone
 
 
 @njit(cache=True)
-def et_rehash(EK: Any, EV: Any, EO: Any, EK2: Any, EV2: Any, EO2: Any) -> None:
-    cap2 = len(EK2)
-    for i in range(len(EK)):
-        if not EO[i]:
+def et_rehash(E: Any, E2: Any) -> None:
+    cap2 = len(E2)
+    for i in range(len(E)):
+        if not E[i].o:
             continue
-        j = home(EK[i], cap2)
-        while EO2[j]:
+        j = home(E[i].k, cap2)
+        while E2[j].o:
             j += 1
             if j == cap2:
                 j = 0
-        EK2[j] = EK[i]
-        EV2[j] = EV[i]
-        EO2[j] = 1
+        E2[j].k = E[i].k
+        E2[j].v = E[i].v
+        E2[j].o = 1
 
 
 class EngineTable:
     """One source's engine hashes -> chain hashes."""
 
-    __slots__ = ("EK", "EO", "EV", "n")
+    __slots__ = ("E", "n")
 
     def __init__(self, capacity: int = 16) -> None:
-        self.EK = np.zeros(capacity, dtype=np.int64)
-        self.EV = np.zeros(capacity, dtype=np.int64)
-        self.EO = np.zeros(capacity, dtype=np.uint8)
+        self.E = np.zeros(capacity, dtype=BUCKET)
         self.n = 0
 
     def __len__(self) -> int:
@@ -114,34 +113,31 @@ class EngineTable:
 
     def put(self, keys: I64, vals: I64) -> None:
         need = self.n + len(keys)
-        cap = len(self.EK)
+        cap = len(self.E)
         if need > cap * MAX_LOAD:
-            new = grown(cap, need)
-            EK2 = np.zeros(new, dtype=np.int64)
-            EV2 = np.zeros(new, dtype=np.int64)
-            EO2 = np.zeros(new, dtype=np.uint8)
-            et_rehash(self.EK, self.EV, self.EO, EK2, EV2, EO2)
-            self.EK, self.EV, self.EO = EK2, EV2, EO2
-        self.n += int(et_put(self.EK, self.EV, self.EO, keys, vals))
+            E2 = np.zeros(grown(cap, need), dtype=BUCKET)
+            et_rehash(self.E, E2)
+            self.E = E2
+        self.n += int(et_put(self.E, keys, vals))
 
     def get(self, keys: I64) -> tuple[I64, npt.NDArray[np.bool_]]:
         out = np.empty(len(keys), dtype=np.int64)
-        found = et_get(self.EK, self.EV, self.EO, keys, out)
+        found = et_get(self.E, keys, out)
         return out, found
 
     def get_one(self, key: int) -> int | None:
         out = np.empty(1, dtype=np.int64)
-        if et_get(self.EK, self.EV, self.EO, np.array([key], dtype=np.int64), out)[0]:
+        if et_get(self.E, np.array([key], dtype=np.int64), out)[0]:
             return int(out[0])
         return None
 
     def discard(self, keys: I64) -> None:
         if len(keys):
-            self.n -= int(et_del(self.EK, self.EV, self.EO, keys))
+            self.n -= int(et_del(self.E, keys))
 
     def items(self) -> tuple[I64, I64]:
-        occ = self.EO.view(np.bool_)
-        return self.EK[occ], self.EV[occ]
+        occ = self.E["o"] != 0
+        return self.E["k"][occ], self.E["v"][occ]
 
     def nbytes(self) -> int:
-        return int(self.EK.nbytes + self.EV.nbytes + self.EO.nbytes)
+        return int(self.E.nbytes)

@@ -397,14 +397,14 @@ class BlockIndex:
         the lookup's fast path."""
         t = self._chains
         chains = np.ascontiguousarray(chains, dtype=np.int64)
-        return match_chains(t.K, t.T, t.M, t.G, t.SP, chains, self._n_groups())
+        return match_chains(t.R, t.SP, chains, self._n_groups())
 
     def match_token_rows(self, tokens: npt.NDArray[np.integer[Any]], block_size: int, base: int) -> I64Array:
         """``match_rows`` of a prompt given as a token-id array: its full blocks hashed during the walk (and
         only up to the first block nobody holds).  Raises ``TokenEncodingError`` for ids outside uint32."""
         t = self._chains
         seg = checked_tokens(tokens[: len(tokens) // block_size * block_size], block_size)
-        return match_tokens(t.K, t.T, t.M, t.G, t.SP, seg, block_size, base, self._n_groups())
+        return match_tokens(t.R, t.SP, seg, block_size, base, self._n_groups())
 
     def match(self, chains: I64Array) -> list[SourceMatch]:
         """Matched leading blocks per source, for sources matching at least one block."""

@@ -20,37 +20,37 @@ import numpy as np
 from numba import njit
 
 from .chain_table import GROUP, KINDS, PRIMARY, SIDE, find
-from .hashing import _array_blocks
+from .hashing import block_nh
 from .probing import home, low_bit_index
 
 _P = np.uint64(0x9E3779B97F4A7C15)  # the chain multiplier of ``indexer.hashing``
 
 
 @njit(inline="always")
-def _groups_of(K: Any, T: Any, M: Any, G: Any, c: Any, gs: Any, ms: Any) -> tuple[Any, Any]:
+def _groups_of(R: Any, c: Any, gs: Any, ms: Any) -> tuple[Any, Any]:
     """The groups holding chain ``c`` and their masks into ``gs``/``ms``: (count, whether one has a side
     row).  Count 0: nobody holds it.  One pass over the chain's probe run."""
-    cap = len(K)
+    cap = len(R)
     i = home(c, cap)
     n = 0
     ng = -1
     side = False
-    while T[i] != 0:
-        if K[i] == c:
-            t = T[i]
+    while R[i].t != 0:
+        if R[i].k == c:
+            t = R[i].t
             if t == PRIMARY:
-                meta = np.int64(G[i])
+                meta = np.int64(R[i].g)
                 if meta >= 0:
                     gs[0] = meta >> 1
-                    ms[0] = M[i]
+                    ms[0] = R[i].m
                     return 1, (meta & 1) != 0
                 ng = -int(meta)
                 if n == ng:
                     return n, side
             elif t < SIDE:
-                gq = np.int64(G[i])
+                gq = np.int64(R[i].g)
                 gs[n] = gq >> 1
-                ms[n] = M[i]
+                ms[n] = R[i].m
                 side |= (gq & 1) != 0
                 n += 1
                 if n == ng:
@@ -72,7 +72,7 @@ def _emit(out: Any, r: Any, slot: Any, depth: Any) -> None:
 
 @njit(cache=True)
 def _walk(
-    K: Any, T: Any, M: Any, G: Any, SP: Any, chains: Any, n_given: Any, tokens: Any, bs: Any, prev: Any,
+    R: Any, SP: Any, chains: Any, n_given: Any, tokens: Any, bs: Any, prev: Any,
     n_groups: Any,
 ) -> Any:  # fmt: skip
     """Rows ``[slot, depth, cpu, storage, speculative]`` of every slot matching >= 1 leading block, by
@@ -87,16 +87,14 @@ def _walk(
     cur = np.zeros(n_groups, dtype=np.int64)
     side_at = np.zeros(n, dtype=np.bool_)
     out = np.empty((n_groups * GROUP, 5), dtype=np.int64)  # rows, in the order of their depth
-    scratch = np.empty(1, dtype=np.uint64)
     nr = 0
     nact = 0
     k = 0
     while k < n:
         if k >= n_given:
-            _array_blocks(tokens[k * bs : (k + 1) * bs], bs, 1, scratch)
-            prev = prev * _P + scratch[0]
+            prev = prev * _P + block_nh(tokens, k * bs, bs)
             chains[k] = np.int64(prev)
-        nt, side = _groups_of(K, T, M, G, chains[k], gs, ms)
+        nt, side = _groups_of(R, chains[k], gs, ms)
         if nt == 0:
             break
         side_at[k] = side
@@ -139,14 +137,12 @@ def _walk(
             rest ^= low
     out = out[:nr]
     if nr and side_at[:k].any():
-        _split_tiers(K, T, M, G, SP, chains, side_at, k, out, n_groups)
+        _split_tiers(R, SP, chains, side_at, k, out, n_groups)
     return out
 
 
 @njit(cache=True)
-def _split_tiers(
-    K: Any, T: Any, M: Any, G: Any, SP: Any, chains: Any, side_at: Any, deepest: Any, out: Any, n_groups: Any
-) -> None:
+def _split_tiers(R: Any, SP: Any, chains: Any, side_at: Any, deepest: Any, out: Any, n_groups: Any) -> None:
     """Count, per matched slot, the blocks whose best kind is CPU, STORAGE or speculative (only groups
     with a side row can have any)."""
     row_of = np.full(n_groups * GROUP, -1, dtype=np.int64)
@@ -158,13 +154,13 @@ def _split_tiers(
         if not side_at[k]:
             continue
         c = chains[k]
-        nt = _groups_of(K, T, M, G, c, gs, ms)[0]
+        nt = _groups_of(R, c, gs, ms)[0]
         for t in range(nt):
             g = gs[t]
-            s = find(K, T, c, SIDE + g)
+            s = find(R, c, SIDE + g)
             if s < 0:
                 continue
-            idx = M[s]
+            idx = R[s].m
             rest = np.uint64(ms[t])
             while rest:
                 low = rest & (~rest + np.uint64(1))
@@ -184,18 +180,16 @@ def _split_tiers(
 _NO_TOKENS = np.zeros(0, dtype=np.uint32)
 
 
-def match_chains(K: Any, T: Any, M: Any, G: Any, SP: Any, chains: Any, n_groups: int) -> Any:
+def match_chains(R: Any, SP: Any, chains: Any, n_groups: int) -> Any:
     if not len(chains) or not n_groups:
         return np.zeros((0, 5), dtype=np.int64)
-    return _walk(K, T, M, G, SP, chains, len(chains), _NO_TOKENS, 1, np.uint64(0), n_groups)
+    return _walk(R, SP, chains, len(chains), _NO_TOKENS, 1, np.uint64(0), n_groups)
 
 
-def match_tokens(
-    K: Any, T: Any, M: Any, G: Any, SP: Any, tokens: Any, block_size: int, prev: int, n_groups: int
-) -> Any:
+def match_tokens(R: Any, SP: Any, tokens: Any, block_size: int, prev: int, n_groups: int) -> Any:
     """``tokens``: a contiguous array of checked token ids; ``prev``: the chain base."""
     n = len(tokens) // block_size
     if not n or not n_groups:
         return np.zeros((0, 5), dtype=np.int64)
     chains = np.empty(n, dtype=np.int64)
-    return _walk(K, T, M, G, SP, chains, 0, tokens, block_size, np.uint64(prev & ((1 << 64) - 1)), n_groups)
+    return _walk(R, SP, chains, 0, tokens, block_size, np.uint64(prev & ((1 << 64) - 1)), n_groups)

@@ -16,6 +16,7 @@ from numba import njit
 
 MAX_LOAD = 0.85
 GROWTH = 1.25
+SMALL = 4096  # tables below this many buckets double instead (a source's table starts small)
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -58,7 +59,8 @@ def low_bit_index(low: Any) -> Any:
 
 
 def grown(cap: int, need: int) -> int:
-    """The capacity that holds ``need`` entries under ``MAX_LOAD``, growing ``cap`` by ``GROWTH`` steps."""
+    """The capacity that holds ``need`` entries under ``MAX_LOAD``, growing ``cap`` by ``GROWTH`` steps
+    (doubling while below ``SMALL``)."""
     while need > cap * MAX_LOAD:
-        cap = int(cap * GROWTH) + 8
+        cap = 2 * cap if cap < SMALL else int(cap * GROWTH) + 8
     return cap

@@ -97,7 +97,8 @@ class Fleet:
 
     def tail_tokens(self, s: int) -> bytes:
         sp = self.spec
-        return random.Random(f"tail-{sp.seed}-{s}").randbytes(2 * (sp.seq_blocks - sp.prefix_blocks) * sp.block_size)
+        n = (sp.seq_blocks - sp.prefix_blocks) * sp.block_size
+        return random.Random(f"tail-{sp.seed}-{s}").randbytes(2 * n)
 
     def prefix_engines(self, p: int) -> range:
         base = PREFIX_ENGINE_BASE + p * self.spec.prefix_blocks
@@ -113,7 +114,8 @@ class Fleet:
         p = self.pref[s]
         tail_e = list(self.tail_engines(s))
         if self.first[s]:
-            return self.inst[s], None, [*self.prefix_engines(p), *tail_e], self.prefix_tokens(p) + self.tail_tokens(s), True
+            toks = self.prefix_tokens(p) + self.tail_tokens(s)
+            return self.inst[s], None, [*self.prefix_engines(p), *tail_e], toks, True
         return self.inst[s], self.prefix_engines(p)[-1], tail_e, self.tail_tokens(s), False
 
     def stores(self) -> Iterator[tuple[int, int | None, list[int], bytes, bool]]:
@@ -131,5 +133,6 @@ class Fleet:
         sp = self.spec
         s = self.query_seqs[q]
         own = (sp.cached_blocks - sp.prefix_blocks) * sp.block_size * 2
-        new = random.Random(f"query-{sp.seed}-{q}").randbytes(2 * (sp.query_blocks - sp.cached_blocks) * sp.block_size)
+        n = (sp.query_blocks - sp.cached_blocks) * sp.block_size
+        new = random.Random(f"query-{sp.seed}-{q}").randbytes(2 * n)
         return self.inst[s], self.prefix_tokens(self.pref[s]) + self.tail_tokens(s)[:own] + new
