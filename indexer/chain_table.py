@@ -29,7 +29,8 @@ import numpy as np
 import numpy.typing as npt
 from numba import njit
 
-from .probing import MAX_LOAD, grown, home, low_bit_index, stays
+from .engine_table import et_put_inline
+from .probing import grown, home, low_bit_index, stays
 
 GROUP = 64
 MAX_GROUPS = 16_382
@@ -44,7 +45,13 @@ BUCKET = np.dtype([("k", "<i8"), ("m", "<i8"), ("t", "<i2"), ("g", "<i2")])
 """One bucket: key (the chain hash), mask (or side row), tag, group field; packed, 20 bytes, so a probe
 reads one cache line, not four arrays."""
 
+CHAIN_LOAD = 0.8
+CHAIN_GROWTH = 1.5
+"""The fleet's table is fuller than ``probing.MAX_LOAD`` at most ``CHAIN_LOAD`` (a new chain's probe run is
+scanned to its end) and grows by half (each growth rehashes every entry)."""
+
 I64 = npt.NDArray[np.int64]
+_P = np.uint64(0x9E3779B97F4A7C15)  # the chain multiplier of ``indexer.hashing``
 
 
 @njit(inline="always")
@@ -99,20 +106,39 @@ def _delete(R: Any, st: Any, i: Any) -> None:
 
 @njit(inline="always")
 def _locate(R: Any, c: Any, g: Any) -> tuple[Any, Any, Any]:
-    """(primary, group entry, ordinal) of chain ``c`` in group ``g``, -1 if absent (ordinal -1: inline)."""
-    p = find(R, c, PRIMARY)
-    if p < 0:
-        return -1, -1, -1
-    meta = np.int64(R[p].g)
-    if meta >= 0:
-        if (meta >> 1) == g:
-            return p, p, -1
-        return p, -1, -1
-    for o in range(-meta):
-        q = find(R, c, ORD + o)
-        if (np.int64(R[q].g) >> 1) == g:
-            return p, q, o
-    return p, -1, -1
+    """(primary, group entry, ordinal) of chain ``c`` in group ``g``, -1 if absent (ordinal -1: inline);
+    a chain absent altogether gives (-1, -1, the empty bucket ending its probe run).  One pass."""
+    cap = len(R)
+    i = home(c, cap)
+    p = -1
+    e = -1
+    o = -1
+    seen = 0
+    ng = -1
+    while R[i].t != 0:
+        if R[i].k == c:
+            t = np.int64(R[i].t)
+            if t == PRIMARY:
+                p = i
+                meta = np.int64(R[i].g)
+                if meta >= 0:
+                    return (p, p, -1) if (meta >> 1) == g else (p, -1, -1)
+                ng = -int(meta)
+                if e >= 0 or seen == ng:
+                    return p, e, o
+            elif t < SIDE:
+                seen += 1
+                if (np.int64(R[i].g) >> 1) == g:
+                    e = i
+                    o = int(t) - ORD
+                    if p >= 0:
+                        return p, e, o
+                elif p >= 0 and seen == ng:
+                    return p, -1, -1
+        i += 1
+        if i == cap:
+            i = 0
+    return (p, e, o) if p >= 0 else (-1, -1, i)
 
 
 @njit(inline="always")
@@ -133,7 +159,14 @@ def _side_alloc(SP: Any, st: Any) -> Any:
 @njit(inline="always")
 def _set(R: Any, SP: Any, st: Any, c: Any, g: Any, bit: Any, kind: Any) -> Any:
     """Set ``bit`` of group ``g`` for chain ``c`` in ``kind``.  Returns whether it was already set."""
-    p, e, _ = _locate(R, c, g)
+    p, e, o = _locate(R, c, g)
+    if p < 0 and kind == 0:  # a new chain (the common case on ingest): into the bucket the scan ended at
+        R[o].k = c
+        R[o].t = PRIMARY
+        R[o].m = bit
+        R[o].g = g << 1
+        st[0] += 1
+        return False
     if e < 0:
         gv = g << 1
         if kind != 0:
@@ -239,6 +272,33 @@ def ct_set(R: Any, SP: Any, st: Any, chains: Any, g: Any, bit: Any, kind: Any) -
 
 
 @njit(cache=True)
+def ct_store_chained(
+    R: Any, SP: Any, st: Any, E: Any, content: Any, prev: Any, engines: Any, g: Any, bit: Any, kind: Any
+) -> Any:  # fmt: skip
+    """One stored event in one call: chain ``content`` (block content hashes) after ``prev`` in place, set
+    the slot's bit for each chain, map each engine hash to its chain in the source's engine table ``E``.
+    Returns (a flag per block: the bit was already set, engine hashes that were new)."""
+    n = len(content)
+    c = prev
+    for i in range(n):
+        c = c * _P + np.uint64(content[i])
+        content[i] = np.int64(c)
+    # Touch every block's home bucket first: independent loads overlap their cache misses, and the
+    # updates below then find their lines in cache.
+    cap = len(R)
+    ecap = len(E)
+    acc = 0
+    for i in range(n):
+        acc += R[home(content[i], cap)].t + E[home(engines[i], ecap)].o
+    held = np.zeros(n, dtype=np.bool_)
+    for i in range(n):
+        held[i] = _set(R, SP, st, content[i], g, bit, kind)
+    if acc < 0:  # never: keeps the touching loads from being optimised away
+        held[0] = True
+    return held, et_put_inline(E, engines, content)
+
+
+@njit(cache=True)
 def ct_clear(R: Any, SP: Any, st: Any, chains: Any, g: Any, bit: Any, kind: Any) -> Any:
     """Clear the bit for every chain; ``out[i]``: it was set."""
     out = np.zeros(len(chains), dtype=np.bool_)
@@ -339,8 +399,8 @@ class ChainTable:
         """Room for ``n`` more chains: setting one may add a primary and two ordinals, or a side row."""
         need = int(self.st[0]) + 3 * n
         cap = len(self.R)
-        if need > cap * MAX_LOAD:
-            R2 = np.zeros(grown(cap, need), dtype=BUCKET)
+        if need > cap * CHAIN_LOAD:
+            R2 = np.zeros(grown(cap, need, CHAIN_GROWTH, CHAIN_LOAD), dtype=BUCKET)
             ct_rehash(self.R, R2)
             self.R = R2
         if int(self.st[2]) + n > len(self.SP):

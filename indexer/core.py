@@ -299,8 +299,10 @@ class Indexer:
         extras = ev.extra_keys
         if extras and any(extras):
             content = self._mix_extras(content, extras, ev.lora_name, first=ev.parent_block_hash is None)
-        chains = chain(content, prev)
-        self.index.store(src, engines, chains, medium)
+        if isinstance(self.index, BlockIndex):
+            self.index.store_content(src, engines, content, prev, medium)  # chained there, in one call
+        else:
+            self.index.store(src, engines, chain(content, prev), medium)
         self.counters.blocks_stored += n
 
     def _link_offload(self, src: SourceKey, engines: I64Array, medium: Medium) -> None:

@@ -31,8 +31,8 @@ def _efind(E: Any, k: Any) -> Any:
     return -(i + 1)
 
 
-@njit(cache=True)
-def et_put(E: Any, keys: Any, vals: Any) -> Any:
+@njit(inline="always")
+def et_put_inline(E: Any, keys: Any, vals: Any) -> Any:
     """Map each key to its value (a later one wins); returns how many keys were new."""
     added = 0
     for n in range(len(keys)):
@@ -44,6 +44,17 @@ def et_put(E: Any, keys: Any, vals: Any) -> Any:
             added += 1
         E[i].v = vals[n]
     return added
+
+
+@njit(cache=True)
+def et_put(E: Any, keys: Any, vals: Any) -> Any:
+    return et_put_inline(E, keys, vals)
+
+
+@njit(cache=True)
+def et_get_one(E: Any, key: Any) -> tuple[bool, Any]:
+    i = _efind(E, key)
+    return (True, E[i].v) if i >= 0 else (False, 0)
 
 
 @njit(cache=True)
@@ -112,12 +123,7 @@ class EngineTable:
         return self.n
 
     def put(self, keys: I64, vals: I64) -> None:
-        need = self.n + len(keys)
-        cap = len(self.E)
-        if need > cap * MAX_LOAD:
-            E2 = np.zeros(grown(cap, need), dtype=BUCKET)
-            et_rehash(self.E, E2)
-            self.E = E2
+        self.reserve(len(keys))
         self.n += int(et_put(self.E, keys, vals))
 
     def get(self, keys: I64) -> tuple[I64, npt.NDArray[np.bool_]]:
@@ -126,10 +132,17 @@ class EngineTable:
         return out, found
 
     def get_one(self, key: int) -> int | None:
-        out = np.empty(1, dtype=np.int64)
-        if et_get(self.E, np.array([key], dtype=np.int64), out)[0]:
-            return int(out[0])
-        return None
+        found, v = et_get_one(self.E, key)
+        return int(v) if found else None
+
+    def reserve(self, n: int) -> None:
+        """Room for ``n`` more keys."""
+        need = self.n + n
+        cap = len(self.E)
+        if need > cap * MAX_LOAD:
+            E2 = np.zeros(grown(cap, need), dtype=BUCKET)
+            et_rehash(self.E, E2)
+            self.E = E2
 
     def discard(self, keys: I64) -> None:
         if len(keys):

@@ -35,7 +35,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from .chain_table import MAX_GROUPS, SPECULATIVE, ChainTable
+from .chain_table import MAX_GROUPS, SPECULATIVE, ChainTable, ct_store_chained
 from .engine_table import EngineTable
 from .errors import SourceOverCapacity
 from .hashing import I64Array, checked_tokens
@@ -43,6 +43,7 @@ from .match_walk import match_chains, match_tokens
 from .types import ChainHash, Medium, SourceKey
 
 GROUP = 64
+_U64 = (1 << 64) - 1
 _MEDIA_KINDS = 0b111  # kind bits of GPU, CPU, STORAGE (speculative is bit 3)
 # Speculative updates of at most this many chains use per-key calls: for a short prompt they cost a
 # fifth of the vectorised path's temporary maps.
@@ -198,6 +199,40 @@ class BlockIndex:
         em.put(np.ascontiguousarray(engine_hashes, dtype=np.int64), chains)
         if self._spec_expiry:
             self._confirm(slot, chains)
+
+    def store_content(
+        self, source: SourceKey, engine_hashes: I64Array, content: I64Array, prev: int, medium: Medium
+    ) -> I64Array:
+        """``store`` of blocks given by their content hashes, chained after ``prev`` here (one compiled
+        call for the whole event: the ingest path).  ``content`` becomes the chains; returns it."""
+        n = len(content)
+        if n == 0:
+            return content
+        slot = self.slot_of(source)
+        counts = self._counts[slot]
+        if counts[medium] + n > self.max_blocks_per_source:
+            raise SourceOverCapacity(
+                f"{source.label()} would hold more than {self.max_blocks_per_source} blocks"
+            )
+        em = self._engine[slot]
+        assert em is not None
+        self._chains.reserve(n)
+        em.reserve(n)
+        t = self._chains
+        held, added = ct_store_chained(
+            t.R, t.SP, t.st, em.E, content, np.uint64(prev & _U64), engine_hashes, slot // GROUP,
+            _bit(slot), int(medium),
+        )  # fmt: skip
+        em.n += added
+        n_held = int(np.count_nonzero(held))
+        counts[medium] += n - n_held
+        if n_held:
+            for c in content[held].tolist():
+                key = (slot, medium, c)
+                self._extra_refs[key] = self._extra_refs.get(key, 0) + 1
+        if self._spec_expiry:
+            self._confirm(slot, content)
+        return content
 
     def remove(self, source: SourceKey, engine_hashes: I64Array, medium: Medium) -> int:
         """Drop one reference per engine hash.  Returns how many hashes were unknown (already gone)."""

@@ -58,9 +58,9 @@ def low_bit_index(low: Any) -> Any:
     return _CTZ[np.int64((low * _DEBRUIJN) >> _S58)]
 
 
-def grown(cap: int, need: int) -> int:
-    """The capacity that holds ``need`` entries under ``MAX_LOAD``, growing ``cap`` by ``GROWTH`` steps
+def grown(cap: int, need: int, growth: float = GROWTH, max_load: float = MAX_LOAD) -> int:
+    """The capacity that holds ``need`` entries under ``max_load``, growing ``cap`` by ``growth`` steps
     (doubling while below ``SMALL``)."""
-    while need > cap * MAX_LOAD:
-        cap = 2 * cap if cap < SMALL else int(cap * GROWTH) + 8
+    while need > cap * max_load:
+        cap = 2 * cap if cap < SMALL else int(cap * growth) + 8
     return cap
