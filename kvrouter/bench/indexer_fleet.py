@@ -53,7 +53,7 @@ def spec_of(a: argparse.Namespace) -> FleetSpec:
     )
 
 
-def _payloads(fleet: Fleet, enc: PayloadEncoder, lo: int, hi: int) -> list[tuple[str, bytes]]:
+def payloads(fleet: Fleet, enc: PayloadEncoder, lo: int, hi: int) -> list[tuple[str, bytes]]:
     bs = fleet.spec.block_size
     out = []
     for s in range(lo, hi):
@@ -75,7 +75,7 @@ def run_ours(spec: FleetSpec, release: str) -> dict[str, Any]:
     rss0 = rss_bytes()
     t_store = 0.0
     for lo in range(0, len(fleet), CHUNK):
-        batch = _payloads(fleet, enc, lo, min(lo + CHUNK, len(fleet)))
+        batch = payloads(fleet, enc, lo, min(lo + CHUNK, len(fleet)))
         t0 = time.perf_counter()
         for name, p in batch:
             ix.apply_payload(name, p)
