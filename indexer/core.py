@@ -207,7 +207,8 @@ class Indexer:
         except DecodeError as e:
             c.decode_errors[e.reason] += 1
             return 0
-        c.skipped_events.update(batch.skipped)
+        if batch.skipped:
+            c.skipped_events.update(batch.skipped)
         src = _source or SourceKey(instance, dp_rank if batch.dp_rank is None else batch.dp_rank)
         if src not in self._known:
             self.register(src)
@@ -269,7 +270,7 @@ class Indexer:
             # Hybrid models: only the first KV-cache group decides prefix reuse for routing.
             self.counters.skipped_events["other_group"] += 1
             return
-        medium = Medium.parse(ev.medium)
+        medium = Medium.GPU if ev.medium is None or ev.medium == "GPU" else Medium.parse(ev.medium)
         n = len(ev.block_hashes)
         if n == 0:
             return
