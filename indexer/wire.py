@@ -44,12 +44,16 @@ class _StoredFields(msgspec.Struct, gc=False):
     group_idx: int | None = None
     kv_cache_spec_kind: str | None = None
     kv_cache_spec_sliding_window: int | None = None
+    locality: str | None = None  # 0.26: LOCAL / REMOTE relative to the publisher
+    ownership: str | None = None  # 0.30: the secondary tier that wrote the block
 
 
 class _RemovedFields(msgspec.Struct, gc=False):
     block_hashes: list[Hash]
     medium: str | None = None
     group_idx: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
 
 
 class _ClearedFields(msgspec.Struct, gc=False):
