@@ -133,6 +133,8 @@ class Indexer:
         if source not in self._known:
             self._known[source] = None
             self._epoch += 1
+            if self.stores is not None and isinstance(self.index, BlockIndex):
+                self.index.slot_of(source)  # a slot now, so a store's blocks count for it before its own
         sync = self._syncs.get(source)
         if sync is None:
             sync = self._syncs[source] = self._new_sync(has_replay)

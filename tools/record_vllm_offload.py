@@ -16,7 +16,7 @@ fields (requests with ``num_cached_tokens``, steps with the published payload an
 * the connector's settings (``self_describing_kv_events``, ``blocks_per_chunk``).
 
 Run with the vLLM venv: ``/work/vllm/venv/bin/python tools/record_vllm_offload.py [--check]``
-(``make golden-offload``).  Block hashes are sha256 with vLLM's fixed default NONE_HASH seed.
+(``make golden-offload``).  Block hashes are sha256, NONE_HASH seeded from PYTHONHASHSEED=0 (set here).
 """
 
 from __future__ import annotations
@@ -32,10 +32,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from record_vllm_scheduler import Req, _dump, _toks, _vllm_version, _write_model_config  # noqa: E402
+from record_vllm_scheduler import Req, _dump, _toks, _vllm_version, _write_model_config
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.pop("PYTHONHASHSEED", None)
+if os.environ.get("PYTHONHASHSEED") != "0":
+    # The connector announces a batch's chunks in the iteration order of a set of bytes keys, which
+    # Python's hash randomisation changes per process: a fixed seed makes recordings reproducible (and
+    # seeds vLLM's NONE_HASH from "0" instead of its default string: block hashes differ from the
+    # scheduler recorder's, which no test compares).
+    os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "PYTHONHASHSEED": "0"})
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "vllm_offload"
 VOCAB = 1000
@@ -180,9 +185,13 @@ def run(sc: Scenario, model_dir: str) -> dict[str, Any]:
     kvc = KVCacheConfig(
         num_blocks=sc.num_blocks,
         kv_cache_tensors=[
-            KVCacheTensor(size=page * sc.num_blocks, layers=["layer0"], layer_stride=page * sc.num_blocks,
-                          block_stride=page)
-        ],  # fmt: skip
+            KVCacheTensor(
+                size=page * sc.num_blocks,
+                layers=["layer0"],
+                layer_stride=page * sc.num_blocks,
+                block_stride=page,
+            )
+        ],
         kv_cache_groups=[KVCacheGroupSpec(["layer0"], spec)],
     )
     sched = Scheduler(vc, kvc, StructuredOutputManager(vc), block_size=bs, log_stats=True)
@@ -236,10 +245,8 @@ def run(sc: Scenario, model_dir: str) -> dict[str, Any]:
         for rid in ids:
             req = sched.requests[rid]
             sampled.append([rng.randrange(1, VOCAB)] if req.num_computed_tokens >= req.num_tokens else [])
-        kvo = KVConnectorOutput(
-            finished_recving=received or None,
-            kv_connector_worker_meta=OffloadingWorkerMetadata(completed_jobs=completed) if completed else None,
-        )
+        worker_meta = OffloadingWorkerMetadata(completed_jobs=completed) if completed else None
+        kvo = KVConnectorOutput(finished_recving=received or None, kv_connector_worker_meta=worker_meta)
         res = sched.update_from_output(
             so,
             ModelRunnerOutput(
