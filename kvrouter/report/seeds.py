@@ -15,6 +15,9 @@ we choose, and say so:
   that recomputing prefixes queues work, not so busy that every policy's TTFT is queueing.
 * short chats: ``short-chat`` (ShareGPT-like lengths) at 200 requests/s, likewise about 80 % of the rate
   at which the 7 instances run out of batch slots (max_num_seqs 256 each).
+* vLLM's API server (HTTP, rendering and tokenization, the hop to the engine core, the first token's
+  detokenization: ``timing.FrontendCosts``) is in every case; ``engine_only_cases`` rerun the table's two
+  cases without it, the model before issue 21, to show what it changes.
 """
 
 from __future__ import annotations
@@ -51,13 +54,14 @@ def _spec(
     *,
     policies: tuple[str, ...] = POLICIES,
     series: bool = False,
+    frontend: bool = True,
     **over: Any,
 ) -> EvalSpec:
     n = max(scale.min_requests, round(REQUESTS * scale.fraction))
     return EvalSpec(
         workload=workload,
         overrides={"num_requests": n, "arrival": {"type": "poisson", "rate": rate}, **over},
-        fleet=FleetSimConfig(instances=INSTANCES),
+        fleet=FleetSimConfig(instances=INSTANCES, frontend=frontend),
         policies=policies,
         series=series,
     )
@@ -112,6 +116,31 @@ def short_chat_cases(scale: Scale) -> list[Case]:
             bounds=r == SHORT_RATE,
         )
         for r in SHORT_RATES
+    ]
+
+
+ENGINE_ONLY = "engine only"
+"""Label suffix of the cases run without vLLM's API server (``FleetSimConfig.frontend=False``): the
+simulator's model before issue 21, whose TTFT was the engine's alone."""
+
+
+def engine_only_cases(scale: Scale, calibration: Sequence[dict[str, Any]]) -> list[Case]:
+    """The table's two cases (the calibrated prefix count at ``RATE``, short chats at ``SHORT_RATE``) with
+    the engine alone, to set beside the same cases with the API server modelled."""
+    g = chosen_groups(calibration)
+    return [
+        Case(
+            f"{g} prefixes, {RATE:g} req/s, {ENGINE_ONLY}",
+            _spec(scale, WORKLOAD, RATE, num_groups=g, frontend=False),
+            RATE,
+            bounds=False,
+        ),
+        Case(
+            f"short chats, {SHORT_RATE:g} req/s, {ENGINE_ONLY}",
+            _spec(scale, SHORT_CHAT, SHORT_RATE, frontend=False),
+            SHORT_RATE,
+            bounds=False,
+        ),
     ]
 
 

@@ -333,6 +333,40 @@ def test_change_and_published_tables() -> None:
     assert q.rows[1] == ["kv-aware", 0.5, 0.5] and q.rows[-1][2] == pytest.approx(3.07 / 19.65)
 
 
+def test_stacked_published_table_labels_each_case() -> None:
+    metrics = {
+        "ttft_p50_s": {"random": 1.0, "kv-aware": 0.2},
+        "ttft_p90_s": {"random": 2.0, "kv-aware": 1.0},
+        "throughput_tok_s": {"random": 100.0, "kv-aware": 100.0},
+    }
+    before = fake_result("x", None, {"random": 0.25, "kv-aware": 0.8}, **metrics)
+    slower = {m: {p: v + 0.05 for p, v in row.items()} for m, row in metrics.items()}
+    after = fake_result("y", None, {"random": 0.25, "kv-aware": 0.8}, **slower)
+    t = report.stacked_published_table(
+        [("engine only", before), ("with API server", after)],
+        "random",
+        ("kv-aware",),
+        report.AWS_8K_SHARED_PREFIX,
+        published_name="AWS",
+    )
+    assert t.columns == ["case", "metric", "random (ours)", "kv-aware (ours)", "AWS"]
+    assert [r[0] for r in t.rows] == ["engine only"] * 4 + ["with API server"] * 4
+    # a constant added to every request's TTFT shrinks the relative change
+    assert t.rows[0][3] == "-80 %" and t.rows[4][3] == "-76 %"
+    with pytest.raises(ValueError):
+        report.stacked_published_table([], "random", (), {}, published_name="AWS")
+
+
+def test_engine_only_cases_turn_the_front_end_off() -> None:
+    small = report.SCALES["small"]
+    calibration = [{"x": 9, "policies": {"random": {"hit_rate": 0.25}}}]
+    cases = seeds.engine_only_cases(small, calibration)
+    assert [c.spec.fleet.frontend for c in cases] == [False, False]
+    assert all(seeds.ENGINE_ONLY in c.label for c in cases)
+    assert cases[0].spec.overrides["num_groups"] == 9
+    assert all(c.spec.fleet.frontend for c in seeds.rate_cases(small, calibration))
+
+
 def test_reported_ranges_print_as_published() -> None:
     assert Reported(-0.77, -0.71).text() == "-77 % .. -71 %"
     assert Reported(0.017, 0.02).text() == "+1.7 % .. +2.0 %"
