@@ -30,14 +30,14 @@ from ..sim.evaluation.compare import EvalSpec
 from ..sim.evaluation.virtual_fleet import FleetSimConfig
 from .grid import Case
 from .scale import Scale
-from .tables import closest
+from .tables import Table, change, closest
 
 INSTANCES = 7
 POLICIES = (PolicyName.RANDOM, PolicyName.PREFIX_HASH, PolicyName.KV_AWARE)
 WORKLOAD = "aws-8k-shared-prefix"
 REQUESTS = 3000
 RATE = 16.0
-RATES = (8.0, RATE, 24.0)
+RATES = (4.0, 8.0, RATE, 24.0)
 GROUPS = (1, 300, 450, 600)
 """Distinct 8k prefixes tried in the calibration (at full scale; scaled with the request count)."""
 RANDOM_HIT_TARGET = 0.25
@@ -142,6 +142,46 @@ def engine_only_cases(scale: Scale, calibration: Sequence[dict[str, Any]]) -> li
             bounds=False,
         ),
     ]
+
+
+TTFT_METRICS = ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "ttft_mean_s")
+
+
+def with_outside_latency(r: dict[str, Any], seconds: float) -> dict[str, Any]:
+    """``r`` as a client would see it if every request also spent ``seconds`` outside the fleet (its
+    network, an endpoint in front of the router): every TTFT figure grows by exactly that, since a delay
+    paid by every request alike before the router (or after its first token) changes nothing inside."""
+    pols = {
+        name: {**p, **{m: p[m] + seconds for m in TTFT_METRICS if m in p}}
+        for name, p in r["policies"].items()
+    }
+    return {**r, "policies": pols}
+
+
+def outside_latency_table(
+    results: Sequence[dict[str, Any]],
+    extra_s: Sequence[float] = (0.0, 0.05, 0.1, 0.2),
+    *,
+    baseline: str = PolicyName.RANDOM,
+    policies: Sequence[str] = (PolicyName.PREFIX_HASH, PolicyName.KV_AWARE),
+) -> Table:
+    """Per rate and per latency outside the fleet: the baseline's median and P90 TTFT and each policy's
+    change against it (how a constant the simulator does not see moves the relative figures)."""
+    rows: list[list[Any]] = []
+    for r in results:
+        for extra in extra_s:
+            s = with_outside_latency(r, extra)
+            base = s["policies"][baseline]
+            row: list[Any] = [f"{r['x']:g}", f"{extra * 1e3:.0f} ms"]
+            for m in ("ttft_p50_s", "ttft_p90_s"):
+                row.append(base[m])
+                row += [change(s["policies"][p][m], base[m]) for p in policies]
+            rows.append(row)
+    cols = ["req/s", "outside"]
+    for m in ("p50", "p90"):
+        cols += [f"{baseline} {m}", *[f"{p} Δ{m}" for p in policies]]
+    formats = ["str", "str"] + (["s"] + ["chg"] * len(policies)) * 2
+    return Table(cols, formats, rows, "TTFT change vs random with a constant latency outside the fleet")
 
 
 def at_rate(results: Sequence[dict[str, Any]], rate: float) -> dict[str, Any]:

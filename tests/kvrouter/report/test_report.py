@@ -367,6 +367,31 @@ def test_engine_only_cases_turn_the_front_end_off() -> None:
     assert all(c.spec.fleet.frontend for c in seeds.rate_cases(small, calibration))
 
 
+def test_outside_latency_shifts_every_ttft_alike() -> None:
+    metrics = {
+        "ttft_p50_s": {"random": 0.8, "prefix-hash": 0.06, "kv-aware": 0.05},
+        "ttft_p90_s": {"random": 2.0, "prefix-hash": 0.9, "kv-aware": 0.45},
+        "ttft_p99_s": {"random": 3.0, "prefix-hash": 2.0, "kv-aware": 0.8},
+        "ttft_mean_s": {"random": 1.0, "prefix-hash": 0.3, "kv-aware": 0.1},
+        "throughput_tok_s": {"random": 100.0, "prefix-hash": 100.0, "kv-aware": 100.0},
+    }
+    r = fake_result("x", 16.0, {"random": 0.25, "prefix-hash": 0.7, "kv-aware": 0.83}, **metrics)
+    s = seeds.with_outside_latency(r, 0.2)
+    assert s["policies"]["kv-aware"]["ttft_p50_s"] == pytest.approx(0.25)
+    assert s["policies"]["random"]["ttft_mean_s"] == pytest.approx(1.2)
+    assert (
+        s["policies"]["random"]["throughput_tok_s"] == 100.0 and s["policies"]["kv-aware"]["hit_rate"] == 0.83
+    )
+    assert r["policies"]["kv-aware"]["ttft_p50_s"] == 0.05  # the result itself is left alone
+    t = seeds.outside_latency_table([r], (0.0, 0.2))
+    assert t.columns[:4] == ["req/s", "outside", "random p50", "prefix-hash Δp50"]
+    assert [row[:2] for row in t.rows] == [["16", "0 ms"], ["16", "200 ms"]]
+    kv_p50 = t.columns.index("kv-aware Δp50")
+    assert t.rows[0][kv_p50] == pytest.approx(0.05 / 0.8 - 1) and t.rows[1][kv_p50] == pytest.approx(
+        0.25 / 1.0 - 1
+    )
+
+
 def test_reported_ranges_print_as_published() -> None:
     assert Reported(-0.77, -0.71).text() == "-77 % .. -71 %"
     assert Reported(0.017, 0.02).text() == "+1.7 % .. +2.0 %"
@@ -382,6 +407,7 @@ def test_a_chart_renders_png() -> None:
 
 
 def test_cases_cross_process_boundaries_as_json() -> None:
-    c = seeds.rate_cases(report.SCALES["small"], [fake_result("g", 3, {"random": 0.25})])[1]
+    cases = seeds.rate_cases(report.SCALES["small"], [fake_result("g", 3, {"random": 0.25})])
+    c = next(c for c in cases if c.x == seeds.RATE)
     assert msgspec.json.decode(msgspec.json.encode(c.spec), type=EvalSpec) == c.spec
     assert c.spec.overrides["num_groups"] == 3 and c.bounds and c.spec.series
