@@ -25,6 +25,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
+
 from ..routing import PolicyName
 from ..sim.evaluation.compare import EvalSpec
 from ..sim.evaluation.virtual_fleet import FleetSimConfig
@@ -119,6 +121,21 @@ def short_chat_cases(scale: Scale) -> list[Case]:
     ]
 
 
+CLOSED_LOOP_CLIENTS = 16
+"""Clients of the closed-loop case: each sends its next request when its last one finishes, as benchmark
+tools that hold a concurrency do; 16 of them load the fleet about as lightly as 4-5 requests/s."""
+
+
+def closed_loop_case(scale: Scale, calibration: Sequence[dict[str, Any]]) -> Case:
+    """The calibrated prefix count under ``CLOSED_LOOP_CLIENTS`` clients instead of Poisson arrivals:
+    there, unlike in an open loop below saturation, shorter requests mean more of them per second."""
+    g = chosen_groups(calibration)
+    spec = _spec(scale, WORKLOAD, RATE, num_groups=g)
+    over = {**spec.overrides, "arrival": {"type": "closed-loop", "concurrency": CLOSED_LOOP_CLIENTS}}
+    spec = msgspec.structs.replace(spec, overrides=over)
+    return Case(f"{g} prefixes, {CLOSED_LOOP_CLIENTS} clients", spec, CLOSED_LOOP_CLIENTS, bounds=False)
+
+
 ENGINE_ONLY = "engine only"
 """Label suffix of the cases run without vLLM's API server (``FleetSimConfig.frontend=False``): the
 simulator's model before issue 21, whose TTFT was the engine's alone."""
@@ -149,8 +166,9 @@ TTFT_METRICS = ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "ttft_mean_s")
 
 def with_outside_latency(r: dict[str, Any], seconds: float) -> dict[str, Any]:
     """``r`` as a client would see it if every request also spent ``seconds`` outside the fleet (its
-    network, an endpoint in front of the router): every TTFT figure grows by exactly that, since a delay
-    paid by every request alike before the router (or after its first token) changes nothing inside."""
+    network, an endpoint in front of the router): every TTFT figure grows by exactly that.  Open-loop
+    results only: there a delay paid by every request alike before the router (or after its first token)
+    changes nothing inside, whereas in a closed loop it would lengthen each client's cycle."""
     pols = {
         name: {**p, **{m: p[m] + seconds for m in TTFT_METRICS if m in p}}
         for name, p in r["policies"].items()
@@ -166,7 +184,8 @@ def outside_latency_table(
     policies: Sequence[str] = (PolicyName.PREFIX_HASH, PolicyName.KV_AWARE),
 ) -> Table:
     """Per rate and per latency outside the fleet: the baseline's median and P90 TTFT and each policy's
-    change against it (how a constant the simulator does not see moves the relative figures)."""
+    change against it (how a constant the simulator does not see moves the relative figures).  Open-loop
+    results only (``with_outside_latency``)."""
     rows: list[list[Any]] = []
     for r in results:
         for extra in extra_s:

@@ -11,7 +11,7 @@ from kvrouter import report
 from kvrouter.report import comparison, grid, seeds, sensitivity
 from kvrouter.report.published import Reported
 from kvrouter.routing.policies import PolicySettings
-from kvrouter.sim.evaluation.compare import EvalSpec, run_one
+from kvrouter.sim.evaluation.compare import EvalSpec, load_workload, run_one
 from kvrouter.sim.evaluation.virtual_fleet import FleetSimConfig
 from kvrouter.workloads import (
     Bursts,
@@ -365,6 +365,15 @@ def test_engine_only_cases_turn_the_front_end_off() -> None:
     assert all(seeds.ENGINE_ONLY in c.label for c in cases)
     assert cases[0].spec.overrides["num_groups"] == 9
     assert all(c.spec.fleet.frontend for c in seeds.rate_cases(small, calibration))
+
+
+def test_closed_loop_case_holds_a_concurrency() -> None:
+    calibration = [{"x": 9, "policies": {"random": {"hit_rate": 0.25}}}]
+    c = seeds.closed_loop_case(report.SCALES["small"], calibration)
+    arrival = c.spec.overrides["arrival"]
+    assert arrival == {"type": "closed-loop", "concurrency": seeds.CLOSED_LOOP_CLIENTS}
+    assert c.spec.overrides["num_groups"] == 9 and c.spec.fleet.frontend and not c.bounds
+    assert load_workload(c.spec).closed_loop
 
 
 def test_outside_latency_shifts_every_ttft_alike() -> None:
