@@ -30,6 +30,7 @@ import itertools
 import json
 import multiprocessing as mp
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -121,6 +122,7 @@ def ipc_hop(payloads: dict[str, list[Any]], reply: list[bytes], runs: int) -> di
     router.send_multipart([identity, b"stop"])
     proc.join(10)
     ctx.destroy(linger=0)
+    shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
