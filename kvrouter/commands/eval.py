@@ -33,6 +33,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--event-loss", type=float, default=0.0, help="fraction of event batches lost")
     p.add_argument("--net-latency", type=float, default=0.0005)
+    p.add_argument(
+        "--prompt-api",
+        choices=("chat", "completion", "token_ids"),
+        default="chat",
+        help="how prompts without messages or text reach vLLM (its API server's cost depends on it)",
+    )
+    p.add_argument(
+        "--no-frontend", action="store_true", help="leave vLLM's API server out (engine-only TTFT)"
+    )
     p.add_argument("--prefix-length", type=int, default=1024, help="prefix-hash: characters hashed")
     p.add_argument("--load-bound", type=float, default=1.25, help="prefix-hash: bounded-load factor")
     p.add_argument("--compute-weight", type=float, default=KvAwareSettings().compute_weight)
@@ -78,6 +87,8 @@ def spec_from_args(a: argparse.Namespace) -> EvalSpec:
             event_loss=a.event_loss,
             net_latency_s=a.net_latency,
             seed=a.seed,
+            frontend=not a.no_frontend,
+            prompt_api=a.prompt_api,
         ),
         policies=tuple(p for p in a.policies.split(",") if p),
         settings=PolicySettings(

@@ -226,6 +226,31 @@ def published_table(
     return Table(cols, ["str"] * len(cols), rows, title or describe_case(r))
 
 
+def stacked_published_table(
+    cases: Sequence[tuple[str, Result]],
+    baseline: str,
+    policies: Sequence[str],
+    published: Mapping[str, Reported],
+    *,
+    published_name: str,
+    published_hit: Mapping[str, float] | None = None,
+    title: str = "",
+) -> Table:
+    """``published_table`` of several labelled cases (e.g. two models of one fleet), one block of rows
+    per case, with the label in a first column."""
+    if not cases:
+        raise ValueError("no cases")
+    rows: list[list[Any]] = []
+    cols: list[str] = []
+    for label, r in cases:
+        t = published_table(
+            r, baseline, policies, published, published_name=published_name, published_hit=published_hit
+        )
+        cols = ["case", *t.columns]
+        rows += [[label, *row] for row in t.rows]
+    return Table(cols, ["str"] * len(cols), rows, title)
+
+
 def closest(results: Sequence[Result], policy: str, metric: str, target: float) -> Result:
     """The case whose ``policy`` came closest to ``target`` on ``metric`` (first on ties)."""
     if not results:

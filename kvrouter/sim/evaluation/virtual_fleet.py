@@ -2,14 +2,16 @@
 
 ::
 
-      arrival ──Router.route──▶ dispatch ─(net latency)─▶ Engine.add_request
-                     ▲                                          │ step() = modelled duration
-                     │ apply_payload ◀─(event delay)─ payload ◀─┤ take_events() ──PayloadWriter
-                     │ first_token / finished ◀─(net latency)───┘ outputs at the step's end
+      arrival ──Router.route──▶ dispatch ─(net latency)─▶ FrontEnd.arrive ─(API server)─▶ Engine.add_request
+                     ▲                                                                         │ step()
+                     │ apply_payload ◀─(event delay)─ payload ◀──────────────────────────────┤ take_events()
+                     │ first_token / finished ◀─(net latency + way back)───────────────────────┘ outputs
 
 Nothing here routes or models an engine: routing is ``kvrouter.routing.Router`` over ``indexer.Indexer``
 (fed the engines' events as real vLLM payloads, decoded and hashed exactly as in the gateway), and every
-engine is ``kvrouter.sim.engine.engine.Engine``.  This module only keeps the clock: a heap of timed actions.
+engine is ``kvrouter.sim.engine.engine.Engine`` behind its ``FrontEnd`` (vLLM's API server: HTTP, the
+renderer's queue, the hop to the engine core, the way back of each output).  This module only keeps the
+clock: a heap of timed actions.
 When the router finds every instance at its cap, requests wait in a FIFO queue (bounded; beyond it they
 are rejected), as in the gateway.
 """
@@ -36,9 +38,11 @@ from ...workloads.blocks import BlockContentCache
 from ...workloads.spec import Request, Segment, TokenSpace, Workload
 from ...workloads.tokens import output_tokens, prompt_tokens, segments_tokens
 from ..engine.engine import CacheConfig, Engine, EngineConfig
+from ..engine.frontend import FrontEnd
 from ..engine.payload import PayloadWriter
 from ..engine.scheduler import SchedulerConfig
-from ..errors import RequestRejected
+from ..engine.timing import NO_FRONTEND, PROMPT_APIS, PromptApi, get_profile
+from ..errors import RequestRejected, SimConfigError
 
 
 class FleetSimConfig(msgspec.Struct, frozen=True):
@@ -63,6 +67,19 @@ class FleetSimConfig(msgspec.Struct, frozen=True):
     queue_size: int = 100_000
     sample_interval_s: float = 1.0
     seed: int = 0
+    frontend: bool = True
+    """Model vLLM's API server per request (the profile's ``FrontendCosts``: HTTP, rendering and
+    tokenization queued on its worker, the hop to the engine core, detokenization and the streamed chunk
+    on the way back).  False: requests reach the engine at dispatch + ``net_latency_s`` and outputs leave
+    at the step's end (the model before issue 21)."""
+    prompt_api: PromptApi = "chat"
+    """How requests that carry neither messages nor text (token segments: synthetic workloads and traces,
+    which stand for users' chats) are taken to reach vLLM: ``chat``, ``completion`` (text) or
+    ``token_ids`` (no tokenization).  Requests with messages are chat, with text completion."""
+
+    def validate(self) -> None:
+        if self.prompt_api not in PROMPT_APIS:
+            raise SimConfigError(f"prompt_api must be one of {', '.join(PROMPT_APIS)}")
 
 
 class RequestRecord(msgspec.Struct, gc=False):
@@ -124,6 +141,7 @@ class VirtualFleet:
     ) -> None:
         """``pooled_of`` > 1 builds the pooled-cache bound: one engine with that many instances' capacity
         and speed (same batch limits scaled by the caller)."""
+        cfg.validate()
         self.w = workload
         self.cfg = cfg
         self.clock = _Clock()
@@ -140,10 +158,9 @@ class VirtualFleet:
         self.progress = progress
         self.rng = random.Random(cfg.seed)
         capacity = cfg.capacity_blocks
+        profile = get_profile(cfg.profile)
         if capacity is None and pooled_of > 1:
-            from ..engine.timing import get_profile
-
-            capacity = get_profile(cfg.profile).kv_capacity_blocks(cfg.block_size) * pooled_of
+            capacity = profile.kv_capacity_blocks(cfg.block_size) * pooled_of
         ecfg = EngineConfig(
             profile=cfg.profile,
             speed=float(pooled_of),
@@ -160,6 +177,12 @@ class VirtualFleet:
         )
         self.names = [f"sim-{i}" for i in range(cfg.instances)]
         self.engines = [Engine(ecfg) for _ in self.names]
+        # A pooled engine stands for pooled_of instances: as many API servers, each as fast as one (its
+        # engine's speed-up is throughput, not a shorter path for each request).
+        costs = profile.frontend if cfg.frontend else NO_FRONTEND
+        self.frontends = [FrontEnd(costs, workers=costs.renderer_workers * pooled_of) for _ in self.names]
+        self._first_out: dict[str, float] = {}
+        """When each request's first token reaches the router (its later outputs cannot come before)."""
         self.writers = [PayloadWriter(cfg.release) for _ in self.names]
         self.seqs = [0] * cfg.instances
         self.busy = [False] * cfg.instances
@@ -266,8 +289,18 @@ class VirtualFleet:
         rec.predicted_cached_tokens = d.chosen.cached_tokens
         self.router.dispatched(inp, d.chosen, now)
         i = self.names.index(d.chosen.instance)
-        self._at_activity(now + self.cfg.net_latency_s, partial(self._engine_add, i, rid))
+        # Dispatches happen in time order and the latency is fixed: arrivals at an API server are in order.
+        r = self.by_id[rid]
+        at_engine = self.frontends[i].arrive(now + self.cfg.net_latency_s, rec.prompt_tokens, self._api(r))
+        self._at_activity(at_engine, partial(self._engine_add, i, rid))
         return True
+
+    def _api(self, r: Request) -> PromptApi:
+        if r.messages is not None:
+            return "chat"
+        if r.text is not None:
+            return "completion"
+        return self.cfg.prompt_api
 
     def _reject(self, rid: str) -> None:
         self.records[rid].rejected = True
@@ -345,14 +378,18 @@ class VirtualFleet:
                 name = self.names[i]
                 self.clock.at(end + self.cfg.event_delay_s, lambda: self._deliver(name, seq, payload))
         lat = self.cfg.net_latency_s
+        fe = self.frontends[i]
         for o in res.outputs:
             rid = o.request_id
             if o.first_token:
-                t = end + lat
+                t = end + lat + fe.first_output_delay(self.records[rid].prompt_tokens)
+                self._first_out[rid] = t
                 self.clock.at(t, partial(self._first_token, rid, t))
             if o.finished:
                 cached, n_out = o.cached_tokens, o.num_output_tokens
-                self._at_activity(end + lat, partial(self._finish, rid, cached, n_out))
+                # The API server handles a request's outputs in order: the last never overtakes the first.
+                t = max(end + lat + fe.output_delay(), self._first_out.pop(rid, 0.0))
+                self._at_activity(t, partial(self._finish, rid, cached, n_out))
         if eng.has_work():
             self.clock.at(max(end, self.clock.now + 1e-9), lambda: self._engine_step(i))
         else:

@@ -4,6 +4,7 @@
 
                      ┌────────────── SimInstance ──────────────┐
     OpenAI handler ─▶│ tokenizer (shared)   pick_rank(header)  │
+     api_server() ──▶│ FrontEnd (vLLM's API server, modelled)  │
                      │ submit() ──▶ InFlight ◀── outputs ──────┼── EngineRank 0: Engine + EventPublisher
                      │ faults, crash(), recover()              │   EngineRank 1: ... (ports + rank)
                      └─────────────────────────────────────────┘
@@ -11,6 +12,12 @@
 A request is pinned to a rank by ``X-data-parallel-rank`` (how the gateway addresses ranks); without it,
 the rank with the lowest waiting x 4 + running wins, as vLLM's internal data-parallel balancer scores
 engines.  Ties go round robin.
+
+Before ``submit`` a handler waits out ``api_server()``: the time vLLM's API server would take to get the
+request to its engine core (``engine.frontend.FrontEnd``, counted from the request's arrival, so the real
+parsing and tokenization done here count towards it); ``InFlight.next`` holds each output for the way back
+(the first token's detokenization, the streamed chunk).  Both are the profile's costs divided by the
+engine's ``speed``, like its steps.
 """
 
 from __future__ import annotations
@@ -32,13 +39,15 @@ from tokenizer_cache import CachedTokenizer
 from ...api.errors import BadRequest, NotFound, ServiceUnavailable
 from ...api.requests import too_long
 from ..engine.engine import Engine, EngineConfig
+from ..engine.frontend import FrontEnd
 from ..engine.scheduler import RequestOutput
+from ..engine.timing import PromptApi
 from ..errors import RequestRejected, SimConfigError, SimError
 from .answers import AnswerVocab
 from .faults import FaultConfig, FaultState, FaultStatus, FaultUpdate
 from .prom import RequestStats
 from .publisher import EventPublisher, PublisherConfig, topic_for
-from .rank import Crashed, EngineRank, Item
+from .rank import Crashed, EngineRank, Stamped
 
 DEFAULT_PROFILE = "qwen3-32b-2xh100"
 """Default timing profile of ``kvrouter sim``: Qwen3-32B on 2 x H100 in real time.  Its steps are long
@@ -140,11 +149,13 @@ class InFlight:
     """One request inside a rank: its output channel and what the HTTP shell reports about it."""
 
     __slots__ = (
+        "_due",
         "_last_t",
         "arrival",
         "cached_tokens",
         "channel",
         "done",
+        "frontend",
         "num_output",
         "num_prompt",
         "rank",
@@ -157,10 +168,11 @@ class InFlight:
         self,
         request_id: str,
         rank: EngineRank,
-        channel: asyncio.Queue[Item],
+        channel: asyncio.Queue[Stamped],
         num_prompt: int,
         stops: bool,
         stats: RequestStats,
+        frontend: FrontEnd,
     ) -> None:
         self.request_id = request_id
         self.rank = rank
@@ -168,17 +180,24 @@ class InFlight:
         self.num_prompt = num_prompt
         self.stops = stops
         self.stats = stats
+        self.frontend = frontend
         self.arrival = self._last_t = time.monotonic()
+        self._due = 0.0
         self.num_output = 0
         self.cached_tokens = 0
         self.done = False
 
     async def next(self) -> RequestOutput:
-        """The next step's output of this request.  Raises ``EngineCrashed``."""
-        item = await self.channel.get()
+        """The next step's output of this request, once its way back through the API server has passed
+        (outputs in order: none overtakes the one before).  Raises ``EngineCrashed``."""
+        released, item = await self.channel.get()
         if isinstance(item, Crashed):
             self.done = True  # nothing to abort: the engine that held it is gone
             raise EngineCrashed(self.request_id)
+        self._due = max(self._due, released + self.frontend.delay(item.first_token, self.num_prompt))
+        wait = self._due - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
         now = time.monotonic()
         if item.first_token:
             self.stats.ttft.observe(now - self.arrival)
@@ -228,6 +247,11 @@ class SimInstance:
             self.ranks.append(EngineRank(r, Engine(config.engine), pub, self.faults))
         self.stats = [RequestStats() for _ in self.ranks]
         self.max_model_len = self.ranks[0].engine.max_model_len
+        # vLLM runs one API server per data-parallel rank by default, all taking requests for any rank.
+        costs = self.ranks[0].engine.profile.frontend
+        self.frontend = FrontEnd(
+            costs, speed=config.engine.speed, workers=costs.renderer_workers * config.dp_size
+        )
         self.created = int(time.time())
         self._rng = random.Random(f"{config.seed}/{config.name}")
         self._tiebreak = itertools.count()
@@ -289,6 +313,13 @@ class SimInstance:
         n = len(self.ranks)
         return min((self.ranks[(turn + i) % n] for i in range(n)), key=EngineRank.load)
 
+    async def api_server(self, arrived: float, num_prompt_tokens: int, api: PromptApi) -> None:
+        """Wait until vLLM's API server would have handed the request that reached it at ``arrived``
+        (``time.monotonic()``) to its engine core: HTTP, the renderer queue, the hop (``FrontEnd``)."""
+        wait = self.frontend.arrive(arrived, num_prompt_tokens, api) - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
+
     def lora_for(self, model: str | None) -> str | None:
         """The LoRA adapter a request's ``model`` names (None: the base model).  Raises ``NotFound``."""
         if model is None or model == self.config.model:
@@ -338,7 +369,7 @@ class SimInstance:
             )
         except RequestRejected as e:
             raise BadRequest(str(e)) from None
-        return InFlight(rid, rank, channel, len(prompt), plan.stops, self.stats[rank.rank])
+        return InFlight(rid, rank, channel, len(prompt), plan.stops, self.stats[rank.rank], self.frontend)
 
     # ------------------------------------------------------------------ admin
     def reset_prefix_cache(self, *, reset_running_requests: bool = False) -> bool:

@@ -2,7 +2,8 @@
 
 ::
 
-    body ──▶ parse ──▶ tokenize (tokenizer cache, off the loop) ──▶ [latency fault] ──▶ SimInstance.submit
+    body ──▶ parse ──▶ tokenize (tokenizer cache, off the loop) ──▶ vLLM's API server (modelled, from arrival)
+        ──▶ [latency fault] ──▶ SimInstance.submit
         ──▶ one JSON answer when the request finishes, or SSE: a chunk per engine step that produced a token
             (chat: the role chunk with the first output, as vLLM), the finish chunk, usage, ``data: [DONE]``
 
@@ -26,21 +27,25 @@ from .routes import INSTANCE, check_alive, drop_connection, json_response, read_
 
 # ---------------------------------------------------------------------------------------------- OpenAI
 async def completions(request: web.Request) -> web.StreamResponse:
+    arrived = time.monotonic()
     inst = request.app[INSTANCE]
     check_alive(inst)
     args = parse_completion(await read_json(request))
     lora = inst.lora_for(args.model)
     tokens = await inst.tokenizer.aencode_prompt(args.prompt)
+    await inst.api_server(arrived, len(tokens), "completion" if isinstance(args.prompt, str) else "token_ids")
     return await _generate(request, inst, "cmpl", tokens, args, lora)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
+    arrived = time.monotonic()
     inst = request.app[INSTANCE]
     check_alive(inst)
     body = await read_json(request)
     args = parse_chat(body)
     lora = inst.lora_for(args.model)
     tokens = await inst.encode_chat(body)
+    await inst.api_server(arrived, len(tokens), "chat")
     return await _generate(request, inst, "chatcmpl", tokens, args, lora)
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Sequence
 
 from ..engine.engine import Engine
@@ -43,6 +44,8 @@ class Crashed:
 CRASHED = Crashed()
 
 Item = RequestOutput | Crashed
+Stamped = tuple[float, Item]
+"""An item and when the rank released it (``time.monotonic()``): the API server's way back starts there."""
 
 
 class EngineRank:
@@ -55,7 +58,7 @@ class EngineRank:
         self.engine = engine
         self.publisher = publisher
         self.faults = faults
-        self._channels: dict[str, asyncio.Queue[Item]] = {}
+        self._channels: dict[str, asyncio.Queue[Stamped]] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._epoch = 0
@@ -73,8 +76,9 @@ class EngineRank:
         output_token_ids: Sequence[int],
         cache_salt: str | None = None,
         lora_name: str | None = None,
-    ) -> asyncio.Queue[Item]:
-        """Queue a request; its outputs arrive on the returned channel.  Raises ``RequestRejected``."""
+    ) -> asyncio.Queue[Stamped]:
+        """Queue a request; its outputs arrive on the returned channel, each with the time it was released.
+        Raises ``RequestRejected``."""
         self.engine.add_request(
             request_id,
             prompt,
@@ -83,7 +87,7 @@ class EngineRank:
             lora_name=lora_name,
             output_token_ids=output_token_ids,
         )
-        q: asyncio.Queue[Item] = asyncio.Queue()
+        q: asyncio.Queue[Stamped] = asyncio.Queue()
         self._channels[request_id] = q
         self._wake.set()
         return q
@@ -125,8 +129,9 @@ class EngineRank:
 
     def _fail_all(self) -> None:
         channels, self._channels = self._channels, {}
+        now = time.monotonic()
         for q in channels.values():
-            q.put_nowait(CRASHED)
+            q.put_nowait((now, CRASHED))
 
     def wake(self) -> None:
         self._wake.set()
@@ -173,10 +178,11 @@ class EngineRank:
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         channels = self._channels
+        now = time.monotonic()
         for out in outputs:
             q = channels.get(out.request_id)
             if q is None:
                 continue  # aborted after it was scheduled
-            q.put_nowait(out)
+            q.put_nowait((now, out))
             if out.finished:
                 del channels[out.request_id]
