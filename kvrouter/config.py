@@ -9,7 +9,7 @@
     instances: [...]                    # see indexer.config
     routing:
       policy: kv-aware                  # kv-aware | prefix-hash | least-loaded | round-robin | random
-      kv_aware: {compute_weight: 1.0, load_weight: 32, offload_value: 0.8}
+      kv_aware: {compute_weight: 1.0, load_weight: 32}   # offload_value: a flat worth for every tier
       prefix_hash: {prefix_length: 1024, load_bound: 1.25}
     limits: {concurrency_threshold: 0, max_in_flight: 0, queue_size: 256, queue_timeout_s: 30}
     tenants:
@@ -32,6 +32,7 @@ from .replicas.config import SharedStateConfig, SnapshotConfig
 from .routing import PolicyName, policy_name
 from .routing.policies import KvAwareSettings, PolicySettings, PrefixHashSettings
 from .routing.router import RouterConfig
+from .routing.tier_value import tier_values
 
 
 class ModelConfig(msgspec.Struct, frozen=True):
@@ -183,6 +184,9 @@ class RouterFleetConfig(FleetConfig, frozen=True, forbid_unknown_fields=True):
             raise ConfigError("limits: queue_size must be >= 0 and queue_timeout_s > 0")
         if self.limits.max_requests < 0:
             raise ConfigError("limits: max_requests must be >= 0")
+        ov = self.routing.kv_aware.offload_value
+        if ov is not None and not 0 <= ov <= 1:
+            raise ConfigError("routing.kv_aware.offload_value must be between 0 and 1")
         if self.routing.prefix_hash.prefix_length <= 0:
             raise ConfigError("routing.prefix_hash.prefix_length must be positive")
 
@@ -196,6 +200,7 @@ class RouterFleetConfig(FleetConfig, frozen=True, forbid_unknown_fields=True):
             speculative=r.speculative,
             shadow=r.shadow,
             settings=PolicySettings(kv_aware=r.kv_aware, prefix_hash=r.prefix_hash, seed=r.seed),
+            tiers=tier_values(self.tiers),
         )
 
     def tokenizer_for(self, model: str | None) -> str | None:

@@ -173,7 +173,7 @@ async def explain(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
     p = await gw.pipeline.prepare(await request.read(), None, request.headers, operator=True)
     d = gw.pipeline.decide(p, dry_run=True)
-    return web.json_response(explain_body(p, d, time.perf_counter() - p.started))
+    return web.json_response(explain_body(p, d, time.perf_counter() - p.started, gw.router.tier_values))
 
 
 def build_gateway(gw: Gateway) -> web.Application:

@@ -35,6 +35,7 @@ from ..api.requests import Kind, ParsedRequest, parse_body
 from ..api.usage import UsageReport
 from ..config import RouterFleetConfig
 from ..routing import Candidate, Decision, RouteInput, Router, Target, route_input
+from ..routing.tier_value import TierValues
 from ..types import RequestId
 from .gate import CapacityGate, QueueFull
 from .metrics import PipelineMetrics
@@ -264,7 +265,10 @@ class RequestPipeline:
     def dispatched(self, p: Prepared, chosen: Candidate) -> None:
         """The request is on its way to ``chosen``."""
         self.router.dispatched(p.inp, chosen, time.monotonic())
-        self.m.predicted_cached.labels(chosen.target).inc(chosen.cached_tokens)
+        self.m.predicted_cached.labels(chosen.target).inc(chosen.hit_tokens)
+        for tier, n in chosen.tiers.items():
+            self.m.routed_blocks.labels(tier).inc(n)
+            self.m.routed_credit.labels(tier).inc(n * self.router.tier_values.of(tier))
         self.parity.routed(p.req, p.tokens, chosen.instance)
 
     def first_token(self, p: Prepared) -> None:
@@ -278,12 +282,12 @@ class RequestPipeline:
         self.m.queue_depth.set(self.gate.waiting)
         if usage is not None and usage.cached_tokens is not None:
             self.m.reported_cached.labels(chosen.target).inc(usage.cached_tokens)
-            self.m.cached_error.observe(chosen.cached_tokens - usage.cached_tokens)
+            self.m.cached_error.observe(chosen.hit_tokens - usage.cached_tokens)
             self.parity.shortfall(
                 p.req,
                 p.tokens,
                 chosen.instance,
-                chosen.cached_tokens,
+                chosen.hit_tokens,
                 usage.cached_tokens,
                 self.cfg.block_size,
             )
@@ -293,8 +297,14 @@ class RequestPipeline:
         self.gate.release()
 
 
-def explain(p: Prepared, d: Decision, elapsed_s: float) -> dict[str, Any]:
-    """``/v1/route/explain``: every candidate's cache, tiers, load, trust and score."""
+def explain(p: Prepared, d: Decision, elapsed_s: float, values: TierValues) -> dict[str, Any]:
+    """``/v1/route/explain``: every candidate's cache, tiers, load, trust and score.
+
+    Per candidate, ``tiers`` holds the credited blocks by tier (GPU and speculative always, CPU, STORAGE
+    and shared stores when it has some), ``tier_value`` each listed tier's worth per block, and
+    ``cached_tokens`` their sum in tokens (what kv-aware subtracts); ``hit_tokens`` counts every tier in
+    full (what vLLM is expected to report).  ``tier_costs``: the load and recompute times behind the
+    worths."""
     return {
         "policy": d.policy,
         "reason": d.reason,
@@ -308,11 +318,9 @@ def explain(p: Prepared, d: Decision, elapsed_s: float) -> dict[str, Any]:
                 "instance": c.instance,
                 "dp_rank": c.dp_rank,
                 "cached_tokens": c.cached_tokens,
-                "tiers": {
-                    "GPU": c.gpu_blocks,
-                    "offload": c.offload_blocks,
-                    "speculative": c.speculative_blocks,
-                },
+                "hit_tokens": c.hit_tokens,
+                "tiers": {"GPU": c.gpu_blocks, "speculative": c.speculative_blocks, **c.tiers},
+                "tier_value": {t: round(values.of(t), 4) for t in ("GPU", "speculative", *c.tiers)},
                 "matched_blocks": c.matched_blocks,
                 "trust": c.trust,
                 "in_flight": c.in_flight,
@@ -324,5 +332,10 @@ def explain(p: Prepared, d: Decision, elapsed_s: float) -> dict[str, Any]:
             for c in d.ranked
         ],
         "shadow": {k: {"target": v.target, "cached_tokens": v.cached_tokens} for k, v in d.shadow.items()},
+        "tier_costs": {
+            "recompute_ms_per_1k_tokens": round(values.recompute_ms_per_1k_tokens, 3),
+            "load_ms_per_1k_tokens": {t: round(v, 3) for t, v in values.load_ms_per_1k_tokens.items()},
+            "value": {"GPU": 1.0, "CPU": values.cpu, "STORAGE": values.storage, **values.shared},
+        },
         "decision_ms": round(elapsed_s * 1e3, 3),
     }
