@@ -49,6 +49,7 @@ class Request:
         "block_hashes",
         "block_size",
         "cache_salt",
+        "cpu_loaded_tokens",
         "lora_id",
         "lora_name",
         "max_tokens",
@@ -61,6 +62,7 @@ class Request:
         "prompt_token_ids",
         "request_id",
         "seed",
+        "shared_loaded_tokens",
         "status",
         "vocab_size",
     )
@@ -95,6 +97,8 @@ class Request:
         self.status = Status.WAITING
         self.num_computed_tokens = 0
         self.num_cached_tokens = -1  # set once, at first scheduling (vLLM's ``num_cached_tokens``)
+        self.cpu_loaded_tokens = 0  # of those, loaded from the CPU tier ...
+        self.shared_loaded_tokens = 0  # ... and from a shared store
         self.num_preemptions = 0
         self._none_hash = none_hash
         self._extra0 = extra_digest(block_extra_keys(lora_name, self.cache_salt, 0))

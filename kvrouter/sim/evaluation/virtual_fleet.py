@@ -33,6 +33,7 @@ from indexer.hashing import I64Array
 from ...api.requests import prefix_text as api_prefix_text
 from ...routing import READS_INDEX, RouteInput, Router, RouterConfig
 from ...routing.router import Target, route_input
+from ...routing.tier_value import tier_values
 from ...types import InstanceId, RequestId, TargetKey
 from ...workloads.blocks import BlockContentCache
 from ...workloads.spec import Request, Segment, TokenSpace, Workload
@@ -41,6 +42,8 @@ from ..engine.engine import CacheConfig, Engine, EngineConfig
 from ..engine.frontend import FrontEnd
 from ..engine.payload import PayloadWriter
 from ..engine.scheduler import SchedulerConfig
+from ..engine.shared_store import SharedStore
+from ..engine.tiers import tiers_config
 from ..engine.timing import NO_FRONTEND, PROMPT_APIS, PromptApi, get_profile
 from ..errors import RequestRejected, SimConfigError
 
@@ -54,6 +57,12 @@ class FleetSimConfig(msgspec.Struct, frozen=True):
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     cpu_offload_blocks: int = 0
+    """Each instance's own CPU tier (L1), in blocks (0: none)."""
+    shared_l2_blocks: int = 0
+    """A store every instance attaches (L2: HyperPod's Redis/tiered storage, an LMCache server), in blocks
+    (0: none).  Written through from the instances' offloads; announces no removals (``shared_store``)."""
+    shared_l2_gbps: float = 12.5
+    """Load bandwidth from the L2 into an instance, GB/s (the router's fleet file says the same)."""
     event_delay_s: float = 0.005
     """Engine step end -> the router's index has the step's events (ZeroMQ + decode)."""
     event_loss: float = 0.0
@@ -78,6 +87,8 @@ class FleetSimConfig(msgspec.Struct, frozen=True):
     ``token_ids`` (no tokenization).  Requests with messages are chat, with text completion."""
 
     def validate(self) -> None:
+        if self.shared_l2_blocks < 0 or self.shared_l2_gbps <= 0:
+            raise SimConfigError("shared_l2_blocks must be >= 0 and shared_l2_gbps positive")
         if self.prompt_api not in PROMPT_APIS:
             raise SimConfigError(f"prompt_api must be one of {', '.join(PROMPT_APIS)}")
 
@@ -92,6 +103,10 @@ class RequestRecord(msgspec.Struct, gc=False):
     first_token_s: float | None = None
     finish_s: float | None = None
     cached_tokens: int = 0
+    cpu_tokens: int = 0
+    """Of ``cached_tokens``, loaded from the instance's CPU tier ..."""
+    l2_tokens: int = 0
+    """... and from the shared L2 (the rest were GPU hits)."""
     predicted_cached_tokens: int = 0
     rejected: bool = False
 
@@ -105,6 +120,8 @@ class FleetRun(msgspec.Struct):
     """Tokens each instance computed (prefill + decode)."""
     index_errors: dict[str, int]
     makespan_s: float
+    busy_s: list[float] = []
+    """Seconds each instance spent in engine steps (its GPUs busy): the fleet's compute cost."""
 
 
 class _Clock:
@@ -145,7 +162,12 @@ class VirtualFleet:
         self.w = workload
         self.cfg = cfg
         self.clock = _Clock()
-        self.indexer = Indexer(cfg.block_size)
+        profile = get_profile(cfg.profile)
+        # The router's view of the tiers is the fleet file's: the L2 declared as a shared store, every
+        # tier valued from the simulated hardware's own figures.
+        self.tiers = tiers_config(profile, cfg.shared_l2_blocks, cfg.shared_l2_gbps)
+        self.indexer = Indexer(cfg.block_size, shared=self.tiers.shared)
+        router_cfg = msgspec.structs.replace(router_cfg, tiers=tier_values(self.tiers))
         self.router = Router(self.indexer, router_cfg)
         self.prefix_length = router_cfg.settings.prefix_hash.prefix_length
         # Without events the index holds only speculative entries, which no policy outside READS_INDEX
@@ -158,7 +180,6 @@ class VirtualFleet:
         self.progress = progress
         self.rng = random.Random(cfg.seed)
         capacity = cfg.capacity_blocks
-        profile = get_profile(cfg.profile)
         if capacity is None and pooled_of > 1:
             capacity = profile.kv_capacity_blocks(cfg.block_size) * pooled_of
         ecfg = EngineConfig(
@@ -176,7 +197,12 @@ class VirtualFleet:
             seed=cfg.seed,
         )
         self.names = [f"sim-{i}" for i in range(cfg.instances)]
-        self.engines = [Engine(ecfg) for _ in self.names]
+        self.l2 = (
+            SharedStore(cfg.shared_l2_blocks, cfg.block_size, cfg.shared_l2_gbps * 1e9)
+            if cfg.shared_l2_blocks and pooled_of == 1
+            else None
+        )
+        self.engines = [Engine(ecfg, shared=self.l2) for _ in self.names]
         # A pooled engine stands for pooled_of instances: as many API servers, each as fast as one (its
         # engine's speed-up is throughput, not a shorter path for each request).
         costs = profile.frontend if cfg.frontend else NO_FRONTEND
@@ -187,6 +213,7 @@ class VirtualFleet:
         self.seqs = [0] * cfg.instances
         self.busy = [False] * cfg.instances
         self.work = [0] * cfg.instances
+        self.busy_s = [0.0] * cfg.instances
         self.targets = [Target(InstanceId(n)) for n in self.names]
         for n in self.names:
             self.indexer.register(SourceKey(n, 0))
@@ -228,6 +255,7 @@ class VirtualFleet:
             dict(self.indexer.counters.event_errors)
             | {f"decode:{k}": v for k, v in self.indexer.counters.decode_errors.items()},
             self._last_finish,
+            self.busy_s,
         )
 
     def _sample(self) -> None:
@@ -286,7 +314,7 @@ class VirtualFleet:
             return False
         rec = self.records[rid]
         rec.instance, rec.dispatch_s = d.chosen.target, now
-        rec.predicted_cached_tokens = d.chosen.cached_tokens
+        rec.predicted_cached_tokens = d.chosen.hit_tokens
         self.router.dispatched(inp, d.chosen, now)
         i = self.names.index(d.chosen.instance)
         # Dispatches happen in time order and the latency is fixed: arrivals at an API server are in order.
@@ -323,10 +351,10 @@ class VirtualFleet:
         self.records[rid].first_token_s = t
         self.router.first_token(RequestId(rid))
 
-    def _finish(self, rid: str, cached: int, out_tokens: int) -> None:
+    def _finish(self, rid: str, cached: tuple[int, int, int], out_tokens: int) -> None:
         rec = self.records[rid]
         rec.finish_s = self.clock.now
-        rec.cached_tokens = cached
+        rec.cached_tokens, rec.cpu_tokens, rec.l2_tokens = cached
         rec.output_tokens = out_tokens
         self.router.finished(RequestId(rid))
         self._done(rid)
@@ -369,6 +397,7 @@ class VirtualFleet:
         res = eng.step_many(100_000, self._next_activity() - self.clock.now)
         end = self.clock.now + res.duration_s
         self.work[i] += res.prefill_tokens + res.decode_tokens
+        self.busy_s[i] += res.duration_s
         events = eng.take_events()
         if events:
             seq = self.seqs[i]
@@ -386,7 +415,8 @@ class VirtualFleet:
                 self._first_out[rid] = t
                 self.clock.at(t, partial(self._first_token, rid, t))
             if o.finished:
-                cached, n_out = o.cached_tokens, o.num_output_tokens
+                cached = (o.cached_tokens, o.cpu_loaded_tokens, o.shared_loaded_tokens)
+                n_out = o.num_output_tokens
                 # The API server handles a request's outputs in order: the last never overtakes the first.
                 t = max(end + lat + fe.output_delay(), self._first_out.pop(rid, 0.0))
                 self._at_activity(t, partial(self._finish, rid, cached, n_out))

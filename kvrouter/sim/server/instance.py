@@ -41,6 +41,7 @@ from ...api.requests import too_long
 from ..engine.engine import Engine, EngineConfig
 from ..engine.frontend import FrontEnd
 from ..engine.scheduler import RequestOutput
+from ..engine.shared_store import SharedStore
 from ..engine.timing import PromptApi
 from ..errors import RequestRejected, SimConfigError, SimError
 from .answers import AnswerVocab
@@ -234,7 +235,9 @@ class SimInstance:
         *,
         vocab: AnswerVocab | None = None,
         zmq_ctx: zmq.asyncio.Context | None = None,
+        shared: SharedStore | None = None,
     ) -> None:
+        """``shared``: a store the ranks attach with other instances' (``sim.engine.shared_store``)."""
         config.validate()
         self.config = config
         self.tokenizer = tokenizer
@@ -244,7 +247,7 @@ class SimInstance:
         for r in range(config.dp_size):
             pcfg = config.publisher_config(r)
             pub = None if pcfg is None else EventPublisher(pcfg, ctx=zmq_ctx)
-            self.ranks.append(EngineRank(r, Engine(config.engine), pub, self.faults))
+            self.ranks.append(EngineRank(r, Engine(config.engine, shared=shared), pub, self.faults))
         self.stats = [RequestStats() for _ in self.ranks]
         self.max_model_len = self.ranks[0].engine.max_model_len
         # vLLM runs one API server per data-parallel rank by default, all taking requests for any rank.

@@ -18,7 +18,7 @@ from kvrouter.types import InstanceId, RequestId
 
 BS = 4
 E = PayloadEncoder("0.33.0")
-PROMPT = list(range(100, 100 + 8 * BS)) + [7]  # eight full blocks and one more token
+PROMPT = [*range(100, 100 + 8 * BS), 7]  # eight full blocks and one more token
 
 
 def test_worth_is_what_loading_saves_over_recomputing() -> None:
@@ -144,7 +144,7 @@ def test_shared_store_credit_beats_recomputing_but_not_the_gpu() -> None:
     assert by["a"].cached_tokens == by["a"].hit_tokens == 8 * BS
     assert by["c"].cached_tokens == 0
     # c is not attached: the store's blocks never reach it; b beats c on the store's credit alone
-    assert [c.instance for c in r.route(inp, targets[1:], now=5.0, dry_run=True).ranked][0] == "b"
+    assert r.route(inp, targets[1:], now=5.0, dry_run=True).ranked[0].instance == "b"
 
 
 def test_a_flat_offload_value_overrides_every_tier() -> None:
