@@ -163,3 +163,17 @@ def test_placeholders_of_two_block_chunks_leave_holes() -> None:
             if "payload" in rec:
                 ix.apply_payload("vllm", bytes.fromhex(rec["payload"]))
     assert got == {"cpu_placeholders_chunk2": 0, "cpu_self_describing_chunk2": 64}
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_check_counts_the_placeholders_vllm_sent(name: str) -> None:
+    """``kvrouter check``'s count (``wire.offload_placeholders``) on vLLM's own batches: every ``S1cp`` of
+    the recording without ``self_describing_kv_events``, none with it."""
+    from indexer.wire import BatchDecoder, offload_placeholders
+
+    dec = BatchDecoder()
+    steps = [s for s in load(name)["steps"] if "payload" in s]
+    got = sum(offload_placeholders(dec.decode(bytes.fromhex(s["payload"]))) for s in steps)
+    want = sum(s["events"].split().count("S1cp") for s in steps)
+    assert got == want
+    assert (want > 0) == ("placeholders" in name)
