@@ -25,8 +25,10 @@ from typing import Any
 import msgspec
 
 from ..sim.evaluation.compare import EvalSpec
+from ..sim.evaluation.virtual_fleet import FleetSimConfig
 from .grid import Case, with_rate
 from .published import HYPERPOD_TIERED
+from .scale import Scale
 from .tables import Table, change
 
 Result = dict[str, Any]
@@ -74,6 +76,49 @@ def tier_cases(
             )
             out.append(Case(name, msgspec.structs.replace(spec, fleet=fleet), rate, bounds=False))
     return out
+
+
+# The notebook's study (notebooks/04_tiers.ipynb).  Four instances of Llama-3.1-70B on 8 x H100 whose
+# GPUs keep 8,192 blocks (131k tokens) of KV each: a fleet under long-context pressure, as HyperPod's
+# setting is (its claims are for long prompts and multi-turn chat).  L1: 32,768 blocks per instance (537k
+# tokens, 176 GB of host memory at 327,680 bytes a token); L2: 262,144 blocks (4.3M tokens, 1.4 TB) at
+# one 100 Gb/s link's 12.5 GB/s.
+STUDY_FLEET = FleetSimConfig(instances=4)
+STUDY_SIZES = TierSizes(gpu_blocks=8192, l1_blocks=32768, l2_blocks=262144, l2_gbps=12.5)
+STUDY_RATES = (1.0, 4.0)
+STUDY_POLICIES = ("round-robin", "prefix-hash", "kv-aware")
+STUDY_WORKLOADS: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    # agent sessions: each its own 3,000-token instructions, 800-token tool results per turn
+    (
+        "agent",
+        "multi-turn",
+        {
+            "num_conversations": 32,
+            "turns": 6,
+            "system_len": 3000,
+            "shared_system": False,
+            "turn_len": 800,
+            "output_len": 150,
+            "think_time_s": 5.0,
+        },
+    ),
+    ("aws-8k", "aws-8k-shared-prefix", {"arrival": {"type": "poisson", "rate": 2.0}, "num_requests": 160}),
+    ("mooncake", "mooncake-conversation", {"limit": 400}),
+)
+
+
+def study_cases(scale: Scale) -> list[Case]:
+    """The notebook's grid at ``scale``: every workload, load and tier setting, the three policies."""
+    out: list[Case] = []
+    for label, workload, overrides in STUDY_WORKLOADS:
+        spec = EvalSpec(workload=workload, overrides=overrides, fleet=STUDY_FLEET, policies=STUDY_POLICIES)
+        out += tier_cases(scale.size(spec), STUDY_SIZES, scale.values(STUDY_RATES), label=label)
+    return out
+
+
+def labelled(results: Sequence[Result]) -> list[Result]:
+    """Copies of ``results`` labelled ``workload xload tiers`` (for charts of one bar group per case)."""
+    return [{**r, "label": f"{r['label']} x{r['x']:g} {tier_of(r['fleet'])}"} for r in results]
 
 
 def _baselines(results: Sequence[Result]) -> dict[tuple[str, Any], Result]:
