@@ -71,11 +71,8 @@ class DisaggSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """The prefill pool's policy (default: the model's; ``least-loaded`` is the load-only baseline)."""
 
     def validate(self) -> None:
-        bad = [
-            f
-            for f in ("local_prefill_tokens", "prefill_busy_ratio", "decode_cache_weight", "decode_load_weight")
-            if getattr(self, f) < 0
-        ]
+        fields = ("local_prefill_tokens", "prefill_busy_ratio", "decode_cache_weight", "decode_load_weight")
+        bad = [f for f in fields if getattr(self, f) < 0]
         if bad:
             raise ValueError(f"routing.disaggregation: {', '.join(bad)} must be >= 0")
         if self.prefill_policy is not None:
@@ -235,5 +232,8 @@ def explain_plan(plan: PDPlan) -> dict[str, object]:
         "decode_ranking": [{"target": c.target, "score": c.score} for c in plan.decode.ranked],
         "prefill_ranking": []
         if plan.prefill is None
-        else [{"target": c.target, "score": c.score, "cached_tokens": c.cached_tokens} for c in plan.prefill.ranked],
+        else [
+            {"target": c.target, "score": c.score, "cached_tokens": c.cached_tokens}
+            for c in plan.prefill.ranked
+        ],
     }

@@ -295,10 +295,13 @@ class Engine:
         blocks are cached and announced; else it computes what did not arrive).  False: not loading."""
         return self.scheduler.finish_load(RequestId(request_id), ok)
 
-    def held_blocks(self, request_id: str) -> list[BlockId] | None:
-        """The blocks a finished prefill leg holds (what ``kv_transfer_params.remote_block_ids`` names);
-        None once released or if it never held any."""
-        return list(self.kv.blocks_of(RequestId(request_id))) if request_id in self.scheduler.held else None
+    def held(self, request_id: str) -> tuple[list[BlockId], int] | None:
+        """A finished prefill leg's blocks and computed tokens (what ``kv_transfer_params`` names as
+        ``remote_block_ids`` and ``remote_num_tokens``); None once released, or if it never held any."""
+        req = self.scheduler.held.get(RequestId(request_id))
+        if req is None:
+            return None
+        return list(self.kv.blocks_of(req.request_id)), req.num_computed_tokens
 
     def release_held(self, request_id: str) -> bool:
         """Free a finished prefill leg's blocks.  False if it holds none (already released, or lost)."""

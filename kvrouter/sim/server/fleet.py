@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import os
 import random
+import re
 import socket
 import tempfile
 from pathlib import Path
@@ -38,14 +39,33 @@ import zmq.asyncio
 from indexer.config import FleetConfig
 from tokenizer_cache import CachedTokenizer, default_tokenizer_path
 
+from ...types import Role
 from ..engine.engine import CacheConfig, EngineConfig
 from ..engine.scheduler import SchedulerConfig
 from ..errors import SimConfigError, SimError
 from .answers import AnswerVocab
 from .faults import FaultConfig
 from .instance import DEFAULT_PROFILE, SimInstance, SimInstanceConfig
+from .kv_transfer import KvTransferConfig
 from .server import SimServer
 from .tokenizer import load_sim_tokenizer
+
+_ROLE_LETTERS: dict[str, Role] = {"P": "prefill", "D": "decode", "B": "both"}
+
+
+def parse_roles(spec: str) -> list[Role]:
+    """``2P2D`` -> [prefill, prefill, decode, decode]: counts of prefill (P), decode (D) and both (B)
+    instances, in that order of appearance.  Raises ``SimConfigError``."""
+    parts = re.fullmatch(r"(?:\d+[PDBpdb])+", spec.strip())
+    if parts is None:
+        raise SimConfigError(f"roles {spec!r}: expected counts and letters, as 2P2D or 1P3D1B")
+    out: list[Role] = []
+    for n, letter in re.findall(r"(\d+)([PDBpdb])", spec):
+        out += [_ROLE_LETTERS[letter.upper()]] * int(n)
+    if not out:
+        raise SimConfigError(f"roles {spec!r}: no instance")
+    return out
+
 
 _PORT_RANGE = (20000, 32000)
 """Where free ports are looked for: below Linux's ephemeral range, where a ZeroMQ socket reconnecting to a
@@ -106,10 +126,17 @@ class SimFleetConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Faults every instance starts with."""
     health_timeout_s: float = 30.0
     """How long ``start()`` waits for every ``/health`` to answer 200."""
+    roles: list[Role] = []
+    """A disaggregated fleet: instance i's role (``parse_roles``), written to the fleet file; its name is
+    then ``<prefix>-<role>-<n>`` (n counting within the role).  Empty: every instance ``both``."""
+    kv_transfer: KvTransferConfig = KvTransferConfig()
+    """Every instance's simulated KV connector (transfer bandwidth, lease)."""
 
     def validate(self) -> None:
         if self.instances < 1:
             raise SimConfigError("instances must be >= 1")
+        if self.roles and len(self.roles) != self.instances:
+            raise SimConfigError(f"{len(self.roles)} roles for {self.instances} instances")
         if self.base_port < 0 or self.base_port + self.instances * self.stride > 65536:
             raise SimConfigError("the port layout does not fit below 65536")
         if self.replay and not self.events:
@@ -137,11 +164,18 @@ class SimFleetConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             ),
         )
         out = []
+        seen: dict[str, int] = {}
         for i in range(self.instances):
             b = base_port + i * self.stride
+            name = f"{self.name_prefix}-{i}"
+            role: Role = "both"
+            if self.roles:
+                role = self.roles[i]
+                name = f"{self.name_prefix}-{role}-{seen.get(role, 0)}"
+                seen[role] = seen.get(role, 0) + 1
             out.append(
                 SimInstanceConfig(
-                    name=f"{self.name_prefix}-{i}",
+                    name=name,
                     host=self.host,
                     port=b,
                     events_port=b + 1 if self.events else None,
@@ -156,6 +190,8 @@ class SimFleetConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                     answer_tokens=self.answer_tokens,
                     seed=self.seed + i,
                     faults=self.faults,
+                    role=role,
+                    kv_transfer=self.kv_transfer,
                 )
             )
         return out
@@ -302,6 +338,8 @@ class SimFleet:
                 entry["topic"] = ic.topic
             entry["dp_size"] = ic.dp_size
             entry["models"] = ic.served_models
+            if ic.role != "both":
+                entry["role"] = ic.role
             instances.append(entry)
         out: dict[str, Any] = {
             "block_size": cfg.block_size,

@@ -40,11 +40,11 @@ def test_a_prefill_leg_holds_its_blocks_until_released() -> None:
     e.add_request("p", prompt, 1, hold_blocks=True)
     events = drain(e)
     assert len(stored(events)) == 5
-    held = e.held_blocks("p")
-    assert held is not None and len(held) == 6
+    held = e.held("p")
+    assert held is not None and len(held[0]) == 6 and held[1] == 22
     assert e.pool.num_free == 16 - 6 and e.num_held == 1  # still allocated: nothing can evict them
     assert e.release_held("p") and not e.release_held("p")
-    assert e.held_blocks("p") is None and e.pool.num_free == 16
+    assert e.held("p") is None and e.pool.num_free == 16
     # released blocks stay cached (evictable): the same prompt hits them
     e.add_request("again", prompt, 1)
     e.step()
