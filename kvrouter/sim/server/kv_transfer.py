@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from collections import deque
 from typing import Any
 
 import aiohttp
@@ -85,6 +86,8 @@ class KvTransferAgent:
         self._tasks: set[asyncio.Task[None]] = set()
         self._session: aiohttp.ClientSession | None = None
         self.stats = {"pulled": 0, "pull_failed": 0, "read": 0, "read_refused": 0, "expired": 0}
+        self.recent_reads: deque[str] = deque(maxlen=64)
+        """The request ids of the last blocks read here (which decode legs pulled what)."""
         self.reset()
 
     # ------------------------------------------------------------------ lifecycle
@@ -161,6 +164,7 @@ class KvTransferAgent:
             self.stats["read_refused"] += 1
             return False
         self.stats["read"] += 1
+        self.recent_reads.append(req.remote_request_id)
         rank.wake()
         return True
 
@@ -218,5 +222,6 @@ class KvTransferAgent:
             "engine_ids": self.engine_ids,
             "leases": len(self._leases),
             "pulls_in_flight": len(self._tasks),
+            "recent_reads": list(self.recent_reads),
             **self.stats,
         }
