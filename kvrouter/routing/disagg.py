@@ -133,7 +133,7 @@ class DisaggPlanner:
 
     def applies(self, targets: list[Target]) -> bool:
         """Whether ``plan`` decides for these targets (otherwise route them aggregated, as ever)."""
-        return self.settings.mode is not DisaggMode.OFF and is_disaggregated(targets)
+        return self.settings.mode != DisaggMode.OFF and is_disaggregated(targets)
 
     def prefill_policy(self, model: str | None) -> Policy:
         return self._prefill_policy or self.router.policy_for(model)
@@ -165,7 +165,7 @@ class DisaggPlanner:
             return PDPlan(dd.reason, dd)
         dc = dd.chosen
         uncached = max(0, inp.num_tokens - dc.cached_tokens)
-        conditional = s.mode is DisaggMode.CONDITIONAL
+        conditional = s.mode == DisaggMode.CONDITIONAL
         if conditional and uncached <= s.local_prefill_tokens:
             return PDPlan("short_uncached", dd, uncached_tokens=uncached)
         pool = [c for c in cands if roles[c.target] != "decode" and c.target != dc.target]

@@ -22,7 +22,7 @@ from typing import Any
 import msgspec
 
 from ...percentiles import quantile
-from ...routing import ALL_POLICIES, READS_INDEX, PolicyName, RouterConfig, policy_name
+from ...routing import ALL_POLICIES, READS_INDEX, DisaggSettings, PolicyName, RouterConfig, policy_name
 from ...routing.policies import PolicySettings
 from ...workloads import make_workload
 from ...workloads.blocks import BlockContentCache
@@ -47,6 +47,8 @@ class EvalSpec(msgspec.Struct, frozen=True):
     speculative: bool = True
     series: bool = False
     """Keep per-request TTFTs and the load-over-time samples in the output (for plots)."""
+    disagg: DisaggSettings = DisaggSettings()
+    """How a fleet with prefill/decode roles (``fleet.roles``) is planned."""
 
 
 def load_workload(spec: EvalSpec) -> Workload:
@@ -75,6 +77,14 @@ def summarize(run: FleetRun, *, series: bool = False) -> dict[str, Any]:
     inflight = [statistics.fmean(col) for col in zip(*run.load_samples)] if run.load_samples else []
     imbalance = [max(s) / statistics.fmean(s) for s in run.load_samples if sum(s)]
     err = [abs(r.predicted_cached_tokens - r.cached_tokens) for r in done]
+    decoding = [r for r in done if r.output_tokens > 1]
+    tpot = [r.itl_sum_s / (r.output_tokens - 1) for r in decoding]
+    stall = [r.itl_max_s for r in decoding]
+    gaps = sum(r.output_tokens - 1 for r in decoding)
+    reasons: dict[str, int] = {}
+    for r in done:
+        if r.pd_reason is not None:
+            reasons[r.pd_reason] = reasons.get(r.pd_reason, 0) + 1
     res: dict[str, Any] = {
         "requests": len(run.records),
         "completed": len(done),
@@ -97,6 +107,16 @@ def summarize(run: FleetRun, *, series: bool = False) -> dict[str, Any]:
         "prediction_abs_error_mean_tokens": statistics.fmean(err) if err else 0.0,
         "prediction_exact_fraction": sum(1 for e in err if e == 0) / len(err) if err else 1.0,
         "index_errors": run.index_errors,
+        "itl_mean_s": sum(r.itl_sum_s for r in decoding) / gaps if gaps else float("nan"),
+        "tpot_p50_s": quantile(tpot, 0.5),
+        "tpot_p90_s": quantile(tpot, 0.9),
+        "tpot_p99_s": quantile(tpot, 0.99),
+        "itl_max_p50_s": quantile(stall, 0.5),
+        "itl_max_p90_s": quantile(stall, 0.9),
+        "itl_max_p99_s": quantile(stall, 0.99),
+        "split_fraction": sum(1 for r in done if r.prefill_instance) / len(done) if done else 0.0,
+        "pd_reasons": reasons,
+        "transfer_tokens": sum(r.transfer_tokens for r in done),
     }
     if series:
         res["series"] = {
@@ -157,7 +177,10 @@ def run_one(
         run = vf.run()
     else:
         fleet = spec.fleet if policy in READS_INDEX else msgspec.structs.replace(spec.fleet, events=False)
-        run = VirtualFleet(w, fleet, _router_config(spec, policy), hashes=cache, progress=progress).run()
+        vf = VirtualFleet(
+            w, fleet, _router_config(spec, policy), hashes=cache, progress=progress, disagg=spec.disagg
+        )
+        run = vf.run()
     res = summarize(run, series=spec.series)
     if policy not in READS_INDEX:  # no events: the router had nothing to predict from
         res["prediction_abs_error_mean_tokens"] = res["prediction_exact_fraction"] = None
