@@ -28,12 +28,14 @@ A model is planned here only when one of its instances has a role other than ``b
 from __future__ import annotations
 
 import enum
+import re
+from collections.abc import Sequence
 
 import msgspec
 
 from indexer import LookupResult
 
-from ..types import TargetKey
+from ..types import Role, TargetKey
 from .policies import Candidate, KvAware, KvAwareSettings, Policy
 from .registry import make_policy, policy_name
 from .router import Decision, RouteInput, Router, Target
@@ -110,6 +112,35 @@ class PDPlan(msgspec.Struct):
     @property
     def prefill_target(self) -> Candidate | None:
         return self.prefill.chosen if self.prefill is not None else None
+
+
+_ROLE_LETTERS: dict[str, Role] = {"P": "prefill", "D": "decode", "B": "both"}
+
+
+def parse_roles(spec: str) -> list[Role]:
+    """``2P2D`` -> [prefill, prefill, decode, decode]: counts of prefill (P), decode (D) and both (B)
+    instances, in order.  ``ValueError`` for anything else."""
+    if re.fullmatch(r"(?:\d+[PDBpdb])+", spec.strip()) is None:
+        raise ValueError(f"roles {spec!r}: expected counts and letters, as 2P2D or 1P3D1B")
+    out: list[Role] = []
+    for n, letter in re.findall(r"(\d+)([PDBpdb])", spec):
+        out += [_ROLE_LETTERS[letter.upper()]] * int(n)
+    if not out:
+        raise ValueError(f"roles {spec!r}: no instance")
+    return out
+
+
+def roles_label(roles: Sequence[Role]) -> str:
+    """``[prefill, prefill, decode]`` -> ``2P1D`` (``parse_roles``' inverse)."""
+    letters = {v: k for k, v in _ROLE_LETTERS.items()}
+    out, i = "", 0
+    while i < len(roles):
+        j = i
+        while j < len(roles) and roles[j] == roles[i]:
+            j += 1
+        out += f"{j - i}{letters[roles[i]]}"
+        i = j
+    return out
 
 
 def is_disaggregated(targets: list[Target]) -> bool:

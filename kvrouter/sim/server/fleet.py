@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import os
 import random
-import re
 import socket
 import tempfile
 from pathlib import Path
@@ -39,6 +38,7 @@ import zmq.asyncio
 from indexer.config import FleetConfig
 from tokenizer_cache import CachedTokenizer, default_tokenizer_path
 
+from ...routing import disagg
 from ...types import Role
 from ..engine.engine import CacheConfig, EngineConfig
 from ..engine.scheduler import SchedulerConfig
@@ -50,21 +50,13 @@ from .kv_transfer import KvTransferConfig
 from .server import SimServer
 from .tokenizer import load_sim_tokenizer
 
-_ROLE_LETTERS: dict[str, Role] = {"P": "prefill", "D": "decode", "B": "both"}
-
 
 def parse_roles(spec: str) -> list[Role]:
-    """``2P2D`` -> [prefill, prefill, decode, decode]: counts of prefill (P), decode (D) and both (B)
-    instances, in that order of appearance.  Raises ``SimConfigError``."""
-    parts = re.fullmatch(r"(?:\d+[PDBpdb])+", spec.strip())
-    if parts is None:
-        raise SimConfigError(f"roles {spec!r}: expected counts and letters, as 2P2D or 1P3D1B")
-    out: list[Role] = []
-    for n, letter in re.findall(r"(\d+)([PDBpdb])", spec):
-        out += [_ROLE_LETTERS[letter.upper()]] * int(n)
-    if not out:
-        raise SimConfigError(f"roles {spec!r}: no instance")
-    return out
+    """``routing.disagg.parse_roles``, refusing a bad spec with ``SimConfigError``."""
+    try:
+        return disagg.parse_roles(spec)
+    except ValueError as e:
+        raise SimConfigError(str(e)) from None
 
 
 _PORT_RANGE = (20000, 32000)
