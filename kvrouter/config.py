@@ -11,7 +11,7 @@
       policy: kv-aware                  # kv-aware | prefix-hash | least-loaded | round-robin | random
       kv_aware: {compute_weight: 1.0, load_weight: 32, offload_value: 0.8}
       prefix_hash: {prefix_length: 1024, load_bound: 1.25}
-      disaggregation: {mode: conditional, local_prefill_tokens: 512}   # fleets with prefill/decode roles
+      disaggregation: {mode: conditional, local_prefill_tokens: 2048}   # fleets with prefill/decode roles
     limits: {concurrency_threshold: 0, max_in_flight: 0, queue_size: 256, queue_timeout_s: 30}
     tenants:
       require_api_key: false

@@ -54,7 +54,7 @@ class DisaggSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """The fleet file's ``routing.disaggregation`` section."""
 
     mode: DisaggMode = DisaggMode.CONDITIONAL
-    local_prefill_tokens: int = 512
+    local_prefill_tokens: int = 2048
     """Conditional: a decode instance that lacks at most this many prompt tokens computes them itself."""
     prefill_busy_ratio: float = 4.0
     """Conditional: keep a request whole on its decode instance when the prefill instance's queued prefill

@@ -477,12 +477,19 @@ class VirtualFleet:
         for load in eng.take_loads():
             t = end + (self._transfer_s(i, load.tokens) if load.tokens else 0.0)
             self._at_activity(t, partial(self._landed, i, load.request_id, load.tokens))
-        if eng.has_work() and (res.num_scheduled or res.preempted):
+        if not (res.num_scheduled or res.preempted):
+            # Nothing could run: every waiting request waits for blocks that only a transfer landing or
+            # a held prefill being released frees (``_wake`` starts the engine again then).
+            self.busy[i] = False
+        elif eng.has_work():
             self.clock.at(max(end, self.clock.now + 1e-9), lambda: self._engine_step(i))
         else:
-            # Idle, or every waiting request waits for blocks that only a transfer landing or a held
-            # prefill being released frees: ``_wake`` starts it again.
-            self.busy[i] = False
+            # The engine is busy until its step ends: a request arriving meanwhile waits for it.
+            self.clock.at(end, lambda: self._step_ended(i))
+
+    def _step_ended(self, i: int) -> None:
+        self.busy[i] = False
+        self._wake(i)
 
     def _transfer_s(self, i: int, tokens: int) -> float:
         kv_bytes = tokens * self.engines[i].profile.kv_bytes_per_token

@@ -59,7 +59,8 @@ async def always(fleet: SimFleet) -> AsyncIterator[GW]:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def conditional(fleet: SimFleet) -> AsyncIterator[GW]:
-    async with gateway(fleet) as g:
+    """Conditional disaggregation, with a threshold the tests' short prompts cross."""
+    async with gateway(fleet, routing={"disaggregation": {"local_prefill_tokens": 256}}) as g:
         yield g
 
 
