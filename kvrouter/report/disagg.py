@@ -18,7 +18,7 @@ from typing import Any
 
 from matplotlib.axes import Axes
 
-from ..routing.disagg import roles_label
+from ..routing.disagg import parse_roles, roles_label
 from ..sim.evaluation.compare import EvalSpec
 from ..sim.evaluation.pd import DEFAULT_SETUPS, pd_spec
 from ..sim.evaluation.virtual_fleet import FleetSimConfig
@@ -87,8 +87,54 @@ def by_setup(results: Sequence[Result]) -> list[Result]:
     return list(out.values())
 
 
-def case(results: Sequence[Result], label: str) -> Result:
-    return next(r for r in results if r["label"] == label)
+def case(results: Sequence[Result], label: str, x: Any = None) -> Result:
+    return next(r for r in results if r["label"] == label and (x is None or r["x"] == x))
+
+
+def sweep_of(
+    results: Sequence[Result], label: str, base: Result, setups: Sequence[str] = MAIN_SETUPS
+) -> list[Result]:
+    """The points of the sweep ``label`` plus ``base`` (a case run once, at its own ``x``), in order of
+    the swept value, each with ``setups`` only: what ``plots.sweep`` draws."""
+    points = [r for r in results if r["label"] == label] + [base]
+    out = [{**r, "policies": {k: v for k, v in r["policies"].items() if k in setups}} for r in points]
+    return sorted(out, key=lambda r: r["x"])
+
+
+# ---------------------------------------------------------------------------------------------- notebook 4
+MOONCAKE = "Mooncake conversation"
+MOONCAKE_2P2D = "Mooncake conversation, 2P2D"
+LOAD = "Mooncake load"
+LONG = "Long prompts"
+CHAT = "Multi-turn chat"
+THRESHOLD = "local_prefill_tokens"
+BUSY = "prefill_busy_ratio"
+
+
+def notebook_cases(scale: Scale) -> list[Case]:
+    """Every run of notebook 4, on 4 instances (Llama-3.1-70B on 8 x H100 each):
+
+    * the first 1,000 requests of the Mooncake conversation trace (13.7k prompt tokens, 350 output
+      tokens a request on average) at its recorded rate, on 3 prefill + 1 decode instances, every setup;
+      on 2 + 2, the split setups; at 0.5 and 1.5 times the rate, aggregated / disaggregated / conditional;
+      conditional with other thresholds;
+    * long prompts: 14k tokens, half of them one of 20 shared prefixes, 200 output tokens, 20 clients
+      (Dynamo's prefix-ratio benchmark) on 2 + 2, every setup;
+    * multi-turn chat: 100 conversations of 5 turns (200-token turns and answers behind a 1k system
+      prompt) on 2 + 2.
+    """
+    p3d1, p2d2 = parse_roles("3P1D"), parse_roles("2P2D")
+    moon = base_spec("mooncake-conversation", {"limit": 1000}, scale)
+    rates = [0.5, 1.5] if scale.points is None else [1.5]
+    return [
+        *setup_cases(MOONCAKE, moon, p3d1, x=1.0),
+        *setup_cases(MOONCAKE_2P2D, moon, p2d2, ["disaggregated", "conditional"], x=1.0),
+        *rate_cases(LOAD, moon, p3d1, rates, MAIN_SETUPS),
+        *param_cases(THRESHOLD, moon, p3d1, "disagg.local_prefill_tokens", [512, 8192], "conditional"),
+        *param_cases(BUSY, moon, p3d1, "disagg.prefill_busy_ratio", [0.0, 16.0], "conditional"),
+        *setup_cases(LONG, base_spec("dynamo-prefix-ratio", {}, scale), p2d2),
+        *setup_cases(CHAT, base_spec("multi-turn", {"num_conversations": 100}, scale), p2d2, MAIN_SETUPS),
+    ]
 
 
 def setup_table(r: Result, title: str = "") -> Table:
