@@ -3,8 +3,14 @@ held block is released, and what disaggregation is for shows (decodes no longer 
 
 from __future__ import annotations
 
+import argparse
+import json
+from pathlib import Path
+
 import pytest
 
+from kvrouter.commands import eval as eval_cmd
+from kvrouter.commands import sim as sim_cmd
 from kvrouter.routing import DisaggMode, DisaggSettings, RouterConfig
 from kvrouter.sim.evaluation.compare import EvalSpec, load_workload, run_one
 from kvrouter.sim.evaluation.virtual_fleet import FleetSimConfig, VirtualFleet
@@ -114,3 +120,34 @@ def test_roles_must_match_the_instances() -> None:
     w = stall_workload()
     with pytest.raises(ValueError, match="roles"):
         VirtualFleet(w, FleetSimConfig(instances=3, roles=["prefill", "decode"]), RC)
+
+
+def test_kvrouter_eval_roles_compares_the_setups(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    p = argparse.ArgumentParser()
+    eval_cmd.add_arguments(p)
+    out = tmp_path / "pd.json"
+    args = p.parse_args(
+        ["--workload", "sglang-gsp", "--set", "num_requests=16", "--set", "num_groups=2", "--roles", "1P1D",
+         "--setups", "aggregated,conditional-load", "--profile", "test", "--jobs", "1", "--no-progress",
+         "--json", str(out)]
+    )  # fmt: skip
+    assert eval_cmd.run(args) == 0
+    res = json.loads(out.read_text())
+    assert res["roles"] == "1P1D" and list(res["policies"]) == ["aggregated", "conditional-load"]
+    assert res["policies"]["aggregated"]["split_fraction"] == 0.0
+    assert all(r["completed"] == 16 for r in res["policies"].values())
+    printed = capsys.readouterr().out
+    assert "conditional-load" in printed and "SLO" in printed
+    bad = p.parse_args(["--workload", "sglang-gsp", "--roles", "2Q", "--no-progress"])
+    assert eval_cmd.run(bad) == 2
+
+
+def test_kvrouter_sim_roles() -> None:
+    p = argparse.ArgumentParser()
+    sim_cmd.add_arguments(p)
+    cfg = sim_cmd.config_from_args(
+        p.parse_args(["--fleet-out", "x.yaml", "--roles", "2P1D", "--kv-lease", "5"])
+    )
+    assert cfg.instances == 3 and cfg.roles == ["prefill", "prefill", "decode"]
+    assert [c.name for c in cfg.instance_configs(20000)] == ["sim-prefill-0", "sim-prefill-1", "sim-decode-0"]
+    assert cfg.kv_transfer.lease_s == 5
