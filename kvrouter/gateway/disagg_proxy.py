@@ -81,7 +81,7 @@ class DisaggProxy:
         if not plan.split:
             return await self.proxy.forward(request, p, d, path, extra)
         rid = request.headers.get("X-Request-Id") or f"pd-{uuid.uuid4().hex}"
-        got = await self._prefill(request, p, plan, rid)
+        got = await self._prefill(request, p, plan, path, rid)
         if isinstance(got, web.Response):
             return got
         if got is None:
@@ -109,15 +109,14 @@ class DisaggProxy:
 
     # ------------------------------------------------------------------ prefill leg
     async def _prefill(
-        self, request: web.Request, p: Prepared, plan: PDPlan, rid: str
+        self, request: web.Request, p: Prepared, plan: PDPlan, path: str, rid: str
     ) -> tuple[dict[str, Any], Candidate] | web.Response | None:
-        """The prefill leg, retried on other prefill instances: the params and the instance that holds the
-        prompt; a 4xx answer (the request is refused: the decode instance would refuse it too); or None
-        (no prefill instance could compute it)."""
+        """The prefill leg (to the route the client called), retried on other prefill instances: the
+        params and the instance that holds the prompt; a 4xx answer (the request is refused: the decode
+        instance would refuse it too); or None (no prefill instance could compute it)."""
         cur = plan.prefill_target
         assert cur is not None
         body = msgspec.json.encode(prefill_leg_body(p.req.body, p.req.kind))
-        path = "/v1/chat/completions" if p.req.kind == "chat" else "/v1/completions"
         tried: set[str] = set()
         for attempt in range(self.proxy.max_retries + 1):
             tried.add(cur.target)
