@@ -105,6 +105,7 @@ class DisaggProxy:
                 raise BadGateway(f"decode leg failed: {e.reason}, and no other instance is up") from None
             self.pd.fallbacks.labels("decode_failed").inc()
             extra["x-kvrouter-pd"], extra["x-kvrouter-pd-reason"] = "whole", "decode_failed"
+            del extra["x-kvrouter-prefill-instance"]
             return await self.proxy.forward(request, p, nxt, path, extra)
 
     # ------------------------------------------------------------------ prefill leg

@@ -265,7 +265,7 @@ async def test_a_killed_decode_instance_costs_no_request(fleet: SimFleet, always
         st, h, data = await task
         assert st == 200, data
         assert (h["x-kvrouter-pd"], h["x-kvrouter-pd-reason"]) == ("whole", "decode_failed")
-        assert h["x-kvrouter-instance"] != victim
+        assert h["x-kvrouter-instance"] != victim and "x-kvrouter-prefill-instance" not in h
         if stream:
             assert data[-1] == "[DONE]"
         else:

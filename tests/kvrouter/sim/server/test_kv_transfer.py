@@ -179,3 +179,29 @@ async def test_without_a_connector_the_params_are_ignored() -> None:
         pre = await post(s, f"{f.urls[0]}/v1/completions", prefill_leg_body(body, "completions"), "x")
         assert pre["kv_transfer_params"] is None
         assert (await state(s, f.urls[0]))["ranks"][0]["kv_held"] == 0
+
+
+async def test_legs_pinned_to_data_parallel_ranks() -> None:
+    tok, _ = shared_tokenizer()
+    cfg = SimFleetConfig(
+        instances=2, roles=parse_roles("1P1D"), dp_size=2, profile="test", capacity_blocks=256
+    )
+    async with SimFleet(cfg, tokenizer=tok) as f, aiohttp.ClientSession() as s:
+        p_url, d_url = f.urls
+        body = {"model": "sim-model", "prompt": long_text(120, seed=9), "max_tokens": 2}
+        leg = prefill_leg_body(body, "completions")
+        async with s.post(f"{p_url}/v1/completions", json=leg, headers={"X-data-parallel-rank": "1"}) as r:
+            params = (await r.json())["kv_transfer_params"]
+        assert params["remote_engine_id"].startswith("sim-prefill-0-dp1-")
+        headers = {"X-data-parallel-rank": "0"}
+        async with s.post(
+            f"{d_url}/v1/completions", json=decode_leg_body(body, params), headers=headers
+        ) as r:
+            assert r.status == 200
+        p_ranks = (await state(s, p_url))["ranks"]
+        d_ranks = (await state(s, d_url))["ranks"]
+        assert [r["kv_held"] for r in p_ranks] == [0, 0]
+        assert (await state(s, p_url))["kv_transfer"]["read"] == 1
+        assert (
+            d_ranks[0]["engine"]["gpu_cached_blocks"] > 0 and d_ranks[1]["engine"]["gpu_cached_blocks"] == 0
+        )
