@@ -20,6 +20,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from ..routing import ALL_POLICIES
+from ..sim.evaluation.pd import SETUPS
 from .tables import policies_of
 
 Result = dict[str, Any]
@@ -53,8 +54,8 @@ class Chart(Figure):
 
 
 def _colors(policies: Sequence[str]) -> dict[str, Any]:
-    # Fixed colours per policy name, so every figure of every notebook agrees.
-    fixed = list(ALL_POLICIES)
+    # Fixed colours per policy (and disaggregation setup) name, so every figure of every notebook agrees.
+    fixed = [*ALL_POLICIES, *SETUPS]
     names = fixed + [p for p in policies if p not in fixed]
     return {p: f"C{i % 10}" for i, p in enumerate(names)}
 

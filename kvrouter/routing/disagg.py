@@ -8,8 +8,9 @@ Pure and clock-free like the router it drives; the gateway's pipeline and the ev
     the prompt, looked up once ─▶ candidates ─┬─ decode pool (role decode | both) ── decode policy ──▶ D
                                               └─ prefill pool (role prefill | both, not D) ── policy ─▶ P
     whole on D ("local": D computes the prompt itself, as an aggregated instance would) when
+        conditional mode, D lacks at most ``local_prefill_tokens`` of the prompt,
+                          and D's queue + what D lacks <= P's queue + what P computes  short_uncached
         no prefill instance can take it                                              no_prefill, prefill_full
-        conditional mode, and D lacks at most ``local_prefill_tokens`` of the prompt  short_uncached
         conditional mode, and P's queue + what P computes
                               > ``prefill_busy_ratio`` x (D's queue + what D lacks)  prefill_busy
     otherwise two legs: P computes the prompt and holds its KV cache, D pulls it and generates  remote_prefill
@@ -196,20 +197,22 @@ class DisaggPlanner:
             return PDPlan(dd.reason, dd)
         dc = dd.chosen
         uncached = max(0, inp.num_tokens - dc.cached_tokens)
-        conditional = s.mode == DisaggMode.CONDITIONAL
-        if conditional and uncached <= s.local_prefill_tokens:
-            return PDPlan("short_uncached", dd, uncached_tokens=uncached)
         pool = [c for c in cands if roles[c.target] != "decode" and c.target != dc.target]
         pd = self.prefill_decision(inp, pool, dry_run=dry_run, shadow=shadow)
-        if pd.chosen is None:
+        pc = pd.chosen
+        # Prefill tokens queued before this request's own, plus its own: where it would wait.
+        local_wait = dc.pending_prefill_tokens + uncached
+        remote_wait = (
+            pc.pending_prefill_tokens + max(0, inp.num_tokens - pc.cached_tokens) if pc else float("inf")
+        )
+        conditional = s.mode == DisaggMode.CONDITIONAL
+        if conditional and uncached <= s.local_prefill_tokens and local_wait <= remote_wait:
+            return PDPlan("short_uncached", dd, uncached_tokens=uncached)
+        if pc is None:
             reason = "prefill_full" if pd.reason == "at_capacity" else "no_prefill"
             return PDPlan(reason, dd, uncached_tokens=uncached)
-        pc = pd.chosen
-        if conditional and s.prefill_busy_ratio > 0:
-            remote_wait = pc.pending_prefill_tokens + max(0, inp.num_tokens - pc.cached_tokens)
-            local_wait = dc.pending_prefill_tokens + uncached
-            if remote_wait > s.prefill_busy_ratio * local_wait:
-                return PDPlan("prefill_busy", dd, uncached_tokens=uncached)
+        if conditional and s.prefill_busy_ratio > 0 and remote_wait > s.prefill_busy_ratio * local_wait:
+            return PDPlan("prefill_busy", dd, uncached_tokens=uncached)
         return PDPlan("remote_prefill", dd, pd, uncached)
 
     def prefill_decision(

@@ -30,6 +30,8 @@ def inp(ix: Indexer, rid: str, tokens: list[int]) -> RouteInput:
 
 
 def planner(ix: Indexer, **kw: object) -> DisaggPlanner:
+    """A planner whose threshold the 1k-token test prompts cross (unless ``local_prefill_tokens`` given)."""
+    kw.setdefault("local_prefill_tokens", 256)
     return DisaggPlanner(Router(ix, RouterConfig(speculative=False, shadow=False)), DisaggSettings(**kw))  # type: ignore[arg-type]
 
 
@@ -82,6 +84,15 @@ def test_a_load_only_prefill_choice_ignores_the_cache() -> None:
     assert plan.prefill_target is not None and plan.prefill_target.instance == "p0"
 
 
+def test_a_busy_decode_instance_does_not_keep_a_short_remainder() -> None:
+    ix = Indexer(BS)
+    cache(ix, "d3", PROMPT)
+    pl = planner(ix)
+    pl.router.load.dispatch(RequestId("q"), InstanceId("d3"), 50 * len(PROMPT))  # a long local queue
+    plan = pl.plan(inp(ix, "a", [*PROMPT, *range(100)]), fleet())
+    assert plan.split and plan.reason == "remote_prefill"
+
+
 def test_conditional_keeps_a_request_whole_where_the_decode_instance_holds_it() -> None:
     ix = Indexer(BS)
     cache(ix, "d3", PROMPT)  # blocks it received in an earlier transfer
@@ -103,7 +114,7 @@ def test_conditional_prefills_locally_when_the_prefill_pool_is_the_bottleneck() 
     plan = pl.plan(inp(ix, "a", PROMPT), fleet())
     assert not plan.split and plan.reason == "prefill_busy"
     # ... and not with the rule off
-    pl.settings = DisaggSettings(prefill_busy_ratio=0.0)
+    pl.settings = DisaggSettings(prefill_busy_ratio=0.0, local_prefill_tokens=256)
     assert pl.plan(inp(ix, "b", PROMPT), fleet()).split
 
 
@@ -130,7 +141,8 @@ def test_no_decode_instance_up_means_whole_on_a_prefill_instance() -> None:
 
 def test_limits_apply_to_both_pools() -> None:
     ix = Indexer(BS)
-    pl = DisaggPlanner(Router(ix, RouterConfig(max_in_flight=1, speculative=False, shadow=False)))
+    router = Router(ix, RouterConfig(max_in_flight=1, speculative=False, shadow=False))
+    pl = DisaggPlanner(router, DisaggSettings(local_prefill_tokens=256))
     for d in ("d2", "d3"):
         pl.router.load.dispatch(RequestId(d), InstanceId(d), 0)
     plan = pl.plan(inp(ix, "a", PROMPT), fleet())
