@@ -40,7 +40,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="a disaggregated fleet: prefill/decode/both counts, e.g. 2P2D (sets --instances)",
     )
     p.add_argument(
-        "--kv-bandwidth", type=float, default=25e9, help="KV transfer bandwidth into an instance, bytes/s"
+        "--kv-bandwidth",
+        type=float,
+        default=KvTransferConfig().bandwidth_bytes_per_s,
+        help="KV transfer bandwidth into an instance, bytes/s",
     )
     p.add_argument(
         "--kv-lease", type=float, default=30.0, help="seconds a prefill instance holds unread blocks"
