@@ -11,6 +11,7 @@
       policy: kv-aware                  # kv-aware | prefix-hash | least-loaded | round-robin | random
       kv_aware: {compute_weight: 1.0, load_weight: 32}   # offload_value: a flat worth for every tier
       prefix_hash: {prefix_length: 1024, load_bound: 1.25}
+      disaggregation: {mode: conditional, local_prefill_tokens: 2048}   # fleets with prefill/decode roles
     limits: {concurrency_threshold: 0, max_in_flight: 0, queue_size: 256, queue_timeout_s: 30}
     tenants:
       require_api_key: false
@@ -29,7 +30,7 @@ from indexer.errors import ConfigError
 
 from .membership.config import DiscoveryConfig, MembershipConfig
 from .replicas.config import SharedStateConfig, SnapshotConfig
-from .routing import PolicyName, policy_name
+from .routing import DisaggSettings, PolicyName, policy_name
 from .routing.policies import KvAwareSettings, PolicySettings, PrefixHashSettings
 from .routing.router import RouterConfig
 from .routing.tier_value import tier_values
@@ -53,6 +54,8 @@ class RoutingConfig(msgspec.Struct, frozen=True):
     shadow: bool = True
     """Shadow scoring: what every other policy would have chosen, as metrics."""
     seed: int = 0
+    disaggregation: DisaggSettings = DisaggSettings()
+    """How models whose instances have prefill/decode roles are split (``routing.disagg``)."""
 
 
 class LimitsConfig(msgspec.Struct, frozen=True):
@@ -187,6 +190,10 @@ class RouterFleetConfig(FleetConfig, frozen=True, forbid_unknown_fields=True):
         ov = self.routing.kv_aware.offload_value
         if ov is not None and not 0 <= ov <= 1:
             raise ConfigError("routing.kv_aware.offload_value must be between 0 and 1")
+        try:
+            self.routing.disaggregation.validate()
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         if self.routing.prefix_hash.prefix_length <= 0:
             raise ConfigError("routing.prefix_hash.prefix_length must be positive")
 

@@ -183,6 +183,8 @@ class SamplingArgs(msgspec.Struct, kw_only=True):
     cache_salt: str | None = None
     ignore_eos: bool = False
     seed: int | None = None
+    kv_transfer_params: dict[str, Any] | None = None
+    """Disaggregated prefill/decode (``api.kv_transfer``): a prefill leg's request, or a decode leg's."""
 
 
 class CompletionArgs(SamplingArgs, kw_only=True):
@@ -220,6 +222,7 @@ def _sampling(body: dict[str, Any], max_tokens_keys: tuple[str, ...]) -> dict[st
     out["cache_salt"] = _salt(body)
     out["ignore_eos"] = bool(_opt(body, "ignore_eos", "bool"))
     out["seed"] = _opt(body, "seed", "int")
+    out["kv_transfer_params"] = _opt(body, "kv_transfer_params", "dict")
     n = _opt(body, "n", "int")
     if n is not None and n != 1:
         raise BadRequest("the simulated vLLM instance supports only n=1", param="n")

@@ -7,7 +7,8 @@
     ├── Router (routing/) ── LoadTracker                                   SharedState (replicas, Redis)
     ├── UpstreamPool (health, ejection, engine load)  ◀── MembershipRuntime (fleet file, Kubernetes)
     ├── RequestPipeline (pipeline/): parse → tokenize → hash → look up → decide → account
-    └── Proxy: the bytes, upstream and back (after ``start``: it needs the client session)
+    ├── Proxy: the bytes, upstream and back (after ``start``: it needs the client session)
+    └── DisaggProxy: a disaggregated model's two legs, over the Proxy
 
 The HTTP routes are in ``handlers``; ``build_gateway`` makes the aiohttp app.
 """
@@ -33,6 +34,7 @@ from ..config import RouterFleetConfig
 from ..pipeline import PassThroughTokens, RequestPipeline, TokenSource
 from ..replicas import SharedState, WarmRestart, mark_restored, store_for
 from ..routing import Router
+from .disagg_proxy import DisaggProxy
 from .event_sources import EventSourceResolver
 from .fleet_check import check_fleet
 from .membership_metrics import MembershipCollector
@@ -121,6 +123,7 @@ class Gateway:
         )
         self.session: aiohttp.ClientSession | None = None
         self.proxy: Proxy | None = None
+        self.disagg: DisaggProxy | None = None
         self._checks: asyncio.Task[None] | None = None
 
     def _health_changed(self, name: str, healthy: bool) -> None:
@@ -186,6 +189,7 @@ class Gateway:
             max_retries=g.max_retries,
             upstream_api_key=g.upstream_api_key,
         )
+        self.disagg = DisaggProxy(self.proxy)
         restored = []
         if self.warm is not None:
             only = None if self.cfg.bind else [s for i in self.cfg.instances for s in i.sources()]

@@ -87,6 +87,9 @@ async def route_and_forward(
     pl = gw.pipeline
     with pl.held():
         p = await pl.prepare(await request.read(), kind, request.headers)
+        if pl.disaggregated(p):  # prefill/decode roles: two legs, or one (gateway/disagg_proxy.py)
+            assert gw.disagg is not None
+            return await gw.disagg.route(request, p, path_of(p.req))
         d = await pl.admit(p)
         assert d.chosen is not None and gw.proxy is not None
         extra = {
@@ -173,7 +176,9 @@ async def explain(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
     p = await gw.pipeline.prepare(await request.read(), None, request.headers, operator=True)
     d = gw.pipeline.decide(p, dry_run=True)
-    return web.json_response(explain_body(p, d, time.perf_counter() - p.started, gw.router.tier_values))
+    plan = gw.pipeline.plan(p, dry_run=True) if gw.pipeline.disaggregated(p) else None
+    elapsed = time.perf_counter() - p.started
+    return web.json_response(explain_body(p, d, elapsed, plan, gw.router.tier_values))
 
 
 def build_gateway(gw: Gateway) -> web.Application:

@@ -82,6 +82,10 @@ class Proxy:
         self.max_retries = max_retries
         self.upstream_api_key = upstream_api_key
 
+    def upstream_headers(self, request: web.Request, chosen: Candidate) -> dict[str, str]:
+        """What is sent upstream with a request to ``chosen`` (the disaggregated proxy's legs too)."""
+        return self._headers(request, chosen)
+
     def _headers(self, request: web.Request, chosen: Candidate) -> dict[str, str]:
         h = {k: v for k, v in request.headers.items() if k.lower() in _PASS_REQ}
         if self.upstream_api_key:
@@ -205,14 +209,19 @@ class Proxy:
         chosen: Candidate,
         watcher: UsageWatcher,
         t0: float,
+        head: bytes = b"",
     ) -> None:
+        """Stream ``resp`` to ``out``, starting with ``head`` (a first chunk the caller already read)."""
         first = True
         try:
             while True:
-                try:
-                    chunk = await asyncio.wait_for(resp.content.readany(), self.chunk_timeout_s)
-                except TimeoutError:
-                    raise aiohttp.ClientPayloadError("upstream stalled") from None
+                if head:
+                    chunk, head = head, b""
+                else:
+                    try:
+                        chunk = await asyncio.wait_for(resp.content.readany(), self.chunk_timeout_s)
+                    except TimeoutError:
+                        raise aiohttp.ClientPayloadError("upstream stalled") from None
                 if not chunk:
                     break
                 if first:

@@ -60,11 +60,13 @@ class Upstream(msgspec.Struct):
     def name(self) -> str:
         return self.cfg.name
 
-    def targets(self) -> list[Target]:
-        has_events = self.cfg.events is not None
+    def targets(self, model: str | None = None) -> list[Target]:
+        """Its ranks as routing targets for requests naming ``model`` (its role may depend on it)."""
+        c = self.cfg
+        role = c.role_for(model)
         return [
-            Target(InstanceId(self.name), r, self.cfg.dp_size, has_events, self.healthy, self.cfg.weight)
-            for r in range(self.cfg.dp_size)
+            Target(InstanceId(self.name), r, c.dp_size, c.events is not None, self.healthy, c.weight, role)
+            for r in range(c.dp_size)
         ]
 
     def serves(self, model: str | None) -> bool:
@@ -103,7 +105,9 @@ class UpstreamPool:
 
     # ------------------------------------------------------------------ queries
     def targets(self, model: str | None) -> list[Target]:
-        return [t for u in self.upstreams.values() if u.serves(model) and not u.draining for t in u.targets()]
+        return [
+            t for u in self.upstreams.values() if u.serves(model) and not u.draining for t in u.targets(model)
+        ]
 
     def known_model(self, model: str | None) -> bool:
         return any(u.serves(model) for u in self.upstreams.values())

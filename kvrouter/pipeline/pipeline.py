@@ -10,6 +10,12 @@
     first_token / finished(usage)
               load released (and the gate woken), vLLM's reported cached tokens against the prediction
 
+A model whose instances have prefill/decode roles (``disaggregated``) is admitted with ``admit_plan``
+instead: the same gate, and a ``PDPlan`` (``routing.disagg``) naming a decode instance and, when split, a
+prefill instance.  A split request has two loads: ``prefill_dispatched`` / ``prefill_finished`` for its
+prefill leg, ``dispatched(received=True)`` / ``first_token`` / ``finished`` for its decode leg; each is
+released exactly once, whatever fails.
+
 The front door owns the bytes (reading the body, sending it upstream, streaming back) and calls these in
 that order; ``reroute`` gives the next-best target after a failed attempt.  Decisions, shadow scoring,
 predicted-vs-reported metrics and rejections are recorded here, so every front door reports the same.
@@ -23,7 +29,7 @@ import itertools
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 
@@ -34,15 +40,17 @@ from ..api.errors import NotFound, Overloaded, ServiceUnavailable, Unauthorized
 from ..api.requests import Kind, ParsedRequest, parse_body
 from ..api.usage import UsageReport
 from ..config import RouterFleetConfig
-from ..routing import Candidate, Decision, RouteInput, Router, Target, route_input
-from ..routing.tier_value import TierValues
-from ..types import RequestId
+from ..routing import Candidate, Decision, DisaggPlanner, PDPlan, RouteInput, Router, Target, route_input
+from ..routing.disagg import explain_plan
+from ..routing.tier_value import DEFAULT_TIER_VALUES, TierValues
+from ..types import RequestId, leg_id
 from .gate import CapacityGate, QueueFull
 from .metrics import PipelineMetrics
 from .parity import ParityTracker
 from .tokens import TokenSource
 
 SAGEMAKER_AFFINITY = "X-Amzn-SageMaker-Prefix-Aware-Id"
+_T = TypeVar("_T")
 
 
 class Fleet(Protocol):
@@ -99,6 +107,7 @@ class RequestPipeline:
         self.remote = remote
         self.parity = parity or ParityTracker(cfg.parity)
         self.gate = CapacityGate(cfg.limits.queue_size, cfg.limits.queue_timeout_s)
+        self.planner = DisaggPlanner(router, cfg.routing.disaggregation)
         self.active = 0
         """Requests held right now (reading, routing, queued or proxied)."""
         self._ids = itertools.count()
@@ -221,21 +230,86 @@ class RequestPipeline:
             d = self.decide(p, only=only, shadow=False)
             return None if d.reason == "at_capacity" else d
 
-        self.m.queue_depth.set(self.gate.waiting + 1)
-        try:
-            d = await self.gate.acquire(attempt)
-        except QueueFull as e:
-            raise self.rejected(
-                Overloaded(f"all instances at capacity ({e.reason})", reason=e.reason)
-            ) from None
-        finally:
-            self.m.queue_depth.set(self.gate.waiting)
+        d = await self._wait(attempt)
         self._record(d)
         self.m.decision_seconds.observe(time.perf_counter() - p.started)
         if d.chosen is None:
             raise self.rejected(ServiceUnavailable("no healthy instance serves this model", reason=d.reason))
         self.m.prompt_tokens.inc(p.inp.num_tokens)
         return d
+
+    async def _wait(self, attempt: Callable[[], _T | None]) -> _T:
+        self.m.queue_depth.set(self.gate.waiting + 1)
+        try:
+            return await self.gate.acquire(attempt)
+        except QueueFull as e:
+            raise self.rejected(
+                Overloaded(f"all instances at capacity ({e.reason})", reason=e.reason)
+            ) from None
+        finally:
+            self.m.queue_depth.set(self.gate.waiting)
+
+    # ------------------------------------------------------------------ disaggregated models
+    def disaggregated(self, p: Prepared) -> bool:
+        """Whether ``p``'s model is served by a disaggregated fleet (planned with ``admit_plan``)."""
+        return self.planner.applies(self.fleet.targets(p.inp.model))
+
+    def plan(self, p: Prepared, *, dry_run: bool = False, shadow: bool = True) -> PDPlan:
+        return self.planner.plan(
+            p.inp,
+            self.fleet.targets(p.inp.model),
+            time.monotonic(),
+            remote=p.remote,
+            dry_run=dry_run,
+            shadow=shadow,
+        )
+
+    async def admit_plan(self, p: Prepared) -> PDPlan:
+        """``admit`` for a disaggregated model: a plan whose decode instance (and, when split, prefill
+        instance) has capacity, waiting in the gate while every decode instance is at its cap."""
+
+        def attempt() -> PDPlan | None:
+            plan = self.plan(p, shadow=False)
+            return None if plan.reason == "at_capacity" else plan
+
+        plan = await self._wait(attempt)
+        self.m.pd.plans.labels("disaggregated" if plan.split else "aggregated", plan.reason).inc()
+        self.m.decisions.labels("pd-decode", plan.decode.reason).inc()
+        if plan.prefill is not None and plan.split:
+            self._record(plan.prefill)
+        self.m.decision_seconds.observe(time.perf_counter() - p.started)
+        if plan.decode.chosen is None:
+            raise self.rejected(
+                ServiceUnavailable("no healthy instance serves this model", reason=plan.reason)
+            )
+        self.m.prompt_tokens.inc(p.inp.num_tokens)
+        return plan
+
+    def reroute_prefill(self, p: Prepared, plan: PDPlan, tried: set[str]) -> Candidate | None:
+        """The next prefill instance after failed prefill legs on ``tried`` (None: none is left)."""
+        assert plan.decode.chosen is not None
+        return self.planner.reroute_prefill(
+            p.inp,
+            self.fleet.targets(p.inp.model),
+            plan.decode.chosen.target,
+            tried,
+            time.monotonic(),
+            p.remote,
+        )
+
+    def prefill_dispatched(self, p: Prepared, chosen: Candidate) -> None:
+        """A split request's prefill leg is on its way to ``chosen`` (its own load, under ``leg_id``)."""
+        self.router.dispatched(p.inp, chosen, time.monotonic(), request_id=leg_id(p.inp.request_id))
+        self.m.predicted_cached.labels(chosen.target).inc(chosen.cached_tokens)
+        self.m.pd.legs.labels("prefill", chosen.target).inc()
+
+    def prefill_finished(self, p: Prepared, chosen: Candidate, usage: UsageReport | None = None) -> None:
+        """The prefill leg on ``chosen`` is over (answered or failed): its load is released; ``usage``:
+        what the prefill instance reported (its cache hit is the request's)."""
+        self.router.finished(leg_id(p.inp.request_id))
+        self.gate.release()
+        self.m.queue_depth.set(self.gate.waiting)
+        self._reported(p, chosen, usage)
 
     def reroute(self, p: Prepared, tried: Collection[str]) -> Candidate | None:
         """The next-best target after failed attempts on ``tried`` (None: no other)."""
@@ -262,13 +336,17 @@ class RequestPipeline:
                 self.m.shadow_agree.labels(name).inc()
 
     # ------------------------------------------------------------------ account
-    def dispatched(self, p: Prepared, chosen: Candidate) -> None:
-        """The request is on its way to ``chosen``."""
-        self.router.dispatched(p.inp, chosen, time.monotonic())
-        self.m.predicted_cached.labels(chosen.target).inc(chosen.hit_tokens)
-        for tier, n in chosen.tiers.items():
-            self.m.routed_blocks.labels(tier).inc(n)
-            self.m.routed_credit.labels(tier).inc(n * self.router.tier_values.of(tier))
+    def dispatched(self, p: Prepared, chosen: Candidate, *, received: bool = False) -> None:
+        """The request is on its way to ``chosen``.  ``received``: a split request's decode leg, whose
+        prompt arrives from its prefill instance (it computes none of it)."""
+        self.router.dispatched(p.inp, chosen, time.monotonic(), prefill_tokens=0 if received else None)
+        if received:
+            self.m.pd.legs.labels("decode", chosen.target).inc()
+        else:
+            self.m.predicted_cached.labels(chosen.target).inc(chosen.hit_tokens)
+            for tier, n in chosen.tiers.items():
+                self.m.routed_blocks.labels(tier).inc(n)
+                self.m.routed_credit.labels(tier).inc(n * self.router.tier_values.of(tier))
         self.parity.routed(p.req, p.tokens, chosen.instance)
 
     def first_token(self, p: Prepared) -> None:
@@ -276,10 +354,14 @@ class RequestPipeline:
 
     def finished(self, p: Prepared, chosen: Candidate, usage: UsageReport | None = None) -> None:
         """The attempt on ``chosen`` is over (answered, failed or abandoned): its load is released and a
-        waiting request may take the freed capacity.  ``usage``: what vLLM reported, if it did."""
+        waiting request may take the freed capacity.  ``usage``: what vLLM reported, if it did (a split
+        request's decode leg reports its prefill instance's cache hit: pass None)."""
         self.router.finished(p.inp.request_id)
         self.gate.release()
         self.m.queue_depth.set(self.gate.waiting)
+        self._reported(p, chosen, usage)
+
+    def _reported(self, p: Prepared, chosen: Candidate, usage: UsageReport | None) -> None:
         if usage is not None and usage.cached_tokens is not None:
             self.m.reported_cached.labels(chosen.target).inc(usage.cached_tokens)
             self.m.cached_error.observe(chosen.hit_tokens - usage.cached_tokens)
@@ -297,15 +379,22 @@ class RequestPipeline:
         self.gate.release()
 
 
-def explain(p: Prepared, d: Decision, elapsed_s: float, values: TierValues) -> dict[str, Any]:
-    """``/v1/route/explain``: every candidate's cache, tiers, load, trust and score.
+def explain(
+    p: Prepared,
+    d: Decision,
+    elapsed_s: float,
+    plan: PDPlan | None = None,
+    values: TierValues = DEFAULT_TIER_VALUES,
+) -> dict[str, Any]:
+    """``/v1/route/explain``: every candidate's cache, tiers, load, trust and score (and, for a
+    disaggregated model, the plan: split or whole, why, and both pools' rankings).
 
     Per candidate, ``tiers`` holds the credited blocks by tier (GPU and speculative always, CPU, STORAGE
     and shared stores when it has some), ``tier_value`` each listed tier's worth per block, and
     ``cached_tokens`` their sum in tokens (what kv-aware subtracts); ``hit_tokens`` counts every tier in
     full (what vLLM is expected to report).  ``tier_costs``: the load and recompute times behind the
     worths."""
-    return {
+    out: dict[str, Any] = {
         "policy": d.policy,
         "reason": d.reason,
         "choice": None if d.chosen is None else d.chosen.target,
@@ -339,3 +428,6 @@ def explain(p: Prepared, d: Decision, elapsed_s: float, values: TierValues) -> d
         },
         "decision_ms": round(elapsed_s * 1e3, 3),
     }
+    if plan is not None:
+        out["disaggregation"] = explain_plan(plan)
+    return out

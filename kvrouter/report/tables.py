@@ -132,6 +132,11 @@ METRIC_FORMAT = {
     "throughput_tok_s": "tok",
     "rejected": "int",
     "max_over_mean_load": "x",
+    "slo_attainment": "pct",
+    "tpot_p50_s": "s",
+    "tpot_p90_s": "s",
+    "itl_max_p90_s": "s",
+    "split_fraction": "pct",
 }
 
 

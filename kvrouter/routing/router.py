@@ -19,7 +19,7 @@ import numpy as np
 from indexer import Indexer, InstanceMatch, LookupResult, SourceKey, Trust
 from indexer.hashing import I64Array
 
-from ..types import InstanceId, RequestId, TargetKey, target_key
+from ..types import InstanceId, RequestId, Role, TargetKey, target_key
 from .load import LoadTracker
 from .policies import Candidate, Policy, PolicyName, PolicySettings, RouteView
 from .registry import ALL_POLICIES, make_policy
@@ -56,6 +56,8 @@ class Target(msgspec.Struct):
     has_events: bool = True
     healthy: bool = True
     weight: float = 1.0
+    role: Role = "both"
+    """Its job for this request's model in a disaggregated fleet (``routing.disagg``)."""
 
     @property
     def key(self) -> TargetKey:
@@ -217,8 +219,23 @@ class Router:
         ``shadow=False`` defers shadow scoring: the decision keeps what it needs, and ``shadow(d)`` fills
         ``d.shadow`` later.  The gateway does that once the request is on its way upstream, so the time
         of asking four other policies is not part of any request's latency."""
-        policy = self.policy_for(inp.model)
-        cands = self.candidates(inp, targets, now, remote)
+        return self.route_among(
+            inp, self.candidates(inp, targets, now, remote), dry_run=dry_run, shadow=shadow
+        )
+
+    def route_among(
+        self,
+        inp: RouteInput,
+        cands: list[Candidate],
+        *,
+        policy: Policy | None = None,
+        dry_run: bool = False,
+        shadow: bool = True,
+    ) -> Decision:
+        """``route`` over candidates already built (``candidates``), ranked by ``policy`` (default: the
+        model's).  A disaggregated plan looks the prompt up once and ranks its pools from the same
+        candidates (``routing.disagg``); the candidates' scores are overwritten."""
+        policy = policy or self.policy_for(inp.model)
         if not cands:
             return Decision(None, policy.name, "no_target", [])
         view = RouteView(inp.num_tokens, inp.prefix_key)
@@ -273,10 +290,23 @@ class Router:
         return out
 
     # ------------------------------------------------------------------ accounting
-    def dispatched(self, inp: RouteInput, chosen: Candidate, now: float) -> None:
-        """The request was sent to ``chosen``: account its load and expect its blocks there."""
-        to_compute = max(0, inp.num_tokens - chosen.cached_tokens)
-        self.load.dispatch(inp.request_id, chosen.target, to_compute)
+    def dispatched(
+        self,
+        inp: RouteInput,
+        chosen: Candidate,
+        now: float,
+        *,
+        request_id: RequestId | None = None,
+        prefill_tokens: int | None = None,
+    ) -> None:
+        """The request was sent to ``chosen``: account its load and expect its blocks there.
+
+        ``request_id``: the id its load is accounted under (default the request's; a disaggregated
+        request's prefill leg has its own, ``types.leg_id``).  ``prefill_tokens``: what it computes there
+        (default: the prompt minus what ``chosen`` caches; a decode leg receives its prompt instead)."""
+        if prefill_tokens is None:
+            prefill_tokens = max(0, inp.num_tokens - chosen.cached_tokens)
+        self.load.dispatch(request_id or inp.request_id, chosen.target, prefill_tokens)
         if self.config.speculative and inp.chains is not None and len(inp.chains):
             self.indexer.add_speculative(SourceKey(chosen.instance, chosen.dp_rank), inp.chains, now=now)
 

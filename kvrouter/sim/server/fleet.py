@@ -38,6 +38,8 @@ import zmq.asyncio
 from indexer.config import FleetConfig
 from tokenizer_cache import CachedTokenizer, default_tokenizer_path
 
+from ...routing import disagg
+from ...types import Role
 from ..engine.engine import CacheConfig, EngineConfig
 from ..engine.scheduler import SchedulerConfig
 from ..engine.shared_store import SharedStore
@@ -47,8 +49,18 @@ from ..errors import SimConfigError, SimError
 from .answers import AnswerVocab
 from .faults import FaultConfig
 from .instance import DEFAULT_PROFILE, SimInstance, SimInstanceConfig
+from .kv_transfer import KvTransferConfig
 from .server import SimServer
 from .tokenizer import load_sim_tokenizer
+
+
+def parse_roles(spec: str) -> list[Role]:
+    """``routing.disagg.parse_roles``, refusing a bad spec with ``SimConfigError``."""
+    try:
+        return disagg.parse_roles(spec)
+    except ValueError as e:
+        raise SimConfigError(str(e)) from None
+
 
 _PORT_RANGE = (20000, 32000)
 """Where free ports are looked for: below Linux's ephemeral range, where a ZeroMQ socket reconnecting to a
@@ -114,10 +126,17 @@ class SimFleetConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Faults every instance starts with."""
     health_timeout_s: float = 30.0
     """How long ``start()`` waits for every ``/health`` to answer 200."""
+    roles: list[Role] = []
+    """A disaggregated fleet: instance i's role (``parse_roles``), written to the fleet file; its name is
+    then ``<prefix>-<role>-<n>`` (n counting within the role).  Empty: every instance ``both``."""
+    kv_transfer: KvTransferConfig = KvTransferConfig()
+    """Every instance's simulated KV connector (transfer bandwidth, lease)."""
 
     def validate(self) -> None:
         if self.instances < 1:
             raise SimConfigError("instances must be >= 1")
+        if self.roles and len(self.roles) != self.instances:
+            raise SimConfigError(f"{len(self.roles)} roles for {self.instances} instances")
         if self.base_port < 0 or self.base_port + self.instances * self.stride > 65536:
             raise SimConfigError("the port layout does not fit below 65536")
         if self.replay and not self.events:
@@ -147,11 +166,18 @@ class SimFleetConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             ),
         )
         out = []
+        seen: dict[str, int] = {}
         for i in range(self.instances):
             b = base_port + i * self.stride
+            name = f"{self.name_prefix}-{i}"
+            role: Role = "both"
+            if self.roles:
+                role = self.roles[i]
+                name = f"{self.name_prefix}-{role}-{seen.get(role, 0)}"
+                seen[role] = seen.get(role, 0) + 1
             out.append(
                 SimInstanceConfig(
-                    name=f"{self.name_prefix}-{i}",
+                    name=name,
                     host=self.host,
                     port=b,
                     events_port=b + 1 if self.events else None,
@@ -166,6 +192,8 @@ class SimFleetConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                     answer_tokens=self.answer_tokens,
                     seed=self.seed + i,
                     faults=self.faults,
+                    role=role,
+                    kv_transfer=self.kv_transfer,
                 )
             )
         return out
@@ -320,6 +348,8 @@ class SimFleet:
                 entry["topic"] = ic.topic
             entry["dp_size"] = ic.dp_size
             entry["models"] = ic.served_models
+            if ic.role != "both":
+                entry["role"] = ic.role
             instances.append(entry)
         out: dict[str, Any] = {
             "block_size": cfg.block_size,

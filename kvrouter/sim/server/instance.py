@@ -37,7 +37,9 @@ from indexer.encode import RELEASES
 from tokenizer_cache import CachedTokenizer
 
 from ...api.errors import BadRequest, NotFound, ServiceUnavailable
+from ...api.kv_transfer import DecodeRequestParams
 from ...api.requests import too_long
+from ...types import Role
 from ..engine.engine import Engine, EngineConfig
 from ..engine.frontend import FrontEnd
 from ..engine.scheduler import RequestOutput
@@ -46,6 +48,7 @@ from ..engine.timing import PromptApi
 from ..errors import RequestRejected, SimConfigError, SimError
 from .answers import AnswerVocab
 from .faults import FaultConfig, FaultState, FaultStatus, FaultUpdate
+from .kv_transfer import KvTransferAgent, KvTransferConfig
 from .prom import RequestStats
 from .publisher import EventPublisher, PublisherConfig, topic_for
 from .rank import Crashed, EngineRank, Stamped
@@ -87,6 +90,11 @@ class SimInstanceConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
     """Seed of the answers of requests that bring no ``seed``, and of the drop faults."""
     faults: FaultConfig = FaultConfig()
     """Faults at start."""
+    role: Role = "both"
+    """Its role in a disaggregated fleet, as written to the fleet file (the instance itself serves any
+    leg it is sent, as a vLLM instance with ``kv_role: kv_both`` does)."""
+    kv_transfer: KvTransferConfig = KvTransferConfig()
+    """The simulated NIXL connector: prefill legs' leases, decode legs' pulls."""
 
     def validate(self) -> None:
         if not self.name or "@" in self.name:
@@ -104,6 +112,7 @@ class SimInstanceConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
             raise SimConfigError("bind mode (connect_endpoint) supports dp_size 1 only")
         self.engine.validate()
         self.faults.validate()
+        self.kv_transfer.validate()
 
     @property
     def events_endpoint(self) -> str | None:
@@ -153,10 +162,13 @@ class InFlight:
         "_due",
         "_last_t",
         "arrival",
+        "cached_override",
         "cached_tokens",
         "channel",
         "done",
         "frontend",
+        "hold",
+        "leased",
         "num_output",
         "num_prompt",
         "rank",
@@ -174,6 +186,9 @@ class InFlight:
         stops: bool,
         stats: RequestStats,
         frontend: FrontEnd,
+        *,
+        hold: bool = False,
+        cached_override: int | None = None,
     ) -> None:
         self.request_id = request_id
         self.rank = rank
@@ -187,6 +202,11 @@ class InFlight:
         self.num_output = 0
         self.cached_tokens = 0
         self.done = False
+        self.hold = hold
+        """A prefill leg: its blocks outlive it, under a lease once its answer names them."""
+        self.leased = False
+        self.cached_override = cached_override
+        """A decode leg reports its prefill instance's cached tokens as its own (vLLM 0.33)."""
 
     async def next(self) -> RequestOutput:
         """The next step's output of this request, once its way back through the API server has passed
@@ -206,7 +226,7 @@ class InFlight:
             self.stats.itl.observe(now - self._last_t)
         self._last_t = now
         self.num_output = item.num_output_tokens
-        self.cached_tokens = item.cached_tokens
+        self.cached_tokens = item.cached_tokens if self.cached_override is None else self.cached_override
         if item.finished:
             self.done = True
             self.stats.finished[self.finish_reason] += 1
@@ -218,11 +238,14 @@ class InFlight:
         return "stop" if self.stops else "length"
 
     def close(self) -> None:
-        """Called when the handler ends: a request still running was abandoned by its client."""
+        """Called when the handler ends: a request still running was abandoned by its client.  A prefill
+        leg whose answer never named its blocks frees them (nobody can read them)."""
         if not self.done:
             self.done = True
             self.rank.abort(self.request_id)
             self.stats.finished["abort"] += 1
+        if self.hold and not self.leased:
+            self.rank.engine.release_held(self.request_id)
 
 
 class SimInstance:
@@ -255,6 +278,16 @@ class SimInstance:
         self.frontend = FrontEnd(
             costs, speed=config.engine.speed, workers=costs.renderer_workers * config.dp_size
         )
+        self.transfers = KvTransferAgent(
+            config.name,
+            config.host,
+            self.ranks,
+            self.faults,
+            config.kv_transfer,
+            num_gpus=self.ranks[0].engine.profile.num_gpus,
+        )
+        for rank in self.ranks:
+            rank.on_loads = self.transfers.on_loads
         self.created = int(time.time())
         self._rng = random.Random(f"{config.seed}/{config.name}")
         self._tiebreak = itertools.count()
@@ -267,6 +300,7 @@ class SimInstance:
             rank.start()
 
     async def stop(self) -> None:
+        await self.transfers.stop()
         for rank in self.ranks:
             await rank.stop()
             if rank.publisher is not None:
@@ -278,6 +312,7 @@ class SimInstance:
         self.faults.crashed = True
         self.faults.crashes += 1
         lost = 0
+        self.transfers.reset()
         for rank in self.ranks:
             lost += rank.crash()
             if rank.publisher is not None:
@@ -342,9 +377,13 @@ class SimInstance:
         lora_name: str | None = None,
         seed: int | None = None,
         ignore_eos: bool = False,
+        request_id: str | None = None,
+        hold: bool = False,
+        pull: DecodeRequestParams | None = None,
     ) -> InFlight:
         """Admit a request into a rank.  Raises ``BadRequest`` (vLLM would refuse it) or
-        ``ServiceUnavailable`` (crashed)."""
+        ``ServiceUnavailable`` (crashed).  ``request_id``: the client's ``X-Request-Id`` (vLLM's base of
+        the request's id); ``hold``: a prefill leg; ``pull``: a decode leg's transfer."""
         if self.faults.crashed:
             raise ServiceUnavailable("the engine is down")
         rank = self.pick_rank(rank_header)
@@ -360,7 +399,9 @@ class SimInstance:
             answer_tokens=self.config.answer_tokens,
             ignore_eos=ignore_eos,
         )
-        rid = f"{prefix}-{uuid.uuid4().hex}"
+        rid = f"{prefix}-{request_id or uuid.uuid4().hex}"
+        if rid in rank.engine.scheduler.requests or rank.engine.held(rid) is not None:
+            rid = f"{rid}-{uuid.uuid4().hex[:8]}"  # an id already in use here stays unique
         try:
             channel = rank.submit(
                 rid,
@@ -369,10 +410,25 @@ class SimInstance:
                 output_token_ids=plan.token_ids,
                 cache_salt=cache_salt,
                 lora_name=lora_name,
+                hold_blocks=hold,
+                remote_prefill_tokens=len(prompt) if pull is not None else None,
             )
         except RequestRejected as e:
             raise BadRequest(str(e)) from None
-        return InFlight(rid, rank, channel, len(prompt), plan.stops, self.stats[rank.rank], self.frontend)
+        if pull is not None:
+            self.transfers.expect(rid, pull)
+        cached = pull.remote_prefill_cached_tokens if pull is not None else None
+        return InFlight(
+            rid,
+            rank,
+            channel,
+            len(prompt),
+            plan.stops,
+            self.stats[rank.rank],
+            self.frontend,
+            hold=hold,
+            cached_override=cached,
+        )
 
     # ------------------------------------------------------------------ admin
     def reset_prefix_cache(self, *, reset_running_requests: bool = False) -> bool:

@@ -22,10 +22,10 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ..engine.engine import Engine
-from ..engine.scheduler import RequestOutput
+from ..engine.scheduler import KvLoad, RequestOutput
 from .faults import FaultState
 from .publisher import EventPublisher
 
@@ -65,6 +65,8 @@ class EngineRank:
         """Bumped by ``crash()``: a step in flight across a crash died with the engine."""
         self._clock = 0.0
         self.steps = 0
+        self.on_loads: Callable[[EngineRank, list[KvLoad]], None] | None = None
+        """Called after a step that admitted decode legs with transfers to run (the KV connector)."""
 
     # ------------------------------------------------------------------ requests
     def submit(
@@ -76,6 +78,8 @@ class EngineRank:
         output_token_ids: Sequence[int],
         cache_salt: str | None = None,
         lora_name: str | None = None,
+        hold_blocks: bool = False,
+        remote_prefill_tokens: int | None = None,
     ) -> asyncio.Queue[Stamped]:
         """Queue a request; its outputs arrive on the returned channel, each with the time it was released.
         Raises ``RequestRejected``."""
@@ -86,6 +90,8 @@ class EngineRank:
             cache_salt=cache_salt,
             lora_name=lora_name,
             output_token_ids=output_token_ids,
+            hold_blocks=hold_blocks,
+            remote_prefill_tokens=remote_prefill_tokens,
         )
         q: asyncio.Queue[Stamped] = asyncio.Queue()
         self._channels[request_id] = q
@@ -105,6 +111,11 @@ class EngineRank:
     @property
     def in_flight(self) -> int:
         return len(self._channels)
+
+    @property
+    def epoch(self) -> int:
+        """Bumped by every crash: work started before it must not touch the engine after it."""
+        return self._epoch
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -171,6 +182,9 @@ class EngineRank:
                 self.steps += 1
             if events and self.publisher is not None:
                 self.publisher.publish(events)
+            loads = engine.take_loads()
+            if loads and self.on_loads is not None:
+                self.on_loads(self, loads)
             self._deliver(result.outputs)
             if not result.num_scheduled and engine.has_work():
                 # Nothing fitted this step (all waiting, no blocks): do not spin.

@@ -37,6 +37,7 @@ from .routes import (
     get_faults,
     health,
     kv_event_sources,
+    kv_read,
     metrics,
     models,
     post_faults,
@@ -92,6 +93,7 @@ def build_app(inst: SimInstance, crash: CrashHook) -> web.Application:
     r.add_get("/sim/faults", get_faults)
     r.add_post("/sim/faults", post_faults)
     r.add_get("/sim/state", state)
+    r.add_post("/sim/kv/read", kv_read)
     return app
 
 
@@ -138,6 +140,7 @@ class SimServer:
         await site.start()
         self._site = site
         self._port = site.port  # the bound port when 0 was asked
+        self.instance.transfers.port = self._port  # the KV connector's side channel
 
     async def stop(self) -> None:
         for t in list(self._tasks):
