@@ -78,7 +78,7 @@ def tier_cases(
     return out
 
 
-# The notebook's study (notebooks/04_tiers.ipynb).  Four instances of Llama-3.1-70B on 8 x H100 whose
+# The notebook's study (notebooks/05_tiers.ipynb).  Four instances of Llama-3.1-70B on 8 x H100 whose
 # GPUs keep 8,192 blocks (131k tokens) of KV each: a fleet under long-context pressure, as HyperPod's
 # setting is (its claims are for long prompts and multi-turn chat).  L1: 32,768 blocks per instance (537k
 # tokens, 176 GB of host memory at 327,680 bytes a token); L2: 262,144 blocks (4.3M tokens, 1.4 TB) at

@@ -305,6 +305,8 @@ class Router:
         request's prefill leg has its own, ``types.leg_id``).  ``prefill_tokens``: what it computes there
         (default: the prompt minus what ``chosen`` caches; a decode leg receives its prompt instead)."""
         if prefill_tokens is None:
+            # The valued credit, not the hit: a block loaded from a slower tier still costs its load time,
+            # counted in prefill-token equivalents (``tier_value``).
             prefill_tokens = max(0, inp.num_tokens - chosen.cached_tokens)
         self.load.dispatch(request_id or inp.request_id, chosen.target, prefill_tokens)
         if self.config.speculative and inp.chains is not None and len(inp.chains):
