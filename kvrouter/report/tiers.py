@@ -85,9 +85,10 @@ def tier_cases(
 # one 100 Gb/s link's 12.5 GB/s.
 STUDY_FLEET = FleetSimConfig(instances=4)
 STUDY_SIZES = TierSizes(gpu_blocks=8192, l1_blocks=32768, l2_blocks=262144, l2_gbps=12.5)
-STUDY_RATES = (1.0, 4.0)
 STUDY_POLICIES = ("round-robin", "prefix-hash", "kv-aware")
-STUDY_WORKLOADS: tuple[tuple[str, str, dict[str, Any]], ...] = (
+# Each workload at a light load and a heavy one (its own rate multipliers: the Mooncake trace at its
+# recorded rate already queues on four instances).
+STUDY_WORKLOADS: tuple[tuple[str, str, dict[str, Any], tuple[float, ...]], ...] = (
     # agent sessions: each its own 3,000-token instructions, 800-token tool results per turn
     (
         "agent",
@@ -101,18 +102,24 @@ STUDY_WORKLOADS: tuple[tuple[str, str, dict[str, Any]], ...] = (
             "output_len": 150,
             "think_time_s": 5.0,
         },
+        (1.0, 8.0),
     ),
-    ("aws-8k", "aws-8k-shared-prefix", {"arrival": {"type": "poisson", "rate": 2.0}, "num_requests": 160}),
-    ("mooncake", "mooncake-conversation", {"limit": 400}),
+    (
+        "aws-8k",
+        "aws-8k-shared-prefix",
+        {"arrival": {"type": "poisson", "rate": 2.0}, "num_requests": 160},
+        (1.0, 8.0),
+    ),
+    ("mooncake", "mooncake-conversation", {"limit": 400}, (0.25, 1.0)),
 )
 
 
 def study_cases(scale: Scale) -> list[Case]:
     """The notebook's grid at ``scale``: every workload, load and tier setting, the three policies."""
     out: list[Case] = []
-    for label, workload, overrides in STUDY_WORKLOADS:
+    for label, workload, overrides, rates in STUDY_WORKLOADS:
         spec = EvalSpec(workload=workload, overrides=overrides, fleet=STUDY_FLEET, policies=STUDY_POLICIES)
-        out += tier_cases(scale.size(spec), STUDY_SIZES, scale.values(STUDY_RATES), label=label)
+        out += tier_cases(scale.size(spec), STUDY_SIZES, scale.values(rates), label=label)
     return out
 
 

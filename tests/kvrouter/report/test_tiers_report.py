@@ -6,9 +6,19 @@ import math
 
 import pytest
 
+from kvrouter.report import SCALES
 from kvrouter.report.grid import run_grid
-from kvrouter.report.tiers import TIER_SETTINGS, TierSizes, hyperpod_table, tier_cases, tier_of, tier_table
-from kvrouter.sim.evaluation.compare import EvalSpec
+from kvrouter.report.tiers import (
+    STUDY_WORKLOADS,
+    TIER_SETTINGS,
+    TierSizes,
+    hyperpod_table,
+    study_cases,
+    tier_cases,
+    tier_of,
+    tier_table,
+)
+from kvrouter.sim.evaluation.compare import EvalSpec, load_workload
 from kvrouter.sim.evaluation.virtual_fleet import FleetSimConfig
 
 # Conversations of their own (no shared system prompt) on 3 instances whose GPUs hold about one
@@ -62,3 +72,11 @@ def test_the_grid_runs_and_the_tables_compare_against_gpu_only_round_robin() -> 
     assert [r["setting"] for r in h][:3] == [f"kv-aware, {t}" for t in TIER_SETTINGS]
     assert h[-1]["workload"] == "HyperPod (published)"
     assert not any(isinstance(v, float) and math.isnan(v) for r in h[:-1] for v in r.values())
+
+
+def test_the_notebook_study_builds_at_both_scales() -> None:
+    for scale in SCALES.values():
+        cases = study_cases(scale)
+        assert len(cases) == len(STUDY_WORKLOADS) * 2 * len(TIER_SETTINGS)
+        for c in cases[:: len(TIER_SETTINGS)]:
+            assert load_workload(c.spec).requests
