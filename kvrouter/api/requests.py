@@ -9,19 +9,23 @@
   400 for features whose output the simulator cannot produce (``n > 1``, ``echo``, ``logprobs``, several
   prompts at once) rather than a silently wrong answer.
 
-Both raise ``BadRequest`` with a reason the client can act on.
+Both raise ``BadRequest`` with a reason the client can act on.  The other routes' bodies are read in
+``responses``, ``messages`` (and, leniently, here: pooling and any other route).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 
 from .errors import BadRequest
 from .fields import decode_object, is_int, opt, salt, token_ids
+from .messages import parse_messages
+from .parsed import Kind, ParsedRequest, prefix_text
+from .responses import parse_responses
 
-Kind = Literal["completions", "chat"]
+__all__ = ["Kind", "ParsedRequest", "parse_body", "prefix_text"]
 
 
 def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -34,59 +38,56 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     return msgs
 
 
-def prefix_text(messages: list[dict[str, Any]] | None = None, prompt: str | list[int] | None = None) -> str:
-    """The text prefix-hash routing reads: chat message contents (strings, or their parts' text) joined by
-    newlines, the completion text, or its token ids joined by spaces."""
-    if messages is not None:
-        parts = []
-        for m in messages:
-            c = m.get("content")
-            if isinstance(c, str):
-                parts.append(c)
-            elif isinstance(c, list):
-                parts.extend(p.get("text", "") for p in c if isinstance(p, dict))
-        return "\n".join(parts)
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, list):
-        return " ".join(map(str, prompt))
-    return ""
-
-
-# ---------------------------------------------------------------------------------------------- lenient
-class ParsedRequest(msgspec.Struct):
-    """What the gateway reads of a completions or chat request; ``body`` is forwarded."""
-
-    kind: Kind
-    body: dict[str, Any]
-    raw: bytes
-    model: str | None = None
-    stream: bool = False
-    include_usage: bool = False
-    prompt: str | list[int] | None = None
-    """Completions: the (first) prompt as text or token ids."""
-    messages: list[dict[str, Any]] | None = None
-    cache_salt: str | None = None
-    affinity: str | None = None
-    """SageMaker X-Amzn-SageMaker-Prefix-Aware-Id or OpenAI prompt_cache_key."""
-    lora_name: str | None = None
-    modified: bool = False
-
-    def prefix_text(self) -> str:
-        return prefix_text(self.messages, self.prompt)
-
-    def set_salt(self, salt: str) -> None:
-        """Enforce ``salt`` as the request's ``cache_salt`` (the forwarded body carries it)."""
-        self.body["cache_salt"] = self.cache_salt = salt
-        self.modified = True
-
-    def encoded_body(self) -> bytes:
-        return msgspec.json.encode(self.body) if self.modified else self.raw
+POOLING_INPUTS = ("input", "prompt", "text")
+"""Where a pooling request (embeddings, pooling, classify) carries its text."""
 
 
 def parse_body(raw: bytes, kind: Kind | None, affinity_header: str | None = None) -> ParsedRequest:
-    """Parse and check a completions or chat body (``kind`` None: decide from the body, as /invocations)."""
+    """Parse and check a request body for its route (``kind`` None: chat or completions, decided from the
+    body, as /invocations)."""
+    if kind == "other":
+        return parse_other(raw)
     body = decode_object(raw)
+    if kind == "responses":
+        return parse_responses(body, raw, affinity_header)
+    if kind in ("messages", "count_tokens"):
+        return parse_messages(body, raw, kind)
+    if kind == "pooling":
+        return parse_pooling(body, raw)
+    return _parse_generation(body, raw, kind, affinity_header)
+
+
+def parse_pooling(body: dict[str, Any], raw: bytes) -> ParsedRequest:
+    """Embeddings, pooling, classification, scoring: the model, and a single text input to route on."""
+    model = body.get("model")
+    req = ParsedRequest("pooling", body, raw, model=model if isinstance(model, str) else None)
+    for key in POOLING_INPUTS:
+        v = body.get(key)
+        if isinstance(v, list) and len(v) == 1:
+            v = v[0]
+        if isinstance(v, str) and v:
+            req.prompt = v
+            break
+    return req
+
+
+def parse_other(raw: bytes) -> ParsedRequest:
+    """Any other route: its model when the body is a JSON object that names one (nothing is checked)."""
+    body: dict[str, Any] = {}
+    if raw[:1] == b"{":
+        try:
+            decoded = msgspec.json.decode(raw)
+        except msgspec.DecodeError:
+            decoded = None
+        if isinstance(decoded, dict):
+            body = decoded
+    model = body.get("model")
+    return ParsedRequest("other", body, raw, model=model if isinstance(model, str) else None)
+
+
+def _parse_generation(
+    body: dict[str, Any], raw: bytes, kind: Kind | None, affinity_header: str | None
+) -> ParsedRequest:
     if kind is None:
         kind = "chat" if "messages" in body else "completions"
     model = opt(body, "model", "str")
@@ -96,9 +97,12 @@ def parse_body(raw: bytes, kind: Kind | None, affinity_header: str | None = None
     affinity = body.get("prompt_cache_key") or affinity_header
     if affinity is not None and not isinstance(affinity, str):
         raise BadRequest("'prompt_cache_key' must be a string", param="prompt_cache_key")
+    session = body.get("session_id")
     req = ParsedRequest(
         kind, body, raw, model, stream, include_usage, cache_salt=salt(body), affinity=affinity
     )
+    if isinstance(session, str) and session:
+        req.session = session
     if kind == "chat":
         req.messages = _messages(body)
     else:
