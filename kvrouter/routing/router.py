@@ -21,7 +21,7 @@ from indexer.hashing import I64Array
 
 from ..types import InstanceId, RequestId, TargetKey, target_key
 from .load import LoadTracker
-from .policies import Candidate, Policy, PolicyName, PolicySettings, RouteView
+from .policies import Candidate, Policy, PolicyName, PolicySettings, RouteView, SessionTable
 from .registry import ALL_POLICIES, make_policy
 
 _EMPTY = np.zeros(0, dtype=np.int64)
@@ -68,6 +68,8 @@ class RouteInput(msgspec.Struct):
     """Our chain hashes of the prompt's full blocks (None: no tokenizer, route by load/prefix only)."""
     prefix_key: bytes = b""
     model: str | None = None
+    session: str | None = None
+    """The session the request belongs to (the session policy keeps it on its target)."""
 
 
 def route_input(
@@ -79,6 +81,7 @@ def route_input(
     affinity: str | None,
     model: str | None,
     prefix_length: int,
+    session: str | None = None,
 ) -> RouteInput:
     """The one way a request becomes the router's input, for the gateway, the endpoint picker, the
     evaluator and the benchmarks alike: a different prefix key in one of them would make prefix-hash a
@@ -86,7 +89,7 @@ def route_input(
     it; ``num_tokens`` None (no tokenizer) estimates four characters a token."""
     key = ((affinity or "") + "\x00" + prefix_text[:prefix_length]).encode()
     n = num_tokens if num_tokens is not None else max(1, len(prefix_text) // 4)
-    return RouteInput(request_id, n, chains, key, model)
+    return RouteInput(request_id, n, chains, key, model, session)
 
 
 class ShadowChoice(msgspec.Struct):
@@ -98,7 +101,7 @@ class Decision(msgspec.Struct):
     chosen: Candidate | None
     policy: str
     reason: str
-    """cache (a cached prefix decided), load, affinity, spill, no_target, at_capacity"""
+    """cache (a cached prefix decided), load, affinity, session, spill, no_target, at_capacity"""
     ranked: list[Candidate]
     predicted_cached_tokens: int = 0
     shadow: dict[str, ShadowChoice] = {}
@@ -111,6 +114,7 @@ class Router:
         self.indexer = indexer
         self.config = config or RouterConfig()
         self.load = LoadTracker()
+        self.sessions = SessionTable(self.config.settings.session)
         self._policies: dict[str, Policy] = {}
         self.policy(self.config.policy)  # validates the name now
         for name in self.config.model_policies.values():
@@ -119,7 +123,7 @@ class Router:
     def policy(self, name: str) -> Policy:
         p = self._policies.get(name)
         if p is None:
-            p = self._policies[name] = make_policy(name, self.config.settings)
+            p = self._policies[name] = make_policy(name, self.config.settings, self.sessions)
         return p
 
     def policy_for(self, model: str | None) -> Policy:
@@ -206,7 +210,7 @@ class Router:
         cands = self.candidates(inp, targets, now, remote)
         if not cands:
             return Decision(None, policy.name, "no_target", [])
-        view = RouteView(inp.num_tokens, inp.prefix_key)
+        view = RouteView(inp.num_tokens, inp.prefix_key, inp.session, now)
         cap = self.config.max_in_flight
         open_ = [c for c in cands if not cap or c.in_flight < cap]
         if not open_:
@@ -238,6 +242,10 @@ class Router:
             return "spill"
         if policy == PolicyName.PREFIX_HASH:
             return "affinity"
+        if policy == PolicyName.SESSION and chosen.score < 0:
+            return "session"
+        if policy == PolicyName.SESSION and chosen.cached_tokens > 0:
+            return "cache"
         if policy == PolicyName.KV_AWARE and chosen.cached_tokens > 0:
             return "cache"
         return "load"
@@ -262,6 +270,8 @@ class Router:
         """The request was sent to ``chosen``: account its load and expect its blocks there."""
         to_compute = max(0, inp.num_tokens - chosen.cached_tokens)
         self.load.dispatch(inp.request_id, chosen.target, to_compute)
+        if inp.session is not None:
+            self.sessions.record(inp.session, chosen.target, now)
         if self.config.speculative and inp.chains is not None and len(inp.chains):
             self.indexer.add_speculative(SourceKey(chosen.instance, chosen.dp_rank), inp.chains, now=now)
 
