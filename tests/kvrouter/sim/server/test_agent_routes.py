@@ -187,9 +187,10 @@ async def test_runtime_lora_adapters(stored: SimServer, http: aiohttp.ClientSess
         assert r.status == 404
     async with http.post(f"{stored.url}/v1/unload_lora_adapter", json={"lora_name": "sql"}) as r:
         assert r.status == 404 and (await r.json())["error"]["type"] == "NotFoundError"
-    async with running(instance_config(runtime_lora=False)) as plain, http.post(
-        f"{plain.url}/v1/load_lora_adapter", json={"lora_name": "a", "lora_path": "b"}
-    ) as r:
+    async with (
+        running(instance_config(runtime_lora=False)) as plain,
+        http.post(f"{plain.url}/v1/load_lora_adapter", json={"lora_name": "a", "lora_path": "b"}) as r,
+    ):
         assert r.status == 404 and await r.json() == {"detail": "Not Found"}
 
 
