@@ -8,7 +8,8 @@
       llama: {tokenizer: /models/llama, policy: kv-aware}
     instances: [...]                    # see indexer.config
     routing:
-      policy: kv-aware                  # kv-aware | prefix-hash | least-loaded | round-robin | random | session
+      policy: kv-aware                  # kv-aware | prefix-hash | least-loaded | round-robin | random |
+                                        # session
       session: {header: x-session-id, ttl_s: 1800}
       kv_aware: {compute_weight: 1.0, load_weight: 32, offload_value: 0.8}
       prefix_hash: {prefix_length: 1024, load_bound: 1.25}

@@ -72,7 +72,7 @@ async def test_ten_turn_responses_conversation_is_served_from_cache(fleet: SimFl
 
 
 async def test_stored_response_routes_go_to_their_holder(fleet: SimFleet) -> None:
-    async with gateway(fleet) as (gw, base), aiohttp.ClientSession() as s:
+    async with gateway(fleet) as (_gw, base), aiohttp.ClientSession() as s:
         body = {"model": MODEL, "input": "remember me", "max_output_tokens": 4}
         async with s.post(f"{base}/v1/responses", json=body) as r:
             first = await r.json()
@@ -247,7 +247,7 @@ async def test_session_header_keeps_a_session_on_its_instance(fleet: SimFleet) -
 
 
 async def test_every_other_route_is_passed_through(fleet: SimFleet) -> None:
-    async with gateway(fleet) as (gw, base), aiohttp.ClientSession() as s:
+    async with gateway(fleet) as (_gw, base), aiohttp.ClientSession() as s:
         async with s.post(f"{base}/tokenize", json={"model": MODEL, "prompt": "hello world"}) as r:
             assert r.status == 200 and (await r.json())["count"] > 0
             ids = (await r.json())["tokens"]
