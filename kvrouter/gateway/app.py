@@ -95,7 +95,11 @@ class Gateway:
         )
         self.adapters = AdapterManager(self.pool, self.pipeline, cfg.lora)
         rep = cfg.replicas
-        self.shared = SharedState(self.router, rep, registry=self.metrics.registry) if rep.redis_url else None
+        self.shared = (
+            SharedState(self.router, rep, registry=self.metrics.registry, affinity=self.pipeline.affinity)
+            if rep.redis_url
+            else None
+        )
         store = store_for(cfg.snapshot, rep.redis_url)
         self.warm = (
             WarmRestart(

@@ -37,8 +37,8 @@ from ..api.responses import ResponseNotFound
 from ..api.usage import UsageReport
 from ..config import RouterFleetConfig
 from ..routing import Candidate, Decision, RouteInput, Router, Target, route_input
+from ..routing.response_affinity import Holder, ResponseAffinity
 from ..types import RequestId
-from .affinity import Holder, ResponseAffinity
 from .gate import CapacityGate, QueueFull
 from .metrics import PipelineMetrics
 from .parity import ParityTracker
@@ -113,7 +113,7 @@ class RequestPipeline:
         self.m = metrics
         self.remote = remote
         self.parity = parity or ParityTracker(cfg.parity)
-        self.affinity = ResponseAffinity(cfg.responses)
+        self.affinity = ResponseAffinity(cfg.responses.affinity_ttl_s, cfg.responses.max_entries)
         self.find_response = find_response if cfg.responses.probe else None
         self.gate = CapacityGate(cfg.limits.queue_size, cfg.limits.queue_timeout_s)
         self.active = 0

@@ -11,15 +11,14 @@ sees pass::
 
 Bounded (``responses.max_entries``) and expiring (``responses.affinity_ttl_s``); entries outlive the
 instance they name, so a follow-up to a response whose instance left the fleet is answered with that
-reason rather than a bare "not found".
+reason rather than a bare "not found".  Pure: the clock comes in.
 """
 
 from __future__ import annotations
 
 import msgspec
 
-from ..config import ResponsesConfig
-from ..routing.expiring import ExpiringMap
+from .expiring import ExpiringMap
 
 
 class Holder(msgspec.Struct, frozen=True):
@@ -40,9 +39,9 @@ class SharedHolder(msgspec.Struct, frozen=True, array_like=True):
 
 
 class ResponseAffinity:
-    def __init__(self, cfg: ResponsesConfig | None = None) -> None:
-        self.cfg = cfg or ResponsesConfig()
-        self.map: ExpiringMap[str, Holder] = ExpiringMap(self.cfg.max_entries)
+    def __init__(self, ttl_s: float = 86_400.0, max_entries: int = 500_000) -> None:
+        self.ttl_s = ttl_s
+        self.map: ExpiringMap[str, Holder] = ExpiringMap(max_entries)
         self.outbox: list[tuple[str, Holder, float]] | None = None
         """Entries recorded here since the last publication (None: no replicas to tell)."""
         self.recorded = 0
@@ -50,7 +49,7 @@ class ResponseAffinity:
 
     def record(self, response_id: str, holder: Holder, now: float) -> None:
         """``holder`` produced ``response_id`` just now (what this router saw pass)."""
-        self.map.put(response_id, holder, now, self.cfg.affinity_ttl_s)
+        self.map.put(response_id, holder, now, self.ttl_s)
         self.recorded += 1
         if self.outbox is not None:
             self.outbox.append((response_id, holder, now))
@@ -71,7 +70,7 @@ class ResponseAffinity:
         box = self.outbox
         if not box:
             return []
-        ttl = self.cfg.affinity_ttl_s
+        ttl = self.ttl_s
         out = [SharedHolder(rid, h.instance, h.tokens, int((t + ttl - now) * 1000)) for rid, h, t in box]
         box.clear()
         return [e for e in out if e.ttl_left_ms > 0]
