@@ -223,7 +223,10 @@ def responses_tools(tools: object) -> list[dict[str, Any]] | None:
         if kind == "function":
             out.append(_function_tool(tool, tool.get("name")))
         elif kind == "namespace":
-            for sub in tool.get("tools") or []:
+            subs = tool.get("tools")
+            if not isinstance(subs, list):
+                raise AgentInputError("a namespace tool needs a 'tools' list", "tools")
+            for sub in subs:
                 if isinstance(sub, dict) and sub.get("type") == "function":
                     out.append(_function_tool(sub, f"{tool.get('name')}__{sub.get('name')}"))
         elif kind == "custom":

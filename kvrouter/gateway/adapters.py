@@ -86,6 +86,8 @@ class AdapterManager:
         return names
 
     async def passed_on(self, request: web.Request, unload: bool) -> web.Response:
+        """An operator's load or unload (an API key, or the admin token, when the fleet requires one)."""
+        self.pipeline.tenant_salt(request.headers.get("Authorization"), operator=True)
         raw = await request.read()
         body = decode_object(raw)
         name = body.get("lora_name")

@@ -30,16 +30,16 @@ async def route_and_forward(
     *,
     raw: bytes | None = None,
     body: BodySource | None = None,
-    pinned: str | None = None,
+    stored: str | None = None,
 ) -> web.StreamResponse:
     """Prepare, admit and forward one request (the body read here unless ``raw`` is given; ``body``: what
-    to send instead of the parsed body; ``pinned``: the only instance it may go to)."""
+    to send instead of the parsed body; ``stored``: a stored response id, the request goes where it is)."""
     gw = request.app[GATEWAY]
     pl = gw.pipeline
     with pl.held():
         p = await pl.prepare(await request.read() if raw is None else raw, kind, request.headers)
-        if pinned is not None:
-            p.pinned = pinned
+        if stored is not None:
+            p.pinned = (await pl.holder(stored)).instance
         await gw.adapters.ensure(p)
         d = await pl.admit(p)
         assert d.chosen is not None and gw.proxy is not None

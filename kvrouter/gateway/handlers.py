@@ -41,7 +41,27 @@ from .surface import add_surface_routes
 
 log = logging.getLogger("kvrouter.gateway")
 
-ADMIN_PATHS = ("/v1/route/explain", "/v1/cache/lookup", "/v1/fleet")
+ADMIN_PATHS = frozenset(
+    {
+        "/v1/route/explain",
+        "/v1/cache/lookup",
+        "/v1/fleet",
+        # vLLM's operator routes, passed through to the instances: never a client's to call
+        "/v1/load_lora_adapter",
+        "/v1/unload_lora_adapter",
+        "/reset_prefix_cache",
+        "/reset_mm_cache",
+        "/sleep",
+        "/wake_up",
+        "/pause",
+        "/resume",
+        "/collective_rpc",
+        "/scale_elastic_ep",
+        "/start_profile",
+        "/stop_profile",
+    }
+)
+"""Routes that need ``gateway.admin_token`` when one is set."""
 
 
 def error_response(e: ApiError, retry_after_s: float | None = None, *, path: str = "") -> web.Response:

@@ -11,7 +11,8 @@
          ──▶ the multipart body is read only up to its ``model`` field (at most ``PEEK_BYTES``), routed by
              model and load, and sent on as it arrives: an upload is never held whole
     *    any other path ──▶ by model (a JSON body's ``model``) and load, to an instance serving it (or any
-             healthy one); the method, query and body passed through unchanged
+             healthy one); the method, query and body passed through unchanged (vLLM's operator routes,
+             such as /reset_prefix_cache or /sleep, need the admin token when one is set: ``handlers``)
 """
 
 from __future__ import annotations
@@ -31,11 +32,8 @@ _MODEL_PART = re.compile(rb'name="model"\r\n(?:[^\r\n]+\r\n)*\r\n(.*?)\r\n--', r
 
 
 async def stored_response(request: web.Request) -> web.StreamResponse:
-    gw = request.app[GATEWAY]
-    holder = await gw.pipeline.holder(request.match_info["response_id"])
-    return await route_and_forward(
-        request, "other", lambda r: request.path_qs, raw=b"", pinned=holder.instance
-    )
+    rid = request.match_info["response_id"]
+    return await route_and_forward(request, "other", lambda r: request.path_qs, raw=b"", stored=rid)
 
 
 async def load_adapter(request: web.Request) -> web.Response:

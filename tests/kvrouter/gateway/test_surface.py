@@ -301,3 +301,28 @@ async def test_audio_uploads_are_streamed_through(fleet: SimFleet) -> None:
             assert r.status == 200, await r.text()
             assert (await r.json())["text"].endswith(f"({2 << 20} bytes)")
         assert seen_early.is_set()
+
+
+async def test_adapter_blocks_are_keyed_by_its_name(fleet: SimFleet) -> None:
+    """The adapter's name is in the block hashes, as in vLLM's: its cached prefix counts for requests of
+    that adapter only, never for the base model's same prompt."""
+    names = [srv.name for srv in fleet.servers]
+    prompt = "Adapter-keyed blocks. " + long_text(300, seed=77)  # nobody else's prefix
+    async with gateway(fleet) as (gw, base), aiohttp.ClientSession() as s:
+        hdr = {"x-kvrouter-instances": ",".join(names[:2])}
+        load = {"lora_name": "legal", "lora_path": "/adapters/legal"}
+        async with s.post(f"{base}/v1/load_lora_adapter", json=load, headers=hdr) as r:
+            assert r.status == 200
+        body = {"model": "legal", "prompt": prompt, "max_tokens": 2}
+        async with s.post(f"{base}/v1/completions", json=body) as r:
+            first = r.headers["x-kvrouter-instance"]
+        await until(lambda: any(gw.indexer.index.blocks(src)[0] > 0 for src in gw.indexer.sources()))
+        async with s.post(f"{base}/v1/completions", json=body) as r:
+            assert r.headers["x-kvrouter-instance"] == first
+            assert int(r.headers["x-kvrouter-cached-tokens"]) >= 300
+            assert (await r.json())["usage"]["prompt_tokens_details"]["cached_tokens"] >= 300
+        async with s.post(f"{base}/v1/completions", json={**body, "model": MODEL}) as r:
+            assert r.headers["x-kvrouter-cached-tokens"] == "0"
+            assert (await r.json())["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        async with s.post(f"{base}/v1/unload_lora_adapter", json={"lora_name": "legal"}) as r:
+            assert r.status == 200
