@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.support.agent_corpus import messages_cases, responses_cases
 from tests.support.agent_models import TEMPLATES, build_model, fingerprint
@@ -180,3 +182,65 @@ def test_refusals() -> None:
         responses_chat_body({"input": "x", "prompt": {"id": "p"}})
     with pytest.raises(AgentInputError, match="unknown content block"):
         messages_chat_body({"messages": [{"role": "user", "content": [{"type": "video"}]}]})
+
+
+_leaf = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8)
+_json = st.recursive(
+    _leaf,
+    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3),
+    max_leaves=10,
+)
+_item = st.fixed_dictionaries(
+    {},
+    optional={
+        "type": st.sampled_from(
+            ["message", "function_call", "reasoning", "function_call_output", "custom_tool_call"]
+        )
+        | _json,
+        "role": st.sampled_from(["user", "assistant", "system"]) | _json,
+        "content": _json,
+        "call_id": _json,
+        "name": _json,
+        "arguments": _json,
+        "summary": _json,
+        "status": _json,
+    },
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.fixed_dictionaries(
+        {"input": st.text(max_size=8) | st.lists(_item | _json, max_size=4) | _json},
+        optional={"instructions": _json, "tools": _json, "reasoning": _json, "chat_template_kwargs": _json},
+    )
+)
+def test_any_responses_body_converts_or_is_refused(body: dict[str, Any]) -> None:
+    """Whatever a client sends, the conversion answers a chat request or vLLM's 400, never a crash."""
+    try:
+        out = responses_chat_body(body)
+    except AgentInputError:
+        return
+    assert isinstance(out.chat["messages"], list)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.fixed_dictionaries(
+        {"messages": st.lists(st.fixed_dictionaries({"role": _json, "content": _json}), max_size=3) | _json},
+        optional={
+            "system": _json,
+            "tools": _json,
+            "tool_choice": _json,
+            "thinking": _json,
+            "output_config": _json,
+        },
+    ),
+    st.booleans(),
+)
+def test_any_messages_body_converts_or_is_refused(body: dict[str, Any], merge: bool) -> None:
+    try:
+        out = messages_chat_body(body, merge_inline_system=merge)
+    except AgentInputError:
+        return
+    assert isinstance(out["messages"], list)
