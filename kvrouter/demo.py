@@ -93,6 +93,17 @@ async def _wait_http(url: str, timeout: float = 120.0) -> None:
     raise RuntimeError(f"{url} did not come up in {timeout} s")
 
 
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def workload(cfg: DemoConfig) -> Workload:
     return make_workload(
         "sglang-gsp",
@@ -208,41 +219,36 @@ async def run_demo(cfg: DemoConfig, *, out: Any = sys.stdout) -> dict[str, dict[
         import yaml
 
         urls = [i["url"] for i in yaml.safe_load(fleet_file.read_text())["instances"]]
-        # One gateway per policy, all started at once: their start-ups (imports, the tokenizer) overlap
-        # each other's and the tokenizer warm-up below, instead of each one waiting for the last.
-        bases: dict[str, str] = {}
-        for policy in cfg.policies:
-            port = _port()
-            args = ("--log-level", "WARNING", "serve", "--fleet", str(fleet_file), "--port", str(port))
-            gw = subprocess.Popen(_kvrouter(*args, "--policy", policy), stdout=logs, stderr=logs, env=env)
-            gateways.append(gw)
-            bases[policy] = f"http://127.0.0.1:{port}"
         await warm_fleet_tokenizer(urls[0], wl)
-        for base in bases.values():
-            await _wait_http(f"{base}/health")
         for policy in cfg.policies:
             async with aiohttp.ClientSession() as s:
                 for u in urls:  # every policy starts from empty caches
                     async with s.post(f"{u}/reset_prefix_cache") as r:
                         await r.read()
-            await asyncio.sleep(0.5)  # the engines' AllBlocksCleared events reach every gateway's index
-            base = bases[policy]
-            bar = tqdm(total=len(wl.requests), desc=f"{policy:>12}", unit="req", file=out, leave=True)
-            t0 = time.perf_counter()
-            recs = await drive(base, wl, model="sim-model", concurrency=cfg.concurrency, progress=bar.update)
-            wall = time.perf_counter() - t0
-            bar.close()
-            results[policy] = summarize(recs, wall)
-            if policy == PolicyName.KV_AWARE and cfg.agent_turns:
-                agent = await agent_session(base, cfg.agent_turns, cfg.seed)
+            # One gateway at a time: an idle one would still ingest every event of the others' runs.
+            port = _port()
+            args = ("--log-level", "WARNING", "serve", "--fleet", str(fleet_file), "--port", str(port))
+            gw = subprocess.Popen(_kvrouter(*args, "--policy", policy), stdout=logs, stderr=logs, env=env)
+            gateways.append(gw)
+            base = f"http://127.0.0.1:{port}"
+            try:
+                await _wait_http(f"{base}/health")
+                await asyncio.sleep(0.5)  # event subscriptions connect and replay
+                bar = tqdm(total=len(wl.requests), desc=f"{policy:>12}", unit="req", file=out, leave=True)
+                t0 = time.perf_counter()
+                recs = await drive(
+                    base, wl, model="sim-model", concurrency=cfg.concurrency, progress=bar.update
+                )
+                wall = time.perf_counter() - t0
+                bar.close()
+                results[policy] = summarize(recs, wall)
+                if policy == PolicyName.KV_AWARE and cfg.agent_turns:
+                    agent = await agent_session(base, cfg.agent_turns, cfg.seed)
+            finally:
+                _stop(gw)
     finally:
         for gw in gateways:
-            gw.send_signal(signal.SIGINT)
-        for gw in gateways:
-            try:
-                gw.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                gw.kill()
+            _stop(gw)
         sim.send_signal(signal.SIGTERM)
         try:
             sim.wait(timeout=15)
