@@ -257,6 +257,26 @@ def _function_tool(tool: Mapping[str, Any], name: object) -> dict[str, Any]:
     return {"type": "function", "function": fn}
 
 
+_TEXT_PARTS = frozenset({"input_text", "output_text"})
+_RENDERED_KEYS = ("role", "content", "name", "tool_calls", "tool_call_id", "reasoning")
+
+
+def _as_chat_message(m: Message) -> Message:
+    """A converted message in the chat API's own vocabulary, rendering the same: vLLM hands the Responses
+    path's messages straight to its chat parser, which reads ``input_text`` / ``output_text`` parts as text
+    parts and ignores item keys (``type``, ``status``, ``phase``); a chat request must spell them so."""
+    out = {k: m[k] for k in _RENDERED_KEYS if k in m}
+    content = out.get("content")
+    if isinstance(content, list):
+        out["content"] = [
+            {"type": "text", "text": p.get("text")}
+            if isinstance(p, dict) and p.get("type") in _TEXT_PARTS
+            else p
+            for p in content
+        ]
+    return out
+
+
 def response_output_messages(output: Sequence[Mapping[str, Any]]) -> list[Message]:
     """A stored response's output as the history of the next turn: one assistant message per part of
     each output message (reasoning and tool-call items are not carried over)."""
@@ -321,12 +341,12 @@ def responses_chat_body(
         extra["enable_thinking"] = effort != "none"
     kwargs = merge_template_kwargs(user_kwargs, extra)
     chat: dict[str, Any] = {
-        "messages": messages,
+        "messages": [_as_chat_message(m) for m in messages],
         "add_generation_prompt": kwargs.get("add_generation_prompt", not cont),
         "continue_final_message": kwargs.get("continue_final_message", cont),
         "chat_template_kwargs": kwargs,
     }
     tools = responses_tools(body.get("tools"))
-    if tools is not None:
+    if tools:  # none of them a function (built-in tools only): the template sees an empty list, as no tools
         chat["tools"] = tools
     return RenderedResponses(messages, chat)

@@ -2,11 +2,10 @@
 
 Responses and Messages requests are first converted to the chat request vLLM renders for them
 (``tokenizer_cache.agent_inputs`` / ``anthropic_inputs``).  Chat requests are rendered with the model's
-chat template exactly as vLLM renders them (the request's ``tools``, ``chat_template_kwargs``,
-``add_generation_prompt``, ``continue_final_message`` and ``documents`` honoured) and tokenized without
-special tokens; completions text (and a pooling request's text input) is tokenized with them; token-id
-prompts pass through.  Tokenization runs on the tokenizer cache's thread pool, off the event loop.  A
-template error is the client's: a 400 with the reason.
+chat template exactly as vLLM renders them (the whole body: ``tokenizer_cache``'s
+``aencode_chat_request``, see docs/parity.md); completions text (and a pooling request's text input) is
+tokenized with special tokens; token-id prompts pass through.  Long tokenizations run on the tokenizer
+cache's thread pool, off the event loop.  A template error is the client's: a 400 with the reason.
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ from indexer.service import LookupRequest, PromptError
 from tokenizer_cache import (
     CachedTokenizer,
     ChatTemplateError,
-    Encoded,
     InvalidPromptError,
     NoChatTemplateError,
     TokenizerCacheError,
@@ -85,10 +83,9 @@ class FleetTokens:
                     return None  # vLLM answers it (a 400)
             if req.kind in ("messages", "count_tokens", "responses"):
                 assert req.chat is not None
-                enc = await self._encode_chat(tok, req.chat, req.chat["messages"])
+                enc = await tok.aencode_chat_request(req.chat)  # the chat request vLLM renders for it
             elif req.kind == "chat":
-                assert req.messages is not None
-                enc = await self._encode_chat(tok, b, req.messages)
+                enc = await tok.aencode_chat_request(b)  # every field vLLM reads, as vLLM reads it
             elif isinstance(req.prompt, str):
                 enc = await tok.aencode_prompt_ex(
                     req.prompt, add_special_tokens=b.get("add_special_tokens", True) is not False
@@ -114,23 +111,6 @@ class FleetTokens:
             return None
         except (ChatTemplateError, InvalidPromptError) as e:
             raise BadRequest(str(e)) from None
-
-    @staticmethod
-    async def _encode_chat(
-        tok: CachedTokenizer, b: dict[str, Any], messages: list[dict[str, Any]]
-    ) -> Encoded:
-        """A chat request's tokens (``b``: the chat body, as sent or as converted)."""
-        kwargs: dict[str, Any] = {
-            "add_generation_prompt": b.get("add_generation_prompt", True) is not False,
-            "continue_final_message": b.get("continue_final_message", False) is True,
-        }
-        if b.get("documents") is not None:
-            kwargs["documents"] = b["documents"]
-        if b.get("add_special_tokens") is True:
-            kwargs["add_special_tokens"] = True
-        return await tok.aencode_chat_ex(
-            messages, tools=b.get("tools"), chat_template_kwargs=b.get("chat_template_kwargs"), **kwargs
-        )
 
     def _anthropic_facts(self, model: str | None, tok: CachedTokenizer) -> tuple[bool, str]:
         """How vLLM converts Anthropic requests for this model's template: whether inline system messages

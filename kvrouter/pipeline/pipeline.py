@@ -243,6 +243,22 @@ class RequestPipeline:
         if p.req.store:
             self.affinity.record(response_id, Holder(chosen.instance, p.inp.num_tokens), time.monotonic())
 
+    def prepare_bodyless(self) -> Prepared:
+        """A request without a body (a GET through a gateway that sends every request to its picker):
+        no model, no prompt, so the policy decides by load among every target."""
+        t0 = time.perf_counter()
+        req = ParsedRequest("completions", {}, b"")
+        inp = route_input(
+            RequestId(f"r{next(self._ids)}"),
+            chains=None,
+            num_tokens=0,
+            prefix_text="",
+            affinity=None,
+            model=None,
+            prefix_length=self.cfg.routing.prefix_hash.prefix_length,
+        )
+        return Prepared(req, inp, None, None, t0)
+
     # ------------------------------------------------------------------ decide
     def decide(
         self,

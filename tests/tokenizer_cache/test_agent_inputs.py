@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from tests.support.agent_corpus import messages_cases, responses_cases
 from tests.support.agent_models import TEMPLATES, build_model, fingerprint
-from tokenizer_cache import CachedTokenizer
+from tokenizer_cache import CachedTokenizer, TokenizerCacheError
 from tokenizer_cache.agent_inputs import AgentInputError, responses_chat_body
 from tokenizer_cache.anthropic_inputs import (
     disabled_thinking_effort,
@@ -23,19 +23,10 @@ from tokenizer_cache.anthropic_inputs import (
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "agent_inputs"
 
-CHAT_LAYER_GAPS = {("strict", "responses", "developer_item")}
-"""Cases that differ because of the chat layer, not the conversion: vLLM renders a developer message as
-a system message when the template does not name the developer role (the chat-parity work does this)."""
-
 
 def _encode(tok: CachedTokenizer, chat: dict[str, Any]) -> list[int]:
-    return tok.encode_chat(
-        chat["messages"],
-        chat.get("tools"),
-        chat.get("chat_template_kwargs"),
-        add_generation_prompt=chat["add_generation_prompt"],
-        continue_final_message=chat["continue_final_message"],
-    )
+    """The converted request through the one chat path (what the gateway and the simulator use)."""
+    return tok.encode_chat_request(chat).tokens
 
 
 @pytest.fixture(scope="module", params=sorted(TEMPLATES))
@@ -51,7 +42,7 @@ def model(
     tok.close()
 
 
-def _check(name: str, kind: str, cid: str, want: dict[str, Any], got: list[int] | Exception) -> str | None:
+def _check(cid: str, want: dict[str, Any], got: list[int] | Exception) -> str | None:
     if "error" in want:
         return (
             None
@@ -61,22 +52,20 @@ def _check(name: str, kind: str, cid: str, want: dict[str, Any], got: list[int] 
     if isinstance(got, Exception):
         return f"{cid}: {got!r}"
     if got != want["ids"]:
-        if (name, kind, cid) in CHAT_LAYER_GAPS:
-            return None
         return f"{cid}: token ids differ"
     return None
 
 
 def test_responses_render_as_vllm(model: tuple[str, CachedTokenizer, dict[str, Any]]) -> None:
-    name, tok, recorded = model
+    _name, tok, recorded = model
     bad = []
     for cid, body in responses_cases():
         got: list[int] | Exception
         try:
             got = _encode(tok, responses_chat_body(body).chat)
-        except AgentInputError as e:
+        except (AgentInputError, TokenizerCacheError) as e:
             got = e
-        err = _check(name, "responses", cid, recorded["responses"][cid], got)
+        err = _check(cid, recorded["responses"][cid], got)
         if err:
             bad.append(err)
     assert not bad, bad
@@ -95,22 +84,12 @@ def test_messages_render_as_vllm(model: tuple[str, CachedTokenizer, dict[str, An
         got: list[int] | Exception
         try:
             got = _encode(tok, messages_chat_body(body, merge_inline_system=merge, disabled_effort=effort))
-        except AgentInputError as e:
+        except (AgentInputError, TokenizerCacheError) as e:
             got = e
-        err = _check(name, "messages", cid, recorded["messages"][cid], got)
+        err = _check(cid, recorded["messages"][cid], got)
         if err:
             bad.append(err)
     assert not bad, bad
-
-
-def test_known_gaps_still_differ(model: tuple[str, CachedTokenizer, dict[str, Any]]) -> None:
-    """Once the chat layer renders them as vLLM does, the exemption above must go."""
-    name, tok, recorded = model
-    for gname, kind, cid in CHAT_LAYER_GAPS:
-        if gname != name:
-            continue
-        body = dict(responses_cases())[cid]
-        assert _encode(tok, responses_chat_body(body).chat) != recorded[kind][cid]["ids"]
 
 
 def test_template_facts() -> None:

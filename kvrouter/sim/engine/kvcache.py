@@ -64,6 +64,15 @@ class KVCacheManager:
         return self.offload.lookup(req.block_hashes, num_local_blocks, stop) * self.block_size
 
     # ------------------------------------------------------------------ allocation
+    def whole_sequence_fits(self, req: Request, hits: Sequence[BlockId], max_len: int) -> bool:
+        """vLLM's admission gate (``--scheduler-reserve-full-isl``, on by default in 0.33): a waiting
+        request is admitted only if the free blocks could hold its whole sequence, not just its first
+        chunk, counting evictable hit blocks as taken (``allocate_slots(full_sequence_must_fit=True)``)."""
+        bs = self.block_size
+        need = -(-min(req.num_tokens, max_len) // bs) - len(hits)
+        evictable = sum(1 for b in hits if self.pool.ref_count(b) == 0)
+        return max(need, 0) + evictable <= self.pool.num_free
+
     def allocate_slots(
         self,
         req: Request,

@@ -10,6 +10,8 @@
        preempt itself stops the pass.
     2. WAITING, FIFO, only if nothing was preempted this step, while budget > 0 and running < max_num_seqs:
        prefix-cache hit (+ CPU tier), then min(remaining, budget) tokens; no blocks -> stop admitting.
+       With ``reserve_full_sequence`` (vLLM's default) "no blocks" means: not enough free blocks for the
+       request's whole sequence, even when its first chunk would fit.
     3. Execute: every scheduled request advances; one whose computed tokens reach its known tokens samples
        one token; a request with max_tokens outputs finishes and frees its blocks (tail first).
 
@@ -39,6 +41,9 @@ class SchedulerConfig(msgspec.Struct, frozen=True):
     its default for the OpenAI server with chunked prefill)."""
     max_model_len: int | None = None
     """Longest prompt + output; None: the smaller of the profile's context and what the KV pool holds."""
+    reserve_full_sequence: bool = True
+    """Admit a waiting request only if its whole sequence fits in the free blocks (vLLM
+    ``--scheduler-reserve-full-isl``, default on in 0.33), not merely its first prefill chunk."""
 
     def validate(self) -> None:
         if self.max_num_seqs < 1:
@@ -176,6 +181,10 @@ class Scheduler:
             ext = kv.external_tokens(req, len(hits))
             computed = len(hits) * bs + ext
             n = min(req.num_tokens - computed, budget)
+            if self.config.reserve_full_sequence and not kv.whole_sequence_fits(
+                req, hits, self.max_model_len
+            ):
+                break
             if not kv.allocate_slots(req, n, hits, ext):
                 break
             waiting.popleft()

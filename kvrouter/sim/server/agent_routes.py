@@ -53,13 +53,8 @@ _encode_json = msgspec.json.Encoder().encode
 
 
 async def _encode(inst: SimInstance, chat: dict[str, Any]) -> list[int]:
-    return await inst.tokenizer.aencode_chat(
-        chat["messages"],
-        chat.get("tools"),
-        chat.get("chat_template_kwargs"),
-        add_generation_prompt=chat["add_generation_prompt"],
-        continue_final_message=chat["continue_final_message"],
-    )
+    """The converted chat request's tokens, rendered as this instance renders any chat request."""
+    return await inst.encode_chat(chat)
 
 
 def _submit(

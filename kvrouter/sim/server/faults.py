@@ -19,6 +19,8 @@ Knobs and what a router sees:
 ``stall_events``    the publishers hold their batches until set false (they then flush in order).
 ``corrupt_next``    the next n batches of every rank are undecodable.
 ``mute_replay``     replay requests are swallowed (a replay that never answers).
+``render_fault``    chat requests (and /tokenize) are rendered with another chat template than the fleet's:
+                    the token ids differ from the router's from the first token on (parity checks see it)
 ``crash``           the process dies: the port closes, in-flight requests fail (streams end without their
                     last chunk), caches and event sequences are lost; after ``down_s`` it is back, empty.
 ==================  ==========================================================================================
@@ -51,6 +53,8 @@ class FaultConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Multiplier of every step's modelled duration."""
     stall_s: float = 0.0
     """The engines do not step for this long after start."""
+    render_fault: bool = False
+    """Render chats with another template than the fleet's (a misconfigured instance)."""
 
     def validate(self) -> None:
         _check_rate(self.drop_rate)
@@ -79,6 +83,8 @@ class FaultUpdate(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Make the next n batches of every rank undecodable."""
     mute_replay: bool | None = None
     """Swallow replay requests."""
+    render_fault: bool | None = None
+    """Render chats with another template (true) or the fleet's again (false)."""
     crash: bool = False
     """Crash now; the instance comes back empty after ``down_s``."""
     down_s: float = 0.5
@@ -116,6 +122,8 @@ class FaultStatus(msgspec.Struct, frozen=True):
     """Publishers hold their batches."""
     mute_replay: bool
     """Replay requests are swallowed."""
+    render_fault: bool
+    """Chats are rendered with another template than the fleet's."""
     crashed: bool
     """The instance is down after a crash (only visible in-process: its port is closed)."""
     crashes: int
@@ -136,6 +144,7 @@ class FaultState:
         self.stall_until = time.monotonic() + config.stall_s if config.stall_s else 0.0
         self.stall_events = False
         self.mute_replay = False
+        self.render_fault = config.render_fault
         self.crashed = False
         self.crashes = 0
 
@@ -160,6 +169,7 @@ class FaultState:
             stalled_for_s=round(self.stall_left(), 3),
             stall_events=self.stall_events,
             mute_replay=self.mute_replay,
+            render_fault=self.render_fault,
             crashed=self.crashed,
             crashes=self.crashes,
         )

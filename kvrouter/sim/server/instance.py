@@ -20,7 +20,8 @@ import itertools
 import random
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import msgspec
 import zmq.asyncio
@@ -382,6 +383,21 @@ class SimInstance:
             rank.wake()  # the loop publishes AllBlocksCleared after any step in flight, even when idle
         return ok
 
+    async def encode_chat(self, body: Mapping[str, Any]) -> list[int]:
+        """A chat request's prompt tokens as this instance renders it (vLLM 0.33's whole chat path, the
+        tokenizer cache's ``aencode_chat_request``).  Under ``render_fault`` it renders as an instance
+        started with another template would: a system line the fleet's template never writes comes first,
+        so every token id after the first few differs from the router's."""
+        if self.faults.render_fault:
+            body = {
+                **body,
+                "messages": [
+                    {"role": "system", "content": "[rendered by another template]"},
+                    *body["messages"],
+                ],
+            }
+        return (await self.tokenizer.aencode_chat_request(body)).tokens
+
     def apply_faults(self, update: FaultUpdate) -> FaultStatus:
         """Every knob of ``update`` except ``crash`` (the server's: it owns the port)."""
         update.validate()
@@ -400,6 +416,8 @@ class SimInstance:
             f.stall_events = update.stall_events
         if update.mute_replay is not None:
             f.mute_replay = update.mute_replay
+        if update.render_fault is not None:
+            f.render_fault = update.render_fault
         for rank in self.ranks:
             if rank.publisher is not None:
                 self._apply_publisher_faults(rank.publisher)

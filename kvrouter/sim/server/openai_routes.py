@@ -37,15 +37,10 @@ async def completions(request: web.Request) -> web.StreamResponse:
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     inst = request.app[INSTANCE]
     check_alive(inst)
-    args = parse_chat(await read_json(request))
+    body = await read_json(request)
+    args = parse_chat(body)
     lora = inst.lora_for(args.model)
-    tokens = await inst.tokenizer.aencode_chat(
-        args.messages,
-        args.tools,
-        args.chat_template_kwargs,
-        add_generation_prompt=args.add_generation_prompt,
-        continue_final_message=args.continue_final_message,
-    )
+    tokens = await inst.encode_chat(body)
     return await _generate(request, inst, "chatcmpl", tokens, args, lora)
 
 

@@ -165,18 +165,8 @@ async def tokenize(request: web.Request) -> web.Response:
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     if "messages" in body:
-        args = parse_chat(body, sampling=False)
-        special = body.get("add_special_tokens", False)
-        if not isinstance(special, bool):
-            raise BadRequest("'add_special_tokens' must be a bool", param="add_special_tokens")
-        tokens = await inst.tokenizer.aencode_chat(
-            args.messages,
-            args.tools,
-            args.chat_template_kwargs,
-            add_generation_prompt=args.add_generation_prompt,
-            continue_final_message=args.continue_final_message,
-            add_special_tokens=special,
-        )
+        parse_chat(body, sampling=False)
+        tokens = await inst.encode_chat(body)
     else:
         prompt = body.get("prompt")
         special = body.get("add_special_tokens", True)
