@@ -247,7 +247,7 @@ class RequestPipeline:
         """A request without a body (a GET through a gateway that sends every request to its picker):
         no model, no prompt, so the policy decides by load among every target."""
         t0 = time.perf_counter()
-        req = ParsedRequest("completions", {}, b"")
+        req = ParsedRequest("other", {}, b"")
         inp = route_input(
             RequestId(f"r{next(self._ids)}"),
             chains=None,
