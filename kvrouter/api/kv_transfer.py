@@ -16,11 +16,21 @@ sees one request's usage.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, cast, get_args
 
 import msgspec
 
 LegKind = Literal["completions", "chat", "responses"]
+"""The routes vLLM 0.33's P/D proxy splits; every other kind is served whole."""
+
+
+def leg_kind(kind: str) -> LegKind | None:
+    """``kind`` as a splittable route, or None when requests of that kind are served whole."""
+    for k in get_args(LegKind):
+        if k == kind:
+            return cast(LegKind, k)
+    return None
+
 
 PREFILL_REQUEST: dict[str, Any] = {
     "do_remote_decode": True,

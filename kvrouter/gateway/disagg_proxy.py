@@ -34,7 +34,7 @@ import msgspec
 from aiohttp import web
 
 from ..api.errors import BadGateway
-from ..api.kv_transfer import answer_params, decode_leg_body, prefill_leg_body
+from ..api.kv_transfer import answer_params, decode_leg_body, leg_kind, prefill_leg_body
 from ..api.usage import UsageReport, UsageWatcher
 from ..pipeline import Prepared
 from ..routing import Candidate, PDPlan
@@ -117,14 +117,16 @@ class DisaggProxy:
         instance would refuse it too); or None (no prefill instance could compute it)."""
         cur = plan.prefill_target
         assert cur is not None
-        body = msgspec.json.encode(prefill_leg_body(p.req.body, p.req.kind))
+        kind = leg_kind(p.req.kind)
+        assert kind is not None  # RequestPipeline.disaggregated: only splittable routes come here
+        body = msgspec.json.encode(prefill_leg_body(p.req.body, kind))
         tried: set[str] = set()
         for attempt in range(self.proxy.max_retries + 1):
             tried.add(cur.target)
             self.pipeline.prefill_dispatched(p, cur)
             usage: UsageReport | None = None
             try:  # the leg's load is released in every path, exactly once (the finally)
-                status, data = await self._prefill_once(request, cur, body, path, rid)
+                status, data = await self._prefill_once(request, p, cur, body, path, rid)
                 if status != 200:
                     return web.Response(body=data, status=status, content_type="application/json")
                 watcher = UsageWatcher()
@@ -154,10 +156,10 @@ class DisaggProxy:
         return None
 
     async def _prefill_once(
-        self, request: web.Request, cur: Candidate, body: bytes, path: str, rid: str
+        self, request: web.Request, p: Prepared, cur: Candidate, body: bytes, path: str, rid: str
     ) -> tuple[int, bytes]:
         """One prefill leg: its status and body; ``UpstreamFailed`` for what another instance may fix."""
-        headers = self.proxy.upstream_headers(request, cur)
+        headers = self.proxy.upstream_headers(request, p, cur)
         headers["X-Request-Id"] = rid
         t0 = time.monotonic()
         resp = await self.proxy._post(self.pool.url(cur.instance) + path, body, headers, self._timeout())
@@ -186,11 +188,17 @@ class DisaggProxy:
     ) -> web.StreamResponse:
         """The decode leg; ``UpstreamFailed`` if it fails before its first byte."""
         body = msgspec.json.encode(decode_leg_body(p.req.body, params))
-        headers = self.proxy.upstream_headers(request, d)
+        headers = self.proxy.upstream_headers(request, p, d)
         headers["X-Request-Id"] = rid
         self.pipeline.dispatched(p, d, received=True)
         t0 = time.monotonic()
-        watcher = UsageWatcher()
+        on_id = None
+        if p.req.kind == "responses":  # the decode instance stores the response: follow-ups go there
+
+            def on_id(response_id: str) -> None:
+                self.pipeline.response_seen(p, response_id, d)
+
+        watcher = UsageWatcher(on_id)
         resp: aiohttp.ClientResponse | None = None
         done = False
         try:  # the leg's load is released in every path, exactly once (the finally)
@@ -200,7 +208,7 @@ class DisaggProxy:
             out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP}
             out_headers.update(extra)
             out_headers["x-kvrouter-instance"] = d.target
-            out_headers["x-kvrouter-cached-tokens"] = str(pc.cached_tokens)
+            out_headers["x-kvrouter-cached-tokens"] = str(pc.hit_tokens)
             if not (p.req.stream and resp.status == 200):
                 data = await self.proxy._read_all(resp)
                 self.pool.record_success(d.instance)

@@ -2,7 +2,8 @@
 
 ::
 
-    prepare   body + headers ──parse──▶ tenant salt ──▶ model served? ──tokenize (tokenizer cache)──▶
+    prepare   body + headers ──parse──▶ session, tenant salt, LoRA adapter ──▶ model served? ──▶
+              [previous_response_id: pinned to the instance holding it] ──tokenize (tokenizer cache)──▶
               request_chains ──▶ route_input ──▶ [remote indexer lookup]             = Prepared
     admit     Prepared ──Router.route (limits)──▶ Decision; every target at its cap: wait in the
               CapacityGate (FIFO, bounded) or Overloaded; no target: ServiceUnavailable
@@ -37,11 +38,14 @@ from indexer import LookupResult
 from indexer.hashing import TokenIds, request_chains
 
 from ..api.errors import NotFound, Overloaded, ServiceUnavailable, Unauthorized
+from ..api.kv_transfer import leg_kind
 from ..api.requests import Kind, ParsedRequest, parse_body
+from ..api.responses import ResponseNotFound
 from ..api.usage import UsageReport
 from ..config import RouterFleetConfig
 from ..routing import Candidate, Decision, DisaggPlanner, PDPlan, RouteInput, Router, Target, route_input
 from ..routing.disagg import explain_plan
+from ..routing.response_affinity import Holder, ResponseAffinity
 from ..routing.tier_value import DEFAULT_TIER_VALUES, TierValues
 from ..types import RequestId, leg_id
 from .gate import CapacityGate, QueueFull
@@ -57,13 +61,23 @@ class Fleet(Protocol):
     """What the request path needs to know about the fleet right now."""
 
     def targets(self, model: str | None) -> list[Target]:
-        """Every routable (instance, rank) serving ``model``, with its health."""
+        """Every routable (instance, rank) serving ``model``, with its health (an adapter: only where it
+        is loaded)."""
 
     def known_model(self, model: str | None) -> bool: ...
+
+    def base_model(self, model: str | None) -> str | None:
+        """The model ``model`` adapts when it names a LoRA adapter; None otherwise."""
+
+    def instance_targets(self, name: str) -> list[Target] | None:
+        """One instance's (instance, rank) targets, draining or not; None when it is not in the fleet."""
 
 
 RemoteLookup = Callable[[ParsedRequest, TokenIds], Awaitable[LookupResult | None]]
 """A remote indexer's answer for a request (None when it cannot be had: route on load alone)."""
+
+FindResponse = Callable[[str], Awaitable[str | None]]
+"""The instance holding a response id no one told this router about (asked of the fleet), or None."""
 
 
 class Prepared(msgspec.Struct):
@@ -75,6 +89,8 @@ class Prepared(msgspec.Struct):
     remote: LookupResult | None
     started: float
     """``time.perf_counter()`` when preparation began (the decision's time runs from here)."""
+    pinned: str | None = None
+    """The instance this request must go to (it holds the response the request continues)."""
 
 
 def same_secret(given: str, expected: str) -> bool:
@@ -98,6 +114,7 @@ class RequestPipeline:
         *,
         remote: RemoteLookup | None = None,
         parity: ParityTracker | None = None,
+        find_response: FindResponse | None = None,
     ) -> None:
         self.cfg = cfg
         self.router = router
@@ -106,6 +123,8 @@ class RequestPipeline:
         self.m = metrics
         self.remote = remote
         self.parity = parity or ParityTracker(cfg.parity)
+        self.affinity = ResponseAffinity(cfg.responses.affinity_ttl_s, cfg.responses.max_entries)
+        self.find_response = find_response if cfg.responses.probe else None
         self.gate = CapacityGate(cfg.limits.queue_size, cfg.limits.queue_timeout_s)
         self.planner = DisaggPlanner(router, cfg.routing.disaggregation)
         self.active = 0
@@ -159,12 +178,19 @@ class RequestPipeline:
         """Everything the decision reads, from the body and headers as the client sent them."""
         t0 = time.perf_counter()
         req = parse_body(raw, kind, headers.get(SAGEMAKER_AFFINITY))
+        req.session = headers.get(self.cfg.routing.session.header) or req.session
         salt = self.tenant_salt(headers.get("Authorization"), operator=operator)
         if salt is not None and req.cache_salt != salt:
             # A tenant's salt is enforced, never chosen by the client: its cache stays its own.
             req.set_salt(salt)
-        if not self.fleet.known_model(req.model):
+        base = self.fleet.base_model(req.model)
+        if base is not None:  # a LoRA adapter: its blocks are keyed by its name, its tokenizer is its base's
+            req.lora_name, req.base_model = req.model, base
+        if req.model is not None and not self.fleet.known_model(req.model):
             raise NotFound(f"model {req.model!r} is not served by this fleet", param="model")
+        pinned: Holder | None = None
+        if req.previous_response_id is not None:
+            pinned = await self.holder(req.previous_response_id)
         tokens = await self.tokens.tokens(req)
         chains = None
         # While the fleet renders this model differently, its token ids predict nothing: route it by
@@ -173,23 +199,66 @@ class RequestPipeline:
             chains = request_chains(
                 tokens, self.cfg.block_size, lora_name=req.lora_name, cache_salt=req.cache_salt
             )
+        text = req.prefix_text()
+        num_tokens = len(tokens) if tokens is not None else None
+        if pinned is not None and num_tokens is None:
+            num_tokens = pinned.tokens + len(text) // 4  # the history it continues, and its new input
         inp = route_input(
             RequestId(f"r{next(self._ids)}"),
             chains=chains,
-            num_tokens=len(tokens) if tokens is not None else None,
-            prefix_text=req.prefix_text(),
+            num_tokens=num_tokens,
+            prefix_text=text,
             affinity=req.affinity,
             model=req.model,
             prefix_length=self.cfg.routing.prefix_hash.prefix_length,
+            session=req.session,
         )
         remote = await self.remote(req, tokens) if self.remote is not None and tokens is not None else None
-        return Prepared(req, inp, tokens, remote, t0)
+        return Prepared(req, inp, tokens, remote, t0, None if pinned is None else pinned.instance)
+
+    # ------------------------------------------------------------------ stored responses
+    async def holder(self, response_id: str) -> Holder:
+        """The instance holding a stored response, able to take requests now.  ``ResponseNotFound``: no
+        instance holds it (vLLM's 404), or the one that did left the fleet (with that reason);
+        ``ServiceUnavailable``: it is out of rotation right now (come back later)."""
+        now = time.monotonic()
+        h = self.affinity.lookup(response_id, now)
+        if h is None and self.find_response is not None:
+            found = await self.find_response(response_id)
+            if found is not None:
+                h = Holder(found)
+                self.affinity.record(response_id, h, now)
+        if h is None:
+            self.m.rejections.labels("response_not_found").inc()
+            raise ResponseNotFound(response_id)
+        targets = self.fleet.instance_targets(h.instance)
+        if targets is None:
+            self.m.rejections.labels("response_holder_gone").inc()
+            raise ResponseNotFound(
+                response_id,
+                f"Response with id '{response_id}' not found: it was stored on instance {h.instance!r}, "
+                "which has left the fleet (stored responses live in that instance's memory).",
+            )
+        if not any(t.healthy for t in targets):
+            raise self.rejected(
+                ServiceUnavailable(
+                    f"instance {h.instance!r}, which holds response '{response_id}', is out of rotation; "
+                    "retry later",
+                    reason="response_holder_down",
+                )
+            )
+        return h
+
+    def response_seen(self, p: Prepared, response_id: str, chosen: Candidate) -> None:
+        """A response id came back from ``chosen``: a later request continuing it must go there."""
+        if p.req.store:
+            self.affinity.record(response_id, Holder(chosen.instance, p.inp.num_tokens), time.monotonic())
 
     def prepare_bodyless(self) -> Prepared:
         """A request without a body (a GET through a gateway that sends every request to its picker):
         no model, no prompt, so the policy decides by load among every target."""
         t0 = time.perf_counter()
-        req = ParsedRequest("completions", {}, b"")
+        req = ParsedRequest("other", {}, b"")
         inp = route_input(
             RequestId(f"r{next(self._ids)}"),
             chains=None,
@@ -210,14 +279,16 @@ class RequestPipeline:
         only: Collection[str] | None = None,
         dry_run: bool = False,
         shadow: bool = True,
+        model: str | None = None,
     ) -> Decision:
-        """The router's decision among the model's targets, without ``exclude`` and (if given) only among
-        ``only`` (a front door's candidate subset)."""
-        targets = [
-            t
-            for t in self.fleet.targets(p.inp.model)
-            if t.key not in exclude and (only is None or t.key in only)
-        ]
+        """The router's decision among the model's targets (``model``: another model's, such as the base
+        model of an adapter to load), without ``exclude`` and (if given) only among ``only`` (a front
+        door's candidate subset)."""
+        if p.pinned is not None:
+            pool = self.fleet.instance_targets(p.pinned)
+        else:
+            pool = self.fleet.targets(model if model is not None else p.inp.model)
+        targets = [t for t in pool or () if t.key not in exclude and (only is None or t.key in only)]
         return self.router.route(
             p.inp, targets, time.monotonic(), dry_run=dry_run, remote=p.remote, shadow=shadow
         )
@@ -234,6 +305,14 @@ class RequestPipeline:
         self._record(d)
         self.m.decision_seconds.observe(time.perf_counter() - p.started)
         if d.chosen is None:
+            if p.pinned is not None:
+                raise self.rejected(
+                    ServiceUnavailable(
+                        f"instance {p.pinned!r}, which holds the response this request continues, is out of "
+                        "rotation; retry later",
+                        reason="response_holder_down",
+                    )
+                )
             raise self.rejected(ServiceUnavailable("no healthy instance serves this model", reason=d.reason))
         self.m.prompt_tokens.inc(p.inp.num_tokens)
         return d
@@ -251,7 +330,12 @@ class RequestPipeline:
 
     # ------------------------------------------------------------------ disaggregated models
     def disaggregated(self, p: Prepared) -> bool:
-        """Whether ``p``'s model is served by a disaggregated fleet (planned with ``admit_plan``)."""
+        """Whether ``p`` is split by a disaggregated fleet (planned with ``admit_plan``): its model's
+        instances have roles and its route is one vLLM splits (the others are served whole).  A request
+        pinned to the instance holding the response it continues is served whole there: only that
+        instance can read its ``previous_response_id``, a prefill instance would answer 404."""
+        if p.pinned is not None or leg_kind(p.req.kind) is None:
+            return False
         return self.planner.applies(self.fleet.targets(p.inp.model))
 
     def plan(self, p: Prepared, *, dry_run: bool = False, shadow: bool = True) -> PDPlan:
@@ -300,7 +384,7 @@ class RequestPipeline:
     def prefill_dispatched(self, p: Prepared, chosen: Candidate) -> None:
         """A split request's prefill leg is on its way to ``chosen`` (its own load, under ``leg_id``)."""
         self.router.dispatched(p.inp, chosen, time.monotonic(), request_id=leg_id(p.inp.request_id))
-        self.m.predicted_cached.labels(chosen.target).inc(chosen.cached_tokens)
+        self._predicted(chosen)
         self.m.pd.legs.labels("prefill", chosen.target).inc()
 
     def prefill_finished(self, p: Prepared, chosen: Candidate, usage: UsageReport | None = None) -> None:
@@ -329,7 +413,7 @@ class RequestPipeline:
 
     def _record_shadow(self, d: Decision) -> None:
         assert d.chosen is not None
-        self.m.shadow_cached.labels(d.policy).inc(d.chosen.cached_tokens)
+        self.m.shadow_cached.labels(d.policy).inc(d.chosen.hit_tokens)
         for name, sh in self.router.shadow(d).items():
             self.m.shadow_cached.labels(name).inc(sh.cached_tokens)
             if sh.target == d.chosen.target:
@@ -343,11 +427,15 @@ class RequestPipeline:
         if received:
             self.m.pd.legs.labels("decode", chosen.target).inc()
         else:
-            self.m.predicted_cached.labels(chosen.target).inc(chosen.hit_tokens)
-            for tier, n in chosen.tiers.items():
-                self.m.routed_blocks.labels(tier).inc(n)
-                self.m.routed_credit.labels(tier).inc(n * self.router.tier_values.of(tier))
+            self._predicted(chosen)
         self.parity.routed(p.req, p.tokens, chosen.instance)
+
+    def _predicted(self, chosen: Candidate) -> None:
+        """What the target computing the prompt is predicted to serve from cache, in all and by tier."""
+        self.m.predicted_cached.labels(chosen.target).inc(chosen.hit_tokens)
+        for tier, n in chosen.tiers.items():
+            self.m.routed_blocks.labels(tier).inc(n)
+            self.m.routed_credit.labels(tier).inc(n * self.router.tier_values.of(tier))
 
     def first_token(self, p: Prepared) -> None:
         self.router.first_token(p.inp.request_id)

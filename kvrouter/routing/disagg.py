@@ -188,10 +188,10 @@ class DisaggPlanner:
         decoders = [c for c in cands if roles[c.target] != "prefill"]
         if not decoders:
             # Only prefill instances are up: any vLLM instance can serve a request whole.
-            d = router.route_among(inp, cands, dry_run=dry_run, shadow=shadow)
+            d = router.route_among(inp, cands, now=now, dry_run=dry_run, shadow=shadow)
             return PDPlan("no_decode" if d.chosen else d.reason, d, uncached_tokens=_uncached(inp, d))
         dd = router.route_among(
-            inp, _copies(decoders), policy=self.decode_policy, dry_run=dry_run, shadow=False
+            inp, _copies(decoders), now=now, policy=self.decode_policy, dry_run=dry_run, shadow=False
         )
         if dd.chosen is None:
             return PDPlan(dd.reason, dd)

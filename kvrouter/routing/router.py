@@ -21,7 +21,7 @@ from indexer.hashing import I64Array
 
 from ..types import InstanceId, RequestId, Role, TargetKey, target_key
 from .load import LoadTracker
-from .policies import Candidate, Policy, PolicyName, PolicySettings, RouteView
+from .policies import Candidate, Policy, PolicyName, PolicySettings, RouteView, SessionTable
 from .registry import ALL_POLICIES, make_policy
 from .tier_value import DEFAULT_TIER_VALUES, OWN_TIERS, TierValues, credited_split
 
@@ -74,6 +74,8 @@ class RouteInput(msgspec.Struct):
     """Our chain hashes of the prompt's full blocks (None: no tokenizer, route by load/prefix only)."""
     prefix_key: bytes = b""
     model: str | None = None
+    session: str | None = None
+    """The session the request belongs to (the session policy keeps it on its target)."""
 
 
 def route_input(
@@ -85,6 +87,7 @@ def route_input(
     affinity: str | None,
     model: str | None,
     prefix_length: int,
+    session: str | None = None,
 ) -> RouteInput:
     """The one way a request becomes the router's input, for the gateway, the endpoint picker, the
     evaluator and the benchmarks alike: a different prefix key in one of them would make prefix-hash a
@@ -92,7 +95,7 @@ def route_input(
     it; ``num_tokens`` None (no tokenizer) estimates four characters a token."""
     key = ((affinity or "") + "\x00" + prefix_text[:prefix_length]).encode()
     n = num_tokens if num_tokens is not None else max(1, len(prefix_text) // 4)
-    return RouteInput(request_id, n, chains, key, model)
+    return RouteInput(request_id, n, chains, key, model, session)
 
 
 class ShadowChoice(msgspec.Struct):
@@ -104,7 +107,7 @@ class Decision(msgspec.Struct):
     chosen: Candidate | None
     policy: str
     reason: str
-    """cache (a cached prefix decided), load, affinity, spill, no_target, at_capacity"""
+    """cache (a cached prefix decided), load, affinity, session, spill, no_target, at_capacity"""
     ranked: list[Candidate]
     predicted_cached_tokens: int = 0
     """Prompt tokens vLLM is expected to report as cached on the chosen target (every tier in full)."""
@@ -118,6 +121,7 @@ class Router:
         self.indexer = indexer
         self.config = config or RouterConfig()
         self.load = LoadTracker()
+        self.sessions = SessionTable(self.config.settings.session)
         self._policies: dict[str, Policy] = {}
         flat = self.config.settings.kv_aware.offload_value
         self.tier_values = self.config.tiers if flat is None else self.config.tiers.flat(flat)
@@ -128,7 +132,7 @@ class Router:
     def policy(self, name: str) -> Policy:
         p = self._policies.get(name)
         if p is None:
-            p = self._policies[name] = make_policy(name, self.config.settings)
+            p = self._policies[name] = make_policy(name, self.config.settings, self.sessions)
         return p
 
     def policy_for(self, model: str | None) -> Policy:
@@ -220,7 +224,7 @@ class Router:
         ``d.shadow`` later.  The gateway does that once the request is on its way upstream, so the time
         of asking four other policies is not part of any request's latency."""
         return self.route_among(
-            inp, self.candidates(inp, targets, now, remote), dry_run=dry_run, shadow=shadow
+            inp, self.candidates(inp, targets, now, remote), now=now, dry_run=dry_run, shadow=shadow
         )
 
     def route_among(
@@ -228,6 +232,7 @@ class Router:
         inp: RouteInput,
         cands: list[Candidate],
         *,
+        now: float | None = None,
         policy: Policy | None = None,
         dry_run: bool = False,
         shadow: bool = True,
@@ -238,7 +243,7 @@ class Router:
         policy = policy or self.policy_for(inp.model)
         if not cands:
             return Decision(None, policy.name, "no_target", [])
-        view = RouteView(inp.num_tokens, inp.prefix_key)
+        view = RouteView(inp.num_tokens, inp.prefix_key, inp.session, now)
         cap = self.config.max_in_flight
         open_ = [c for c in cands if not cap or c.in_flight < cap]
         if not open_:
@@ -270,6 +275,10 @@ class Router:
             return "spill"
         if policy == PolicyName.PREFIX_HASH:
             return "affinity"
+        if policy == PolicyName.SESSION and chosen.score < 0:
+            return "session"
+        if policy == PolicyName.SESSION and chosen.cached_tokens > 0:
+            return "cache"
         if policy == PolicyName.KV_AWARE and chosen.cached_tokens > 0:
             return "cache"
         return "load"
@@ -309,6 +318,8 @@ class Router:
             # counted in prefill-token equivalents (``tier_value``).
             prefill_tokens = max(0, inp.num_tokens - chosen.cached_tokens)
         self.load.dispatch(request_id or inp.request_id, chosen.target, prefill_tokens)
+        if inp.session is not None:
+            self.sessions.record(inp.session, chosen.target, now)
         if self.config.speculative and inp.chains is not None and len(inp.chains):
             self.indexer.add_speculative(SourceKey(chosen.instance, chosen.dp_rank), inp.chains, now=now)
 

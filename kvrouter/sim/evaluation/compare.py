@@ -30,7 +30,8 @@ from ...workloads.bounds import reuse_ceiling
 from ...workloads.spec import Workload
 from .virtual_fleet import FleetRun, FleetSimConfig, RequestRecord, VirtualFleet
 
-DEFAULT_POLICIES: tuple[str, ...] = ALL_POLICIES
+DEFAULT_POLICIES: tuple[str, ...] = tuple(p for p in ALL_POLICIES if p != PolicyName.SESSION)
+"""Every policy but ``session``: traces carry no session ids, so it would repeat kv-aware's run."""
 _T = TypeVar("_T")
 
 

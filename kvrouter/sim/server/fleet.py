@@ -81,7 +81,13 @@ class SimFleetConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     model: str = "sim-model"
     """Served model name."""
     lora_names: list[str] = []
-    """LoRA adapters served besides the model."""
+    """LoRA adapters served from the start besides the model."""
+    runtime_lora: bool | None = None
+    """Serve runtime adapter loading; None: ``VLLM_ALLOW_RUNTIME_LORA_UPDATING`` decides."""
+    responses_store: bool | None = None
+    """Store Responses API answers; None: ``VLLM_ENABLE_RESPONSES_API_STORE`` decides."""
+    pooling: bool = False
+    """Also serve the pooling, scoring and transcription routes."""
     profile: str = DEFAULT_PROFILE
     """Timing profile (``kvrouter.sim.engine.timing.PROFILES``)."""
     speed: float = 1.0
@@ -185,6 +191,9 @@ class SimFleetConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                     dp_size=self.dp_size,
                     model=self.model,
                     lora_names=self.lora_names,
+                    runtime_lora=self.runtime_lora,
+                    responses_store=self.responses_store,
+                    pooling=self.pooling,
                     engine=engine,
                     release=self.release,
                     topic=self.topic,
@@ -264,7 +273,14 @@ class SimFleet:
         base = cfg.base_port or free_port_block(cfg.instances * cfg.stride, cfg.host)
         try:
             for icfg in cfg.instance_configs(base):
-                inst = SimInstance(icfg, tok, vocab=vocab, zmq_ctx=self._zmq, shared=self.shared_store)
+                inst = SimInstance(
+                    icfg,
+                    tok,
+                    vocab=vocab,
+                    zmq_ctx=self._zmq,
+                    chat_template=self.chat_template,
+                    shared=self.shared_store,
+                )
                 server = SimServer(inst)
                 self.servers.append(server)
                 await server.start()
@@ -347,7 +363,7 @@ class SimFleet:
             if ic.topic:
                 entry["topic"] = ic.topic
             entry["dp_size"] = ic.dp_size
-            entry["models"] = ic.served_models
+            entry["models"] = [ic.model]  # adapters come and go: the gateway learns them from /v1/models
             if ic.role != "both":
                 entry["role"] = ic.role
             instances.append(entry)

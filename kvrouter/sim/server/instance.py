@@ -46,12 +46,14 @@ from ..engine.scheduler import RequestOutput
 from ..engine.shared_store import SharedStore
 from ..engine.timing import PromptApi
 from ..errors import RequestRejected, SimConfigError, SimError
+from . import env
 from .answers import AnswerVocab
 from .faults import FaultConfig, FaultState, FaultStatus, FaultUpdate
 from .kv_transfer import KvTransferAgent, KvTransferConfig
 from .prom import RequestStats
 from .publisher import EventPublisher, PublisherConfig, topic_for
 from .rank import Crashed, EngineRank, Stamped
+from .stored import ResponseStore
 
 DEFAULT_PROFILE = "qwen3-32b-2xh100"
 """Default timing profile of ``kvrouter sim``: Qwen3-32B on 2 x H100 in real time.  Its steps are long
@@ -74,7 +76,17 @@ class SimInstanceConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
     model: str = "sim-model"
     """Served model name (``/v1/models``; requests naming another model get 404)."""
     lora_names: list[str] = []
-    """LoRA adapters served besides the base model; their KV blocks are keyed apart."""
+    """LoRA adapters served from the start besides the base model (vLLM's ``--lora-modules``); their KV
+    blocks are keyed apart."""
+    runtime_lora: bool | None = None
+    """Serve /v1/load_lora_adapter and /v1/unload_lora_adapter; None: as ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``
+    says when the instance is built."""
+    responses_store: bool | None = None
+    """Store Responses API answers (``previous_response_id``, GET, cancel); None: as
+    ``VLLM_ENABLE_RESPONSES_API_STORE`` says when the instance is built."""
+    pooling: bool = False
+    """Also serve the pooling routes (embeddings, pooling, classify, score, rerank) and transcription, as a
+    pooling or ASR model would (a generative vLLM model answers them 404)."""
     engine: EngineConfig = EngineConfig(profile=DEFAULT_PROFILE)
     """Engine model of every rank (profile, speed, KV capacity, batching)."""
     release: str = "0.33.0"
@@ -258,12 +270,29 @@ class SimInstance:
         *,
         vocab: AnswerVocab | None = None,
         zmq_ctx: zmq.asyncio.Context | None = None,
+        chat_template: str | None = None,
         shared: SharedStore | None = None,
     ) -> None:
-        """``shared``: a store the ranks attach with other instances' (``sim.engine.shared_store``)."""
+        """``chat_template``: the template the tokenizer applies beyond its own (its facts decide how
+        Anthropic requests are converted, as vLLM probes them).  ``shared``: a store the ranks attach with
+        other instances' (``sim.engine.shared_store``)."""
         config.validate()
         self.config = config
         self.tokenizer = tokenizer
+        self.chat_template = chat_template or getattr(tokenizer.hf_tokenizer, "chat_template", None)
+        self.adapters: dict[str, str] = {name: name for name in config.lora_names}
+        """Loaded LoRA adapters: name -> path (static ones: their name)."""
+        self.runtime_lora = env.runtime_lora() if config.runtime_lora is None else config.runtime_lora
+        self.store_responses = (
+            env.responses_store() if config.responses_store is None else config.responses_store
+        )
+        self.responses = ResponseStore()
+        self.background: dict[str, asyncio.Task[None]] = {}
+        self.audio_bytes_seen = 0
+        """Bytes of the audio upload being read (so far): a test sees an upload arrive while it is sent."""
+        self.anthropic_facts: tuple[bool, str] | None = None
+        """How this template takes Anthropic requests (inline system merged, disabled-thinking effort),
+        probed on the first one as vLLM probes at start."""
         self.vocab = vocab or AnswerVocab.from_tokenizer(tokenizer)
         self.faults = FaultState(config.faults)
         self.ranks: list[EngineRank] = []
@@ -301,6 +330,8 @@ class SimInstance:
 
     async def stop(self) -> None:
         await self.transfers.stop()
+        for task in list(self.background.values()):
+            task.cancel()
         for rank in self.ranks:
             await rank.stop()
             if rank.publisher is not None:
@@ -318,6 +349,10 @@ class SimInstance:
             if rank.publisher is not None:
                 await rank.publisher.crash()
         self.stats = [RequestStats() for _ in self.ranks]
+        self.responses.clear()  # process memory: gone with the process
+        for task in self.background.values():
+            task.cancel()
+        self.adapters = {name: name for name in self.config.lora_names}
         return lost
 
     async def recover(self) -> None:
@@ -362,7 +397,7 @@ class SimInstance:
         """The LoRA adapter a request's ``model`` names (None: the base model).  Raises ``NotFound``."""
         if model is None or model == self.config.model:
             return None
-        if model in self.config.lora_names:
+        if model in self.adapters:
             return model
         raise NotFound(f"The model `{model}` does not exist.", param="model")
 

@@ -89,15 +89,15 @@ async def models(request: web.Request) -> web.Response:
     inst = request.app[INSTANCE]
     cfg = inst.config
 
-    def card(name: str, parent: str | None) -> dict[str, object]:
+    def card(name: str, root: str, parent: str | None) -> dict[str, object]:
         return {
             "id": name,
             "object": "model",
             "created": inst.created,
             "owned_by": "vllm",
-            "root": name,
+            "root": root,
             "parent": parent,
-            "max_model_len": inst.max_model_len,
+            "max_model_len": inst.max_model_len if parent is None else None,
             "permission": [
                 {
                     "id": f"modelperm-{name}",
@@ -116,7 +116,8 @@ async def models(request: web.Request) -> web.Response:
             ],
         }
 
-    data = [card(cfg.model, None), *(card(n, cfg.model) for n in cfg.lora_names)]
+    # vLLM lists the base model, then every adapter loaded (root: its path; no max_model_len of its own)
+    data = [card(cfg.model, cfg.model, None), *(card(n, p, cfg.model) for n, p in inst.adapters.items())]
     return json_response(_encode({"object": "list", "data": data}))
 
 

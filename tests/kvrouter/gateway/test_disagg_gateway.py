@@ -42,6 +42,7 @@ async def fleet() -> AsyncIterator[SimFleet]:
         profile="test",
         capacity_blocks=2048,
         kv_transfer=KvTransferConfig(lease_s=5.0),
+        responses_store=True,
     )
     async with SimFleet(cfg) as f:  # its own tokenizer: the fleet file then names its chat template
         yield f
@@ -154,6 +155,41 @@ async def test_chat_and_completions_streamed_and_not_with_both_legs(fleet: SimFl
             assert n == 4, leg
         assert total(after, "kvrouter_pd_decisions_total", mode="disaggregated", reason="remote_prefill") >= 4
         # every leg's load was released
+        assert all(load.in_flight == 0 for load in gw.router.load.loads.values())
+
+
+async def test_responses_api_split_then_continued_whole_on_its_holder(fleet: SimFleet, always: GW) -> None:
+    """A Responses request is split like a chat request (the prefill leg one output token, not streamed);
+    its answer is stored where it was decoded, so a follow-up naming it goes there whole (a prefill
+    instance would not know the id) and reads the conversation from that instance's cache."""
+    rng = random.Random(2)
+    gw, base = always
+    async with aiohttp.ClientSession() as s:
+        for stream in (False, True):
+            body: dict[str, Any] = {
+                "model": MODEL,
+                "input": words(rng, 200),
+                "max_output_tokens": 4,
+                "stream": stream,
+            }
+            st, h, data = await post(s, base + "/v1/responses", body)
+            assert st == 200, data
+            assert h["x-kvrouter-pd"] == "split" and h["x-kvrouter-instance"] in DECODE
+            answer = json.loads(data[-1])["response"] if stream else data
+            assert answer["status"] == "incomplete" and answer["usage"]["output_tokens"] == 4
+            assert answer["kv_transfer_params"] is None  # the decode leg's answer names no blocks
+            decoded_on = h["x-kvrouter-instance"]
+            follow = {
+                "model": MODEL,
+                "input": words(rng, 20),
+                "max_output_tokens": 4,
+                "previous_response_id": answer["id"],
+            }
+            st, h2, data2 = await post(s, base + "/v1/responses", follow)
+            assert st == 200, data2
+            assert h2["x-kvrouter-instance"] == decoded_on and "x-kvrouter-pd" not in h2
+            # the first turn's prompt was received there from the prefill instance: cached for turn 2
+            assert data2["usage"]["input_tokens_details"]["cached_tokens"] >= 200
         assert all(load.in_flight == 0 for load in gw.router.load.loads.values())
 
 
