@@ -1,10 +1,11 @@
-"""A fake of the Kubernetes API server's list-and-watch for EndpointSlices (aiohttp, on 127.0.0.1), for
-tests of discovery and for trying the router without a cluster.
+"""A fake of the Kubernetes API server's list-and-watch for EndpointSlices, Pods and InferencePools
+(aiohttp, on 127.0.0.1), for tests of discovery and for trying the router without a cluster.
 
 ::
 
     put / delete ──▶ RV += 1, object stamped, history += (RV, type, object) ──▶ every open watch
     GET  .../namespaces/{ns}/endpointslices?labelSelector=k=v&limit=N&continue=T        LIST, paged
+         (also /api/v1/.../pods and /apis/inference.networking.k8s.io/v1/.../inferencepools)
     GET  ...?watch=1&resourceVersion=RV&allowWatchBookmarks=true&timeoutSeconds=S     WATCH, JSON lines
     compact(rv)     history up to rv forgotten: a watch from an older RV gets 410 (HTTP status, or an
                     ERROR event with a Status of code 410, as ``gone_as``), a continue token too
@@ -16,6 +17,13 @@ sends every matching change after RV, then live ones; a DELETED event carries th
 the deletion's RV; a LIST page set is a snapshot (later pages of a continue token show the state of the
 first); timeoutSeconds ends a watch cleanly.  Watches with RV ``""``/``"0"`` start with synthetic ADDED
 events.  Only equality label selectors are understood.  ``requests`` records every call for assertions.
+
+Several kinds (added for Pods and InferencePools): an object is keyed by its kind, namespace and name, and
+a collection lists and watches its own kind only; the resourceVersion counter stays one for all, as etcd's
+revision is.  A field selector of ``metadata.name`` / ``metadata.namespace`` equalities is understood.  A
+watch with a selector sees an object *enter* it as ADDED and *leave* it as DELETED (the previous state with
+the change's version), as the API server's watch cache filters updates; a delete, bookmark or compaction
+acts as before.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import asyncio
 import base64
 import contextlib
 import copy
+import functools
 from typing import Any, Literal
 
 import msgspec
@@ -35,6 +44,24 @@ _encode = msgspec.json.encode
 
 Obj = dict[str, Any]
 
+_PATHS = {
+    "EndpointSlice": _PATH,
+    "Pod": "/api/v1/namespaces/{namespace}/pods",
+    "InferencePool": "/apis/inference.networking.k8s.io/v1/namespaces/{namespace}/inferencepools",
+}
+"""Each kind's collection (all namespaced)."""
+_API_VERSION = {
+    "EndpointSlice": "discovery.k8s.io/v1",
+    "Pod": "v1",
+    "InferencePool": "inference.networking.k8s.io/v1",
+}
+_ZERO: dict[str, Obj] = {
+    "EndpointSlice": {},
+    "Pod": {"spec": {"containers": None}, "status": {}},
+    "InferencePool": {"spec": {"selector": {}, "targetPorts": None}, "status": {}},
+}
+"""What a BOOKMARK's object holds besides its metadata: the kind's zero value (as the API server sends)."""
+
 
 class Request(msgspec.Struct):
     """One call the fake answered."""
@@ -44,6 +71,8 @@ class Request(msgspec.Struct):
     """The resourceVersion asked for (watch), or the continue token's snapshot (list page)."""
     params: dict[str, str]
     status: int
+    resource: str = "EndpointSlice"
+    """The kind whose collection was asked."""
 
 
 def make_slice(
@@ -84,6 +113,81 @@ def make_slice(
     }
 
 
+def make_pod(
+    name: str,
+    ip: str | None,
+    *,
+    ready: bool = True,
+    labels: dict[str, str] | None = None,
+    ports: dict[str, int] | None = None,
+    annotations: dict[str, str] | None = None,
+    namespace: str = "default",
+    deleting: bool = False,
+) -> Obj:
+    """A Pod as the kubelet reports it: ``ip`` None while it is being scheduled (no ``podIP`` yet), the
+    ``Ready`` condition as ``ready``; ``ports`` are the container's named ports."""
+    ports = {"http": 8000, "kv-events": 5557, "kv-replay": 5558} if ports is None else ports
+    meta: Obj = {"name": name, "namespace": namespace, "labels": dict(labels or {})}
+    if annotations:
+        meta["annotations"] = dict(annotations)
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    status: Obj = {
+        "phase": "Running" if ip else "Pending",
+        "conditions": [
+            {"type": "PodScheduled", "status": "True"},
+            {"type": "Ready", "status": "True" if ready else "False"},
+            {"type": "ContainersReady", "status": "True" if ready else "False"},
+        ],
+    }
+    if ip:
+        status["podIP"] = ip
+        status["podIPs"] = [{"ip": ip}]
+    return {
+        "kind": "Pod",
+        "apiVersion": "v1",
+        "metadata": meta,
+        "spec": {
+            "containers": [
+                {
+                    "name": "vllm",
+                    "image": "vllm/vllm-openai",
+                    "ports": [{"name": n, "containerPort": p, "protocol": "TCP"} for n, p in ports.items()],
+                }
+            ]
+        },
+        "status": status,
+    }
+
+
+def make_pool(
+    name: str,
+    selector: dict[str, str],
+    ports: list[int],
+    *,
+    namespace: str = "default",
+    picker: str = "kvrouter-epp",
+) -> Obj:
+    """An InferencePool (``inference.networking.k8s.io/v1``) with its picker's Service on port 9002."""
+    return {
+        "kind": "InferencePool",
+        "apiVersion": "inference.networking.k8s.io/v1",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "selector": {"matchLabels": dict(selector)},
+            "targetPorts": [{"number": n} for n in ports],
+            "appProtocol": "http",
+            "endpointPickerRef": {
+                "group": "",
+                "kind": "Service",
+                "name": picker,
+                "port": {"number": 9002},
+                "failureMode": "FailClose",
+            },
+        },
+    }
+
+
 def _status(code: int, reason: str, message: str) -> Obj:
     return {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code, "reason": reason,
             "message": message}  # fmt: skip
@@ -101,6 +205,49 @@ def _matches(obj: Obj, namespace: str, selector: str) -> bool:
     return True
 
 
+def _fields_match(obj: Obj, fields: str) -> bool:
+    """A field selector of ``metadata.name=x`` / ``metadata.namespace=y`` terms (``=`` or ``==``)."""
+    meta = obj["metadata"]
+    for term in filter(None, fields.split(",")):
+        key, _, value = term.partition("=")
+        field = key.strip().removeprefix("metadata.")
+        if meta.get(field) != value.strip().lstrip("="):
+            return False
+    return True
+
+
+class _Watch:
+    """One open watch: what it selects, and its queue of events to write."""
+
+    def __init__(self, kind: str, ns: str, sel: str, fields: str, bookmarks: bool) -> None:
+        self.kind, self.ns, self.sel, self.fields, self.bookmarks = kind, ns, sel, fields, bookmarks
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+
+    def selects(self, obj: Obj | None) -> bool:
+        return (
+            obj is not None
+            and obj.get("kind", "EndpointSlice") == self.kind
+            and _matches(obj, self.ns, self.sel)
+            and _fields_match(obj, self.fields)
+        )
+
+
+def _event_for(w: _Watch, etype: str, obj: Obj, prev: Obj | None) -> Obj | None:
+    """The event watch ``w`` sees for one change, or None.  An update that moves an object into the
+    selection is ADDED; out of it, DELETED with the previous state at the change's version."""
+    now = w.selects(obj)
+    if etype != "MODIFIED":
+        return {"type": etype, "object": obj} if now else None
+    before = w.selects(prev)
+    if now:
+        return {"type": "MODIFIED" if before else "ADDED", "object": obj}
+    if before and prev is not None:
+        gone = copy.deepcopy(prev)
+        gone["metadata"]["resourceVersion"] = obj["metadata"]["resourceVersion"]
+        return {"type": "DELETED", "object": gone}
+    return None
+
+
 class FakeApiServer:
     def __init__(
         self,
@@ -115,18 +262,23 @@ class FakeApiServer:
         self.rv = 1
         self.compacted = 0
         """Watches from an RV below this get 410."""
-        self.objects: dict[tuple[str, str], Obj] = {}
-        self.history: list[tuple[int, str, Obj]] = []
+        self.objects: dict[tuple[str, str, str], Obj] = {}
+        """By kind, namespace and name."""
+        self.history: list[tuple[int, str, Obj, Obj | None]] = []
+        """(RV, type, object, its previous state for a MODIFIED)."""
         self.requests: list[Request] = []
-        self._watches: list[tuple[str, str, bool, asyncio.Queue[Any]]] = []
-        self._snapshots: dict[int, list[Obj]] = {}
+        self._watches: list[_Watch] = []
+        self._snapshots: dict[tuple[str, str, str, str, int], list[Obj]] = {}
+        """A paged list's items by (kind, namespace, label and field selectors, RV): a continue request
+        names the same collection and selectors as its first page."""
         self._runner: web.AppRunner | None = None
         self.base_url = ""
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, port: int) -> str:
         app = web.Application()
-        app.router.add_get(_PATH, self._handle)
+        for kind, path in _PATHS.items():
+            app.router.add_get(path, functools.partial(self._handle, kind=kind))
         self._runner = web.AppRunner(app, handle_signals=False)
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", port).start()
@@ -143,101 +295,118 @@ class FakeApiServer:
         """Create or update an object (ADDED / MODIFIED); returns its new resourceVersion."""
         obj = copy.deepcopy(obj)
         meta = obj["metadata"]
-        key = (meta["namespace"], meta["name"])
-        kind = "MODIFIED" if key in self.objects else "ADDED"
+        key = (obj.get("kind", "EndpointSlice"), meta["namespace"], meta["name"])
+        prev = self.objects.get(key)
+        kind = "MODIFIED" if prev is not None else "ADDED"
         self.rv += 1
         meta["resourceVersion"] = str(self.rv)
         self.objects[key] = obj
-        self._record(kind, obj)
+        self._record(kind, obj, prev)
         return str(self.rv)
 
-    def delete(self, name: str, namespace: str = "default") -> str:
-        obj = copy.deepcopy(self.objects.pop((namespace, name)))
+    def delete(self, name: str, namespace: str = "default", *, kind: str = "EndpointSlice") -> str:
+        obj = copy.deepcopy(self.objects.pop((kind, namespace, name)))
         self.rv += 1
         obj["metadata"]["resourceVersion"] = str(self.rv)
         self._record("DELETED", obj)
         return str(self.rv)
 
+    def get(self, name: str, namespace: str = "default", *, kind: str = "EndpointSlice") -> Obj:
+        """A copy of the stored object (to change and ``put`` back)."""
+        return copy.deepcopy(self.objects[(kind, namespace, name)])
+
     def compact(self, rv: int | None = None) -> None:
         """Forget history up to ``rv`` (default: now), as etcd compaction does."""
         self.compacted = self.rv if rv is None else rv
         self.history = [h for h in self.history if h[0] > self.compacted]
-        self._snapshots = {k: v for k, v in self._snapshots.items() if k >= self.compacted}
+        self._snapshots = {k: v for k, v in self._snapshots.items() if k[-1] >= self.compacted}
 
     def bookmark(self) -> None:
-        ev = {"type": "BOOKMARK", "object": {"kind": "EndpointSlice", "apiVersion": "discovery.k8s.io/v1",
-                                             "metadata": {"resourceVersion": str(self.rv)}}}  # fmt: skip
-        for _, _, bookmarks, q in self._watches:
-            if bookmarks:
-                q.put_nowait(ev)
+        for w in self._watches:
+            if w.bookmarks:
+                meta = {"resourceVersion": str(self.rv)}
+                obj = {"kind": w.kind, "apiVersion": _API_VERSION[w.kind], "metadata": meta}
+                obj.update(copy.deepcopy(_ZERO[w.kind]))
+                w.queue.put_nowait({"type": "BOOKMARK", "object": obj})
 
     def drop_watches(self) -> None:
-        for *_, q in self._watches:
-            q.put_nowait(_DROP)
+        for w in self._watches:
+            w.queue.put_nowait(_DROP)
 
     def expire_watches(self) -> None:
         """Tell every open watch its RV is too old (ERROR 410), as after a compaction the cache misses."""
-        for *_, q in self._watches:
-            q.put_nowait({"type": "ERROR", "object": _status(410, "Expired", "too old resource version")})
+        for w in self._watches:
+            w.queue.put_nowait(
+                {"type": "ERROR", "object": _status(410, "Expired", "too old resource version")}
+            )
 
     @property
     def open_watches(self) -> int:
         return len(self._watches)
 
-    def _record(self, kind: str, obj: Obj) -> None:
-        self.history.append((self.rv, kind, obj))
-        for ns, sel, _, q in self._watches:
-            if _matches(obj, ns, sel):
-                q.put_nowait({"type": kind, "object": obj})
+    def watching(self, kind: str) -> int:
+        """Open watches of one kind's collection."""
+        return sum(1 for w in self._watches if w.kind == kind)
+
+    def _record(self, kind: str, obj: Obj, prev: Obj | None = None) -> None:
+        self.history.append((self.rv, kind, obj, prev))
+        for w in self._watches:
+            ev = _event_for(w, kind, obj, prev)
+            if ev is not None:
+                w.queue.put_nowait(ev)
 
     # ------------------------------------------------------------------ HTTP
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
+    async def _handle(self, request: web.Request, kind: str = "EndpointSlice") -> web.StreamResponse:
         q = request.query
         params = dict(q)
         watch = q.get("watch") in ("1", "true")
         if self.token and request.headers.get("Authorization") != f"Bearer {self.token}":
-            self.requests.append(Request("watch" if watch else "list", q.get("resourceVersion"), params, 401))
+            self.requests.append(
+                Request("watch" if watch else "list", q.get("resourceVersion"), params, 401, kind)
+            )
             return web.json_response(_status(401, "Unauthorized", "Unauthorized"), status=401)
         ns = request.match_info["namespace"]
         sel = q.get("labelSelector", "")
         if watch:
-            return await self._watch(request, ns, sel, params)
-        return self._list(ns, sel, params)
+            return await self._watch(request, ns, sel, params, kind)
+        return self._list(ns, sel, params, kind)
 
-    def _list(self, ns: str, sel: str, params: dict[str, str]) -> web.Response:
+    def _list(self, ns: str, sel: str, params: dict[str, str], kind: str = "EndpointSlice") -> web.Response:
         limit = int(params.get("limit", "0") or 0)
         token = params.get("continue")
+        fields = params.get("fieldSelector", "")
         if token:
             snap_rv, start = msgspec.json.decode(base64.urlsafe_b64decode(token))
-            items = self._snapshots.get(snap_rv)
+            items = self._snapshots.get((kind, ns, sel, fields, snap_rv))
             if items is None:
-                self.requests.append(Request("list", str(snap_rv), params, 410))
+                self.requests.append(Request("list", str(snap_rv), params, 410, kind))
                 msg = "The provided continue parameter is too old to display a consistent list result."
                 return web.json_response(_status(410, "Expired", msg), status=410)
         else:
             snap_rv, start = self.rv, 0
-            keys = sorted(k for k, o in self.objects.items() if _matches(o, ns, sel))
+            w = _Watch(kind, ns, sel, fields, False)
+            keys = sorted(k for k, o in self.objects.items() if w.selects(o))
             items = [self.objects[k] for k in keys]
             if limit:
-                self._snapshots[snap_rv] = items
+                self._snapshots[(kind, ns, sel, fields, snap_rv)] = items
         end = start + limit if limit else len(items)
         meta: Obj = {"resourceVersion": str(snap_rv)}
         if end < len(items):
             meta["continue"] = base64.urlsafe_b64encode(_encode([snap_rv, end])).decode()
-        self.requests.append(Request("list", str(snap_rv), params, 200))
-        body = {"kind": "EndpointSliceList", "apiVersion": "discovery.k8s.io/v1", "metadata": meta,
+        self.requests.append(Request("list", str(snap_rv), params, 200, kind))
+        body = {"kind": f"{kind}List", "apiVersion": _API_VERSION[kind], "metadata": meta,
                 "items": items[start:end]}  # fmt: skip
         return web.Response(body=_encode(body), content_type="application/json")
 
     async def _watch(
-        self, request: web.Request, ns: str, sel: str, params: dict[str, str]
+        self, request: web.Request, ns: str, sel: str, params: dict[str, str], kind: str = "EndpointSlice"
     ) -> web.StreamResponse:
         rv_s = params.get("resourceVersion", "")
         rv = int(rv_s) if rv_s not in ("", "0") else None
         if rv is not None and rv < self.compacted and self.gone_as == "status":
-            self.requests.append(Request("watch", rv_s, params, 410))
+            self.requests.append(Request("watch", rv_s, params, 410, kind))
             return web.json_response(_status(410, "Gone", f"too old resource version: {rv}"), status=410)
-        self.requests.append(Request("watch", rv_s, params, 200))
+        self.requests.append(Request("watch", rv_s, params, 200, kind))
         resp = web.StreamResponse(headers={"Content-Type": "application/json"})
         resp.enable_chunked_encoding()
         await resp.prepare(request)
@@ -246,16 +415,19 @@ class FakeApiServer:
             await resp.write(_encode(ev) + b"\n")
             await resp.write_eof()
             return resp
-        queue: asyncio.Queue[Any] = asyncio.Queue()
+        entry = _Watch(
+            kind, ns, sel, params.get("fieldSelector", ""), params.get("allowWatchBookmarks") == "true"
+        )
+        queue = entry.queue
         if rv is None:
             for o in sorted(self.objects.values(), key=lambda o: o["metadata"]["name"]):
-                if _matches(o, ns, sel):
+                if entry.selects(o):
                     queue.put_nowait({"type": "ADDED", "object": o})
         else:
-            for hrv, kind, o in self.history:
-                if hrv > rv and _matches(o, ns, sel):
-                    queue.put_nowait({"type": kind, "object": o})
-        entry = (ns, sel, params.get("allowWatchBookmarks") == "true", queue)
+            for hrv, etype, o, prev in self.history:
+                ev = _event_for(entry, etype, o, prev) if hrv > rv else None
+                if ev is not None:
+                    queue.put_nowait(ev)
         self._watches.append(entry)
         timeout = float(params.get("timeoutSeconds", "1800"))
         try:
