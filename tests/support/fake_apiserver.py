@@ -44,6 +44,8 @@ _encode = msgspec.json.encode
 
 Obj = dict[str, Any]
 
+_TRUE = ("1", "t", "T", "true", "True", "TRUE")
+"""What the API server reads as true in a query (Go's strconv.ParseBool): ``watch=True`` is a watch."""
 _PATHS = {
     "EndpointSlice": _PATH,
     "Pod": "/api/v1/namespaces/{namespace}/pods",
@@ -232,6 +234,13 @@ class _Watch:
         )
 
 
+async def _version(request: web.Request) -> web.Response:
+    """``GET /version``, which some clients (kr8s) ask before anything else."""
+    return web.json_response(
+        {"major": "1", "minor": "33", "gitVersion": "v1.33.0", "platform": "linux/amd64"}
+    )
+
+
 def _event_for(w: _Watch, etype: str, obj: Obj, prev: Obj | None) -> Obj | None:
     """The event watch ``w`` sees for one change, or None.  An update that moves an object into the
     selection is ADDED; out of it, DELETED with the previous state at the change's version."""
@@ -279,6 +288,8 @@ class FakeApiServer:
         app = web.Application()
         for kind, path in _PATHS.items():
             app.router.add_get(path, functools.partial(self._handle, kind=kind))
+        app.router.add_get("/version", _version)
+        app.router.add_get("/version/", _version)
         self._runner = web.AppRunner(app, handle_signals=False)
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", port).start()
@@ -359,7 +370,7 @@ class FakeApiServer:
     async def _handle(self, request: web.Request, kind: str = "EndpointSlice") -> web.StreamResponse:
         q = request.query
         params = dict(q)
-        watch = q.get("watch") in ("1", "true")
+        watch = q.get("watch") in _TRUE
         if self.token and request.headers.get("Authorization") != f"Bearer {self.token}":
             self.requests.append(
                 Request("watch" if watch else "list", q.get("resourceVersion"), params, 401, kind)
