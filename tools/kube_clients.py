@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 ROOT = Path(__file__).resolve().parents[1]
 CLIENTS = {
     "lightkube": ["lightkube==1.0.1"],
@@ -42,6 +44,59 @@ def _rss_mib() -> float:
 
 
 # ------------------------------------------------------------------------------------------------ child
+# The fields of a Pod that discovery reads (kvrouter.membership.pods), for lightkube-structs.
+class Meta(msgspec.Struct, frozen=True, rename="camel"):
+    name: str = ""
+    namespace: str = ""
+    resource_version: str = ""
+    labels: dict[str, str] | None = None
+    annotations: dict[str, str] | None = None
+    deletion_timestamp: str | None = None
+
+    @property
+    def resourceVersion(self) -> str:
+        return self.resource_version
+
+
+class Port(msgspec.Struct, frozen=True, rename="camel"):
+    name: str | None = None
+    container_port: int = 0
+
+
+class Container(msgspec.Struct, frozen=True):
+    name: str = ""
+    ports: list[Port] | None = None
+
+
+class Spec(msgspec.Struct, frozen=True):
+    containers: list[Container] | None = None
+
+
+class Cond(msgspec.Struct, frozen=True):
+    type: str = ""
+    status: str = ""
+
+
+class Status(msgspec.Struct, frozen=True):
+    phase: str = ""
+    pod_ip: str | None = msgspec.field(default=None, name="podIP")
+    conditions: list[Cond] | None = None
+
+
+def _struct_pod() -> Any:
+    """A Pod resource as kvrouter.membership.kube defines it (msgspec types plus lightkube's API info),
+    rebuilt here: the client's virtualenv has no kvrouter."""
+    from lightkube.core.resource import ApiInfo, NamespacedResourceG, ResourceDef
+
+    class Pod(msgspec.Struct, NamespacedResourceG, frozen=True):
+        metadata: Meta = Meta()
+        spec: Spec = Spec()
+        status: Status = Status()
+        _api_info = ApiInfo(ResourceDef("", "v1", "Pod"), "pods", ["list", "watch"])
+
+    return Pod
+
+
 async def _child(client: str, url: str, rv0: str, n_events: int, page: int) -> dict[str, Any]:
     import importlib
 
@@ -69,9 +124,8 @@ async def _child(client: str, url: str, rv0: str, n_events: int, page: int) -> d
 
         if client == "lightkube":
             from lightkube.resources.core_v1 import Pod
-        else:  # decoded straight into kvrouter's own msgspec types, as discovery does
-            sys.path.insert(0, str(ROOT))
-            from kvrouter.membership.kube import PodResource as Pod  # type: ignore[no-redef]
+        else:  # decoded straight into msgspec types, as discovery does (the fields it reads)
+            Pod = _struct_pod()  # type: ignore[misc]
 
         cfg = KubeConfig.from_one(cluster=Cluster(server=url), user=User(token="t"), namespace="default")
         api = AsyncClient(cfg)
