@@ -209,5 +209,6 @@ def _default_kubeconfig(env: Mapping[str, str]) -> str | None:
     first = next((p for p in env.get("KUBECONFIG", "").split(os.pathsep) if p), None)
     if first:
         return first
-    home = Path(env.get("HOME") or Path.home()) / ".kube" / "config"
-    return str(home) if home.exists() else None
+    home = env.get("HOME")
+    config = Path(home) / ".kube" / "config" if home else None
+    return str(config) if config is not None and config.exists() else None

@@ -9,12 +9,21 @@ import contextlib
 import random
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from indexer.config import InstanceConfig
-from kvrouter.membership import DiscoveryConfig, InferencePoolDiscovery, KubeApi, KubeConnection
+from indexer.errors import ConfigError
+from kvrouter.membership import (
+    DiscoveryConfig,
+    InferencePoolDiscovery,
+    KubeApi,
+    KubeConnection,
+    kube_connection,
+)
 from tests.support.fake_apiserver import FakeApiServer, make_pod, make_pool
 from tests.support.net import free_port
 from tests.support.wait import until
@@ -161,3 +170,41 @@ async def test_an_expired_pod_watch_relists_and_catches_up(rig: Rig) -> None:
     rig.api.compact()
     await until(lambda: list(rig.urls()) == ["vllm-0", "vllm-3"])
     assert rig.disc.counters["gone"] >= 1 and rig.disc.counters["relists"] >= 1
+
+
+async def test_a_kubeconfig_context_reaches_the_api_server(tmp_path: Path) -> None:
+    """Outside a cluster: the kubeconfig's named context gives the server, the token and the namespace."""
+    api = FakeApiServer(token="ctx-token")
+    url = await api.start(free_port())
+    try:
+        api.put(make_pod("vllm-0", "10.0.0.1", labels=SEL, namespace="inference"))
+        api.put(make_pool("vllm", SEL, [8000], namespace="inference"))
+        kc = tmp_path / "config"
+        kc.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "elsewhere",
+            "clusters": [{"name": "fake", "cluster": {"server": url}},
+                         {"name": "nowhere", "cluster": {"server": "http://127.0.0.1:9"}}],
+            "users": [{"name": "me", "user": {"token": "ctx-token"}}],
+            "contexts": [{"name": "fake",
+                          "context": {"cluster": "fake", "user": "me", "namespace": "inference"}},
+                         {"name": "elsewhere", "context": {"cluster": "nowhere", "user": "me"}}],
+        }))  # fmt: skip
+        cfg = DiscoveryConfig(pool="vllm", context="fake", kubeconfig=str(kc))
+        conn = kube_connection(cfg, {}, tmp_path / "no-service-account")
+        assert (conn.kubeconfig, conn.context, conn.base_url) == (str(kc), "fake", "")
+        kube = KubeApi(conn)
+        seen: list[list[InstanceConfig]] = []
+        disc = InferencePoolDiscovery(cfg, kube, seen.append)
+        disc.start()
+        try:
+            await until(lambda: bool(seen) and [i.name for i in seen[-1]] == ["vllm-0"])
+            assert kube.namespace == "inference" and kube.server == url
+        finally:
+            await disc.stop()
+            await kube.close()
+        env = {"KUBECONFIG": str(kc), "HOME": str(tmp_path)}
+        assert kube_connection(DiscoveryConfig(pool="vllm"), env, tmp_path / "none").kubeconfig == str(kc)
+        with pytest.raises(ConfigError):
+            KubeApi(kube_connection(DiscoveryConfig(pool="vllm", context="nope", kubeconfig=str(kc)), {}))
+    finally:
+        await api.stop()
