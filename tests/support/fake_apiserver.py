@@ -24,6 +24,11 @@ revision is.  A field selector of ``metadata.name`` / ``metadata.namespace`` equ
 watch with a selector sees an object *enter* it as ADDED and *leave* it as DELETED (the previous state with
 the change's version), as the API server's watch cache filters updates; a delete, bookmark or compaction
 acts as before.
+
+The bytes follow real API servers' (tests/kvrouter/membership/fixtures/apiserver_responses.json, held to
+them by test_apiserver_fixtures.py): continue tokens as the API server encodes them (unpadded base64url
+of {"v", "rv", "start"}) with ``remainingItemCount``; a BOOKMARK's object is the watched kind's zero value
+with only the version set; Status objects carry ``metadata``; 410 messages are the API server's.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import base64
 import contextlib
 import copy
 import functools
+import json
 from typing import Any, Literal
 
 import msgspec
@@ -58,11 +64,20 @@ _API_VERSION = {
     "InferencePool": "inference.networking.k8s.io/v1",
 }
 _ZERO: dict[str, Obj] = {
-    "EndpointSlice": {},
+    "EndpointSlice": {"addressType": "", "endpoints": None, "ports": None},
     "Pod": {"spec": {"containers": None}, "status": {}},
-    "InferencePool": {"spec": {"selector": {}, "targetPorts": None}, "status": {}},
+    "InferencePool": {},
 }
-"""What a BOOKMARK's object holds besides its metadata: the kind's zero value (as the API server sends)."""
+"""What a BOOKMARK's object holds besides kind, apiVersion and metadata: the kind's zero value, as the API
+server sends it.  Built-in kinds serialize their Go struct (fields without omitempty as "", null, {});
+a custom resource (InferencePool) is served unstructured, and its zero value is the kind alone."""
+_ZERO_META: dict[str, Obj] = {
+    "EndpointSlice": {"creationTimestamp": None},
+    "Pod": {"creationTimestamp": None},
+    "InferencePool": {},
+}
+"""A BOOKMARK's metadata besides resourceVersion: a built-in kind's ObjectMeta serializes its zero
+creationTimestamp as null; an unstructured one holds only what was set."""
 
 
 class Request(msgspec.Struct):
@@ -190,9 +205,37 @@ def make_pool(
     }
 
 
-def _status(code: int, reason: str, message: str) -> Obj:
-    return {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code, "reason": reason,
-            "message": message}  # fmt: skip
+def _status(code: int, reason: str, message: str, metadata: Obj | None = None) -> Obj:
+    return {"kind": "Status", "apiVersion": "v1", "metadata": metadata or {}, "status": "Failure",
+            "message": message, "reason": reason, "code": code}  # fmt: skip
+
+
+def _answer(obj: Obj, status: int = 200) -> web.Response:
+    """A JSON answer as the API server sends it: ``Content-Type: application/json`` exactly, no charset
+    (a client may read the Status of an error only under that type: lightkube does)."""
+    return web.Response(body=_encode(obj), status=status, content_type="application/json")
+
+
+INCONSISTENT_CONTINUE = (
+    "The provided continue parameter is too old to display a consistent list result. You can start a new "
+    "list without the continue parameter, or use the continue token in this response to retrieve the "
+    "remainder of the results. Continuing with the provided token results in an inconsistent list - objects "
+    "that were created, modified, or deleted between the time the first chunk was returned and now may show "
+    "up in the list."
+)
+"""The API server's message for an expired continue token (its etcd3 store's ``inconsistentContinue``)."""
+
+
+def encode_continue(rv: int, start: str) -> str:
+    """A continue token as the API server makes one: unpadded base64url of compact JSON, keys in this order;
+    ``start`` is the key to resume from (the last name returned, then a NUL)."""
+    raw = json.dumps({"v": "meta.k8s.io/v1", "rv": rv, "start": start}, separators=(",", ":"))
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def decode_continue(token: str) -> tuple[int, str]:
+    data = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+    return int(data["rv"]), str(data["start"])
 
 
 def _matches(obj: Obj, namespace: str, selector: str) -> bool:
@@ -290,7 +333,9 @@ class FakeApiServer:
             app.router.add_get(path, functools.partial(self._handle, kind=kind))
         app.router.add_get("/version", _version)
         app.router.add_get("/version/", _version)
-        self._runner = web.AppRunner(app, handle_signals=False)
+        # a client hanging up ends its watch at once, as on the API server (whose request context ends):
+        # without this, aiohttp leaves the handler waiting for the next event of a watch nobody reads
+        self._runner = web.AppRunner(app, handle_signals=False, handler_cancellation=True)
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", port).start()
         self.base_url = f"http://127.0.0.1:{port}"
@@ -335,7 +380,7 @@ class FakeApiServer:
     def bookmark(self) -> None:
         for w in self._watches:
             if w.bookmarks:
-                meta = {"resourceVersion": str(self.rv)}
+                meta = {"resourceVersion": str(self.rv), **_ZERO_META[w.kind]}
                 obj = {"kind": w.kind, "apiVersion": _API_VERSION[w.kind], "metadata": meta}
                 obj.update(copy.deepcopy(_ZERO[w.kind]))
                 w.queue.put_nowait({"type": "BOOKMARK", "object": obj})
@@ -346,10 +391,9 @@ class FakeApiServer:
 
     def expire_watches(self) -> None:
         """Tell every open watch its RV is too old (ERROR 410), as after a compaction the cache misses."""
+        msg = f"too old resource version: {self.compacted - 1} ({self.rv})"
         for w in self._watches:
-            w.queue.put_nowait(
-                {"type": "ERROR", "object": _status(410, "Expired", "too old resource version")}
-            )
+            w.queue.put_nowait({"type": "ERROR", "object": _status(410, "Expired", msg)})
 
     @property
     def open_watches(self) -> int:
@@ -375,7 +419,7 @@ class FakeApiServer:
             self.requests.append(
                 Request("watch" if watch else "list", q.get("resourceVersion"), params, 401, kind)
             )
-            return web.json_response(_status(401, "Unauthorized", "Unauthorized"), status=401)
+            return _answer(_status(401, "Unauthorized", "Unauthorized"), 401)
         ns = request.match_info["namespace"]
         sel = q.get("labelSelector", "")
         if watch:
@@ -387,12 +431,13 @@ class FakeApiServer:
         token = params.get("continue")
         fields = params.get("fieldSelector", "")
         if token:
-            snap_rv, start = msgspec.json.decode(base64.urlsafe_b64decode(token))
+            snap_rv, after = decode_continue(token)
             items = self._snapshots.get((kind, ns, sel, fields, snap_rv))
             if items is None:
                 self.requests.append(Request("list", str(snap_rv), params, 410, kind))
-                msg = "The provided continue parameter is too old to display a consistent list result."
-                return web.json_response(_status(410, "Expired", msg), status=410)
+                again = {"continue": encode_continue(-1, after)}
+                return _answer(_status(410, "Expired", INCONSISTENT_CONTINUE, again), 410)
+            start = next((i for i, o in enumerate(items) if o["metadata"]["name"] >= after), len(items))
         else:
             snap_rv, start = self.rv, 0
             w = _Watch(kind, ns, sel, fields, False)
@@ -403,11 +448,12 @@ class FakeApiServer:
         end = start + limit if limit else len(items)
         meta: Obj = {"resourceVersion": str(snap_rv)}
         if end < len(items):
-            meta["continue"] = base64.urlsafe_b64encode(_encode([snap_rv, end])).decode()
+            meta["continue"] = encode_continue(snap_rv, items[end - 1]["metadata"]["name"] + "\x00")
+            meta["remainingItemCount"] = len(items) - end
         self.requests.append(Request("list", str(snap_rv), params, 200, kind))
         body = {"kind": f"{kind}List", "apiVersion": _API_VERSION[kind], "metadata": meta,
                 "items": items[start:end]}  # fmt: skip
-        return web.Response(body=_encode(body), content_type="application/json")
+        return _answer(body)
 
     async def _watch(
         self, request: web.Request, ns: str, sel: str, params: dict[str, str], kind: str = "EndpointSlice"
@@ -416,13 +462,15 @@ class FakeApiServer:
         rv = int(rv_s) if rv_s not in ("", "0") else None
         if rv is not None and rv < self.compacted and self.gone_as == "status":
             self.requests.append(Request("watch", rv_s, params, 410, kind))
-            return web.json_response(_status(410, "Gone", f"too old resource version: {rv}"), status=410)
+            msg = f"too old resource version: {rv} ({self.compacted})"
+            return _answer(_status(410, "Gone", msg), 410)
         self.requests.append(Request("watch", rv_s, params, 200, kind))
         resp = web.StreamResponse(headers={"Content-Type": "application/json"})
         resp.enable_chunked_encoding()
         await resp.prepare(request)
         if rv is not None and rv < self.compacted:
-            ev = {"type": "ERROR", "object": _status(410, "Expired", f"too old resource version: {rv}")}
+            msg = f"too old resource version: {rv} ({self.compacted})"
+            ev = {"type": "ERROR", "object": _status(410, "Expired", msg)}
             await resp.write(_encode(ev) + b"\n")
             await resp.write_eof()
             return resp

@@ -9,6 +9,7 @@ import asyncio
 import json
 import random
 import string
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -215,12 +216,16 @@ async def test_instance_killed_leaves_rotation(tmp_path: Path) -> None:
         # Envoy answers 503 for the refused connection (one endpoint named: ORIGINAL_DST has no other to
         # try); the picker reads that answer on the response path and counts the failure, so the victim
         # is out after at most failure_threshold of them (or the next health check, if sooner)
+        # A request may also go elsewhere first (the victim's event stream dropped, so its cache no longer
+        # counts): those are answered by a live instance.
         statuses = []
+        deadline = time.monotonic() + 30
         while pk.pool.upstreams[victim].healthy:
+            assert time.monotonic() < deadline, statuses
             st, h, _ = await call(s, base + "/v1/completions", body)
             statuses.append(st)
-            assert len(statuses) <= pk.cfg.gateway.failure_threshold, statuses
-        assert set(statuses) <= {503}, statuses
+            assert st == 503 or (st == 200 and h.get("x-kvrouter-instance") != victim), (st, h)
+            assert statuses.count(503) <= pk.cfg.gateway.failure_threshold, statuses
         for _ in range(3):
             st, h, _ = await call(s, base + "/v1/completions", body)
             assert st == 200 and h["x-kvrouter-instance"] != victim
