@@ -281,12 +281,18 @@ class UpstreamPool:
         try:
             async with self._session.get(f"{url}/health", timeout=timeout) as r:
                 ok = r.status == 200
-            if ok:
+        except (aiohttp.ClientError, TimeoutError):
+            ok = False
+        if ok:
+            # /health decides rotation; the model list is refreshed when it can be.  A slow or failing
+            # /v1/models (a busy API server) keeps the models learnt last rather than taking a healthy
+            # instance out of rotation.
+            try:
                 async with self._session.get(f"{url}/v1/models", timeout=timeout) as r:
                     if r.status == 200:
                         learn_models(u, await r.json())
-        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError):
-            ok = False
+            except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError):
+                log.debug("model list not refreshed", extra={"instance": u.name})
         u.last_check = now = time.monotonic()
         if not ok:
             # The instance says it is down itself (a crash, a restart, a dead engine): that explains its
