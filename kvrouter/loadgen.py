@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import aiohttp
 import msgspec
@@ -76,7 +76,7 @@ async def one(session: aiohttp.ClientSession, base: str, wl: Workload, idx: int,
 
 
 async def drive(
-    base: str,
+    base: str | Sequence[str],
     wl: Workload,
     *,
     model: str,
@@ -85,14 +85,18 @@ async def drive(
     timeout_s: float = 600.0,
 ) -> list[LiveRecord]:
     """Send every request of ``wl`` to ``base``; closed loop with ``concurrency`` clients if given, else
-    at the workload's arrival times."""
+    at the workload's arrival times.  Several bases (router replicas behind a round-robin balancer):
+    request ``i`` of the workload goes to ``base[i % len(base)]``."""
+    bases = [base] if isinstance(base, str) else list(base)
+    if not bases:
+        raise ValueError("drive needs at least one base URL")
     n = len(wl.requests)
     out: list[LiveRecord | None] = [None] * n
     conn = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=timeout_s)) as s:
 
         async def run(i: int) -> None:
-            out[i] = await one(s, base, wl, i, model)
+            out[i] = await one(s, bases[i % len(bases)], wl, i, model)
             if progress:
                 progress(1)
 

@@ -1,4 +1,5 @@
-"""``kvrouter bench [indexer|tokenizer|routing|gateway|redis|all]``: benchmarks, one JSON document out.
+"""``kvrouter bench [indexer|tokenizer|routing|gateway|redis|replicas|all] [its options]``: benchmarks, one
+JSON document out.
 
 Each benchmark is a module of ``kvrouter.bench`` with ``add_args(parser)`` and ``main(args) -> dict``;
 peers (Dynamo's RadixTree, sglang-router) are measured in the same run when ``shared/peerbench`` and its
@@ -20,6 +21,7 @@ BENCHES = {
     "routing": "kvrouter.bench.routing_bench",
     "gateway": "kvrouter.bench.gateway_bench",
     "redis": "kvrouter.bench.redis_bench",
+    "replicas": "kvrouter.bench.replicas_bench",
 }
 ALL = ("indexer", "tokenizer", "routing", "gateway")
 
@@ -27,15 +29,25 @@ ALL = ("indexer", "tokenizer", "routing", "gateway")
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("which", nargs="?", default="all", choices=[*BENCHES, "all"])
     p.add_argument("--out", default=None, help="also write the JSON here")
+    p.add_argument(
+        "options",
+        nargs=argparse.REMAINDER,
+        help="options of the one benchmark named (e.g. kvrouter bench replicas --runs 3); --help lists them",
+    )
 
 
-def _run(name: str) -> dict[str, Any]:
+def _run(name: str, options: list[str] | None = None) -> dict[str, Any]:
     mod = importlib.import_module(BENCHES[name])
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(
+        prog=f"kvrouter bench {name}",
+        description=mod.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     mod.add_args(ap)
+    args = ap.parse_args(options or [])  # exits with a usage message on a bad option, before any work
     t0 = time.perf_counter()
     try:
-        res: dict[str, Any] = mod.main(ap.parse_args([]))
+        res: dict[str, Any] = mod.main(args)
     except Exception as e:  # a benchmark that cannot run says why; the others still report
         res = {"error": repr(e)}
     res["bench_wall_s"] = round(time.perf_counter() - t0, 1)
@@ -44,7 +56,11 @@ def _run(name: str) -> dict[str, Any]:
 
 def run(a: argparse.Namespace) -> int:
     names = ALL if a.which == "all" else (a.which,)
-    out = {name: _run(name) for name in names}
+    options = list(getattr(a, "options", None) or [])
+    if options and a.which == "all":
+        print("benchmark options need one benchmark named, not all", file=sys.stderr)
+        return 2
+    out = {name: _run(name, options) for name in names}
     text = json.dumps(out, indent=1, default=str)
     print(text)
     if a.out:
@@ -54,4 +70,4 @@ def run(a: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run(argparse.Namespace(which="all", out=None)))
+    sys.exit(run(argparse.Namespace(which="all", out=None, options=[])))

@@ -4,7 +4,9 @@
                          + load_weight x requests in flight,
                   where "still to compute" = prompt tokens minus the prefix this target really caches
                   (GPU worth 1, CPU/STORAGE tiers worth `offload_value`, speculative entries worth 1);
-                  targets whose index is not trusted get no credit for cache (load-based for them alone)
+                  targets whose index is not trusted get no credit for cache (load-based for them alone);
+                  among the cheapest targets that hold the same part of the prompt, those within the
+                  placement band are taken in the ring order of the first blocks none of them holds
     prefix-hash   consistent hashing with bounded load over the first `prefix_length` characters (plus the
                   affinity id), SageMaker PREFIX_AWARE style
     least-loaded  fewest requests in flight
@@ -24,8 +26,15 @@ from typing import Protocol
 
 import msgspec
 
+from indexer.hashing import I64Array
+
 from ..types import InstanceId, TargetKey
 from .hashring import HashRing
+
+RING_KEY_BLOCKS = 4
+"""The placement ring is keyed by the first this-many blocks nobody holds (64 tokens at block size 16):
+enough to tell distinct system prompts with a common opening apart, few enough that a question after a
+shared prompt rarely reaches into them."""
 
 
 class PolicyName(enum.StrEnum):
@@ -68,6 +77,8 @@ class RouteView(msgspec.Struct):
 
     num_tokens: int
     prefix_key: bytes
+    chains: I64Array | None = None
+    """The prompt's chain hashes (None without a tokenizer): block i's covers the whole prefix up to it."""
 
 
 class Policy(Protocol):
@@ -96,6 +107,16 @@ class KvAwareSettings(msgspec.Struct, frozen=True):
     this size stays together on an idle fleet (its later requests hit what the first computes)."""
     offload_value: float = 0.8
     """Worth of a CPU/STORAGE-tier hit relative to a GPU hit (it must be copied back first)."""
+    placement_band: float = 0.25
+    """Placement of a prefix nobody holds, agreed without talking.  The cheapest targets, taken in cost
+    order while each holds the same part of the prompt as the cheapest and costs at most
+    (1 + placement_band) x its cost (over-bound ones never), form the band; within it the ring order of
+    the first blocks none of them holds decides.  Router replicas, gateway workers and endpoint-picker
+    replicas whose views of the load differ by less than the band thus send a new prefix to the same
+    target before any of them hears of the others' requests; a warm prefix (held by the cheapest alone)
+    is untouched.  What the rule may cost: the chosen target's cost is within the band of the best.
+    0: only exact ties are broken by the ring.  Tuned with ``kvrouter eval`` and ``kvrouter bench``
+    (docs/measurements.md, "kv-aware placement band")."""
 
 
 class KvAware:
@@ -117,9 +138,7 @@ class KvAware:
     def rank(self, req: RouteView, cands: list[Candidate], *, dry_run: bool = False) -> list[Candidate]:
         for c in cands:
             c.score = self.cost(req, c)
-        # Over-bound targets go last; ties (equal cost) go to the less loaded, then the more cached.  Exact
-        # ties that remain (an idle fleet, a prefix nobody holds) are broken by consistent hashing of the
-        # prompt's prefix: every router replica, seeing the same state, picks the same target for it.
+        # Over-bound targets go last; ties (equal cost) go to the less loaded, then the more cached.
         over: set[str] = set()
         if self.s.load_bound and len(cands) > 1:
             mean = sum(c.in_flight / max(c.weight, 1e-6) for c in cands) / len(cands)
@@ -128,17 +147,44 @@ class KvAware:
             if len(over) == len(cands):
                 over = set()
         out = sorted(cands, key=lambda c: (c.target in over, c.score, c.in_flight, -c.cached_tokens))
-        if len(out) > 1 and req.prefix_key:
-            first = (out[0].score, out[0].in_flight, out[0].cached_tokens)
-            tied = [c for c in out if (c.score, c.in_flight, c.cached_tokens) == first]
-            if len(tied) > 1:
-                for c in tied:
-                    self.ring.add(c.target)
-                self.ring.prune(c.target for c in cands)
-                order: dict[str, int] = {str(t): i for i, t in enumerate(self.ring.walk(req.prefix_key))}
-                tied.sort(key=lambda c: order.get(c.target, len(order)))
-                out = tied + out[len(tied) :]
+        band = self._band(out, over)
+        if band > 1:
+            # The band is a leading run of the cost order, so whatever it reorders stays ahead of every
+            # target outside it, each of which costs at least as much: more cached at equal load still
+            # never loses, and an over-bound target still comes only after every other.
+            head = out[:band]
+            for c in head:
+                self.ring.add(c.target)
+            self.ring.prune(c.target for c in cands)
+            order = {t: i for i, t in enumerate(self.ring.walk(self.ring_key(req, out[0])))}
+            head.sort(key=lambda c: order.get(c.target, len(order)))
+            out = head + out[band:]
         return out
+
+    def _band(self, ranked: list[Candidate], over: set[str]) -> int:
+        """How many of the cost-ordered ``ranked`` form the placement band (see ``placement_band``)."""
+        if len(ranked) < 2:
+            return len(ranked)
+        lead = ranked[0]
+        limit = lead.score * (1 + self.s.placement_band)
+        n = 0
+        for c in ranked:
+            if c.target in over or c.cached_tokens != lead.cached_tokens or c.score > limit:
+                break
+            n += 1
+        return n
+
+    @staticmethod
+    def ring_key(req: RouteView, lead: Candidate) -> bytes:
+        """The key the band is placed by: the chain hash of the ``RING_KEY_BLOCKS``-th block past what the
+        band holds (it covers the whole prompt up to there), or the request's prefix key without chains
+        or when no full block is left past the held part."""
+        ch = req.chains
+        held = lead.matched_blocks
+        if ch is None or len(ch) <= held:
+            return req.prefix_key
+        i = min(held + RING_KEY_BLOCKS, len(ch)) - 1
+        return b"kv-block\x00" + int(ch[i]).to_bytes(8, "little", signed=True)
 
 
 class PrefixHashSettings(msgspec.Struct, frozen=True):

@@ -206,7 +206,7 @@ class Router:
         cands = self.candidates(inp, targets, now, remote)
         if not cands:
             return Decision(None, policy.name, "no_target", [])
-        view = RouteView(inp.num_tokens, inp.prefix_key)
+        view = RouteView(inp.num_tokens, inp.prefix_key, inp.chains)
         cap = self.config.max_in_flight
         open_ = [c for c in cands if not cap or c.in_flight < cap]
         if not open_:
