@@ -66,6 +66,9 @@ class Candidate(msgspec.Struct):
     pending_prefill_tokens: int = 0
     decoding: int = 0
     weight: float = 1.0
+    footprint: int = 0
+    """GPU blocks the index holds for this target plus its speculative entries (0 when unknown): how much
+    of its cache the traffic sent there fills; the same for every router fed the same events."""
     saturated: bool = False
     """At or over the concurrency threshold: chosen only if every target is."""
     score: float = 0.0
@@ -108,15 +111,17 @@ class KvAwareSettings(msgspec.Struct, frozen=True):
     offload_value: float = 0.8
     """Worth of a CPU/STORAGE-tier hit relative to a GPU hit (it must be copied back first)."""
     placement_band: float = 0.25
-    """Placement of a prefix nobody holds, agreed without talking.  The cheapest targets, taken in cost
-    order while each holds the same part of the prompt as the cheapest and costs at most
-    (1 + placement_band) x its cost (over-bound ones never), form the band; within it the ring order of
-    the first blocks none of them holds decides.  Router replicas, gateway workers and endpoint-picker
-    replicas whose views of the load differ by less than the band thus send a new prefix to the same
-    target before any of them hears of the others' requests; a warm prefix (held by the cheapest alone)
-    is untouched.  What the rule may cost: the chosen target's cost is within the band of the best.
-    0: only exact ties are broken by the ring.  Tuned with ``kvrouter eval`` and ``kvrouter bench``
-    (docs/measurements.md, "kv-aware placement band")."""
+    """Placement of a prompt's part that no target holds, agreed on without talking.  The band: the
+    targets first in cost order that hold the same part of the prompt as the cheapest and cost at most
+    (1 + placement_band) x its cost (never an over-bound one).  Within it, targets whose cache footprint
+    is at most the fleet's mean come first, and the ring order of the first blocks none of them holds
+    decides.  Router replicas, gateway workers and endpoint-picker replicas whose views of the load
+    differ by less than the band send a new prefix to the same target before hearing of each other's
+    requests; the footprint bound keeps a few large prefixes from piling onto one cache as plain
+    consistent hashing would.  A prefix held by the cheapest target alone is placed by cost as before.
+    The chosen target costs at most (1 + placement_band) x the cheapest.  0: the ring breaks exact ties
+    only.  Tuned with ``kvrouter eval`` and ``kvrouter bench replicas`` (docs/measurements.md,
+    "kv-aware placement band")."""
 
 
 class KvAware:
@@ -140,12 +145,16 @@ class KvAware:
             c.score = self.cost(req, c)
         # Over-bound targets go last; ties (equal cost) go to the less loaded, then the more cached.
         over: set[str] = set()
+        busy: set[str] = set()
         if self.s.load_bound and len(cands) > 1:
             mean = sum(c.in_flight / max(c.weight, 1e-6) for c in cands) / len(cands)
             cap = self.s.load_bound * mean + self.s.load_slack
             over = {c.target for c in cands if c.in_flight / max(c.weight, 1e-6) > cap}
             if len(over) == len(cands):
                 over = set()
+            # without load_slack of headroom: a burst of a new prefix placed there would be split by the
+            # bound; in the band such a target comes after those with room
+            busy = {c.target for c in cands if c.in_flight / max(c.weight, 1e-6) > cap - self.s.load_slack}
         out = sorted(cands, key=lambda c: (c.target in over, c.score, c.in_flight, -c.cached_tokens))
         band = self._band(out, over)
         if band > 1:
@@ -157,7 +166,8 @@ class KvAware:
                 self.ring.add(c.target)
             self.ring.prune(c.target for c in cands)
             order = {t: i for i, t in enumerate(self.ring.walk(self.ring_key(req, out[0])))}
-            head.sort(key=lambda c: order.get(c.target, len(order)))
+            fill = sum(c.footprint for c in cands) / len(cands)
+            head.sort(key=lambda c: (c.target in busy, c.footprint > fill, order.get(c.target, len(order))))
             out = head + out[band:]
         return out
 

@@ -164,6 +164,7 @@ class Router:
                 weight=t.weight,
             )
             m = matches.get((t.instance, t.dp_rank))
+            c.footprint = self.indexer.footprint(SourceKey(t.instance, t.dp_rank)) or 0
             if t.has_events:
                 c.trust = m.trust if m else self.indexer.trust(SourceKey(t.instance, t.dp_rank)).value
             if m and t.has_events and c.trust in _USABLE:
@@ -259,11 +260,17 @@ class Router:
 
     # ------------------------------------------------------------------ accounting
     def dispatched(self, inp: RouteInput, chosen: Candidate, now: float) -> None:
-        """The request was sent to ``chosen``: account its load and expect its blocks there."""
+        """The request was sent to ``chosen``: account its load and expect its blocks there.
+
+        Only the blocks past those the index already holds there become speculative entries: an entry
+        for a stored block would outlive its eviction (entries end when confirmed or expired, and a block
+        already stored is confirmed only by being stored again), and claim it held for up to the TTL."""
         to_compute = max(0, inp.num_tokens - chosen.cached_tokens)
         self.load.dispatch(inp.request_id, chosen.target, to_compute)
-        if self.config.speculative and inp.chains is not None and len(inp.chains):
-            self.indexer.add_speculative(SourceKey(chosen.instance, chosen.dp_rank), inp.chains, now=now)
+        if self.config.speculative and inp.chains is not None:
+            new = inp.chains[chosen.gpu_blocks + chosen.offload_blocks :]
+            if len(new):
+                self.indexer.add_speculative(SourceKey(chosen.instance, chosen.dp_rank), new, now=now)
 
     def first_token(self, rid: RequestId) -> None:
         self.load.first_token(rid)
