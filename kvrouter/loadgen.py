@@ -29,6 +29,14 @@ class LiveRecord(msgspec.Struct):
     cached_tokens: int = 0
     output_tokens: int = 0
     instance: str | None = None
+    reason: str | None = None
+    """The gateway's ``x-kvrouter-reason`` (cache, load, spill, ...)."""
+    predicted_cached_tokens: int | None = None
+    """The gateway's ``x-kvrouter-cached-tokens``: what it expected the instance to serve from cache."""
+    base: str = ""
+    """The router the request was sent to."""
+    sent_s: float = 0.0
+    """When it was sent, seconds from the start of the drive."""
     decision_ms: float | None = None
     error: str | None = None
 
@@ -47,15 +55,21 @@ def _usage(line: bytes, rec: LiveRecord) -> None:
         rec.cached_tokens = u.cached_tokens or 0
 
 
-async def one(session: aiohttp.ClientSession, base: str, wl: Workload, idx: int, model: str) -> LiveRecord:
+async def one(
+    session: aiohttp.ClientSession, base: str, wl: Workload, idx: int, model: str, epoch: float = 0.0
+) -> LiveRecord:
     req = wl.requests[idx]
     call = http_call(req, wl.token_space, model=model, stream=True)
-    rec = LiveRecord(req.id)
+    rec = LiveRecord(req.id, base=base)
     t0 = time.perf_counter()
+    rec.sent_s = t0 - epoch if epoch else 0.0
     try:
         async with session.post(base + call.path, json=call.body, headers=call.headers) as r:
             rec.status = r.status
             rec.instance = r.headers.get("x-kvrouter-instance")
+            rec.reason = r.headers.get("x-kvrouter-reason")
+            predicted = r.headers.get("x-kvrouter-cached-tokens")
+            rec.predicted_cached_tokens = int(predicted) if predicted and predicted.isdigit() else None
             dm = r.headers.get("x-kvrouter-decision-ms")
             rec.decision_ms = float(dm) if dm else None
             if r.status != 200:
@@ -93,10 +107,11 @@ async def drive(
     n = len(wl.requests)
     out: list[LiveRecord | None] = [None] * n
     conn = aiohttp.TCPConnector(limit=0)
+    epoch = time.perf_counter()
     async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=timeout_s)) as s:
 
         async def run(i: int) -> None:
-            out[i] = await one(s, bases[i % len(bases)], wl, i, model)
+            out[i] = await one(s, bases[i % len(bases)], wl, i, model, epoch)
             if progress:
                 progress(1)
 

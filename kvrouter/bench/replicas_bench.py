@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import aiohttp
+import msgspec
 import yaml
 
 from ..loadgen import LiveRecord, drive
@@ -67,7 +68,7 @@ def add_args(ap: argparse.ArgumentParser) -> None:
         "--speed",
         type=float,
         default=0.25,
-        help="the fleet runs this many times faster than its profile (slower: less at the mercy of a busy CPU)",
+        help="the fleet runs this many times faster than its profile (slower: less at a busy CPU's mercy)",
     )
     ap.add_argument("--groups", type=int, default=16)
     ap.add_argument("--system-words", type=int, default=1400)
@@ -88,7 +89,9 @@ def add_args(ap: argparse.ArgumentParser) -> None:
         help="fleet-file setting of every router, e.g. routing.kv_aware.cold_band=0 (YAML value)",
     )
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--keep", default=None, help="keep the logs and fleet files in this directory")
+    ap.add_argument(
+        "--keep", default=None, help="keep the logs, fleet files and every request's record in this directory"
+    )
 
 
 def workload(a: argparse.Namespace, which: str, seed: int) -> Workload:
@@ -238,7 +241,7 @@ class Stack:
                 await asyncio.sleep(0.1)
         await asyncio.sleep(speculative_ttl_s + 0.5)
 
-    async def drive(self, wl: Workload) -> dict[str, Any]:
+    async def drive(self, wl: Workload, keep: Path | None = None) -> dict[str, Any]:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as s:
             before = await _diagnostics(s, self.bases)
             t0 = time.perf_counter()
@@ -247,6 +250,10 @@ class Stack:
             await asyncio.sleep(0.2)
             after = await _diagnostics(s, self.bases)
         diag = {k: after[k] - before.get(k, 0.0) for k in after}
+        if keep is not None:  # every request: where it went, why, predicted and reported cached tokens
+            group = {r.id: r.group for r in wl.requests}
+            rows = [{**msgspec.structs.asdict(r), "group": group.get(r.id)} for r in recs]
+            keep.write_text(json.dumps(rows))
         return {**summarize(recs, wl), "wall_s": round(wall, 1), **diag}
 
     def stop(self) -> None:
@@ -286,7 +293,8 @@ async def run_all(a: argparse.Namespace) -> dict[str, Any]:
                 k = run % len(a.setups)
                 for setup in a.setups[k:] + a.setups[:k]:
                     await stacks[setup].reset(spec_ttl)
-                    res = await stacks[setup].drive(wl)
+                    keep = workdir / f"requests-{run}-{w}-{setup}.json" if a.keep else None
+                    res = await stacks[setup].drive(wl, keep)
                     rows[w][setup].append(res)
                     print(f"run {run} {w} {setup}: {json.dumps(res)}", file=sys.stderr, flush=True)
     finally:

@@ -40,6 +40,7 @@ def _run(name: str, options: list[str] | None = None) -> dict[str, Any]:
     mod = importlib.import_module(BENCHES[name])
     ap = argparse.ArgumentParser(
         prog=f"kvrouter bench {name}",
+        allow_abbrev=False,
         description=mod.__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
