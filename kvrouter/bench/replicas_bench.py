@@ -18,7 +18,10 @@ Workloads (chat requests, ``groups`` shared system prompts of ``system_words`` w
 
 interleaved  the groups' prompts shuffled, Poisson arrivals at ``rate`` req/s
 bursts       each group one burst of ``burst`` requests at once, a group every ``burst_gap_s``: the
-             burst is shorter than a sync interval, so replicas cannot learn of each other's requests
+             burst is shorter than a sync interval, so replicas cannot learn of each other's requests;
+             at the default gap a burst meets a busy fleet (earlier groups still prefill), where the
+             replicas' views of the load differ.  With a gap long enough for the fleet to go idle
+             (``--burst-gap-s 2``) the views are exactly tied and any tie-break agrees.
 
 The setups run in a rotated order from run to run, so a slow phase of this shared machine does not always
 hit the same one; compare the setups within a run.
@@ -77,7 +80,12 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--per-group", type=int, default=10, help="interleaved: prompts per group")
     ap.add_argument("--rate", type=float, default=3.0, help="interleaved: Poisson arrivals, req/s")
     ap.add_argument("--burst", type=int, default=8, help="bursts: requests per group, all at once")
-    ap.add_argument("--burst-gap-s", type=float, default=2.0, help="bursts: seconds between groups")
+    ap.add_argument(
+        "--burst-gap-s",
+        type=float,
+        default=0.5,
+        help="bursts: seconds between groups (0.5: a group arrives while the last ones still prefill)",
+    )
     ap.add_argument("--interval-s", type=float, default=0.05, help="replicas.interval_s (sync period)")
     ap.add_argument("--setups", nargs="+", default=list(SETUPS), choices=SETUPS)
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
