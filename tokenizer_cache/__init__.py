@@ -10,10 +10,24 @@ API
 ---
 
 ``CachedTokenizer.from_pretrained(path, *, max_cache_bytes=None, chunk_chars=None, allow_download=False,
-chat_template=None, config=None, content_format="auto", executor=None)``
+chat_template=None, config=None, content_format=None, executor=None, render_options=None)``
     Load a fast Hugging Face tokenizer from a directory or the local HF cache (never downloads unless
     ``allow_download=True``).  ``chat_template`` is a Jinja template or a file path, like vLLM's
-    ``--chat-template``; it replaces the tokenizer's own.  ``config`` is a ``CacheConfig``.
+    ``--chat-template``; it replaces the tokenizer's own.  ``config`` is a ``CacheConfig``;
+    ``render_options`` a ``RenderOptions``: the vLLM server flags that change rendering
+    (``RenderOptions.from_vllm_args(argv)`` reads them off vLLM's command line).
+
+``encode_chat_request(body) -> Encoded`` / ``aencode_chat_request(body)``
+    **The gateway's entry point for chat**: the prompt ids vLLM 0.33 computes for a
+    ``/v1/chat/completions`` body, the JSON object as the client sent it.  Every field vLLM reads is
+    honoured the way vLLM reads it (``docs/parity.md``: message validation, tools, tool calls, content
+    parts, template arguments, rendering, truncation).  What vLLM answers with a 400 raises
+    ``ChatTemplateError`` (``RequestValidationError`` for the body's shape); media content raises
+    ``UnsupportedContentError`` (route untokenized); no template anywhere ``NoChatTemplateError``.
+    ``render_chat_request(body) -> RenderedChat`` gives the rendered text.
+
+``encode_completion_request(body) -> list[Encoded]`` / ``aencode_completion_request(body)``
+    The same for a ``/v1/completions`` body: one ``Encoded`` per prompt (``InvalidPromptError`` for 400s).
 
 ``encode_prompt(prompt, *, add_special_tokens=True) -> list[int]``
     Completions: a text prompt is tokenized with special tokens (BOS...), as vLLM does; a list of
@@ -21,10 +35,7 @@ chat_template=None, config=None, content_format="auto", executor=None)``
 
 ``encode_chat(messages, tools=None, chat_template_kwargs=None, *, add_generation_prompt=True,
 continue_final_message=False, chat_template=None, documents=None, add_special_tokens=False) -> list[int]``
-    Chat: messages rendered with the chat template exactly as vLLM renders them (see
-    ``tokenizer_cache.chat``), then tokenized without adding special tokens.  Any template problem
-    (no template, a Jinja error, a malformed message, contradictory arguments) raises
-    ``ChatTemplateError``: answer it with HTTP 400.
+    The argument-style form of ``encode_chat_request``: a body with these fields (only those).
 
 ``render_chat(...) -> str``
     The rendered prompt text only (same arguments as ``encode_chat`` minus ``add_special_tokens``).
@@ -53,7 +64,7 @@ config=None, allow_download=False, executor=None)``, ``TokenizerRegistry.from_fl
 
 Errors: ``TokenizerCacheError`` > ``TokenizerLoadError`` | ``InvalidPromptError`` |
 ``ChatTemplateError`` (> ``UnsupportedContentError`` for media parts, ``NoChatTemplateError`` when no
-template is configured anywhere).
+template is configured anywhere, ``RequestValidationError`` for a body vLLM's request model refuses).
 
 How exactness is kept (the argument is in ``tokenizer_cache.seams``): tokens are reused only up to a
 word start well before the end of the shared text, the query is re-tokenized from an earlier word
@@ -64,12 +75,13 @@ otherwise the text is tokenized in full.
 from __future__ import annotations
 
 from .cached import CachedTokenizer, Encoded
-from .chat import UnsupportedContentError
-from .config import CacheConfig, CacheStats
+from .chat import RenderedChat, UnsupportedContentError
+from .config import CacheConfig, CacheStats, RenderOptions
 from .errors import (
     ChatTemplateError,
     InvalidPromptError,
     NoChatTemplateError,
+    RequestValidationError,
     TokenizerCacheError,
     TokenizerLoadError,
 )
@@ -84,6 +96,9 @@ __all__ = [
     "Encoded",
     "InvalidPromptError",
     "NoChatTemplateError",
+    "RenderOptions",
+    "RenderedChat",
+    "RequestValidationError",
     "TokenizerCacheError",
     "TokenizerLoadError",
     "TokenizerRegistry",

@@ -24,6 +24,7 @@ alongside the loop's other work.
 from __future__ import annotations
 
 import asyncio
+import copy
 import functools
 import threading
 from array import array
@@ -33,9 +34,10 @@ from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
-from .chat import ChatRenderer, ContentFormat
-from .config import CacheConfig, CacheStats
-from .errors import InvalidPromptError
+from .chat import ChatRenderer, ContentFormat, RenderedChat, request_body
+from .chat_request import TokenizeSpec
+from .config import CacheConfig, CacheStats, RenderOptions
+from .errors import InvalidPromptError, RequestValidationError
 from .loading import HFTokenizer, load_chat_template, load_hf_tokenizer, raw_backend, special_wrap
 from .prefix_index import (
     Entry,
@@ -48,6 +50,7 @@ from .prefix_index import (
     ids_array,
     spliced,
 )
+from .prompt_limits import check_ids_length, limit_text, plan_completion, token_limit, truncate_ids
 from .seams import (
     AddedTokenMargin,
     Splice,
@@ -61,6 +64,8 @@ from .seams import (
 __all__ = ["CachedTokenizer", "Encoded"]
 
 Prompt = str | Sequence[int]
+# vLLM loads the tokenizers of generative models with truncation_side="left" (tokenizers/registry.py).
+TRUNCATION_SIDE = "left"
 _T = TypeVar("_T")
 # What a tokenizers.Encoding holds per token (ids, type ids, token strings, offsets, word ids, masks),
 # counted while an entry keeps one for its lazy seams.  Measured with the deepseek tokenizer, process
@@ -113,8 +118,9 @@ class CachedTokenizer:
         *,
         config: CacheConfig | None = None,
         chat_template: str | None = None,
-        content_format: ContentFormat = "auto",
+        content_format: ContentFormat | None = None,
         executor: Executor | None = None,
+        render_options: RenderOptions | None = None,
     ) -> None:
         self.config = cfg = (config or CacheConfig()).validate()
         self.hf_tokenizer = tok
@@ -131,7 +137,11 @@ class CachedTokenizer:
             tok,
             chat_template=load_chat_template(chat_template) if chat_template else None,
             content_format=content_format,
+            options=render_options,
         )
+        self.render_options = self._renderer.options
+        self._max_chars_per_token = 0
+        self._hf_left: HFTokenizer | None = None
         self.vocab_size = max(self._raw.get_vocab(with_added_tokens=True).values(), default=-1) + 1
         self._stats_lock = threading.Lock()
         self._n = _Counters()
@@ -149,8 +159,9 @@ class CachedTokenizer:
         allow_download: bool = False,
         chat_template: str | None = None,
         config: CacheConfig | None = None,
-        content_format: ContentFormat = "auto",
+        content_format: ContentFormat | None = None,
         executor: Executor | None = None,
+        render_options: RenderOptions | None = None,
     ) -> CachedTokenizer:
         """Load the tokenizer at ``path`` (a directory or a hub name in the local HF cache)."""
         cfg = config or CacheConfig()
@@ -163,7 +174,12 @@ class CachedTokenizer:
             cfg = CacheConfig(**{**{f: getattr(cfg, f) for f in cfg.__struct_fields__}, **overrides})
         tok = load_hf_tokenizer(path, allow_download=allow_download)
         return cls(
-            tok, config=cfg, chat_template=chat_template, content_format=content_format, executor=executor
+            tok,
+            config=cfg,
+            chat_template=chat_template,
+            content_format=content_format,
+            executor=executor,
+            render_options=render_options,
         )
 
     # -- public sync API ------------------------------------------------------------------------
@@ -237,7 +253,7 @@ class CachedTokenizer:
         add_special_tokens: bool = False,
     ) -> Encoded:
         """``encode_chat``, also saying how many leading tokens were reused from the cache."""
-        text = self.render_chat(
+        body = request_body(
             messages,
             tools,
             chat_template_kwargs,
@@ -245,8 +261,82 @@ class CachedTokenizer:
             continue_final_message=continue_final_message,
             chat_template=chat_template,
             documents=documents,
+            add_special_tokens=add_special_tokens,
         )
-        return self._encode_text(text, add_special_tokens)
+        return self.encode_chat_request(body)
+
+    # -- whole requests: what the gateway calls ---------------------------------------------------
+
+    def render_chat_request(self, body: Mapping[str, Any]) -> RenderedChat:
+        """The prompt text vLLM renders for a chat request body (ignores ``kv_transfer_params`` ids)."""
+        return self._renderer.render_plan(self._renderer.plan(body))
+
+    def encode_chat_request(self, body: Mapping[str, Any]) -> Encoded:
+        """The prompt tokens vLLM computes for a ``/v1/chat/completions`` body, as the client sent it.
+
+        Every field vLLM reads is honoured (``docs/parity.md``); what vLLM answers with a 400 raises
+        ``ChatTemplateError`` (``RequestValidationError`` for the request's shape), media content raises
+        ``UnsupportedContentError``, a missing template ``NoChatTemplateError``."""
+        plan = self._renderer.plan(body)
+        if plan.reuse_ids is not None:
+            return Encoded(self._reused(plan.reuse_ids, plan.tokenize), 0)
+        rendered = self._renderer.render_plan(plan)
+        if self._truncates_in_tokenizer(rendered, plan.tokenize):
+            return self._limited(Encoded(self._truncated(rendered, plan.tokenize), 0), plan.tokenize)
+        text = self._text_for(rendered, plan.tokenize)
+        return self._limited(
+            self._encode_text(text, self._adds_specials(rendered, plan.tokenize)), plan.tokenize
+        )
+
+    async def aencode_chat_request(self, body: Mapping[str, Any]) -> Encoded:
+        """``encode_chat_request`` from the event loop: short plain conversations are rendered here, others on
+        the executor; tokenization as in ``aencode_prompt``."""
+        plan = self._renderer.plan(body)
+        if plan.reuse_ids is not None:
+            return Encoded(self._reused(plan.reuse_ids, plan.tokenize), 0)
+        render = functools.partial(self._renderer.render_plan, plan)
+        rendered = await self._run(render, self._plain_chat(body))
+        spec = plan.tokenize
+        if self._truncates_in_tokenizer(rendered, spec):
+            ids = await self._run(functools.partial(self._truncated, rendered, spec), False)
+            return self._limited(Encoded(ids, 0), spec)
+        text = self._text_for(rendered, spec)
+        add = self._adds_specials(rendered, spec)
+        if add and self._wrap is None:
+            enc = await self._run(
+                functools.partial(self._encode_text, text, add), len(text) <= self.config.inline_chars
+            )
+        else:
+            enc = await self._adrive(self._text_steps(text, add))
+        return self._limited(enc, spec)
+
+    def encode_completion_request(self, body: Mapping[str, Any]) -> list[Encoded]:
+        """The prompt tokens vLLM computes for each prompt of a ``/v1/completions`` body (in order).
+
+        Raises ``InvalidPromptError`` for what vLLM answers with a 400 (out-of-vocabulary ids too: vLLM's
+        engine refuses them), ``UnsupportedContentError`` for ``prompt_embeds``."""
+        plan = plan_completion(body, self.render_options)
+        try:
+            return [self._completion_prompt(p, plan.tokenize) for p in plan.prompts]
+        except RequestValidationError as e:
+            raise InvalidPromptError(str(e)) from None
+
+    async def aencode_completion_request(self, body: Mapping[str, Any]) -> list[Encoded]:
+        """``encode_completion_request`` from the event loop (see ``aencode_prompt``)."""
+        plan = plan_completion(body, self.render_options)
+        spec = plan.tokenize
+        out = []
+        try:
+            for p in plan.prompts:
+                if isinstance(p, str) and not self._truncates_in_tokenizer(RenderedChat(p), spec):
+                    text = self._text_for(RenderedChat(p), spec)
+                    enc = await self.aencode_prompt_ex(text, add_special_tokens=spec.add_special_tokens)
+                    out.append(self._limited(enc, spec))
+                else:
+                    out.append(await self._run(functools.partial(self._completion_prompt, p, spec), False))
+        except RequestValidationError as e:
+            raise InvalidPromptError(str(e)) from None
+        return out
 
     def encode_uncached(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """Reference tokenization through transformers, bypassing the cache (tests, benchmarks)."""
@@ -319,10 +409,7 @@ class CachedTokenizer:
     async def aencode_chat_ex(
         self, messages: Sequence[Mapping[str, Any]], *args: Any, **kwargs: Any
     ) -> Encoded:
-        add_special_tokens = kwargs.pop("add_special_tokens", False)
-        render = functools.partial(self.render_chat, messages, *args, **kwargs)
-        text = await self._run(render, self._plain_chat(messages, args, kwargs))
-        return await self.aencode_prompt_ex(text, add_special_tokens=add_special_tokens)
+        return await self.aencode_chat_request(request_body(messages, *args, **kwargs))
 
     async def _run(self, call: Callable[[], _T], inline: bool) -> _T:
         if inline:
@@ -330,15 +417,95 @@ class CachedTokenizer:
         return await asyncio.get_running_loop().run_in_executor(self._pool(), call)
 
     @staticmethod
-    def _plain_chat(messages: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    def _plain_chat(body: Mapping[str, Any]) -> bool:
         """Plain-text messages with no tools or documents: rendering them is string concatenation in the
         template, microseconds even for a long conversation.  Tools and documents (JSON schemas rendered
         by the template) can take milliseconds: those are rendered on the executor."""
-        if args or kwargs.get("tools") or kwargs.get("documents") or not isinstance(messages, list):
+        messages = body.get("messages")
+        if body.get("tools") or body.get("documents") or not isinstance(messages, list):
             return False
         return all(
             isinstance(m, Mapping) and isinstance(m.get("content"), (str, type(None))) for m in messages
         )
+
+    # -- prompt limits (``prompt_limits``) --------------------------------------------------------
+
+    @property
+    def max_chars_per_token(self) -> int:
+        """The longest vocabulary entry, in characters (vLLM's bound on a prompt's characters per token)."""
+        if not self._max_chars_per_token:
+            self._max_chars_per_token = max(map(len, self.hf_tokenizer.get_vocab()), default=1)
+        return self._max_chars_per_token
+
+    @staticmethod
+    def _adds_specials(rendered: RenderedChat, spec: TokenizeSpec) -> bool:
+        return spec.add_special_tokens and not rendered.pre_tokenized
+
+    def _truncates_in_tokenizer(self, rendered: RenderedChat, spec: TokenizeSpec) -> bool:
+        """vLLM lets the tokenizer truncate (specials kept) when only ``truncate_prompt_tokens`` is set."""
+        return (
+            not rendered.pre_tokenized
+            and spec.truncation_side is None
+            and token_limit(spec, self.render_options) is not None
+        )
+
+    def _text_for(self, rendered: RenderedChat, spec: TokenizeSpec) -> str:
+        if rendered.pre_tokenized:
+            return rendered.text
+        return limit_text(rendered.text, spec, self.render_options, self.max_chars_per_token)
+
+    def _truncated(self, rendered: RenderedChat, spec: TokenizeSpec) -> list[int]:
+        """The tokenizer's own truncation to N tokens: specials kept, content cut on vLLM's side (left)."""
+        text = self._text_for(rendered, spec)
+        n = token_limit(spec, self.render_options)
+        assert n is not None
+        add = self._adds_specials(rendered, spec)
+        wrap = self._wrap if add else None
+        if add and wrap is None:
+            with self._executor_lock:  # a private copy: truncation settings live on the Rust object
+                if self._hf_left is None:
+                    self._hf_left = copy.deepcopy(self.hf_tokenizer)
+                    self._hf_left.truncation_side = TRUNCATION_SIDE
+                try:
+                    return list(
+                        self._hf_left(text, truncation=True, max_length=n, add_special_tokens=True)[
+                            "input_ids"
+                        ]
+                    )
+                except Exception as e:  # a max_length below the special tokens
+                    raise RequestValidationError(f"cannot truncate the prompt to {n} tokens: {e}") from e
+        content = self._encode_text(text, False).tokens
+        keep = n - (len(wrap.prefix) + len(wrap.suffix) if wrap is not None else 0)
+        if keep < 0:
+            raise RequestValidationError(
+                f"cannot truncate the prompt to {n} tokens: its special tokens are more"
+            )
+        content = content[-keep:] if keep else []
+        return wrap.apply(content) if wrap is not None else content
+
+    def _limited(self, enc: Encoded, spec: TokenizeSpec) -> Encoded:
+        ids = truncate_ids(enc.tokens, spec, self.render_options, TRUNCATION_SIDE)
+        if ids is not enc.tokens:
+            head = enc.reused_tokens if enc.tokens[: len(ids)] == ids else 0
+            enc = Encoded(ids, min(head, len(ids)))
+        check_ids_length(enc.tokens, self.render_options)
+        return enc
+
+    def _reused(self, ids: list[int], spec: TokenizeSpec) -> list[int]:
+        limit = self.render_options.max_model_len
+        if limit is not None and spec.truncate_prompt_tokens is None and len(ids) > limit:
+            raise RequestValidationError(
+                f"Input length ({len(ids)}) exceeds model's maximum context length ({limit})."
+            )
+        return ids
+
+    def _completion_prompt(self, prompt: str | list[int], spec: TokenizeSpec) -> Encoded:
+        if not isinstance(prompt, str):
+            return self._limited(Encoded(self._check_ids(prompt), 0), spec)
+        rendered = RenderedChat(prompt)
+        if self._truncates_in_tokenizer(rendered, spec):
+            return self._limited(Encoded(self._truncated(rendered, spec), 0), spec)
+        return self._limited(self._encode_text(self._text_for(rendered, spec), spec.add_special_tokens), spec)
 
     def close(self) -> None:
         """Shut down the executor if this object created it."""

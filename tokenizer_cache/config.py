@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+from typing import Any, Literal
 
 import msgspec
 
 from .errors import TokenizerLoadError
 
-__all__ = ["CacheConfig", "CacheStats"]
+__all__ = ["CacheConfig", "CacheStats", "RenderOptions"]
 
 
 def _default_workers() -> int:
@@ -74,6 +75,82 @@ class CacheConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise TokenizerLoadError("inline_chars must be >= 0")
         if self.executor_workers < 1:
             raise TokenizerLoadError("executor_workers must be >= 1")
+        return self
+
+
+class RenderOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """The vLLM server flags that change how a chat request is rendered, as the fleet runs them.
+
+    The router cannot see the flags, so the ones that make vLLM *refuse* a request default to "unknown"
+    (None): the request is then rendered as if vLLM accepted it.  Refusing what vLLM accepts would turn
+    working requests into errors; rendering what vLLM refuses only routes a request that fails anyway."""
+
+    chat_template_content_format: Literal["auto", "string", "openai"] = "auto"
+    """``--chat-template-content-format``: how message content reaches the template ("auto": detected from
+    the template, as vLLM does)."""
+
+    default_chat_template_kwargs: dict[str, Any] | None = None
+    """``--default-chat-template-kwargs``: template arguments under the request's own."""
+
+    exclude_tools_when_tool_choice_none: bool = False
+    """``--exclude-tools-when-tool-choice-none``: a request with ``tool_choice: "none"`` renders no tools."""
+
+    reasoning_effort_map: dict[str, str] | None = None
+    """``--reasoning-effort-map``: ``reasoning_effort`` values renamed before they reach the template."""
+
+    trust_request_chat_template: bool | None = None
+    """``--trust-request-chat-template``.  False: a request carrying a chat template is refused, as vLLM
+    does by default.  None (unknown): such requests are rendered with their template."""
+
+    tool_parser: bool | None = None
+    """Whether vLLM runs with ``--enable-auto-tool-choice --tool-call-parser``.  False: a ``tool_choice``
+    other than "none" (the default once ``tools`` are given is "auto") is refused, as vLLM without a
+    parser does.  None (unknown): accepted."""
+
+    trust_request_mm_kwargs: bool | None = None
+    """``--trust-request-mm-kwargs``.  False: requests with ``mm_processor_kwargs``/``media_io_kwargs`` are
+    refused.  None (unknown): accepted."""
+
+    max_model_len: int | None = None
+    """The model's context length (``--max-model-len`` or its config).  Set: prompts longer than this are
+    refused, ``truncate_prompt_tokens: -1`` keeps ``max_model_len - 1`` tokens, and ``max_tokens`` above it
+    is refused.  None: no length checks (and ``-1`` truncates nothing)."""
+
+    @classmethod
+    def from_vllm_args(cls, args: list[str], *, max_model_len: int | None = None) -> RenderOptions:
+        """The options of a vLLM server started with these command-line arguments (the flags above; others
+        are ignored).  Flags that are absent mean vLLM's defaults, not "unknown"."""
+
+        def value(flag: str) -> str | None:
+            for i, a in enumerate(args):
+                if a == flag and i + 1 < len(args):
+                    return args[i + 1]
+                if a.startswith(flag + "="):
+                    return a.split("=", 1)[1]
+            return None
+
+        def json_value(flag: str) -> Any:
+            raw = value(flag)
+            return None if raw is None else msgspec.json.decode(raw)
+
+        fmt = value("--chat-template-content-format") or "auto"
+        if fmt not in ("auto", "string", "openai"):
+            raise TokenizerLoadError(f"--chat-template-content-format {fmt!r} is not auto, string or openai")
+        length = value("--max-model-len")
+        return cls(
+            chat_template_content_format=fmt,  # type: ignore[arg-type]
+            default_chat_template_kwargs=json_value("--default-chat-template-kwargs"),
+            exclude_tools_when_tool_choice_none="--exclude-tools-when-tool-choice-none" in args,
+            reasoning_effort_map=json_value("--reasoning-effort-map"),
+            trust_request_chat_template="--trust-request-chat-template" in args,
+            tool_parser=value("--tool-call-parser") is not None,
+            trust_request_mm_kwargs="--trust-request-mm-kwargs" in args,
+            max_model_len=int(length) if length is not None else max_model_len,
+        ).validate()
+
+    def validate(self) -> RenderOptions:
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise TokenizerLoadError("max_model_len must be >= 1")
         return self
 
 

@@ -9,7 +9,9 @@
     └── ChatTemplateError          a chat request cannot be rendered: no chat template, the template
         │                          raised, a message has the wrong shape, or the request's template
         │                          arguments are contradictory
-        └── NoChatTemplateError    no chat template anywhere (configuration, not the request's fault)
+        ├── NoChatTemplateError    no chat template anywhere (configuration, not the request's fault)
+        └── RequestValidationError the request body is one vLLM's request model refuses (a field of the
+                                   wrong type, a message no message type accepts, contradictory flags)
 
 ``InvalidPromptError`` and ``ChatTemplateError`` describe a bad *request*: the HTTP layers answer them with
 a 400 and the message text.  ``TokenizerLoadError`` is a configuration problem (a 500 or a startup failure).
@@ -21,6 +23,7 @@ __all__ = [
     "ChatTemplateError",
     "InvalidPromptError",
     "NoChatTemplateError",
+    "RequestValidationError",
     "TokenizerCacheError",
     "TokenizerLoadError",
 ]
@@ -45,3 +48,7 @@ class ChatTemplateError(TokenizerCacheError):
 class NoChatTemplateError(ChatTemplateError):
     """Neither the tokenizer, the configuration nor the request has a chat template.  vLLM may still have
     one (``--chat-template``), so a router can route such a request without token ids instead of refusing."""
+
+
+class RequestValidationError(ChatTemplateError):
+    """The request body is one vLLM refuses before rendering it (its request model or validators: 400)."""

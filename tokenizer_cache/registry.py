@@ -22,7 +22,7 @@ from concurrent.futures import Executor
 from typing import Any
 
 from .cached import CachedTokenizer
-from .config import CacheConfig
+from .config import CacheConfig, RenderOptions
 from .errors import TokenizerLoadError
 
 __all__ = ["TokenizerRegistry"]
@@ -41,8 +41,10 @@ class TokenizerRegistry:
         config: CacheConfig | None = None,
         allow_download: bool = False,
         executor: Executor | None = None,
+        render_options: RenderOptions | None = None,
     ) -> None:
         self.default = default
+        self.render_options = render_options
         self.per_model = dict(per_model or {})
         self.chat_template = chat_template
         self.per_model_chat_template = dict(per_model_chat_template or {})
@@ -105,6 +107,7 @@ class TokenizerRegistry:
                     chat_template=key[1],
                     config=self.config,
                     executor=self._executor,
+                    render_options=self.render_options,
                 )
                 with self._lock:
                     self._loaded[key] = tok

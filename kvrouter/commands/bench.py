@@ -1,5 +1,5 @@
-"""``kvrouter bench [indexer|tokenizer|routing|gateway|redis|replicas|all] [its options]``: benchmarks, one
-JSON document out.
+"""``kvrouter bench [indexer|tokenizer|routing|gateway|redis|replicas|epp|parity|all] [its options]``:
+one JSON document out.
 
 Each benchmark is a module of ``kvrouter.bench`` with ``add_args(parser)`` and ``main(args) -> dict``;
 peers (Dynamo's RadixTree, sglang-router) are measured in the same run when ``shared/peerbench`` and its
@@ -22,6 +22,8 @@ BENCHES = {
     "gateway": "kvrouter.bench.gateway_bench",
     "redis": "kvrouter.bench.redis_bench",
     "replicas": "kvrouter.bench.replicas_bench",
+    "epp": "kvrouter.bench.epp_bench",
+    "parity": "kvrouter.bench.parity_bench",
 }
 ALL = ("indexer", "tokenizer", "routing", "gateway")
 
@@ -59,8 +61,7 @@ def run(a: argparse.Namespace) -> int:
     names = ALL if a.which == "all" else (a.which,)
     options = list(getattr(a, "options", None) or [])
     if options and a.which == "all":
-        print("benchmark options need one benchmark named, not all", file=sys.stderr)
-        return 2
+        raise SystemExit("options are for one benchmark: kvrouter bench indexer --instances ...")
     out = {name: _run(name, options) for name in names}
     text = json.dumps(out, indent=1, default=str)
     print(text)

@@ -1,8 +1,8 @@
 """The request path, written once: parse, tokenize, hash, look up, decide within limits, record the
 dispatch; release the load and read the reported cached tokens when the answer is known.
 
-Front doors are thin shells around ``RequestPipeline``: ``gateway`` (the aiohttp proxy) today, an
-endpoint picker tomorrow.  No routing step is written twice.
+Front doors are thin shells around ``RequestPipeline``: ``gateway`` (the aiohttp proxy) and ``epp`` (the
+Endpoint Picker behind Envoy).  No routing step is written twice.
 
 ::
 

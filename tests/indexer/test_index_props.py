@@ -89,10 +89,15 @@ def test_speculative_entries_against_a_reference(
             ix.expire(now)
             ref = {k: e for k, e in ref.items() if e > now}
         for s in SOURCES:
+            held = {c for (rs, c) in ref if rs == s}
+            # through the public lookup too: every held chain matches this source (speculative, one block)
+            for c in sorted(held)[:3]:
+                found = {(m.source, m.blocks, m.speculative) for m in ix.match(np.array([c], dtype=np.int64))}
+                assert (s, 1, 1) in found, (s, c, found)
             if s not in ix._slots:
+                assert held == set(), f"{s} holds entries but has no slot"
                 continue
             slot = ix._slots[s]
-            held = {c for (rs, c) in ref if rs == s}
             exp = ix._spec_expiry.get(slot)
             got = {c for c in (exp if exp is not None else []) if exp[c] > now}
             assert got == held, (s, sorted(got ^ held))

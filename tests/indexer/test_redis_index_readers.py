@@ -38,16 +38,23 @@ async def test_a_stateless_router_routes_on_what_a_standalone_indexer_ingested(
         inp = RouteInput(RequestId("r1"), len(toks) + 1, reader.chain_hashes([*toks, 0]))
         before = router.route(inp, TARGETS, time.monotonic())
         assert before.chosen is not None and before.chosen.cached_tokens == 0  # cold: matches earn nothing
-        pub = TrustMirror(writer, writer.index, writer=True, interval_s=0.1, ttl_s=0.3)  # type: ignore[arg-type]
-        sub = TrustMirror(reader, reader.index, writer=False, interval_s=0.1, ttl_s=0.3)  # type: ignore[arg-type]
+        # a TTL a busy machine cannot outrun between the writer's publish and the reader's read
+        ttl = 2.0
+        pub = TrustMirror(writer, writer.index, writer=True, interval_s=0.1, ttl_s=ttl)  # type: ignore[arg-type]
+        sub = TrustMirror(reader, reader.index, writer=False, interval_s=0.1, ttl_s=ttl)  # type: ignore[arg-type]
+        published = time.monotonic()
         assert await pub.once() and await sub.once()
         assert reader.trust(SourceKey("v1", 0)) is Trust.EXACT
         d = router.route(inp, TARGETS, time.monotonic())
         assert d.chosen is not None and d.chosen.target == "v1" and d.reason == "cache"
         assert d.chosen.cached_tokens == 32
-        await asyncio.sleep(0.4)  # the indexer stopped publishing: its index is no longer trusted
-        assert await sub.once()
-        assert reader.trust(SourceKey("v1", 0)) is Trust.COLD
+        # the indexer stopped publishing: once its TTL has run out, its index is no longer trusted
+        deadline = time.monotonic() + ttl + 10.0
+        while reader.trust(SourceKey("v1", 0)) is not Trust.COLD:
+            assert time.monotonic() < deadline, "trust never lapsed"
+            await asyncio.sleep(0.05)
+            assert await sub.once()
+        assert time.monotonic() - published >= ttl  # not before: measured from before the publish
         assert router.route(inp, TARGETS, time.monotonic()).chosen.cached_tokens == 0  # type: ignore[union-attr]
     finally:
         wc.close()

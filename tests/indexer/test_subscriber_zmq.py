@@ -245,7 +245,7 @@ async def test_bind_mode_allow_list_and_cap_refuse_stray_publishers(mode: str) -
         await sub.stop()
 
 
-async def test_gap_older_than_the_replay_buffer_degrades_within_a_second() -> None:
+async def test_gap_older_than_the_replay_buffer_degrades_on_the_replays_answer() -> None:
     port, rport = free_port(), free_port()
     pub = EventPublisher(
         PublisherConfig(
@@ -266,10 +266,10 @@ async def test_gap_older_than_the_replay_buffer_degrades_within_a_second() -> No
         for k in range(1, 6):
             pub.publish([seq_event(k)[0]])
         pub.set_drop_rate(0.0)
-        t0 = time.monotonic()
         pub.publish([seq_event(6)[0]])
-        await until(lambda: ix.trust(SourceKey("v0", 0)) is Trust.DEGRADED, timeout=1.0)
-        assert time.monotonic() - t0 < 1.0
+        await until(lambda: ix.trust(SourceKey("v0", 0)) is Trust.DEGRADED, timeout=15.0)
+        # degraded on the replay's own answer (it ended, short of the gap), not after a replay timeout
+        assert sub.counters["replay_timeouts"] == 0 and sub.counters["replayed_batches"] >= 1
         pub.publish([AllBlocksCleared()])  # the engine clears: exact again
         await until(lambda: ix.trust(SourceKey("v0", 0)) is Trust.EXACT)
     finally:

@@ -16,6 +16,11 @@ sends every matching change after RV, then live ones; a DELETED event carries th
 the deletion's RV; a LIST page set is a snapshot (later pages of a continue token show the state of the
 first); timeoutSeconds ends a watch cleanly.  Watches with RV ``""``/``"0"`` start with synthetic ADDED
 events.  Only equality label selectors are understood.  ``requests`` records every call for assertions.
+
+The bytes follow real API servers' (tests/kvrouter/membership/fixtures/apiserver_responses.json, held to
+them by test_apiserver_fixtures.py): continue tokens as the API server encodes them (unpadded base64url
+of {"v", "rv", "start"}) with ``remainingItemCount``; a BOOKMARK's object is the EndpointSlice zero value
+with only the version set; Status objects carry ``metadata``; 410 messages are the API server's.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import asyncio
 import base64
 import contextlib
 import copy
+import json
 from typing import Any, Literal
 
 import msgspec
@@ -84,9 +90,31 @@ def make_slice(
     }
 
 
-def _status(code: int, reason: str, message: str) -> Obj:
-    return {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code, "reason": reason,
-            "message": message}  # fmt: skip
+def _status(code: int, reason: str, message: str, metadata: Obj | None = None) -> Obj:
+    return {"kind": "Status", "apiVersion": "v1", "metadata": metadata or {}, "status": "Failure",
+            "message": message, "reason": reason, "code": code}  # fmt: skip
+
+
+INCONSISTENT_CONTINUE = (
+    "The provided continue parameter is too old to display a consistent list result. You can start a new "
+    "list without the continue parameter, or use the continue token in this response to retrieve the "
+    "remainder of the results. Continuing with the provided token results in an inconsistent list - objects "
+    "that were created, modified, or deleted between the time the first chunk was returned and now may show "
+    "up in the list."
+)
+"""The API server's message for an expired continue token (its etcd3 store's ``inconsistentContinue``)."""
+
+
+def encode_continue(rv: int, start: str) -> str:
+    """A continue token as the API server makes one: unpadded base64url of compact JSON, keys in this order;
+    ``start`` is the key to resume from (the last name returned, then a NUL)."""
+    raw = json.dumps({"v": "meta.k8s.io/v1", "rv": rv, "start": start}, separators=(",", ":"))
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def decode_continue(token: str) -> tuple[int, str]:
+    data = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+    return int(data["rv"]), str(data["start"])
 
 
 def _matches(obj: Obj, namespace: str, selector: str) -> bool:
@@ -165,8 +193,10 @@ class FakeApiServer:
         self._snapshots = {k: v for k, v in self._snapshots.items() if k >= self.compacted}
 
     def bookmark(self) -> None:
-        ev = {"type": "BOOKMARK", "object": {"kind": "EndpointSlice", "apiVersion": "discovery.k8s.io/v1",
-                                             "metadata": {"resourceVersion": str(self.rv)}}}  # fmt: skip
+        obj = {"kind": "EndpointSlice", "apiVersion": "discovery.k8s.io/v1",
+               "metadata": {"resourceVersion": str(self.rv), "creationTimestamp": None},
+               "addressType": "", "endpoints": None, "ports": None}  # fmt: skip
+        ev = {"type": "BOOKMARK", "object": obj}
         for _, _, bookmarks, q in self._watches:
             if bookmarks:
                 q.put_nowait(ev)
@@ -178,7 +208,8 @@ class FakeApiServer:
     def expire_watches(self) -> None:
         """Tell every open watch its RV is too old (ERROR 410), as after a compaction the cache misses."""
         for *_, q in self._watches:
-            q.put_nowait({"type": "ERROR", "object": _status(410, "Expired", "too old resource version")})
+            msg = f"too old resource version: {self.compacted - 1} ({self.rv})"
+            q.put_nowait({"type": "ERROR", "object": _status(410, "Expired", msg)})
 
     @property
     def open_watches(self) -> int:
@@ -208,12 +239,13 @@ class FakeApiServer:
         limit = int(params.get("limit", "0") or 0)
         token = params.get("continue")
         if token:
-            snap_rv, start = msgspec.json.decode(base64.urlsafe_b64decode(token))
+            snap_rv, after = decode_continue(token)
             items = self._snapshots.get(snap_rv)
             if items is None:
                 self.requests.append(Request("list", str(snap_rv), params, 410))
-                msg = "The provided continue parameter is too old to display a consistent list result."
-                return web.json_response(_status(410, "Expired", msg), status=410)
+                again = {"continue": encode_continue(-1, after)}
+                return web.json_response(_status(410, "Expired", INCONSISTENT_CONTINUE, again), status=410)
+            start = next((i for i, o in enumerate(items) if o["metadata"]["name"] >= after), len(items))
         else:
             snap_rv, start = self.rv, 0
             keys = sorted(k for k, o in self.objects.items() if _matches(o, ns, sel))
@@ -223,7 +255,8 @@ class FakeApiServer:
         end = start + limit if limit else len(items)
         meta: Obj = {"resourceVersion": str(snap_rv)}
         if end < len(items):
-            meta["continue"] = base64.urlsafe_b64encode(_encode([snap_rv, end])).decode()
+            meta["continue"] = encode_continue(snap_rv, items[end - 1]["metadata"]["name"] + "\x00")
+            meta["remainingItemCount"] = len(items) - end
         self.requests.append(Request("list", str(snap_rv), params, 200))
         body = {"kind": "EndpointSliceList", "apiVersion": "discovery.k8s.io/v1", "metadata": meta,
                 "items": items[start:end]}  # fmt: skip
@@ -236,13 +269,15 @@ class FakeApiServer:
         rv = int(rv_s) if rv_s not in ("", "0") else None
         if rv is not None and rv < self.compacted and self.gone_as == "status":
             self.requests.append(Request("watch", rv_s, params, 410))
-            return web.json_response(_status(410, "Gone", f"too old resource version: {rv}"), status=410)
+            msg = f"too old resource version: {rv} ({self.compacted})"
+            return web.json_response(_status(410, "Gone", msg), status=410)
         self.requests.append(Request("watch", rv_s, params, 200))
         resp = web.StreamResponse(headers={"Content-Type": "application/json"})
         resp.enable_chunked_encoding()
         await resp.prepare(request)
         if rv is not None and rv < self.compacted:
-            ev = {"type": "ERROR", "object": _status(410, "Expired", f"too old resource version: {rv}")}
+            msg = f"too old resource version: {rv} ({self.compacted})"
+            ev = {"type": "ERROR", "object": _status(410, "Expired", msg)}
             await resp.write(_encode(ev) + b"\n")
             await resp.write_eof()
             return resp

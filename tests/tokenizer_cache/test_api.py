@@ -195,19 +195,19 @@ async def test_async_variants_keep_long_encodes_off_the_loop(dirs: dict[str, str
     )
     loop_thread = threading.get_ident()
     calls: list[tuple[int, bool]] = []  # (characters encoded, on the loop's thread)
-    encode, render = ct._encode, ct.render_chat
+    encode, render = ct._encode, ct._renderer.render_plan
     rendered_on_loop: list[bool] = []
 
     def spy_encode(text: str) -> object:
         calls.append((len(text), threading.get_ident() == loop_thread))
         return encode(text)
 
-    def spy_render(*args: Any, **kwargs: Any) -> str:
+    def spy_render(*args: Any, **kwargs: Any) -> Any:
         rendered_on_loop.append(threading.get_ident() == loop_thread)
         return render(*args, **kwargs)
 
     ct._encode = spy_encode  # type: ignore[method-assign]
-    ct.render_chat = spy_render  # type: ignore[method-assign]
+    ct._renderer.render_plan = spy_render  # type: ignore[method-assign]
     text = corpus_text(random.Random(4), 80)
     first = await ct.aencode_prompt(text)  # a miss: the whole text, on the executor
     results = await asyncio.gather(*(ct.aencode_prompt(text + str(i)) for i in range(8)))

@@ -21,7 +21,9 @@ from tokenizer_cache import (
     UnsupportedContentError,
     default_tokenizer_path,
 )
-from tokenizer_cache.chat import detect_content_format, normalize_messages, normalize_tools
+from tokenizer_cache.messages import conversation, postprocess
+from tokenizer_cache.request_schema import validate_messages
+from tokenizer_cache.template import detect_content_format
 
 TIGHT = CacheConfig(chunk_chars=32, margin_chars=8, overlap_chars=4, seam_stride_tokens=2)
 PARTS_TEMPLATE = (
@@ -72,11 +74,12 @@ def test_continue_final_message_and_kwargs(chat_tok: CachedTokenizer) -> None:
         chat_tok.render_chat(msgs, continue_final_message=True)
     thinking_off = chat_tok.render_chat(msgs[:1], chat_template_kwargs={"enable_thinking": False})
     assert thinking_off.endswith("<think></think>")
-    # request kwargs override the top-level fields, as in vLLM's merge; unknown keys are dropped
+    # the request's own fields override its kwargs, as in vLLM's merge; unknown keys are dropped
     text = chat_tok.render_chat(msgs[:1], chat_template_kwargs={"add_generation_prompt": False, "junk": 1})
-    assert not text.endswith("assistant\n")
-    with pytest.raises(ChatTemplateError, match="tokenize"):
-        chat_tok.render_chat(msgs, chat_template_kwargs={"tokenize": True})
+    assert text.endswith("assistant\n")
+    # tokenize=True in the kwargs: the template's text is the prompt, without added special tokens
+    body = {"messages": msgs[:1], "chat_template_kwargs": {"tokenize": True}, "add_special_tokens": True}
+    assert chat_tok.encode_chat_request(body).tokens == chat_tok.encode_chat(msgs[:1])
 
 
 def test_vllm_message_normalization() -> None:
@@ -92,24 +95,20 @@ def test_vllm_message_normalization() -> None:
         },
         {"role": "tool", "content": "42", "tool_call_id": "c1", "name": "f"},
     ]
-    out = normalize_messages(msgs, "string")
+
+    def normalize(messages: list[dict[str, Any]], fmt: Any) -> list[dict[str, Any]]:
+        conv = [conversation(m, fmt, n) for n, m in enumerate(validate_messages(messages))]
+        postprocess(conv)
+        return conv
+
+    out = normalize(msgs, "string")
     assert out[0] == {"role": "user", "content": "a\nb"}
     assert out[1]["content"] == "" and out[1]["reasoning"] == "hmm" == out[1]["reasoning_content"]
     assert out[1]["tool_calls"][0]["function"]["arguments"] == {"k": 2}
     assert msgs[1]["tool_calls"][0]["function"]["arguments"] == '{"k": 2}', "input must not be mutated"
     assert out[2] == {"role": "tool", "content": "42", "tool_call_id": "c1", "name": "f"}
-    assert normalize_messages([{"role": "user", "content": "hi"}], "openai") == [
+    assert normalize([{"role": "user", "content": "hi"}], "openai") == [
         {"role": "user", "content": [{"type": "text", "text": "hi"}]}
-    ]
-    assert normalize_tools(TOOLS) == [
-        {
-            "type": "function",
-            "function": {
-                "name": "get_weather",
-                "description": None,
-                "parameters": TOOLS[0]["function"]["parameters"],
-            },
-        }
     ]
 
 
@@ -146,10 +145,7 @@ def test_tools_and_tool_calls_render_like_vllm(chat_tok: CachedTokenizer) -> Non
     ]
     text = chat_tok.render_chat(msgs, tools=TOOLS)
     assert '"description": null' in text and '<tool_call>get_weather {"city": "Paris"}</tool_call>' in text
-    conv = normalize_messages(msgs, "string")
-    assert chat_tok.encode_chat(msgs, tools=TOOLS) == _reference(
-        chat_tok, conv, tools=normalize_tools(TOOLS), add_generation_prompt=True
-    )
+    assert chat_tok.encode_chat(msgs, tools=TOOLS) == chat_tok.encode_uncached(text, add_special_tokens=False)
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -22,16 +21,9 @@ from kvrouter.membership.model import MembershipDiff, by_name
 from tests.support.fake_apiserver import FakeApiServer, make_slice
 from tests.support.membership import FakeMembership
 from tests.support.net import free_port
+from tests.support.wait import until
 
 SVC = "vllm"
-
-
-async def until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.01)
 
 
 @dataclass
@@ -87,7 +79,7 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
 
 
 async def test_initial_list_gives_the_ready_pods(rig: Rig) -> None:
-    await asyncio.wait_for(rig.disc.synced.wait(), 3.0)
+    await asyncio.wait_for(rig.disc.synced.wait(), 15.0)
     assert rig.seen == [
         [
             InstanceConfig("p0", "http://10.0.0.1:8000", "tcp://10.0.0.1:5557", "tcp://10.0.0.1:5558"),
@@ -206,7 +198,7 @@ async def test_server_side_watch_timeout_rewatches_without_relist(tmp_path: Path
 
 async def test_paged_list_and_an_expired_continue_token(tmp_path: Path) -> None:
     async with make_rig(tmp_path, page_size=1) as rig:
-        await asyncio.wait_for(rig.disc.synced.wait(), 3.0)
+        await asyncio.wait_for(rig.disc.synced.wait(), 15.0)
         assert rig.names() == ["p0", "p2"]
         pages = [r for r in rig.api.requests if r.kind == "list"]
         assert len(pages) == 2 and "continue" in pages[1].params  # two slices of this Service, one a page
@@ -226,7 +218,7 @@ async def test_paged_list_and_an_expired_continue_token(tmp_path: Path) -> None:
         rig.disc.client.get = get_then_compact  # type: ignore[method-assign]
         await rig.disc.stop()
         rig.disc.start()
-        await asyncio.wait_for(rig.disc.synced.wait(), 3.0)
+        await asyncio.wait_for(rig.disc.synced.wait(), 15.0)
         assert rig.disc.counters["gone"] == 1 and rig.names() == ["p2", "p9"]
 
 
@@ -237,7 +229,7 @@ async def test_a_rejected_token_is_retried_and_the_file_reread(tmp_path: Path) -
         await until(lambda: rig.disc.counters["errors_http_401"] >= 2)
         assert rig.seen == [] and not rig.disc.synced.is_set()
         tok.write_text("s3cret\n")  # kubelet rotated the projected token
-        await asyncio.wait_for(rig.disc.synced.wait(), 3.0)
+        await asyncio.wait_for(rig.disc.synced.wait(), 15.0)
         assert rig.names() == ["p0", "p2"]
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -14,6 +13,7 @@ from indexer.config import InstanceConfig
 from kvrouter.config import RouterFleetConfig, load_router_fleet
 from kvrouter.membership import FleetFileWatcher, Reconciler
 from tests.support.membership import FakeMembership
+from tests.support.wait import until
 
 
 def write(path: Path, instances: list[dict[str, object]], **extra: object) -> None:
@@ -50,12 +50,12 @@ async def test_adds_and_removes_are_applied_while_running(tmp_path: Path) -> Non
     w.start()
     try:
         write(path, [entry("b"), entry("c")])
-        await asyncio.wait_for(_until(lambda: sorted(r.applied) == ["b", "c"] and not r.busy()), 3.0)
+        await asyncio.wait_for(until(lambda: sorted(r.applied) == ["b", "c"] and not r.busy()), 3.0)
         assert ("add", "c") in m.calls and ("remove", "a") in m.calls and ("drain", "a") in m.calls
         write(path, [entry("b", port=9000), entry("c")])
         # b is changed by a removal then an addition: absent from ``applied`` in between
         want_b = InstanceConfig("b", "http://b:9000", "tcp://b:5557")
-        await asyncio.wait_for(_until(lambda: r.applied.get("b") == want_b and not r.busy()), 3.0)
+        await asyncio.wait_for(until(lambda: r.applied.get("b") == want_b and not r.busy()), 3.0)
         assert m.calls[-3:] == [("drain", "b"), ("remove", "b"), ("add", "b")]
         assert w.config.instances == [want_b, r.applied["c"]]
     finally:
@@ -109,8 +109,3 @@ async def test_other_sections_need_a_restart(tmp_path: Path) -> None:
     assert w.poll() and w.pending_restart == []
     await r.settle()
     assert m.calls == []
-
-
-async def _until(cond: Callable[[], bool]) -> None:
-    while not cond():
-        await asyncio.sleep(0.01)

@@ -51,10 +51,10 @@ async def world(request: pytest.FixtureRequest) -> AsyncIterator[World]:
 
 
 def req(replica: str, loads: dict[str, tuple[int, int]], specs: list[SpecWire] | None = None,
-        cursor: str = "", max_read: int = 100) -> SyncRequest:  # fmt: skip
+        cursor: str = "", max_read: int = 100, lease_ms: int = LEASE_MS) -> SyncRequest:  # fmt: skip
     enc = msgspec.msgpack.encode
     return SyncRequest(
-        replica, LEASE_MS, enc(loads), enc(specs) if specs else b"", cursor, WINDOW_MS, max_read
+        replica, lease_ms, enc(loads), enc(specs) if specs else b"", cursor, WINDOW_MS, max_read
     )
 
 
@@ -79,12 +79,17 @@ async def test_peers_see_each_others_load_but_not_their_own(world: World) -> Non
 
 
 async def test_a_lease_not_refreshed_ends(world: World) -> None:
-    s = world.store
-    await s.sync(req("crashed", {"w0": (5, 0)}))
-    await world.advance(LEASE_MS / 2000)
-    assert loads_of((await s.sync(req("r2", {}))).peer_loads) == [{"w0": [5, 0]}]
-    await world.advance(LEASE_MS / 1000 * 0.75)  # past the crashed replica's lease
-    assert (await s.sync(req("r2", {}))).peer_loads == []
+    """Decided on the store's clock (each reply's ``server_ms``), with a lease a busy machine cannot outrun
+    between two round trips; the waits are lower bounds, so the second read is surely past the lease."""
+    s, lease = world.store, 1500
+    first = await s.sync(req("crashed", {"w0": (5, 0)}, lease_ms=lease))
+    await world.advance(0.05)
+    during = await s.sync(req("r2", {}, lease_ms=lease))
+    assert during.server_ms < first.server_ms + lease
+    assert loads_of(during.peer_loads) == [{"w0": [5, 0]}]
+    await world.advance(lease / 1000 + 0.05)  # past the crashed replica's lease
+    after = await s.sync(req("r2", {}, lease_ms=lease))
+    assert after.server_ms > first.server_ms + lease and after.peer_loads == []
 
 
 async def test_leave_ends_the_lease_at_once(world: World) -> None:

@@ -39,7 +39,7 @@ def cand(i: int, *, in_flight: int = 0, pending: int = 0, cached: int = 0, footp
 
 def view(key: int, n_tokens: int = 2000) -> RouteView:
     chains = np.arange(key * 1000, key * 1000 + n_tokens // BS, dtype=np.int64)
-    return RouteView(n_tokens, f"prefix {key}".encode(), chains)
+    return RouteView(n_tokens, f"prefix {key}".encode(), chains=chains)
 
 
 def over_bound(cands: list[Candidate], s: KvAwareSettings) -> set[str]:

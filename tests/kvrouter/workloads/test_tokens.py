@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import msgspec
 import numpy as np
 import pytest
@@ -66,12 +71,50 @@ def test_token_space_bounds_and_exclusions() -> None:
         stream_tokens(TokenSpace(vocab_size=10, low=10), 1, 1)
 
 
+LABELS = [(0, "sglang-gsp", "system", 0), (7, "mooncake", 3), (2**40, "a", "b", "c"), (1, "ü", -5)]
+
+
 def test_derived_keys_are_stable() -> None:
+    # Stable across processes: Python's own hash() of a string changes with PYTHONHASHSEED, this must not.
+    code = "from kvrouter.workloads.tokens import derive_key; import sys, json; "
+    code += f"print(json.dumps([derive_key(*k) for k in {LABELS!r}]))"
+    got = [
+        json.loads(
+            subprocess.run(
+                [sys.executable, "-c", code],
+                env={**os.environ, "PYTHONHASHSEED": seed},
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+        )
+        for seed in ("1", "2")
+    ]
+    assert got[0] == got[1] == [derive_key(*k) for k in LABELS]
     # Pinned: a change here changes every workload's tokens, and so every figure computed on them.
-    assert derive_key(0, "sglang-gsp", "system", 0) == derive_key(0, "sglang-gsp", "system", 0)
-    assert derive_key(0, "a", 1) != derive_key(1, "a", 1) != derive_key(0, "a", 2)
     assert derive_key(0, "pin") == 14743009973280880236
     assert stream_tokens(SPACE, derive_key(0, "pin"), 4).tolist() == [102896, 31180, 114543, 38229]
+
+
+labels_st = st.lists(st.one_of(st.text(max_size=4), st.integers(-3, 3)), max_size=4)
+
+
+@settings(max_examples=300, deadline=None)
+@given(a=st.tuples(st.integers(0, 2), labels_st), b=st.tuples(st.integers(0, 2), labels_st))
+def test_distinct_label_tuples_get_distinct_keys(
+    a: tuple[int, list[str | int]], b: tuple[int, list[str | int]]
+) -> None:
+    """Label boundaries and types are part of the key: ("a", 1) is not ("a1",) nor ("a", "1")."""
+    same = a[0] == b[0] and [(type(x), x) for x in a[1]] == [(type(x), x) for x in b[1]]
+    assert (derive_key(a[0], *a[1]) == derive_key(b[0], *b[1])) == same
+
+
+def test_near_collisions_of_labels() -> None:
+    keys = [
+        derive_key(*k)
+        for k in [(0, "a", 1), (0, "a", "1"), (0, "a1"), (0, "a", 1, ""), (0, "a"), (1, "a", 1), (0, 1, "a")]
+    ]
+    assert len(set(keys)) == len(keys)
 
 
 def test_prompt_forms() -> None:

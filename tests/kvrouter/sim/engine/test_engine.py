@@ -160,15 +160,23 @@ def test_preemption_takes_the_most_recent_request_and_recomputes_it() -> None:
 
 
 def test_no_admission_in_a_step_that_preempted() -> None:
+    """A step that preempts (recompute mode) puts its victim back at the FRONT of the waiting queue and
+    admits nothing: c, waiting before that step, stays queued behind the preempted b, and only a ran.
+    (Step 1 runs a and b; step 2 must preempt: the 5-block pool cannot grow both.)"""
     e = make(bs=2, blocks=5, seqs=4)
     e.add_request("a", [1, 2, 3, 4], 6)
     e.add_request("b", [5, 6, 7, 8], 6)
-    while not e.step().preempted:
-        pass
+    assert not e.step().preempted
     e.add_request("c", [9, 9], 1)
-    waiting_before = e.metrics().num_requests_waiting
-    assert waiting_before == 2  # b (front) and c
-    assert e.scheduler.waiting[0].request_id == "b"
+    step = e.step()
+    assert step.preempted == ["b"]
+    assert [str(r.request_id) for r in e.scheduler.running] == ["a"]
+    assert [str(r.request_id) for r in e.scheduler.waiting] == ["b", "c"]
+    assert all(o.request_id == "a" for o in step.outputs)
+    # later steps admit again: every request completes
+    more, _ = run(e)
+    done = {str(o.request_id): o.num_output_tokens for s in more for o in s.outputs if o.finished}
+    assert done == {"a": 6, "b": 6, "c": 1}
 
 
 def test_abort_frees_blocks_and_keeps_them_cached() -> None:
@@ -353,7 +361,22 @@ def test_metrics_snapshot() -> None:
     run(e)
     m = e.metrics()
     assert (m.request_success_total, m.generation_tokens_total, m.prompt_tokens_total) == (2, 4, 16)
-    assert isinstance(BlockRemoved([]), BlockRemoved)
+
+
+def test_eviction_takes_a_freed_prompts_tail_first_one_removal_per_block() -> None:
+    """A full pool evicts to admit: vLLM frees a request's blocks tail first, so its last block goes before
+    its first (the shared prefix survives longest); each evicted block is one ``BlockRemoved``, emitted
+    before the stores of the step that needed the room."""
+    e = make(blocks=4)
+    e.add_request("a", P8, 1)
+    run(e)
+    h = e.block_hashes(P8)
+    e.add_request("b", list(range(1, 13)), 1)  # 12 prompt tokens + 1: all 4 blocks
+    _, events = run(e)
+    got = flat(events)
+    assert got[0] == BlockRemoved([h[1]])
+    assert isinstance(got[1], BlockStored) and len(got) == 2
+    assert e.cached_prefix_blocks(P8) == 1
 
 
 def test_given_output_tokens_are_generated_in_order() -> None:

@@ -1,0 +1,303 @@
+"""One HTTP exchange through the gateway, as the picker sees it on one ext_proc stream: a thin shell around
+the request pipeline (``pipeline.RequestPipeline``), as the aiohttp proxy is.
+
+::
+
+    request_headers ──(no body: GET)──────────────────────────▶ admit(bodyless) ─▶ destination
+    request_body ... end_of_stream ──▶ prepare(body, headers) ─▶ admit(only=subset) ─▶ destination + body
+                                        └─ ApiError ─▶ immediate response (429, 503, 400, 404 ...)
+    response_headers ──▶ served endpoint (a fallback? the load moves to it); status to upstream health
+    response_body ... ──▶ first_token; usage block watched; chunks passed back unchanged
+        end_of_stream ──▶ finished(served, usage)            stream gone early ──▶ finished(served, None)
+
+Invariants: a request admitted is finished exactly once (``close`` runs whatever happened to the stream);
+the load of an answer is on the target that served it; nothing of a prompt is logged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import time
+from typing import TYPE_CHECKING
+
+from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest, ProcessingResponse
+
+from ..api.errors import ApiError, BadRequest, NotFound, Overloaded, ServiceUnavailable
+from ..api.requests import Kind
+from ..api.usage import UsageWatcher
+from ..pipeline import Prepared
+from ..routing import Candidate, Decision
+from . import protocol as pr
+
+if TYPE_CHECKING:
+    from .picker import Picker
+
+log = logging.getLogger("kvrouter.epp")
+
+ROUTES: dict[str, Kind] = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/responses": "responses",
+    "/v1/messages": "messages",
+    "/v1/messages/count_tokens": "count_tokens",
+    "/v1/embeddings": "pooling",
+    "/pooling": "pooling",
+    "/classify": "pooling",
+    "/score": "pooling",
+    "/v1/score": "pooling",
+    "/rerank": "pooling",
+    "/v1/rerank": "pooling",
+    "/v2/rerank": "pooling",
+}
+"""The routes whose body is read and routed by its prompt; any other request with a body is refused."""
+
+_STORED = re.compile(r"^/v1/responses/([^/?]+)(?:/cancel)?/?$")
+"""A stored response's routes (GET it, POST .../cancel): to the instance holding it."""
+
+_INTERNAL = (pr.ENDPOINT_HEADER, pr.SERVED_KEY)
+"""Headers between the gateway and the picker that the client never sees."""
+
+
+def kind_of(path: str) -> Kind | None:
+    return ROUTES.get(path.split("?", 1)[0].rstrip("/"))
+
+
+class Exchange:
+    """The state of one request on one ext_proc stream.  ``handle`` answers each message in order."""
+
+    def __init__(self, picker: Picker) -> None:
+        self.picker = picker
+        self.headers: dict[str, str] = {}
+        self.kind: Kind | None = None
+        self._body: list[bytes] = []
+        self._size = 0
+        self.prepared: Prepared | None = None
+        self.decision: Decision | None = None
+        self.sent: list[Candidate] = []
+        """The targets named to the gateway, best first (the load is on the first until one is served)."""
+        self.serving: Candidate | None = None
+        """The target whose load this request holds (None before admission or once finished)."""
+        self._held = contextlib.ExitStack()
+        self._stream = False
+        self._unary: list[bytes] = []
+        self._unary_size = 0
+        self._first = True
+        self._watcher = UsageWatcher(self._response_id)
+        self._dispatched_at = 0.0
+        self.status: int | None = None
+
+    # ------------------------------------------------------------------ the stream
+    async def handle(self, msg: ProcessingRequest) -> list[ProcessingResponse]:
+        which = msg.WhichOneof("request")
+        if which == "request_headers":
+            return await self._request_headers(msg)
+        if which == "request_body":
+            return await self._request_body(msg)
+        if which == "request_trailers":
+            out = await self._request_end(msg) if self.decision is None and self.kind is not None else []
+            return [*out, pr.trailers(request=True)]
+        if which == "response_headers":
+            return [self._response_headers(msg)]
+        if which == "response_body":
+            return self._response_body(msg)
+        if which == "response_trailers":
+            self._end_of_response()
+            return [pr.trailers(request=False)]
+        return []
+
+    def close(self) -> None:
+        """The stream is over (answered, reset, or the client went away): release what is held."""
+        if self.serving is not None and self.prepared is not None:
+            self.picker.pipeline.finished(self.prepared, self.serving, None)
+            self.serving = None
+        self._held.close()
+
+    # ------------------------------------------------------------------ request path
+    async def _request_headers(self, msg: ProcessingRequest) -> list[ProcessingResponse]:
+        self.headers = pr.header_map(msg.request_headers.headers)
+        try:
+            self._held.enter_context(self.picker.pipeline.held())
+        except (Overloaded, ServiceUnavailable) as e:
+            return [self._refuse(e)]
+        if msg.request_headers.end_of_stream:
+            return await self._bodyless(msg)
+        self.kind = kind_of(self.headers.get(":path", ""))
+        if self.kind is None:
+            return [self._refuse(NotFound(f"no such route: {self.headers.get(':path', '')}"))]
+        return []  # the answer waits for the whole body
+
+    async def _request_body(self, msg: ProcessingRequest) -> list[ProcessingResponse]:
+        if self.kind is None:
+            return []
+        b = msg.request_body
+        self._size += len(b.body)
+        if self._size > self.picker.cfg.limits.max_body_bytes:
+            self.kind = None
+            return [self._refuse(BadRequest("request body too large", reason="body_too_large"), status=413)]
+        self._body.append(b.body)
+        if b.end_of_stream or b.end_of_stream_without_message:
+            return await self._request_end(msg)
+        return []
+
+    async def _request_end(self, msg: ProcessingRequest) -> list[ProcessingResponse]:
+        pl = self.picker.pipeline
+        raw = b"".join(self._body)
+        self._body = []
+        try:
+            subset = pr.subset_of(msg.metadata_context)
+            p = self.prepared = await pl.prepare(raw, self.kind, self.headers)
+            only = self.picker.endpoints().targets(subset) if subset is not None else None
+            d = await pl.admit(p, only=only)
+        except ApiError as e:
+            return [self._refuse(e)]
+        self.decision = d
+        self._stream = p.req.stream
+        return pr.routed(
+            self._dispatch(p, d), p.req.encoded_body(), self._route_headers(d), limit=self.picker.chunk_bytes
+        )
+
+    async def _bodyless(self, msg: ProcessingRequest) -> list[ProcessingResponse]:
+        """A request without a body (GET /v1/models ...): routed by load among the candidates; a stored
+        response's GET or cancel to the instance holding it."""
+        pl = self.picker.pipeline
+        try:
+            subset = pr.subset_of(msg.metadata_context)
+            p = self.prepared = pl.prepare_bodyless()
+            stored = _STORED.match(self.headers.get(":path", "").split("?", 1)[0])
+            if stored is not None:
+                p.pinned = (await pl.holder(stored.group(1))).instance
+            only = self.picker.endpoints().targets(subset) if subset is not None else None
+            d = await pl.admit(p, only=only)
+        except ApiError as e:
+            return [self._refuse(e)]
+        self.decision = d
+        return [pr.bodyless_routed(self._dispatch(p, d), self._route_headers(d))]
+
+    def _dispatch(self, p: Prepared, d: Decision) -> list[pr.Endpoint]:
+        assert d.chosen is not None
+        emap = self.picker.endpoints()
+        self.sent = emap.ordered(d.chosen, d.ranked, self.picker.fallbacks)
+        self.serving = d.chosen
+        self.picker.pipeline.dispatched(p, d.chosen)
+        self._dispatched_at = time.monotonic()
+        self.picker.m.picks.labels(d.policy, d.reason).inc()
+        log.debug(
+            "picked", extra={"request": p.inp.request_id, "target": d.chosen.target, "reason": d.reason}
+        )
+        return [emap.endpoint[c.instance] for c in self.sent]
+
+    def _route_headers(self, d: Decision) -> dict[str, str]:
+        """Request headers for the model server: the rank pin of a data-parallel instance."""
+        assert d.chosen is not None
+        inst = self.picker.pool.upstreams.get(d.chosen.instance)
+        if inst is not None and inst.cfg.dp_size > 1:
+            return {"x-data-parallel-rank": str(d.chosen.dp_rank)}
+        return {}
+
+    def _refuse(self, e: ApiError, status: int | None = None) -> ProcessingResponse:
+        code = status or e.status
+        self.picker.m.immediate.labels(str(code), e.reason).inc()
+        retry = self.picker.cfg.limits.retry_after_s
+        headers = {"retry-after": str(retry)} if isinstance(e, (Overloaded, ServiceUnavailable)) else None
+        return pr.immediate(code, e.body(), headers)
+
+    # ------------------------------------------------------------------ response path
+    def _response_headers(self, msg: ProcessingRequest) -> ProcessingResponse:
+        h = pr.header_map(msg.response_headers.headers)
+        try:
+            self.status = int(h.get(":status", "0"))
+        except ValueError:
+            self.status = 0
+        self._stream = self._stream or h.get("content-type", "").startswith("text/event-stream")
+        served = self._served(pr.served_of(msg.metadata_context))
+        pool = self.picker.pool
+        if served is not None and served.instance in pool.upstreams:
+            if self.status >= 500:
+                pool.record_failure(served.instance, connection=False)
+            else:
+                pool.record_success(served.instance)
+        out = self._decision_headers(served)
+        if msg.response_headers.end_of_stream:
+            self._end_of_response()
+        return pr.response_headers(out, remove=_INTERNAL)
+
+    def _served(self, ep: pr.Endpoint | None) -> Candidate | None:
+        """The target that served the request.  When the gateway fell back past the first, the first
+        failed: its load and failure are recorded, and the load moves to the one that served."""
+        cur = self.serving
+        if cur is None or ep is None or self.prepared is None:
+            return cur
+        emap = self.picker.endpoints()
+        if emap.endpoint.get(cur.instance) == ep:
+            return cur
+        got = next((c for c in self.sent if emap.endpoint.get(c.instance) == ep), None)
+        if got is None:
+            self.picker.m.served_unknown.inc()
+            return cur
+        pl = self.picker.pipeline
+        pl.finished(self.prepared, cur, None)
+        self.picker.pool.record_failure(cur.instance, connection=True)
+        self.picker.m.fallbacks.labels(got.target).inc()
+        pl.dispatched(self.prepared, got)
+        self.serving = got
+        return got
+
+    def _decision_headers(self, served: Candidate | None) -> dict[str, str]:
+        d, p = self.decision, self.prepared
+        if d is None or p is None or served is None:
+            return {}
+        return {
+            "x-kvrouter-instance": served.target,
+            "x-kvrouter-cached-tokens": str(served.cached_tokens),
+            "x-kvrouter-policy": d.policy,
+            "x-kvrouter-reason": d.reason,
+        }
+
+    def _response_body(self, msg: ProcessingRequest) -> list[ProcessingResponse]:
+        b = msg.response_body
+        eos = b.end_of_stream or b.end_of_stream_without_message
+        if self.serving is not None and self.prepared is not None:
+            if self._stream:
+                if self._first and b.body:
+                    self._first_token()
+                self._watcher.feed_stream(b.body)
+            elif self._unary_size + len(b.body) <= self.picker.options.max_response_buffer:
+                self._unary.append(b.body)
+                self._unary_size += len(b.body)
+            else:  # too large to keep: the answer passes, its usage goes unread
+                self._unary, self._unary_size = [], self.picker.options.max_response_buffer + 1
+        out = [
+            pr.body_response(piece, eos and last, request=False)
+            for piece, last in pr.chunks(b.body, self.picker.chunk_bytes)
+        ]
+        if eos:
+            self._end_of_response()
+        return out
+
+    def _response_id(self, response_id: str) -> None:
+        """A Responses answer's id went by: a request continuing it must go where it was made."""
+        if self.prepared is not None and self.serving is not None and self.kind == "responses":
+            self.picker.pipeline.response_seen(self.prepared, response_id, self.serving)
+
+    def _first_token(self) -> None:
+        assert self.prepared is not None and self.serving is not None
+        self._first = False
+        self.picker.pipeline.first_token(self.prepared)
+        self.picker.m.upstream_ttft.labels(self.serving.target).observe(
+            time.monotonic() - self._dispatched_at
+        )
+
+    def _end_of_response(self) -> None:
+        """The answer is complete: the load is released with what vLLM reported (a 2xx answer only)."""
+        if self.serving is None or self.prepared is None:
+            return
+        if not self._stream:
+            if self._first:
+                self._first_token()
+            self._watcher.feed_body(b"".join(self._unary))
+            self._unary = []
+        ok = self.status is not None and 200 <= self.status < 300
+        self.picker.pipeline.finished(self.prepared, self.serving, self._watcher.report if ok else None)
+        self.serving = None

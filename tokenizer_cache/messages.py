@@ -1,0 +1,284 @@
+"""Chat messages turned into what the template sees, step for step as vLLM 0.33 does it.
+
+Input: messages as ``request_schema.validate_message`` leaves them.  For each message (``conversation``):
+
+1. content: null -> no parts, a string -> one text part; a system message's text parts that start with
+   ``x-anthropic-billing-header`` lose their first line (the part is dropped when nothing follows it);
+2. each part: a string is text; a dict is read by its ``type`` (``text``/``input_text``/``output_text``
+   -> ``text``, ``refusal`` -> ``refusal``, ``thinking`` -> ``thinking``, ``tool_reference`` -> ``name``);
+   ``text`` and ``refusal`` parts without their field are skipped; a part without ``type`` (or with a
+   ``uuid``) must carry a media key; an unknown type is refused; media parts raise
+   ``UnsupportedContentError`` (their placeholder tokens come from the model's processor);
+3. "string" format: the texts joined with ``\\n``; "openai" format: ``{"type": "text", "text": ...}``
+   parts carrying the part's unknown keys (``cache_control``...), ``{"type": "tool_reference", "name"}``;
+4. the message is rebuilt in this key order: ``role``, ``content``; assistant: ``tool_calls`` (when
+   present and not null), ``reasoning`` and ``reasoning_content`` (both, when ``reasoning`` is not null);
+   tool: ``tool_call_id`` (when the key is present, even null), list content joined into one string unless
+   some part is not text; then ``name`` (a string), ``task`` (a string); developer: ``tools`` (even null).
+
+Then, over the conversation (``postprocess``): an assistant's ``"tool_calls": []`` is dropped; every tool
+call must be an object of type ``function`` with a ``function`` object; its ``arguments`` become an object:
+an empty value or null -> ``{}``, an object stays, a JSON string is parsed, and whatever is not an object
+after that (invalid JSON, ``[]``, ``42``) becomes ``{}``.  The argument dicts are the request's own (vLLM
+edits them in place), so a template sees the parsed object.
+
+Before rendering (``developer_to_system``): when some message is a developer message and the template text
+never spells ``"developer"`` or ``'developer'``, developer messages become system messages (without their
+``tools``), and if a system message is then not first, or there are several, all system messages are
+merged into one first message (texts joined with a blank line, empty ones left out).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from .errors import ChatTemplateError, RequestValidationError
+from .request_schema import LazyParts, materialize
+
+__all__ = ["UnsupportedContentError", "conversation", "developer_to_system", "postprocess"]
+
+ContentFormatName = Literal["string", "openai"]
+
+_TEXT_FIELD = {
+    "text": "text",
+    "input_text": "text",
+    "output_text": "text",
+    "refusal": "refusal",
+    "thinking": "thinking",
+}
+_MEDIA_TYPES = frozenset(
+    {
+        "input_image",
+        "image_url",
+        "image_embeds",
+        "audio_embeds",
+        "video_embeds",
+        "prompt_embeds",
+        "image_pil",
+        "audio_url",
+        "input_audio",
+        "video_url",
+    }
+)
+# Keys a part without "type" (or with a "uuid") is recognised by, in vLLM's order.
+_MEDIA_KEYS = (
+    "image_url",
+    "image_pil",
+    "image_embeds",
+    "audio_embeds",
+    "video_embeds",
+    "prompt_embeds",
+    "audio_url",
+    "input_audio",
+    "video_url",
+)
+# Every key some content part type declares: the others travel with a text part in the "openai" format.
+_KNOWN_PART_KEYS = frozenset(
+    {
+        "audio_embeds",
+        "audio_url",
+        "closed",
+        "data",
+        "file",
+        "image_embeds",
+        "image_pil",
+        "image_url",
+        "input_audio",
+        "name",
+        "prompt_cache_breakpoint",
+        "refusal",
+        "text",
+        "thinking",
+        "type",
+        "uuid",
+        "video_embeds",
+        "video_url",
+    }
+)
+_BILLING_HEADER = "x-anthropic-billing-header"
+
+
+class UnsupportedContentError(ChatTemplateError):
+    """A request vLLM accepts but the router cannot reproduce (media parts: their placeholders come from the
+    model's processor); the gateway routes such a request without token ids."""
+
+
+def _strip_billing_header(parts: list[Any]) -> list[Any]:
+    out = []
+    for part in parts:
+        text = (
+            part
+            if isinstance(part, str)
+            else part.get("text")
+            if isinstance(part, dict) and part.get("type") == "text"
+            else None
+        )
+        if not (isinstance(text, str) and text.startswith(_BILLING_HEADER)):
+            out.append(part)
+            continue
+        rest = text.partition("\n")[2]
+        if rest:
+            out.append(rest if isinstance(part, str) else {**part, "text": rest})
+    return out
+
+
+def _part(part: Any, openai: bool, where: str) -> Any:
+    """One content part as text (a string, a dict in the "openai" format) or None (skipped)."""
+    if isinstance(part, str):
+        return {"type": "text", "text": part} if openai else part
+    if not isinstance(part, dict):
+        raise RequestValidationError(f"{where}: a content part must be an object or a string")
+    kind = part.get("type")
+    if part.get("uuid") is not None or kind is None:
+        if any(k in part for k in _MEDIA_KEYS):
+            raise UnsupportedContentError(f"{where}: media content is not supported by the router tokenizer")
+        if "tool_reference" in part:
+            return _tool_reference(part.get("name"), openai)
+        raise RequestValidationError(f"{where}: Missing 'type' field in multimodal part.")
+    if not isinstance(kind, str):
+        raise RequestValidationError(f"{where}: Invalid 'type' field in multimodal part.")
+    if kind in _TEXT_FIELD:
+        text = part.get(_TEXT_FIELD[kind])
+        if text is None and kind in ("text", "refusal"):
+            return None
+        if not openai:
+            return text
+        out = {"type": "text", "text": text}
+        out.update((k, v) for k, v in part.items() if k not in _KNOWN_PART_KEYS)
+        return out
+    if kind == "tool_reference":
+        return _tool_reference(part.get("name"), openai)
+    if kind in _MEDIA_TYPES:
+        raise UnsupportedContentError(f"{where}: media content is not supported by the router tokenizer")
+    raise RequestValidationError(f"{where}: Unsupported chat content part type: {kind!r}.")
+
+
+def _tool_reference(name: Any, openai: bool) -> Any:
+    return {"type": "tool_reference", "name": name} if openai else name
+
+
+def conversation(message: dict[str, Any], fmt: ContentFormatName, n: int) -> dict[str, Any]:
+    """One validated message as vLLM hands it to the template (steps 1-4 of the module doc)."""
+    role = message["role"]
+    reasoning = message.get("reasoning")
+    if isinstance(reasoning, dict) and reasoning.get("type") == "prompt_embeds":
+        raise UnsupportedContentError(
+            f"messages[{n}]: prompt_embeds reasoning is not supported by the router"
+        )
+    content = message.get("content")
+    if isinstance(content, LazyParts):
+        content = materialize(content, f"messages[{n}].content")
+    parts: list[Any] = (
+        []
+        if content is None
+        else [{"type": "text", "text": content}]
+        if isinstance(content, str)
+        else list(content)
+    )
+    if role == "system":
+        parts = _strip_billing_header(parts)
+    openai = fmt == "openai"
+    # vLLM keeps only truthy parts: in the "string" format empty or missing texts vanish
+    texts = [t for t in (_part(p, openai, f"messages[{n}].content[{i}]") for i, p in enumerate(parts)) if t]
+    if openai:
+        out: dict[str, Any] = {"role": role, "content": texts}
+    else:
+        if any(not isinstance(t, str) for t in texts):
+            raise ChatTemplateError(f"messages[{n}]: a text part is not a string")
+        out = {"role": role, "content": "\n".join(texts)}
+    if role == "assistant":
+        if message.get("tool_calls") is not None:
+            out["tool_calls"] = list(message["tool_calls"])
+        if reasoning is not None:
+            out["reasoning"] = reasoning
+            out["reasoning_content"] = reasoning
+    elif role == "tool":
+        if "tool_call_id" in message:
+            out["tool_call_id"] = message["tool_call_id"]
+        items = out["content"]
+        if isinstance(items, list) and not any(
+            isinstance(p, dict) and p.get("type") != "text" for p in items
+        ):
+            out["content"] = "\n".join(p.get("text", "") for p in items if isinstance(p, dict))
+    if isinstance(message.get("name"), str):
+        out["name"] = message["name"]
+    if isinstance(message.get("task"), str):
+        out["task"] = message["task"]
+    if role == "developer":
+        out["tools"] = message.get("tools")
+    return out
+
+
+def postprocess(conv: list[dict[str, Any]]) -> None:
+    """Tool calls: empty lists dropped, arguments parsed into objects (in place, see the module doc)."""
+    for n, message in enumerate(conv):
+        if message["role"] != "assistant" or "tool_calls" not in message:
+            continue
+        calls = message["tool_calls"]
+        if not isinstance(calls, list):
+            continue
+        if not calls:
+            del message["tool_calls"]
+            continue
+        for call in calls:
+            if not isinstance(call, dict):
+                raise RequestValidationError(f"messages[{n}]: assistant tool_calls entries must be objects.")
+            function = call.get("function")
+            if call.get("type", "function") != "function" or not isinstance(function, dict):
+                raise RequestValidationError(
+                    f"messages[{n}]: chat completions only support assistant tool_calls of type 'function'."
+                )
+            function["arguments"] = _arguments(function.get("arguments"))
+
+
+def _arguments(raw: Any) -> Any:
+    if not raw:
+        return {}
+    if isinstance(raw, dict):
+        return raw
+    parsed = raw
+    if isinstance(raw, str):
+        try:
+            parsed = json.loads(raw)
+        except ValueError:  # vLLM logs a warning and continues with {}
+            parsed = None
+    return parsed if isinstance(parsed, dict) else {}
+
+
+def developer_to_system(conv: list[dict[str, Any]], template: str) -> list[dict[str, Any]]:
+    """Developer messages for templates that do not know the role (see the module doc)."""
+    if (
+        not any(m["role"] == "developer" for m in conv)
+        or '"developer"' in template
+        or "'developer'" in template
+    ):
+        return conv
+    converted = []
+    for m in conv:
+        if m["role"] == "developer":
+            m = {k: v for k, v in m.items() if k != "tools"}
+            m["role"] = "system"
+        converted.append(m)
+    texts: list[str] = []
+    others = []
+    merge = False
+    for i, m in enumerate(converted):
+        if m["role"] != "system":
+            others.append(m)
+            continue
+        if i > 0 or texts:
+            merge = True
+        content = m.get("content", "")
+        if isinstance(content, list):
+            content = "\n".join(
+                p["text"] if isinstance(p, Mapping) else p
+                for p in content
+                if (isinstance(p, Mapping) and "text" in p) or isinstance(p, str)
+            )
+        if content:
+            texts.append(content)
+    if not merge:
+        return converted
+    return [{"role": "system", "content": "\n\n".join(texts)}, *others]
