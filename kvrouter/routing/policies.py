@@ -119,7 +119,7 @@ class KvAwareSettings(msgspec.Struct, frozen=True):
     this size stays together on an idle fleet (its later requests hit what the first computes)."""
     offload_value: float = 0.8
     """Worth of a CPU/STORAGE-tier hit relative to a GPU hit (it must be copied back first)."""
-    placement_band: float = 0.25
+    placement_band: float = 0.1
     """Placement of a prompt's part that no target holds, agreed on without talking.  The band: the
     targets first in cost order that hold the same part of the prompt as the cheapest and cost at most
     (1 + placement_band) x its cost (never an over-bound one).  Within it, targets whose cache footprint
