@@ -595,6 +595,14 @@ class Indexer:
             )
         return LookupResult(bs, num_tokens, out, self._store_trust())
 
+    def footprint(self, source: SourceKey) -> int | None:
+        """GPU blocks ``source`` holds plus its unconfirmed speculative entries: how much of its cache the
+        traffic sent there fills.  Every router that takes in the same events and speculative entries
+        counts the same.  None when the index lives out of process (asking would cost a round trip)."""
+        if not isinstance(self.index, BlockIndex):
+            return None
+        return self.index.blocks(source)[Medium.GPU] + self.index.speculative_blocks(source)
+
     # ------------------------------------------------------------------ speculative entries
     def add_speculative(self, source: SourceKey, chains: I64Array, *, now: float) -> None:
         self.index.add_speculative(source, chains, now=now, ttl=self.speculative_ttl)

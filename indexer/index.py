@@ -354,6 +354,12 @@ class BlockIndex:
             cykhash.Int64toFloat64Map_to(exp, item.chains, cur, False, np.inf)
             self._drop_spec_chains(item.slot, item.chains[cur <= now])
 
+    def speculative_blocks(self, source: SourceKey) -> int:
+        """Blocks counted as held by ``source`` on speculative entries alone (not yet confirmed)."""
+        slot = self._slots.get(source)
+        exp = None if slot is None else self._spec_expiry.get(slot)
+        return 0 if exp is None else len(exp)
+
     def speculative_entries(self) -> int:
         return sum(len(m) for m in self._spec_expiry.values())
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import aiohttp
 import msgspec
@@ -29,6 +29,14 @@ class LiveRecord(msgspec.Struct):
     cached_tokens: int = 0
     output_tokens: int = 0
     instance: str | None = None
+    reason: str | None = None
+    """The gateway's ``x-kvrouter-reason`` (cache, load, spill, ...)."""
+    predicted_cached_tokens: int | None = None
+    """The gateway's ``x-kvrouter-cached-tokens``: what it expected the instance to serve from cache."""
+    base: str = ""
+    """The router the request was sent to."""
+    sent_s: float = 0.0
+    """When it was sent, seconds from the start of the drive."""
     decision_ms: float | None = None
     error: str | None = None
 
@@ -47,15 +55,21 @@ def _usage(line: bytes, rec: LiveRecord) -> None:
         rec.cached_tokens = u.cached_tokens or 0
 
 
-async def one(session: aiohttp.ClientSession, base: str, wl: Workload, idx: int, model: str) -> LiveRecord:
+async def one(
+    session: aiohttp.ClientSession, base: str, wl: Workload, idx: int, model: str, epoch: float = 0.0
+) -> LiveRecord:
     req = wl.requests[idx]
     call = http_call(req, wl.token_space, model=model, stream=True)
-    rec = LiveRecord(req.id)
+    rec = LiveRecord(req.id, base=base)
     t0 = time.perf_counter()
+    rec.sent_s = t0 - epoch if epoch else 0.0
     try:
         async with session.post(base + call.path, json=call.body, headers=call.headers) as r:
             rec.status = r.status
             rec.instance = r.headers.get("x-kvrouter-instance")
+            rec.reason = r.headers.get("x-kvrouter-reason")
+            predicted = r.headers.get("x-kvrouter-cached-tokens")
+            rec.predicted_cached_tokens = int(predicted) if predicted and predicted.isdigit() else None
             dm = r.headers.get("x-kvrouter-decision-ms")
             rec.decision_ms = float(dm) if dm else None
             if r.status != 200:
@@ -76,7 +90,7 @@ async def one(session: aiohttp.ClientSession, base: str, wl: Workload, idx: int,
 
 
 async def drive(
-    base: str,
+    base: str | Sequence[str],
     wl: Workload,
     *,
     model: str,
@@ -85,14 +99,19 @@ async def drive(
     timeout_s: float = 600.0,
 ) -> list[LiveRecord]:
     """Send every request of ``wl`` to ``base``; closed loop with ``concurrency`` clients if given, else
-    at the workload's arrival times."""
+    at the workload's arrival times.  Several bases (router replicas behind a round-robin balancer):
+    request ``i`` of the workload goes to ``base[i % len(base)]``."""
+    bases = [base] if isinstance(base, str) else list(base)
+    if not bases:
+        raise ValueError("drive needs at least one base URL")
     n = len(wl.requests)
     out: list[LiveRecord | None] = [None] * n
     conn = aiohttp.TCPConnector(limit=0)
+    epoch = time.perf_counter()
     async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=timeout_s)) as s:
 
         async def run(i: int) -> None:
-            out[i] = await one(s, base, wl, i, model)
+            out[i] = await one(s, bases[i % len(bases)], wl, i, model, epoch)
             if progress:
                 progress(1)
 

@@ -1,4 +1,5 @@
-"""``kvrouter bench [indexer|tokenizer|routing|gateway|redis|epp|parity|all]``: one JSON document out.
+"""``kvrouter bench [indexer|tokenizer|routing|gateway|redis|replicas|epp|parity|all] [its options]``:
+one JSON document out.
 
 Each benchmark is a module of ``kvrouter.bench`` with ``add_args(parser)`` and ``main(args) -> dict``;
 peers (Dynamo's RadixTree, sglang-router) are measured in the same run when ``shared/peerbench`` and its
@@ -20,6 +21,7 @@ BENCHES = {
     "routing": "kvrouter.bench.routing_bench",
     "gateway": "kvrouter.bench.gateway_bench",
     "redis": "kvrouter.bench.redis_bench",
+    "replicas": "kvrouter.bench.replicas_bench",
     "epp": "kvrouter.bench.epp_bench",
     "parity": "kvrouter.bench.parity_bench",
 }
@@ -32,15 +34,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "options",
         nargs=argparse.REMAINDER,
-        help="options of the one benchmark named (e.g. indexer --instances 1000 --blocks 10000)",
+        help="options of the one benchmark named (e.g. kvrouter bench replicas --runs 3); --help lists them",
     )
 
 
-def _run(name: str, options: list[str]) -> dict[str, Any]:
+def _run(name: str, options: list[str] | None = None) -> dict[str, Any]:
     mod = importlib.import_module(BENCHES[name])
-    ap = argparse.ArgumentParser(prog=f"kvrouter bench {name}")
+    ap = argparse.ArgumentParser(
+        prog=f"kvrouter bench {name}",
+        allow_abbrev=False,
+        description=mod.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     mod.add_args(ap)
-    args = ap.parse_args(options)
+    args = ap.parse_args(options or [])  # exits with a usage message on a bad option, before any work
     t0 = time.perf_counter()
     try:
         res: dict[str, Any] = mod.main(args)

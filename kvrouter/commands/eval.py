@@ -67,6 +67,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compute-weight", type=float, default=KvAwareSettings().compute_weight)
     p.add_argument("--load-weight", type=float, default=KvAwareSettings().load_weight)
     p.add_argument(
+        "--placement-band",
+        type=float,
+        default=KvAwareSettings().placement_band,
+        help="kv-aware: cost band within which a new prefix is placed by cache fill and the ring",
+    )
+    p.add_argument(
         "--concurrency-threshold",
         type=int,
         default=0,
@@ -127,7 +133,9 @@ def spec_from_args(a: argparse.Namespace) -> EvalSpec:
         ),
         policies=tuple(p for p in a.policies.split(",") if p),
         settings=PolicySettings(
-            kv_aware=KvAwareSettings(compute_weight=a.compute_weight, load_weight=a.load_weight),
+            kv_aware=KvAwareSettings(
+                compute_weight=a.compute_weight, load_weight=a.load_weight, placement_band=a.placement_band
+            ),
             prefix_hash=PrefixHashSettings(prefix_length=a.prefix_length, load_bound=a.load_bound),
             seed=a.seed,
         ),

@@ -31,6 +31,7 @@ import numpy as np
 
 from indexer import SourceKey
 from indexer.core import SpeculativeEntry
+from indexer.index import SourceMatch
 
 from ..routing import Router
 from ..routing.response_affinity import ResponseAffinity, SharedHolder
@@ -94,6 +95,15 @@ def decode_batch(raw: bytes) -> Batch:
         return _BATCH.decode(raw)
     except msgspec.DecodeError:
         return Batch(s=_SPECS.decode(raw))
+
+
+def _stored(matches: list[SourceMatch], src: SourceKey) -> int:
+    """Leading blocks ``src`` holds for real (events arrived): a peer's entry for them is dropped, as it
+    would outlive their eviction here.  The peer's request was sent before those events reached it."""
+    for m in matches:
+        if m.source == src:
+            return m.gpu + m.cpu + m.storage
+    return 0
 
 
 class ReplicaState:
@@ -207,7 +217,10 @@ class ReplicaState:
                 if left <= 0 or not e.chains:
                     continue
                 chains = np.frombuffer(e.chains, dtype="<i8").astype(np.int64)
-                index.add_speculative(SourceKey(e.instance, e.dp_rank), chains, now=now, ttl=left)
+                src = SourceKey(e.instance, e.dp_rank)
+                chains = chains[_stored(index.match(chains), src) :]
+                if len(chains):
+                    index.add_speculative(src, chains, now=now, ttl=left)
                 self.applied_entries += 1
 
     def forget_peers(self) -> None:

@@ -5,7 +5,9 @@
                   where "still to compute" = prompt tokens minus the prefix this target really caches,
                   each block at its tier's worth (GPU and speculative entries 1; CPU, STORAGE and
                   shared stores what loading saves over recomputing: ``tier_value``);
-                  targets whose index is not trusted get no credit for cache (load-based for them alone)
+                  targets whose index is not trusted get no credit for cache (load-based for them alone);
+                  among the cheapest targets that hold the same part of the prompt, those within the
+                  placement band are taken in the ring order of the first blocks none of them holds
     prefix-hash   consistent hashing with bounded load over the first `prefix_length` characters (plus the
                   affinity id), SageMaker PREFIX_AWARE style
     session       a request of a session goes where the session's last request went, while that target
@@ -29,9 +31,16 @@ from typing import Protocol
 
 import msgspec
 
+from indexer.hashing import I64Array
+
 from ..types import InstanceId, TargetKey
 from .expiring import ExpiringMap
 from .hashring import HashRing
+
+RING_KEY_BLOCKS = 4
+"""The placement ring is keyed by the first this-many blocks nobody holds (64 tokens at block size 16):
+enough to tell distinct system prompts with a common opening apart, few enough that a question after a
+shared prompt rarely reaches into them."""
 
 
 class PolicyName(enum.StrEnum):
@@ -69,6 +78,9 @@ class Candidate(msgspec.Struct):
     pending_prefill_tokens: int = 0
     decoding: int = 0
     weight: float = 1.0
+    footprint: int = 0
+    """GPU blocks the index holds for this target plus its speculative entries (0 when unknown): how much
+    of its cache the traffic sent there fills; the same for every router fed the same events."""
     saturated: bool = False
     """At or over the concurrency threshold: chosen only if every target is."""
     score: float = 0.0
@@ -83,6 +95,8 @@ class RouteView(msgspec.Struct):
     session: str | None = None
     now: float | None = None
     """The caller's clock (the session policy's expiry); None when the caller has none."""
+    chains: I64Array | None = None
+    """The prompt's chain hashes (None without a tokenizer): block i's covers the whole prefix up to it."""
 
 
 class Policy(Protocol):
@@ -113,6 +127,18 @@ class KvAwareSettings(msgspec.Struct, frozen=True):
     """Worth of a hit in any tier below the GPU relative to a GPU hit, for every such tier alike.  None
     (the default): each tier's worth follows from its load bandwidth (the fleet file's ``tiers:``,
     ``kvrouter.routing.tier_value``)."""
+    placement_band: float = 0.1
+    """Placement of a prompt's part that no target holds, agreed on without talking.  The band: the
+    targets first in cost order that hold the same part of the prompt as the cheapest and cost at most
+    (1 + placement_band) x its cost (never an over-bound one).  Within it, targets whose cache footprint
+    is at most the fleet's mean come first, and the ring order of the first blocks none of them holds
+    decides.  Router replicas, gateway workers and endpoint-picker replicas whose views of the load
+    differ by less than the band send a new prefix to the same target before hearing of each other's
+    requests; the footprint bound keeps a few large prefixes from piling onto one cache as plain
+    consistent hashing would.  A prefix held by the cheapest target alone is placed by cost as before.
+    The chosen target costs at most (1 + placement_band) x the cheapest.  0: the ring breaks exact ties
+    only.  Tuned with ``kvrouter eval`` and ``kvrouter bench replicas`` (docs/measurements.md,
+    "kv-aware placement band")."""
 
 
 class KvAware:
@@ -134,28 +160,58 @@ class KvAware:
     def rank(self, req: RouteView, cands: list[Candidate], *, dry_run: bool = False) -> list[Candidate]:
         for c in cands:
             c.score = self.cost(req, c)
-        # Over-bound targets go last; ties (equal cost) go to the less loaded, then the more cached.  Exact
-        # ties that remain (an idle fleet, a prefix nobody holds) are broken by consistent hashing of the
-        # prompt's prefix: every router replica, seeing the same state, picks the same target for it.
+        # Over-bound targets go last; ties (equal cost) go to the less loaded, then the more cached.
         over: set[str] = set()
+        busy: set[str] = set()
         if self.s.load_bound and len(cands) > 1:
             mean = sum(c.in_flight / max(c.weight, 1e-6) for c in cands) / len(cands)
             cap = self.s.load_bound * mean + self.s.load_slack
             over = {c.target for c in cands if c.in_flight / max(c.weight, 1e-6) > cap}
             if len(over) == len(cands):
                 over = set()
+            # without load_slack of headroom: a burst of a new prefix placed there would be split by the
+            # bound; in the band such a target comes after those with room
+            busy = {c.target for c in cands if c.in_flight / max(c.weight, 1e-6) > cap - self.s.load_slack}
         out = sorted(cands, key=lambda c: (c.target in over, c.score, c.in_flight, -c.cached_tokens))
-        if len(out) > 1 and req.prefix_key:
-            first = (out[0].score, out[0].in_flight, out[0].cached_tokens)
-            tied = [c for c in out if (c.score, c.in_flight, c.cached_tokens) == first]
-            if len(tied) > 1:
-                for c in tied:
-                    self.ring.add(c.target)
-                self.ring.prune(c.target for c in cands)
-                order: dict[str, int] = {str(t): i for i, t in enumerate(self.ring.walk(req.prefix_key))}
-                tied.sort(key=lambda c: order.get(c.target, len(order)))
-                out = tied + out[len(tied) :]
+        band = self._band(out, over)
+        if band > 1:
+            # The band is a leading run of the cost order, so whatever it reorders stays ahead of every
+            # target outside it, each of which costs at least as much: more cached at equal load still
+            # never loses, and an over-bound target still comes only after every other.
+            head = out[:band]
+            for c in head:
+                self.ring.add(c.target)
+            self.ring.prune(c.target for c in cands)
+            order = {t: i for i, t in enumerate(self.ring.walk(self.ring_key(req, out[0])))}
+            fill = sum(c.footprint for c in cands) / len(cands)
+            head.sort(key=lambda c: (c.target in busy, c.footprint > fill, order.get(c.target, len(order))))
+            out = head + out[band:]
         return out
+
+    def _band(self, ranked: list[Candidate], over: set[str]) -> int:
+        """How many of the cost-ordered ``ranked`` form the placement band (see ``placement_band``)."""
+        if len(ranked) < 2:
+            return len(ranked)
+        lead = ranked[0]
+        limit = lead.score * (1 + self.s.placement_band)
+        n = 0
+        for c in ranked:
+            if c.target in over or c.cached_tokens != lead.cached_tokens or c.score > limit:
+                break
+            n += 1
+        return n
+
+    @staticmethod
+    def ring_key(req: RouteView, lead: Candidate) -> bytes:
+        """The key the band is placed by: the chain hash of the ``RING_KEY_BLOCKS``-th block past what the
+        band holds (it covers the whole prompt up to there), or the request's prefix key without chains
+        or when no full block is left past the held part."""
+        ch = req.chains
+        held = lead.matched_blocks
+        if ch is None or len(ch) <= held:
+            return req.prefix_key
+        i = min(held + RING_KEY_BLOCKS, len(ch)) - 1
+        return b"kv-block\x00" + int(ch[i]).to_bytes(8, "little", signed=True)
 
 
 class SessionSettings(msgspec.Struct, frozen=True):

@@ -181,6 +181,7 @@ class Router:
                 weight=t.weight,
             )
             m = matches.get((t.instance, t.dp_rank))
+            c.footprint = self.indexer.footprint(SourceKey(t.instance, t.dp_rank)) or 0
             if t.has_events:
                 c.trust = m.trust if m else self.indexer.trust(SourceKey(t.instance, t.dp_rank)).value
             if m and t.has_events and c.trust in _USABLE:
@@ -243,7 +244,7 @@ class Router:
         policy = policy or self.policy_for(inp.model)
         if not cands:
             return Decision(None, policy.name, "no_target", [])
-        view = RouteView(inp.num_tokens, inp.prefix_key, inp.session, now)
+        view = RouteView(inp.num_tokens, inp.prefix_key, inp.session, now, chains=inp.chains)
         cap = self.config.max_in_flight
         open_ = [c for c in cands if not cap or c.in_flight < cap]
         if not open_:
@@ -312,7 +313,11 @@ class Router:
 
         ``request_id``: the id its load is accounted under (default the request's; a disaggregated
         request's prefill leg has its own, ``types.leg_id``).  ``prefill_tokens``: what it computes there
-        (default: the prompt minus what ``chosen`` caches; a decode leg receives its prompt instead)."""
+        (default: the prompt minus what ``chosen`` caches; a decode leg receives its prompt instead).
+
+        Only the blocks past those the index already holds there become speculative entries: an entry
+        for a stored block would outlive its eviction (entries end when confirmed or expired, and a block
+        already stored is confirmed only by being stored again), and claim it held for up to the TTL."""
         if prefill_tokens is None:
             # The valued credit, not the hit: a block loaded from a slower tier still costs its load time,
             # counted in prefill-token equivalents (``tier_value``).
@@ -320,8 +325,10 @@ class Router:
         self.load.dispatch(request_id or inp.request_id, chosen.target, prefill_tokens)
         if inp.session is not None:
             self.sessions.record(inp.session, chosen.target, now)
-        if self.config.speculative and inp.chains is not None and len(inp.chains):
-            self.indexer.add_speculative(SourceKey(chosen.instance, chosen.dp_rank), inp.chains, now=now)
+        if self.config.speculative and inp.chains is not None:
+            new = inp.chains[chosen.gpu_blocks + chosen.offload_blocks :]
+            if len(new):
+                self.indexer.add_speculative(SourceKey(chosen.instance, chosen.dp_rank), new, now=now)
 
     def first_token(self, rid: RequestId) -> None:
         self.load.first_token(rid)

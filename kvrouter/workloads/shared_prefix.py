@@ -50,6 +50,10 @@ class SharedPrefixParams(GeneratorParams, frozen=True, kw_only=True, forbid_unkn
     """Tokens generated per request."""
     fresh_questions: bool = False
     """Every request gets a new question and a random group, instead of cycling the fixed set."""
+    grouped: bool = False
+    """The fixed set in group order (group 0's prompts, then group 1's, ...) instead of shuffled: with
+    ``Bursts(size=prompts_per_group)`` each group arrives as one burst of a prefix nobody holds yet.
+    The prompts are the same either way; only their order changes."""
 
     def __post_init__(self) -> None:
         if self.num_groups < 1 or self.prompts_per_group < 1:
@@ -57,6 +61,8 @@ class SharedPrefixParams(GeneratorParams, frozen=True, kw_only=True, forbid_unkn
         _check_lengths(self.output_len, system_len=self.system_len, question_len=self.question_len)
         if self.question_len_max is not None and self.question_len_max < self.question_len:
             raise ValueError("question_len_max must be >= question_len")
+        if self.grouped and self.fresh_questions:
+            raise ValueError("grouped orders the fixed set; fresh_questions draws no fixed set")
 
 
 class SglangGspParams(SharedPrefixParams, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -178,7 +184,10 @@ def shared_prefix(
         q_lens = rng.integers(q_lo, q_hi + 1, n).tolist()
     else:
         size = params.num_groups * params.prompts_per_group
-        order = rng.permutation(size)[np.arange(n) % size] if n else np.zeros(0, dtype=np.int64)
+        perm = rng.permutation(size)  # drawn either way, so grouped and shuffled sets hold the same prompts
+        if params.grouped:
+            perm = np.arange(size)
+        order = perm[np.arange(n) % size] if n else np.zeros(0, dtype=np.int64)
         groups = (order // params.prompts_per_group).tolist()
         slots = (order % params.prompts_per_group).tolist()
         # A question's length belongs to the question, so a repeated prompt is token-identical.

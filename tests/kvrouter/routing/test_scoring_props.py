@@ -5,7 +5,11 @@ Reference for kv-aware (``policies.py``'s docstring, restated): cost = queued pr
 x prompt tokens still to compute + load_weight x in flight, divided by the target's weight; a target whose
 in-flight per weight exceeds load_bound x the fleet's mean + load_slack goes last unless every target does;
 then lower cost, then fewer in flight, then more cached.  Exact ties may come in any order (a hash ring
-breaks them), so the ranking must be sorted by that key, not equal to one particular order.
+breaks them), so the ranking must be sorted by that key, not equal to one particular order.  The placement
+band (``placement_band``) may reorder the leading run of that order whose targets are within bound, hold
+as much of the prompt as the first and cost at most (1 + placement_band) x its cost: that run comes first
+in any order, the rest in the reference order (tests/kvrouter/routing/test_placement_band.py checks how the
+band orders its run).
 """
 
 from __future__ import annotations
@@ -40,6 +44,20 @@ def ref_over(cands: list[Candidate]) -> set[str]:
 
 def ref_key(num_tokens: int, over: set[str], c: Candidate) -> tuple[bool, float, int, int]:
     return (c.target in over, ref_cost(num_tokens, c), c.in_flight, -c.cached_tokens)
+
+
+def ref_band(num_tokens: int, over: set[str], in_order: list[Candidate]) -> int:
+    """How many of the reference-ordered candidates form the placement band."""
+    if len(in_order) < 2:
+        return len(in_order)
+    lead = in_order[0]
+    limit = ref_cost(num_tokens, lead) * (1 + S.placement_band)
+    n = 0
+    for c in in_order:
+        if c.target in over or c.cached_tokens != lead.cached_tokens or ref_cost(num_tokens, c) > limit:
+            break
+        n += 1
+    return n
 
 
 candidate = st.builds(
@@ -77,7 +95,10 @@ def test_kv_aware_ranks_by_the_reference_key(cands: list[Candidate], num_tokens:
     assert sorted(c.target for c in ranked) == sorted(c.target for c in cands)  # a permutation
     over = ref_over(cands)
     keys = [ref_key(num_tokens, over, c) for c in ranked]
-    assert keys == sorted(keys), "not in reference order"
+    want = sorted(keys)
+    n = ref_band(num_tokens, over, sorted(cands, key=lambda c: ref_key(num_tokens, over, c)))
+    assert sorted(keys[:n]) == want[:n], "the placement band is not the reference's leading run"
+    assert keys[n:] == want[n:], "not in reference order after the placement band"
     for c in ranked:
         assert c.score == ref_cost(num_tokens, c)
     # the named guarantees, said directly

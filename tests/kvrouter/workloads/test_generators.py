@@ -254,3 +254,21 @@ def test_arrival_processes() -> None:
     assert [r.arrival_s for r in fast.requests] == [0.0, 0.0, 0.5, 0.5] and fast.metadata[
         "rate_multiplier"
     ] == 2.0
+
+
+def test_sglang_gsp_grouped_is_the_same_prompts_in_group_order() -> None:
+    """``grouped`` reorders the fixed set (one group after another, for bursts of one new prefix each);
+    the prompts themselves are those of the shuffled set with the same seed."""
+    params = {"num_groups": 4, "prompts_per_group": 3, "system_len": 64, "question_len": 8, "output_len": 4}
+    shuffled = make_workload("sglang-gsp", seed=3, **params)
+    grouped = make_workload("sglang-gsp", seed=3, grouped=True, **params)
+    runs = [r.group for r in grouped.requests]
+    assert runs == sorted(runs) and len(set(runs)) == 4
+    assert [r.group for r in shuffled.requests] != runs
+
+    def prompts(w: Workload) -> list[tuple[str | None, bytes]]:
+        return sorted((r.group, tokens(w, i).tobytes()) for i, r in enumerate(w.requests))
+
+    assert prompts(grouped) == prompts(shuffled)
+    with pytest.raises(ValueError, match="grouped"):
+        make_workload("sglang-gsp", grouped=True, fresh_questions=True, **params)
