@@ -119,6 +119,9 @@ class Gateway:
         self.session: aiohttp.ClientSession | None = None
         self.proxy: Proxy | None = None
         self._checks: asyncio.Task[None] | None = None
+        self.leader = True
+        """False in a worker of several on one host (``kvrouter.workers``): the leader alone writes index
+        snapshots, syncs with other hosts' replicas and runs the start-up fleet check."""
 
     def _health_changed(self, name: str, healthy: bool) -> None:
         for t in self.pool.upstreams[name].targets():
@@ -191,9 +194,9 @@ class Gateway:
             await self.subscriber.start()
             if restored:
                 mark_restored(self.subscriber, restored, time.monotonic())
-        if self.warm is not None:
+        if self.warm is not None and self.leader:
             await self.warm.start()
-        if self.shared is not None:
+        if self.shared is not None and self.leader:
             await self.shared.start()
         await self.tokens.warm(self.cfg.served_models())
         await self.pool.start(self.session)
@@ -202,7 +205,8 @@ class Gateway:
         await self.membership.start(self.session)
         await self.event_sources.start(self.session, [u.cfg for u in self.pool.upstreams.values()])
         await self.parity.start(self.session)
-        self._checks = asyncio.create_task(self._startup_checks(), name="fleet-check")
+        if self.leader:
+            self._checks = asyncio.create_task(self._startup_checks(), name="fleet-check")
 
     async def _startup_checks(self) -> None:
         """``kvrouter check`` at start-up, logged (token parity is the prober's: not checked twice)."""
@@ -225,12 +229,12 @@ class Gateway:
         await self.parity.stop()
         await self.event_sources.stop()
         await self.membership.stop()
-        if self.shared is not None:
+        if self.shared is not None and self.leader:
             await self.shared.stop()
         await self.pool.stop()
         if self.subscriber:
             await self.subscriber.stop()
         if self.warm is not None:
-            await self.warm.stop()
+            await self.warm.stop(final=self.leader)
         if self.session:
             await self.session.close()

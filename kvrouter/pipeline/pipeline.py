@@ -53,6 +53,14 @@ class Fleet(Protocol):
     def known_model(self, model: str | None) -> bool: ...
 
 
+class HeldCount(Protocol):
+    """Requests held by every worker process of the host (``kvrouter.host.QueueBoard``)."""
+
+    def held_total(self) -> int: ...
+
+    def add_held(self, d: int) -> None: ...
+
+
 RemoteLookup = Callable[[ParsedRequest, TokenIds], Awaitable[LookupResult | None]]
 """A remote indexer's answer for a request (None when it cannot be had: route on load alone)."""
 
@@ -97,9 +105,13 @@ class RequestPipeline:
         self.m = metrics
         self.remote = remote
         self.parity = parity or ParityTracker(cfg.parity)
-        self.gate = CapacityGate(cfg.limits.queue_size, cfg.limits.queue_timeout_s)
+        self.gate = CapacityGate(
+            cfg.limits.queue_size, cfg.limits.queue_timeout_s, on_depth=self.m.queue_depth.set
+        )
         self.active = 0
         """Requests held right now (reading, routing, queued or proxied)."""
+        self.held_host: HeldCount | None = None
+        """The host's count of held requests (several workers: ``limits.max_requests`` bounds them all)."""
         self._ids = itertools.count()
 
     # ------------------------------------------------------------------ admission
@@ -110,15 +122,20 @@ class RequestPipeline:
         backlog, and a rejection costs a fraction of a routed request, so the requests it keeps are served
         at a bounded latency."""
         cap = self.cfg.limits.max_requests
-        if cap and self.active >= cap:
+        host = self.held_host
+        if cap and (self.active if host is None else host.held_total()) >= cap:
             raise self.rejected(
                 Overloaded(f"the gateway holds {cap} requests already", reason="gateway_full")
             )
         self.active += 1
+        if host is not None:
+            host.add_held(1)
         try:
             yield
         finally:
             self.active -= 1
+            if host is not None:
+                host.add_held(-1)
 
     def rejected(self, err: Overloaded | ServiceUnavailable) -> Overloaded | ServiceUnavailable:
         """Count a rejection by its reason; returns it for the caller to raise."""
@@ -220,15 +237,12 @@ class RequestPipeline:
             d = self.decide(p, only=only, shadow=False)
             return None if d.reason == "at_capacity" else d
 
-        self.m.queue_depth.set(self.gate.waiting + 1)
         try:
-            d = await self.gate.acquire(attempt)
+            d = await self.gate.acquire(attempt)  # (the gate keeps the queue-depth gauge)
         except QueueFull as e:
             raise self.rejected(
                 Overloaded(f"all instances at capacity ({e.reason})", reason=e.reason)
             ) from None
-        finally:
-            self.m.queue_depth.set(self.gate.waiting)
         self._record(d)
         self.m.decision_seconds.observe(time.perf_counter() - p.started)
         if d.chosen is None:
@@ -275,7 +289,6 @@ class RequestPipeline:
         waiting request may take the freed capacity.  ``usage``: what vLLM reported, if it did."""
         self.router.finished(p.inp.request_id)
         self.gate.release()
-        self.m.queue_depth.set(self.gate.waiting)
         if usage is not None and usage.cached_tokens is not None:
             self.m.reported_cached.labels(chosen.target).inc(usage.cached_tokens)
             self.m.cached_error.observe(chosen.cached_tokens - usage.cached_tokens)
