@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import logging
 import time
 
@@ -41,6 +42,7 @@ from .metrics import GatewayMetrics
 from .parity_probe import ParityProber
 from .proxy import Proxy
 from .upstream import UpstreamPool
+from .upstream_http import UpstreamHttp
 
 log = logging.getLogger("kvrouter.gateway")
 
@@ -117,6 +119,8 @@ class Gateway:
             self.membership.membership, enabled=self.subscriber is not None and cfg.bind is None
         )
         self.session: aiohttp.ClientSession | None = None
+        self.http = UpstreamHttp()
+        """The proxy's client for http:// upstreams; health checks and scrapes use ``session``."""
         self.proxy: Proxy | None = None
         self._checks: asyncio.Task[None] | None = None
         self.leader = True
@@ -185,6 +189,7 @@ class Gateway:
             connect_timeout_s=g.connect_timeout_s,
             max_retries=g.max_retries,
             upstream_api_key=g.upstream_api_key,
+            http=None if os.environ.get("KVROUTER_AIOHTTP_CLIENT") else self.http,
         )
         restored = []
         if self.warm is not None:
@@ -236,5 +241,6 @@ class Gateway:
             await self.subscriber.stop()
         if self.warm is not None:
             await self.warm.stop(final=self.leader)
+        self.http.close()
         if self.session:
             await self.session.close()

@@ -28,6 +28,9 @@ from ..routing import Candidate
 from .errors import ClientGone, UpstreamFailed
 from .metrics import GatewayMetrics
 from .upstream import UpstreamPool
+from .upstream_http import UpstreamAnswer, UpstreamHttp
+
+Answer = aiohttp.ClientResponse | UpstreamAnswer
 
 log = logging.getLogger("kvrouter.gateway.proxy")
 
@@ -71,7 +74,10 @@ class Proxy:
         connect_timeout_s: float,
         max_retries: int,
         upstream_api_key: str | None = None,
+        http: UpstreamHttp | None = None,
     ) -> None:
+        self.http = http
+        """The lean client for http:// upstreams (None: every request through ``session``)."""
         self.session = session
         self.pool = pool
         self.pipeline = pipeline
@@ -137,7 +143,7 @@ class Proxy:
             total=None, connect=self.connect_timeout_s, sock_read=self.first_byte_timeout_s
         )
         watcher = UsageWatcher()
-        resp: aiohttp.ClientResponse | None = None
+        resp: Answer | None = None
         done = False
         try:  # the attempt's load is released in every path, exactly once (the finally)
             resp = await self._post(url, body, self._headers(request, chosen), timeout)
@@ -174,8 +180,12 @@ class Proxy:
 
     async def _post(
         self, url: str, body: bytes, headers: dict[str, str], timeout: aiohttp.ClientTimeout
-    ) -> aiohttp.ClientResponse:
+    ) -> Answer:
         try:
+            if self.http is not None and url.startswith("http://"):
+                return await self.http.post(
+                    url, body, headers, connect_timeout=timeout.connect, read_timeout=timeout.sock_read
+                )
             return await self.session.post(
                 url, data=body, headers=headers, timeout=timeout, auto_decompress=False
             )
@@ -188,7 +198,7 @@ class Proxy:
         except TimeoutError as e:
             raise UpstreamFailed("timeout", connection=False) from e
 
-    async def _read_all(self, resp: aiohttp.ClientResponse) -> bytes:
+    async def _read_all(self, resp: Answer) -> bytes:
         try:
             return await resp.read()
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as e:
@@ -199,7 +209,7 @@ class Proxy:
     async def _pump(
         self,
         request: web.Request,
-        resp: aiohttp.ClientResponse,
+        resp: Answer,
         out: web.StreamResponse,
         p: Prepared,
         chosen: Candidate,

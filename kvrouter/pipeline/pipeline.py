@@ -113,6 +113,8 @@ class RequestPipeline:
         self.held_host: HeldCount | None = None
         """The host's count of held requests (several workers: ``limits.max_requests`` bounds them all)."""
         self._ids = itertools.count()
+        self.id_prefix = "r"
+        """Request ids are ``<prefix><n>``: unique in this process (each worker of a host has its own)."""
 
     # ------------------------------------------------------------------ admission
     @contextmanager
@@ -181,7 +183,7 @@ class RequestPipeline:
                 tokens, self.cfg.block_size, lora_name=req.lora_name, cache_salt=req.cache_salt
             )
         inp = route_input(
-            RequestId(f"r{next(self._ids)}"),
+            RequestId(f"{self.id_prefix}{next(self._ids)}"),
             chains=chains,
             num_tokens=len(tokens) if tokens is not None else None,
             prefix_text=req.prefix_text(),
@@ -198,7 +200,7 @@ class RequestPipeline:
         t0 = time.perf_counter()
         req = ParsedRequest("completions", {}, b"")
         inp = route_input(
-            RequestId(f"r{next(self._ids)}"),
+            RequestId(f"{self.id_prefix}{next(self._ids)}"),
             chains=None,
             num_tokens=0,
             prefix_text="",

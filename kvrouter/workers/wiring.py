@@ -101,6 +101,7 @@ class WorkerHost:
         gw.pool.scrape_engines = self.leader
         gw.pipeline.gate.shared = self.queue
         gw.pipeline.held_host = self.queue
+        gw.pipeline.id_prefix = f"w{self.me}-r"
 
     def state(self) -> dict[str, object]:
         """For /health: this worker and what it lost of the others' speculative entries."""
