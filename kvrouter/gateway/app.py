@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import logging
 import time
 
@@ -189,7 +188,7 @@ class Gateway:
             connect_timeout_s=g.connect_timeout_s,
             max_retries=g.max_retries,
             upstream_api_key=g.upstream_api_key,
-            http=None if os.environ.get("KVROUTER_AIOHTTP_CLIENT") else self.http,
+            http=self.http if g.lean_client else None,
         )
         restored = []
         if self.warm is not None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections import deque
+from typing import cast
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -274,8 +275,8 @@ class _Conn(asyncio.Protocol):
         self._paused = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports are not asyncio.Transport subclasses: the same methods, duck-typed
+        self.transport = cast(asyncio.Transport, transport)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
