@@ -83,12 +83,14 @@ async def drive(
     concurrency: int | None = None,
     progress: Callable[[int], None] | None = None,
     timeout_s: float = 600.0,
+    fresh_connections: bool = False,
 ) -> list[LiveRecord]:
     """Send every request of ``wl`` to ``base``; closed loop with ``concurrency`` clients if given, else
-    at the workload's arrival times."""
+    at the workload's arrival times.  ``fresh_connections``: each request on a connection of its own (a
+    gateway of several workers on one port: the kernel picks the worker of every request)."""
     n = len(wl.requests)
     out: list[LiveRecord | None] = [None] * n
-    conn = aiohttp.TCPConnector(limit=0)
+    conn = aiohttp.TCPConnector(limit=0, force_close=fresh_connections)
     async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=timeout_s)) as s:
 
         async def run(i: int) -> None:

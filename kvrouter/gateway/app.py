@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 
 import aiohttp
 import msgspec
@@ -125,6 +126,8 @@ class Gateway:
         self.leader = True
         """False in a worker of several on one host (``kvrouter.workers``): the leader alone writes index
         snapshots, syncs with other hosts' replicas and runs the start-up fleet check."""
+        self.host_state: Callable[[], dict[str, object]] | None = None
+        """This worker's place on its host, for /health (None: one process)."""
 
     def _health_changed(self, name: str, healthy: bool) -> None:
         for t in self.pool.upstreams[name].targets():

@@ -102,6 +102,8 @@ class WorkerHost:
         gw.pipeline.gate.shared = self.queue
         gw.pipeline.held_host = self.queue
         gw.pipeline.id_prefix = f"w{self.me}-r"
+        gw.metrics.worker.labels(str(self.me)).set(1)
+        gw.host_state = self.state
 
     def state(self) -> dict[str, object]:
         """For /health: this worker and what it lost of the others' speculative entries."""
