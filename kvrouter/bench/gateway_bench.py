@@ -30,7 +30,15 @@ from tokenizer_cache import default_tokenizer_path
 from .common import peer_python, peerbench_dir
 from .proctree import TreeSampler
 
-RATIO_KEYS = ("rps_small", "rps_big", "added_p50_small_ms", "added_p50_big_ms", "cpu_ms_per_req_run")
+RATIO_KEYS = (
+    "rps_small",
+    "rps_big",
+    "added_p50_small_ms",
+    "added_p50_big_ms",
+    "cpu_ms_per_req_run",
+    "cpu_ms_per_req_small_harness",
+    "cpu_ms_per_req_big_harness",
+)
 
 
 def add_args(ap: argparse.ArgumentParser) -> None:
@@ -41,6 +49,12 @@ def add_args(ap: argparse.ArgumentParser) -> None:
         "--workers", default="1,2,cores", help="kvrouter worker counts to run, comma-separated ('cores')"
     )
     ap.add_argument("--no-peer", action="store_true", help="skip sglang-router")
+    ap.add_argument(
+        "--baseline-src",
+        default=None,
+        help="also run the kvrouter whose source tree is here (one process: e.g. `git archive` of an older "
+        "commit), as kvrouter_baseline",
+    )
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -134,6 +148,7 @@ def summary(r: dict[str, Any] | None) -> dict[str, Any]:
         else None,
         "cpu_ms_per_req_run": _g(r, "tree", "cpu_ms_per_req_run"),
         "pss_mb_end": _g(r, "tree", "pss_mb_end"),
+        "pss_mb_median": _g(r, "tree", "pss_mb_median"),
         "rss_sum_mb_end": _g(r, "tree", "rss_sum_mb_end"),
         "tree_mb_end": _g(r, "tree", "tree_mb_end"),
         "processes": _g(r, "tree", "processes"),
@@ -163,6 +178,16 @@ def main(a: argparse.Namespace) -> dict[str, Any]:
             "kvrouter.cli",
             f"http://127.0.0.1:{port}/livez",
             w + (w > 1),
+        )
+    if a.baseline_src:
+        port = free_ports((0, 1000))
+        cmd = f"env PYTHONPATH={Path(a.baseline_src).resolve()} {sys.executable} -m kvrouter.cli"
+        cmd += " --log-level WARNING serve --fleet {fleet} --port {port}"
+        out["runs"]["kvrouter_baseline"] = run_sampled(
+            [*harness, "--router", "custom", "--router-cmd", cmd, *common, "--router-port", str(port)],
+            "kvrouter.cli",
+            f"http://127.0.0.1:{port}/livez",
+            1,
         )
     if not a.no_peer:
         port = free_ports((0, 1000))

@@ -95,7 +95,11 @@ class TreeSampler:
         self._thread.join(5)
         pss = [m[2] for m in self.mem]
         rss = [m[1] for m in self.mem]
+        full = max((m[0] for m in self.mem), default=0)
+        # While every process of the tree is up (a worker being replaced or the tree stopping is not it).
+        pss_full = sorted(m[2] for m in self.mem if m[0] == full)
         return {
+            "pss_mb_median": round(pss_full[len(pss_full) // 2] / 1024, 1) if pss_full else None,
             "processes": max((m[0] for m in self.mem), default=0),
             "cpu_s": round(sum(self.cpu.values()) - sum(self.first_cpu.values()), 3),
             "pss_mb_start": round(pss[0] / 1024, 1) if pss else None,
