@@ -181,7 +181,10 @@ def main(a: argparse.Namespace) -> dict[str, Any]:
         )
     if a.baseline_src:
         port = free_ports((0, 1000))
-        cmd = f"env PYTHONPATH={Path(a.baseline_src).resolve()} {sys.executable} -m kvrouter.cli"
+        # Run from the baseline tree (``-m`` puts the working directory first on the path: from here it
+        # would import this tree's kvrouter)
+        src = Path(a.baseline_src).resolve()
+        cmd = f"env -C {src} PYTHONPATH={src} {sys.executable} -m kvrouter.cli"
         cmd += " --log-level WARNING serve --fleet {fleet} --port {port}"
         out["runs"]["kvrouter_baseline"] = run_sampled(
             [*harness, "--router", "custom", "--router-cmd", cmd, *common, "--router-port", str(port)],

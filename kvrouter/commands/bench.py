@@ -1,4 +1,4 @@
-"""``kvrouter bench [indexer|tokenizer|routing|gateway|redis|epp|parity|all]``: one JSON document out.
+"""``kvrouter bench [indexer|tokenizer|routing|gateway|redis|epp|parity|workers|all]``: one JSON document out.
 
 Each benchmark is a module of ``kvrouter.bench`` with ``add_args(parser)`` and ``main(args) -> dict``;
 peers (Dynamo's RadixTree, sglang-router) are measured in the same run when ``shared/peerbench`` and its
@@ -22,6 +22,7 @@ BENCHES = {
     "redis": "kvrouter.bench.redis_bench",
     "epp": "kvrouter.bench.epp_bench",
     "parity": "kvrouter.bench.parity_bench",
+    "workers": "kvrouter.bench.workers_bench",
 }
 ALL = ("indexer", "tokenizer", "routing", "gateway")
 
