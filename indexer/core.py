@@ -17,6 +17,7 @@ import msgspec
 import numpy as np
 
 from . import snapshot as _snapshot
+from .answers import AnswerCache, InstanceMatch, LookupResult
 from .backend import IndexBackend
 from .errors import BadBlockShape, BlockSizeMismatch, DecodeError, EventError, UnknownParent
 from .hashing import (
@@ -38,27 +39,7 @@ from .types import Medium, SourceKey, Trust
 from .wire import BatchDecoder, BlockRemoved, BlockStored, engine_hash_i64, peek_ts
 
 _U64_MAX = (1 << 64) - 1
-
-
-class InstanceMatch(msgspec.Struct, gc=False):
-    """One source's answer to a lookup."""
-
-    instance: str
-    dp_rank: int
-    matched_blocks: int
-    matched_tokens: int
-    tiers: dict[str, int]
-    speculative_blocks: int
-    trust: str
-
-
-class LookupResult(msgspec.Struct, gc=False):
-    block_size: int
-    num_tokens: int
-    instances: list[InstanceMatch]
-
-    def best(self) -> InstanceMatch | None:
-        return max(self.instances, key=lambda m: m.matched_blocks, default=None)
+_NO_CHAINS: I64Array = np.zeros(0, dtype=np.int64)
 
 
 class SpeculativeEntry(msgspec.Struct, gc=False):
@@ -112,6 +93,9 @@ class Indexer:
         router state); the shell drains it.  None (the default): nothing is kept."""
         self.counters = Counters()
         self._decoder = BatchDecoder()
+        # Kept lookup answers depend on the known sources and their trust: _epoch changes with either.
+        self._epoch = 0
+        self._answers = AnswerCache(block_size)
         self._syncs: dict[SourceKey, SourceSync] = {}
         self._known: dict[SourceKey, None] = {}  # sources to report even with nothing cached
         self.block_size_mismatch: dict[SourceKey, int] = {}
@@ -120,13 +104,24 @@ class Indexer:
     # ------------------------------------------------------------------ sources
     def register(self, source: SourceKey, *, has_replay: bool = False) -> SourceSync:
         """Declare a publisher (from the fleet file) so it is reported, as cold, before it sends anything."""
-        self._known[source] = None
+        if source not in self._known:
+            self._known[source] = None
+            self._epoch += 1
         sync = self._syncs.get(source)
         if sync is None:
-            sync = self._syncs[source] = SourceSync(has_replay=has_replay)
+            sync = self._syncs[source] = self._new_sync(has_replay)
         else:
             sync.has_replay = has_replay
         return sync
+
+    def _new_sync(self, has_replay: bool) -> SourceSync:
+        sync = SourceSync(has_replay=has_replay)
+        sync.on_trust_change = self._trust_changed
+        self._epoch += 1
+        return sync
+
+    def _trust_changed(self) -> None:
+        self._epoch += 1
 
     def sync(self, source: SourceKey) -> SourceSync:
         return self._syncs.get(source) or self.register(source)
@@ -148,12 +143,13 @@ class Indexer:
             self._syncs.pop(src, None)
             self.block_size_mismatch.pop(src, None)
             self.last_event_ts.pop(src, None)
+        self._epoch += 1
 
     def forget_source(self, source: SourceKey) -> None:
         """Drop a source's blocks and sequence state (silent too long); it shows as cold until it returns."""
         self.index.clear_source(source)
         old = self._syncs.get(source)
-        self._syncs[source] = SourceSync(has_replay=old.has_replay if old else False)
+        self._syncs[source] = self._new_sync(old.has_replay if old else False)
         self.block_size_mismatch.pop(source, None)
 
     def source_of(self, instance: str, payload: bytes, default_rank: int = 0) -> SourceKey:
@@ -211,7 +207,8 @@ class Indexer:
         except DecodeError as e:
             c.decode_errors[e.reason] += 1
             return 0
-        c.skipped_events.update(batch.skipped)
+        if batch.skipped:
+            c.skipped_events.update(batch.skipped)
         src = _source or SourceKey(instance, dp_rank if batch.dp_rank is None else batch.dp_rank)
         if src not in self._known:
             self.register(src)
@@ -273,7 +270,7 @@ class Indexer:
             # Hybrid models: only the first KV-cache group decides prefix reuse for routing.
             self.counters.skipped_events["other_group"] += 1
             return
-        medium = Medium.parse(ev.medium)
+        medium = Medium.GPU if ev.medium is None or ev.medium == "GPU" else Medium.parse(ev.medium)
         n = len(ev.block_hashes)
         if n == 0:
             return
@@ -303,8 +300,10 @@ class Indexer:
         extras = ev.extra_keys
         if extras and any(extras):
             content = self._mix_extras(content, extras, ev.lora_name, first=ev.parent_block_hash is None)
-        chains = chain(content, prev)
-        self.index.store(src, engines, chains, medium)
+        if isinstance(self.index, BlockIndex):
+            self.index.store_content(src, engines, content, prev, medium)  # chained there, in one call
+        else:
+            self.index.store(src, engines, chain(content, prev), medium)
         self.counters.blocks_stored += n
 
     def _link_offload(self, src: SourceKey, engines: I64Array, medium: Medium) -> None:
@@ -394,15 +393,19 @@ class Indexer:
         """
         if now is not None:
             self.index.expire(now)
-        matches = self._match_tokens(token_ids, base_hash(lora_name, cache_salt))
-        return self._result(len(token_ids), matches)
+        base = base_hash(lora_name, cache_salt)
+        if isinstance(token_ids, np.ndarray) and isinstance(self.index, BlockIndex):
+            # The gateway's input (the tokenizer cache keeps arrays): hashed during the index walk.
+            return self._answer(self.index.match_token_rows(token_ids, self.block_size, base), len(token_ids))
+        return self._lookup(self._prompt_chains(token_ids, base), len(token_ids))
 
     def lookup_chains(self, chains: I64Array, num_tokens: int, *, now: float | None = None) -> LookupResult:
         if now is not None:
             self.index.expire(now)
-        return self._result(num_tokens, self.index.match(chains))
+        return self._lookup(chains, num_tokens)
 
-    def _match_tokens(self, tokens: TokenIds, base: int) -> list[SourceMatch]:
+    def _prompt_chains(self, tokens: TokenIds, base: int) -> I64Array:
+        """The prompt's chain hashes, up to the first chunk whose first block nobody holds."""
         bs = self.block_size
         total = len(tokens) // bs
         done = 0
@@ -419,9 +422,29 @@ class Indexer:
                 break
             chunk *= 2
         if not parts:
-            return []
-        all_chains = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        return self.index.match(all_chains)
+            return _NO_CHAINS
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def _lookup(self, chains: I64Array, num_tokens: int) -> LookupResult:
+        ix = self.index
+        if not isinstance(ix, BlockIndex):
+            return self._result(num_tokens, ix.match(chains) if len(chains) else [])
+        return self._answer(ix.match_rows(chains), num_tokens)
+
+    def _answer(self, rows: I64Array, num_tokens: int) -> LookupResult:
+        """The in-process index's rows as a result, from kept answers (one gather at a thousand sources,
+        not a thousand new objects)."""
+        ix = self.index
+        assert isinstance(ix, BlockIndex)
+        version = (self._epoch, ix.slots_version, tuple(self.block_size_mismatch))
+        if self._answers.version != version:
+            self._answers.rebuild(
+                version, list(self._known), ix.slot_id, lambda s: self.trust(s).value, ix.slot_count()
+            )
+        out = self._answers.answer(rows)
+        if out is None:
+            return self._result(num_tokens, ix.rows_to_matches(rows))
+        return LookupResult(self.block_size, num_tokens, out)
 
     def _result(self, num_tokens: int, matches: list[SourceMatch]) -> LookupResult:
         bs = self.block_size

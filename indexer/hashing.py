@@ -194,22 +194,26 @@ def content_hashes_raw(raw: bytes | memoryview, block_size: int) -> tuple[I64Arr
     return out.view(np.int64), count
 
 
+@njit(inline="always")
+def block_nh(tokens: Any, base: int, block_size: int) -> Any:
+    """``_parse_blocks``'s hash of the block ``tokens[base : base + block_size]`` (checked uint32 values),
+    as a uint64: inlined into the kernels that hash as they go."""
+    acc = np.uint64(0)
+    for k in range(1, block_size, 2):
+        acc += (np.uint64(tokens[base + k - 1]) + _K[k - 1]) * (np.uint64(tokens[base + k]) + _K[k])
+    if block_size & 1:
+        acc += (np.uint64(tokens[base + block_size - 1]) + _K[block_size - 1]) * _K[block_size]
+    h = acc ^ np.uint64(block_size)
+    h = (h ^ (h >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    h = (h ^ (h >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return h ^ (h >> np.uint64(31))
+
+
 @njit(cache=True, nogil=True, boundscheck=False)
 def _array_blocks(tokens: Any, block_size: int, n_blocks: int, out: Any) -> None:
     """``_parse_blocks``'s block hash over an integer array (values already checked to be uint32)."""
-    m2 = np.uint64(0xBF58476D1CE4E5B9)
-    m3 = np.uint64(0x94D049BB133111EB)
     for b in range(n_blocks):
-        base = b * block_size
-        acc = np.uint64(0)
-        for k in range(1, block_size, 2):
-            acc += (np.uint64(tokens[base + k - 1]) + _K[k - 1]) * (np.uint64(tokens[base + k]) + _K[k])
-        if block_size & 1:
-            acc += (np.uint64(tokens[base + block_size - 1]) + _K[block_size - 1]) * _K[block_size]
-        h = acc ^ np.uint64(block_size)
-        h = (h ^ (h >> np.uint64(30))) * m2
-        h = (h ^ (h >> np.uint64(27))) * m3
-        out[b] = h ^ (h >> np.uint64(31))
+        out[b] = block_nh(tokens, b * block_size, block_size)
 
 
 TokenIds = Sequence[int] | npt.NDArray[np.integer[Any]]
@@ -254,7 +258,9 @@ def content_hashes(
     return out.view(np.int64)
 
 
-def _checked_array(seg: npt.NDArray[np.integer[Any]], block_size: int) -> npt.NDArray[np.integer[Any]]:
+def checked_tokens(seg: npt.NDArray[np.integer[Any]], block_size: int) -> npt.NDArray[np.integer[Any]]:
+    """The ids as a contiguous integer array the compiled kernels read (uint32 passes as is).  Raises
+    ``TokenEncodingError`` for a bad block size or ids outside 0 .. 2**32-1."""
     if not 0 < block_size <= MAX_BLOCK_SIZE:
         raise TokenEncodingError(f"block size {block_size} outside 1..{MAX_BLOCK_SIZE}")
     if seg.dtype == np.uint32:  # the tokenizer cache's arrays: nothing to check
@@ -268,7 +274,7 @@ def _checked_array(seg: npt.NDArray[np.integer[Any]], block_size: int) -> npt.ND
 
 def _content_hashes_array(seg: npt.NDArray[np.integer[Any]], block_size: int, n: int) -> I64Array:
     out = np.empty(n, dtype=np.uint64)
-    _array_blocks(_checked_array(seg, block_size), block_size, n, out)
+    _array_blocks(checked_tokens(seg, block_size), block_size, n, out)
     return out.view(np.int64)
 
 
@@ -293,7 +299,7 @@ def chained_hashes(tokens: TokenIds, block_size: int, start_block: int, n_blocks
     lo = start_block * block_size
     if isinstance(tokens, np.ndarray):  # hashed in place, in one compiled pass
         out = np.empty(n, dtype=np.uint64)
-        seg = _checked_array(tokens[lo : lo + n * block_size], block_size)
+        seg = checked_tokens(tokens[lo : lo + n * block_size], block_size)
         _array_chain(seg, block_size, n, np.uint64(prev & _MASK), out)
         return out.view(np.int64)
     try:

@@ -4,17 +4,20 @@
 
     sources ──slot──▶ group = slot // 64, bit = 1 << (slot % 64)
 
-    _maps[medium][group] : ChainHash ──▶ int64 mask of the group's slots holding it   (cykhash, 16 B/entry)
-    _engine[slot]        : EngineHash ──▶ ChainHash                                   (cykhash, per source)
-    _extra_refs          : (slot, medium, ChainHash) ──▶ references beyond the first  (sparse)
+    _chains        : ChainHash ──▶ the groups holding it, each with a mask of its slots    (one table)
+                     (+ per-kind masks [gpu, cpu, storage, speculative] where not all GPU)
+    _engine[slot]  : EngineHash ──▶ ChainHash                                            (per source)
+    _extra_refs    : (slot, medium, ChainHash) ──▶ references beyond the first             (sparse)
 
-A lookup chains the prompt, reads every group's masks for the chain in one C call per map (stopping at the
-first block nobody holds), ANDs them cumulatively and reads each source's matched depth off the points
-where the running mask loses bits.  Holes end a match: a block missing from a source ends that source's
-match even if later blocks are present.
+(``indexer.tables`` holds the tables and their compiled kernels.)  A lookup chains the prompt and walks it
+once in the chain table, keeping the masks of the groups still matching and reading each source's depth
+off the depth where its bit disappears; it stops at the first block nobody holds.  Its cost follows the
+matched depth and the groups holding those blocks, not the number of sources.  Holes end a match: a block
+missing from a source ends that source's match even if later blocks are present.
 
 Invariants
-* a chain hash is a key of ``_maps[m][g]`` iff some slot of group g holds it in medium m (mask != 0);
+* a chain hash has an entry iff some slot holds it in some medium or speculatively; a group appears for a
+  chain iff some slot of the group does (its mask != 0);
 * ``_engine[slot]`` maps exactly the engine hashes whose chain the slot holds in at least one medium;
 * a slot's reference count for (chain, medium) is ``bit set`` + ``_extra_refs`` (duplicates are counted).
 
@@ -25,18 +28,25 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from typing import Any
 
 import cykhash
 import msgspec
 import numpy as np
+import numpy.typing as npt
 
+from .chain_table import MAX_GROUPS, SPECULATIVE, ChainTable, ct_store_chained
+from .engine_table import EngineTable
 from .errors import SourceOverCapacity
-from .hashing import I64Array
+from .hashing import I64Array, checked_tokens
+from .match_walk import match_chains, match_tokens
 from .types import ChainHash, Medium, SourceKey
 
 GROUP = 64
+_U64 = (1 << 64) - 1
+_MEDIA_KINDS = 0b111  # kind bits of GPU, CPU, STORAGE (speculative is bit 3)
 # Speculative updates of at most this many chains use per-key calls: for a short prompt they cost a
-# fifth of the vectorised path's temporary maps (0.6 against 3.3 us for two chains).
+# fifth of the vectorised path's temporary maps.
 _SMALL_BATCH = 16
 MEDIA = tuple(Medium)
 
@@ -94,17 +104,19 @@ class BlockIndex:
         self._slots: dict[SourceKey, int] = {}
         self._keys: list[SourceKey | None] = []
         self._free: list[int] = []
-        self._maps: dict[Medium, list[cykhash.Int64toInt64Map]] = {m: [] for m in MEDIA}
-        self._engine: list[cykhash.Int64toInt64Map | None] = []
+        self._chains = ChainTable()
+        self._engine: list[EngineTable | None] = []
         self._counts: list[list[int]] = []
         self._extra_refs: dict[tuple[int, Medium, int], int] = {}
-        # speculative entries: one map per group, plus per-(slot, chain) expiry
-        self._spec: list[cykhash.Int64toInt64Map] = []
+        # speculative entries: their bits live in the chain table (kind SPECULATIVE); per slot, the
+        # expiry of each chain
         self._spec_expiry: dict[int, cykhash.Int64toFloat64Map] = {}
         # A heap by expiry: peers' entries (shared router state) arrive with what is left of their TTL, so
         # entries are not added in expiry order.
         self._spec_queue: list[tuple[float, int, _Spec]] = []
         self._spec_seq = itertools.count()
+        self.slots_version = 0
+        """Changes whenever a slot is given to or taken from a source."""
 
     # ------------------------------------------------------------------ sources
     def slot_of(self, source: SourceKey) -> int:
@@ -117,17 +129,23 @@ class BlockIndex:
             self._keys[slot] = source
         else:
             slot = len(self._keys)
+            if slot // GROUP >= MAX_GROUPS:
+                raise SourceOverCapacity(f"more than {MAX_GROUPS * GROUP} sources in one index")
             self._keys.append(source)
             self._engine.append(None)
             self._counts.append([0, 0, 0])
-            if slot % GROUP == 0:
-                for m in MEDIA:
-                    self._maps[m].append(cykhash.Int64toInt64Map())
-                self._spec.append(cykhash.Int64toInt64Map())
-        self._engine[slot] = cykhash.Int64toInt64Map()
+        self._engine[slot] = EngineTable()
         self._counts[slot] = [0, 0, 0]
         self._slots[source] = slot
+        self.slots_version += 1
         return slot
+
+    def slot_id(self, source: SourceKey) -> int | None:
+        return self._slots.get(source)
+
+    def slot_count(self) -> int:
+        """Slots ever allocated (free ones included): an upper bound of every slot number."""
+        return len(self._keys)
 
     def sources(self) -> list[SourceKey]:
         return list(self._slots)
@@ -142,6 +160,10 @@ class BlockIndex:
         """(source, block, medium) entries held."""
         return sum(sum(c) for c, k in zip(self._counts, self._keys) if k is not None)
 
+    def nbytes(self) -> int:
+        """Bytes of the tables' arrays (the index's bulk; Python bookkeeping per source not counted)."""
+        return self._chains.nbytes() + sum(e.nbytes() for e in self._engine if e is not None)
+
     def engine_chain(self, source: SourceKey, engine_hash: int) -> ChainHash | None:
         """The chain hash the source's engine hash resolves to (to chain a child, or to link an offload)."""
         slot = self._slots.get(source)
@@ -149,7 +171,7 @@ class BlockIndex:
             return None
         em = self._engine[slot]
         assert em is not None
-        v = em.get(engine_hash)
+        v = em.get_one(engine_hash)
         return None if v is None else ChainHash(v)
 
     # ------------------------------------------------------------------ writes
@@ -164,23 +186,53 @@ class BlockIndex:
             raise SourceOverCapacity(
                 f"{source.label()} would hold more than {self.max_blocks_per_source} blocks"
             )
-        g, bit = slot // GROUP, _bit(slot)
-        gmap = self._maps[medium][g]
-        masks = np.empty(n, dtype=np.int64)
-        cykhash.Int64toInt64Map_to(gmap, chains, masks, False, 0)
-        held = (masks & bit) != 0
-        cykhash.update_int64toint64map(gmap, cykhash.Int64toInt64Map_from_buffers(chains, masks | bit))
+        chains = np.ascontiguousarray(chains, dtype=np.int64)
+        held = self._chains.set(chains, slot // GROUP, _bit(slot), int(medium))
         n_held = int(np.count_nonzero(held))
         counts[medium] += n - n_held
         if n_held:
-            for i in np.flatnonzero(held).tolist():
-                key = (slot, medium, int(chains[i]))
+            for c in chains[held].tolist():
+                key = (slot, medium, c)
                 self._extra_refs[key] = self._extra_refs.get(key, 0) + 1
         em = self._engine[slot]
         assert em is not None
-        cykhash.update_int64toint64map(em, cykhash.Int64toInt64Map_from_buffers(engine_hashes, chains))
+        em.put(np.ascontiguousarray(engine_hashes, dtype=np.int64), chains)
         if self._spec_expiry:
             self._confirm(slot, chains)
+
+    def store_content(
+        self, source: SourceKey, engine_hashes: I64Array, content: I64Array, prev: int, medium: Medium
+    ) -> I64Array:
+        """``store`` of blocks given by their content hashes, chained after ``prev`` here (one compiled
+        call for the whole event: the ingest path).  ``content`` becomes the chains; returns it."""
+        n = len(content)
+        if n == 0:
+            return content
+        slot = self.slot_of(source)
+        counts = self._counts[slot]
+        if counts[medium] + n > self.max_blocks_per_source:
+            raise SourceOverCapacity(
+                f"{source.label()} would hold more than {self.max_blocks_per_source} blocks"
+            )
+        em = self._engine[slot]
+        assert em is not None
+        self._chains.reserve(n)
+        em.reserve(n)
+        t = self._chains
+        held, added = ct_store_chained(
+            t.R, t.SP, t.st, em.E, content, np.uint64(prev & _U64), engine_hashes, slot // GROUP,
+            _bit(slot), int(medium),
+        )  # fmt: skip
+        em.n += added
+        n_held = int(np.count_nonzero(held))
+        counts[medium] += n - n_held
+        if n_held:
+            for c in content[held].tolist():
+                key = (slot, medium, c)
+                self._extra_refs[key] = self._extra_refs.get(key, 0) + 1
+        if self._spec_expiry:
+            self._confirm(slot, content)
+        return content
 
     def remove(self, source: SourceKey, engine_hashes: I64Array, medium: Medium) -> int:
         """Drop one reference per engine hash.  Returns how many hashes were unknown (already gone)."""
@@ -194,16 +246,14 @@ class BlockIndex:
         em = self._engine[slot]
         assert em is not None
         g, bit = slot // GROUP, _bit(slot)
-        gmap = self._maps[medium][g]
-        chains = np.empty(n, dtype=np.int64)
-        if cykhash.Int64toInt64Map_to(em, engine_hashes, chains, False, 0) != n:
-            known = np.fromiter((e in em for e in engine_hashes.tolist()), dtype=bool, count=n)
+        engine_hashes = np.ascontiguousarray(engine_hashes, dtype=np.int64)
+        chains, known = em.get(engine_hashes)
+        if not known.all():
             engine_hashes, chains = engine_hashes[known], chains[known]
-        masks = np.empty(len(chains), dtype=np.int64)
-        cykhash.Int64toInt64Map_to(gmap, chains, masks, False, 0)
-        held = (masks & bit) != 0
+        kinds = self._chains.kinds(chains, g, bit)
+        held = (kinds & (1 << medium)) != 0
         if not held.all():
-            engine_hashes, chains, masks = engine_hashes[held], chains[held], masks[held]
+            engine_hashes, chains, kinds = engine_hashes[held], chains[held], kinds[held]
         unknown = n - len(chains)
         if self._extra_refs:
             keep = np.ones(len(chains), dtype=bool)
@@ -216,21 +266,14 @@ class BlockIndex:
                         del self._extra_refs[key]
                     else:
                         self._extra_refs[key] = extra - 1
-            engine_hashes, chains, masks = engine_hashes[keep], chains[keep], masks[keep]
+            engine_hashes, chains, kinds = engine_hashes[keep], chains[keep], kinds[keep]
         if not len(chains):
             return unknown
-        self._clear_bits(gmap, chains, masks, bit)
+        self._chains.clear(chains, g, bit, int(medium))
         self._counts[slot][medium] -= len(chains)
         # Engine ids go once the source holds the block in no medium at all.
-        elsewhere = np.zeros(len(chains), dtype=bool)
-        for m in MEDIA:
-            other = self._maps[m][g]
-            if m != medium and self._counts[slot][m] and len(other):
-                om = np.empty(len(chains), dtype=np.int64)
-                cykhash.Int64toInt64Map_to(other, chains, om, False, 0)
-                elsewhere |= (om & bit) != 0
-        for e in engine_hashes[~elsewhere].tolist():
-            em.discard(e)
+        elsewhere = (kinds & (_MEDIA_KINDS & ~(1 << medium))) != 0
+        em.discard(engine_hashes[~elsewhere])
         return unknown
 
     def clear_source(self, source: SourceKey) -> None:
@@ -241,14 +284,11 @@ class BlockIndex:
         em = self._engine[slot]
         assert em is not None
         g, bit = slot // GROUP, _bit(slot)
+        chains = np.unique(em.items()[1])
         for m in MEDIA:
-            if not self._counts[slot][m]:
-                continue
-            gmap = self._maps[m][g]
-            for c in set(em.values()):
-                if gmap.get(c, 0) & bit:
-                    self._clear_bit(gmap, c, bit)
-        self._engine[slot] = cykhash.Int64toInt64Map()
+            if self._counts[slot][m]:
+                self._chains.clear(chains, g, bit, int(m))
+        self._engine[slot] = EngineTable()
         self._counts[slot] = [0, 0, 0]
         self._extra_refs = {k: v for k, v in self._extra_refs.items() if k[0] != slot}
         self._drop_spec(slot)
@@ -262,26 +302,7 @@ class BlockIndex:
         self._keys[slot] = None
         self._engine[slot] = None
         self._free.append(slot)
-
-    @staticmethod
-    def _clear_bits(gmap: cykhash.Int64toInt64Map, chains: I64Array, masks: I64Array, bit: int) -> None:
-        """Clear ``bit`` in the masks of ``chains`` (currently ``masks``); a key whose mask empties goes."""
-        rest = masks & ~bit
-        gone = rest == 0
-        for c in chains[gone].tolist():
-            gmap.discard(c)
-        if not gone.all():
-            cykhash.update_int64toint64map(
-                gmap, cykhash.Int64toInt64Map_from_buffers(chains[~gone], rest[~gone])
-            )
-
-    @staticmethod
-    def _clear_bit(gmap: cykhash.Int64toInt64Map, c: int, bit: int) -> None:
-        m = gmap.get(c, 0) & ~bit  # an absent key stays absent
-        if m:
-            gmap[c] = m
-        else:
-            gmap.discard(c)
+        self.slots_version += 1
 
     # ------------------------------------------------------------------ speculative entries
     def add_speculative(self, source: SourceKey, chains: I64Array, *, now: float, ttl: float) -> None:
@@ -290,22 +311,18 @@ class BlockIndex:
             return
         self.expire(now)
         slot = self.slot_of(source)
-        g, bit = slot // GROUP, _bit(slot)
-        smap = self._spec[g]
+        chains = np.ascontiguousarray(chains, dtype=np.int64)
         expiry = now + ttl
         exp = self._spec_expiry.get(slot)
         if exp is None:
             exp = self._spec_expiry[slot] = cykhash.Int64toFloat64Map()
+        self._chains.set(chains, slot // GROUP, _bit(slot), SPECULATIVE)
         if len(chains) <= _SMALL_BATCH:
             # A short prompt (one request per call on the gateway's path): per-key calls cost a fifth of
-            # building the temporary maps the vectorised updates need.
+            # building the temporary map the vectorised update needs.
             for c in chains.tolist():
-                smap[c] = smap.get(c, 0) | bit
                 exp[c] = expiry
         else:
-            masks = np.empty(len(chains), dtype=np.int64)
-            cykhash.Int64toInt64Map_to(smap, chains, masks, False, 0)
-            cykhash.update_int64toint64map(smap, cykhash.Int64toInt64Map_from_buffers(chains, masks | bit))
             cykhash.update_int64tofloat64map(
                 exp, cykhash.Int64toFloat64Map_from_buffers(chains, np.full(len(chains), expiry))
             )
@@ -321,12 +338,8 @@ class BlockIndex:
             if exp is None or not len(exp):
                 continue
             if len(item.chains) <= _SMALL_BATCH:
-                g, bit = item.slot // GROUP, _bit(item.slot)
-                smap = self._spec[g]
-                for c in item.chains.tolist():
-                    if exp.get(c, np.inf) <= now:
-                        exp.discard(c)
-                        self._clear_bit(smap, c, bit)
+                due = [c for c in item.chains.tolist() if exp.get(c, np.inf) <= now]
+                self._drop_spec_chains(item.slot, np.array(due, dtype=np.int64))
                 continue
             cur = np.empty(len(item.chains), dtype=np.float64)
             cykhash.Int64toFloat64Map_to(exp, item.chains, cur, False, np.inf)
@@ -335,17 +348,22 @@ class BlockIndex:
     def speculative_entries(self) -> int:
         return sum(len(m) for m in self._spec_expiry.values())
 
+    @property
+    def _spec(self) -> list[dict[int, int]]:
+        """Per group of 64 slots: chain -> mask of the slots holding it speculatively (introspection)."""
+        out: list[dict[int, int]] = [{} for _ in range(self._n_groups())]
+        for slot, c, _ in self._chains.dump(SPECULATIVE).tolist():
+            d = out[slot // GROUP]
+            d[c] = d.get(c, 0) | _bit(slot)
+        return out
+
     def _drop_spec_chains(self, slot: int, chains: I64Array) -> None:
         if not len(chains):
             return
         exp = self._spec_expiry[slot]
         for c in chains.tolist():
             exp.discard(c)
-        g, bit = slot // GROUP, _bit(slot)
-        smap = self._spec[g]
-        masks = np.empty(len(chains), dtype=np.int64)
-        cykhash.Int64toInt64Map_to(smap, chains, masks, False, 0)
-        self._clear_bits(smap, chains, masks, bit)
+        self._chains.clear(np.ascontiguousarray(chains), slot // GROUP, _bit(slot), SPECULATIVE)
 
     def _confirm(self, slot: int, chains: I64Array) -> None:
         exp = self._spec_expiry.get(slot)
@@ -363,33 +381,21 @@ class BlockIndex:
     # ------------------------------------------------------------------ snapshots
     def export_sources(self) -> list[SourceBlocks]:
         """Every source's blocks (speculative entries excluded: they live seconds, on a process clock)."""
-        tables: dict[tuple[Medium, int], tuple[I64Array, I64Array]] = {}
-
-        def table(m: Medium, g: int) -> tuple[I64Array, I64Array]:
-            t = tables.get((m, g))
-            if t is None:
-                gmap = self._maps[m][g]
-                keys = np.fromiter(gmap.keys(), dtype=np.int64, count=len(gmap))
-                vals = np.empty(len(keys), dtype=np.int64)
-                cykhash.Int64toInt64Map_to(gmap, keys, vals, False, 0)
-                t = tables[(m, g)] = (keys, vals)
-            return t
-
+        rows = self._chains.dump()  # [slot, chain, medium], one row per (slot, chain, medium) held
+        rows = rows[np.argsort(rows[:, 0] * 4 + rows[:, 2], kind="stable")]
+        keys = rows[:, 0] * 4 + rows[:, 2]
         extra: dict[tuple[int, Medium], list[tuple[int, int]]] = {}
         for (slot, m, c), n in self._extra_refs.items():
             extra.setdefault((slot, m), []).append((c, n))
         out = []
         for source, slot in self._slots.items():
-            g, bit = slot // GROUP, _bit(slot)
             em = self._engine[slot]
             assert em is not None
-            engines = np.fromiter(em.keys(), dtype=np.int64, count=len(em))
-            chains = np.empty(len(engines), dtype=np.int64)
-            cykhash.Int64toInt64Map_to(em, engines, chains, False, 0)
+            engines, chains = em.items()
             held, xc, xn = [], [], []
             for m in MEDIA:
-                keys, vals = table(m, g) if self._counts[slot][m] else (np.zeros(0, np.int64),) * 2
-                held.append(_i64(keys[(vals & bit) != 0]))
+                lo, hi = np.searchsorted(keys, [slot * 4 + m, slot * 4 + m + 1])
+                held.append(_i64(rows[lo:hi, 1]))
                 pairs = extra.get((slot, m), [])
                 xc.append(_i64(np.array([c for c, _ in pairs], dtype=np.int64)))
                 xn.append(_i64(np.array([n for _, n in pairs], dtype=np.int64)))
@@ -405,111 +411,44 @@ class BlockIndex:
             g, bit = slot // GROUP, _bit(slot)
             em = self._engine[slot]
             assert em is not None
-            cykhash.update_int64toint64map(
-                em, cykhash.Int64toInt64Map_from_buffers(_arr(sb.engines), _arr(sb.engine_chains))
-            )
+            em.put(_arr(sb.engines), _arr(sb.engine_chains))
             for m in MEDIA:
                 chains = _arr(sb.held[m])
-                gmap = self._maps[m][g]
-                masks = np.empty(len(chains), dtype=np.int64)
-                cykhash.Int64toInt64Map_to(gmap, chains, masks, False, 0)
-                cykhash.update_int64toint64map(
-                    gmap, cykhash.Int64toInt64Map_from_buffers(chains, masks | bit)
-                )
+                self._chains.set(chains, g, bit, int(m))
                 self._counts[slot][m] = len(chains)
                 for c, n in zip(_arr(sb.extra_chains[m]).tolist(), _arr(sb.extra_counts[m]).tolist()):
                     self._extra_refs[(slot, m, c)] = n
 
     # ------------------------------------------------------------------ reads
+    def _n_groups(self) -> int:
+        return (len(self._keys) + GROUP - 1) // GROUP
+
     def held_by_any(self, chain_hash: int) -> bool:
         """Whether any source holds (or is about to hold) this block, in any medium."""
-        for maps in self._maps.values():
-            for mp in maps:
-                if chain_hash in mp:
-                    return True
-        return any(chain_hash in mp for mp in self._spec)
+        return self._chains.contains(chain_hash)
+
+    def match_rows(self, chains: I64Array) -> I64Array:
+        """``match`` as rows ``[slot, blocks, cpu, storage, speculative]`` (GPU: the rest), no objects built:
+        the lookup's fast path."""
+        t = self._chains
+        chains = np.ascontiguousarray(chains, dtype=np.int64)
+        return match_chains(t.R, t.SP, chains, self._n_groups())
+
+    def match_token_rows(self, tokens: npt.NDArray[np.integer[Any]], block_size: int, base: int) -> I64Array:
+        """``match_rows`` of a prompt given as a token-id array: its full blocks hashed during the walk (and
+        only up to the first block nobody holds).  Raises ``TokenEncodingError`` for ids outside uint32."""
+        t = self._chains
+        seg = checked_tokens(tokens[: len(tokens) // block_size * block_size], block_size)
+        return match_tokens(t.R, t.SP, seg, block_size, base, self._n_groups())
 
     def match(self, chains: I64Array) -> list[SourceMatch]:
         """Matched leading blocks per source, for sources matching at least one block."""
-        n = len(chains)
+        return self.rows_to_matches(self.match_rows(chains))
+
+    def rows_to_matches(self, rows: I64Array) -> list[SourceMatch]:
         out: list[SourceMatch] = []
-        if n == 0:
-            return out
-        for g in range(len(self._spec)):
-            self._match_group(g, chains, out)
-        return out
-
-    def _match_group(self, g: int, chains: I64Array, out: list[SourceMatch]) -> None:
-        n = len(chains)
-        layers: list[tuple[int, np.ndarray]] = []  # (kind, masks): kind 0..2 = Medium, 3 = speculative
-        maps = [(int(m), self._maps[m][g]) for m in MEDIA]
-        maps.append((3, self._spec[g]))
-        live = [(k, mp) for k, mp in maps if len(mp)]
-        if not live:
-            return
-        if len(live) == 1:
-            masks = np.empty(n, dtype=np.int64)
-            found = cykhash.Int64toInt64Map_to(live[0][1], chains, masks, True, 0)
-            if not found:
-                return
-            anyv = masks[:found]
-            layers.append((live[0][0], anyv))
-        else:
-            anyv = np.zeros(n, dtype=np.int64)
-            for k, mp in live:
-                masks = np.empty(n, dtype=np.int64)
-                cykhash.Int64toInt64Map_to(mp, chains, masks, False, 0)
-                anyv |= masks
-                layers.append((k, masks))
-            zero = np.flatnonzero(anyv == 0)
-            found = int(zero[0]) if len(zero) else n
-            if not found:
-                return
-            anyv = anyv[:found]
-        acc = np.bitwise_and.accumulate(anyv)
-        # acc only loses bits as it goes; a slot's depth is where its bit disappears.
-        depth_of: dict[int, int] = {}
-        change = (np.flatnonzero(acc[1:] != acc[:-1]) + 1).tolist()
-        prev = int(acc[0])
-        for k in change:
-            cur = int(acc[k])
-            self._bits_into(prev & ~cur, k, depth_of)
-            prev = cur
-        self._bits_into(prev, found, depth_of)
-        single_gpu = len(layers) == 1 and layers[0][0] == Medium.GPU
-        for b, depth in depth_of.items():
-            slot = g * GROUP + b
+        for slot, depth, cpu, storage, spec in rows.tolist():
             key = self._keys[slot]
-            if key is None:
-                continue
-            sm = SourceMatch(key, depth)
-            if single_gpu:
-                sm.gpu = depth
-            else:
-                self._split_tiers(sm, layers, _bit(slot), depth)
-            out.append(sm)
-
-    @staticmethod
-    def _bits_into(mask: int, depth: int, depth_of: dict[int, int]) -> None:
-        mask &= (1 << 64) - 1
-        while mask:
-            low = mask & -mask
-            depth_of[low.bit_length() - 1] = depth
-            mask ^= low
-
-    @staticmethod
-    def _split_tiers(sm: SourceMatch, layers: list[tuple[int, np.ndarray]], bit: int, depth: int) -> None:
-        """Each matched block counts once, in the best tier holding it: GPU, CPU, STORAGE, speculative."""
-        taken = np.zeros(depth, dtype=bool)
-        for kind, masks in sorted(layers, key=lambda x: x[0]):
-            has = ((masks[:depth] & bit) != 0) & ~taken
-            cnt = int(np.count_nonzero(has))
-            taken |= has
-            if kind == Medium.GPU:
-                sm.gpu = cnt
-            elif kind == Medium.CPU:
-                sm.cpu = cnt
-            elif kind == Medium.STORAGE:
-                sm.storage = cnt
-            else:
-                sm.speculative = cnt
+            if key is not None:
+                out.append(SourceMatch(key, depth, depth - cpu - storage - spec, cpu, storage, spec))
+        return out

@@ -24,6 +24,7 @@ Methods return the actions the shell must carry out, in order; nothing here does
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 
 import msgspec
 
@@ -59,7 +60,9 @@ class SourceSync:
         self.has_replay = has_replay
         self.max_pending = max_pending
         self.phase = Phase.COLD
-        self.trust = Trust.COLD
+        self._trust = Trust.COLD
+        self.on_trust_change: Callable[[], None] | None = None
+        """Called after every change of ``trust`` (the owning ``Indexer`` caches lookup answers by trust)."""
         self.last: int | None = None
         self.last_ts: float | None = None
         self.pending: dict[int, tuple[bytes, float | None]] = {}
@@ -73,6 +76,17 @@ class SourceSync:
         self._mid_stream = False  # the current sync fills a gap after applied batches (vs. a late join)
         self._from_last = False  # the current replay started at ``last`` itself (reconnect, idle probe)
         self._received = 0  # replayed batches received in the current sync
+
+    @property
+    def trust(self) -> Trust:
+        return self._trust
+
+    @trust.setter
+    def trust(self, value: Trust) -> None:
+        if value is not self._trust:
+            self._trust = value
+            if self.on_trust_change is not None:
+                self.on_trust_change()
 
     def _newer_process(self, seq: int, ts: float | None) -> bool:
         return (

@@ -9,6 +9,9 @@ instance that already caches a prefix reports only the new blocks (parent = its 
 Measured: ingest blocks/s (msgpack decode + our hashing + index updates), hashing + lookup per 8k-token
 query (p50/p99, and the full-hash worst case) from a list of ints and from a uint32 array (the gateway's
 input: the tokenizer cache keeps arrays), bytes of RSS per indexed (instance, block) pair.
+
+``--instances N --blocks M`` (or ``--scales``) measures the fleet-scale workload instead, Dynamo beside
+it in the same run: see ``indexer_fleet``.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from indexer import Indexer
 from indexer.encode import PayloadEncoder
 
 from ..percentiles import summary_us
+from . import indexer_fleet
 from .common import peer_python, peerbench_dir, rss_bytes, run_peer
 
 MASK64 = (1 << 64) - 1
@@ -165,9 +169,16 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--release", default="0.33.0", help="vLLM release whose payload shape to feed")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--no-peer", action="store_true", help="skip Dynamo's RadixTree")
+    indexer_fleet.add_fleet_args(ap)
 
 
 def main(a: argparse.Namespace) -> dict[str, Any]:
+    if a.scales:
+        return indexer_fleet.run_scales(a)
+    if a.instances is not None or a.blocks is not None:
+        if a.instances is None or a.blocks is None:
+            raise ValueError("fleet mode needs both --instances and --blocks")
+        return indexer_fleet.run_scale(a)
     ours = run(a)
     out: dict[str, Any] = {"bench": "indexer", "config": {k: v for k, v in vars(a).items() if k != "func"}}
     out["kvrouter"] = ours

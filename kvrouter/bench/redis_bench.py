@@ -32,11 +32,13 @@ import numpy as np
 import redis
 
 from indexer import Indexer
+from indexer.encode import PayloadEncoder
 from indexer.redis_index import RedisBlockIndex
 
 from ..percentiles import summary_us
 from ..routing import PolicyName
-from . import indexer_bench
+from . import indexer_bench, indexer_fleet
+from .fleet_workload import Fleet
 
 AGREEMENT_CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "llmd-precise@60qps": ("llmd-precise", {"num_requests": 750, "arrival": {"type": "poisson", "rate": 60}}),
@@ -138,6 +140,52 @@ def run_lookup(a: argparse.Namespace, url: str) -> dict[str, Any]:
     return out
 
 
+def run_fleet(a: argparse.Namespace, url: str) -> dict[str, Any]:
+    """The fleet-scale workload (``indexer_fleet``) into ``RedisBlockIndex``: ingest rate, Redis memory
+    per (instance, block) pair, and lookups of the uint32 prompts as ``Indexer.lookup`` makes them (chunked
+    hashing with an EXISTS per chunk, then the match script)."""
+    spec = indexer_fleet.spec_of(a)
+    fleet = Fleet(spec)
+    client = redis.Redis.from_url(url, decode_responses=False)
+    client.flushdb()
+    mem0 = client.info("memory")["used_memory"]
+    ix = Indexer(spec.block_size, index=RedisBlockIndex(client, namespace="bench"))
+    enc = PayloadEncoder(a.release)
+    t_store = 0.0
+    for lo in range(0, len(fleet), indexer_fleet.CHUNK):
+        batch = indexer_fleet.payloads(fleet, enc, lo, min(lo + indexer_fleet.CHUNK, len(fleet)))
+        t0 = time.perf_counter()
+        for name, p in batch:
+            ix.apply_payload(name, p)
+        t_store += time.perf_counter() - t0
+    if ix.counters.event_errors:
+        raise RuntimeError(f"events not applied: {dict(ix.counters.event_errors)}")
+    mem = client.info("memory")["used_memory"] - mem0
+    pairs = fleet.pairs()
+    lat: list[float] = []
+    correct = 0
+    queries = [fleet.query(q) for q in range(spec.queries)]
+    arrays = [(f"vllm-{i}", np.frombuffer(t, dtype="<u2").astype(np.uint32)) for i, t in queries]
+    for _, qa in arrays[:50]:
+        ix.lookup(qa)
+    for name, qa in arrays:
+        t0 = time.perf_counter()
+        res = ix.lookup(qa)
+        lat.append(time.perf_counter() - t0)
+        best = res.best()
+        correct += best is not None and best.instance == name and best.matched_blocks == spec.cached_blocks
+    client.close()
+    return {
+        "config": {"instances": spec.instances, "blocks": spec.blocks},
+        "pairs": pairs,
+        "ingest_store_blocks_per_s": round(pairs / t_store, 1),
+        "redis_used_memory_mb": round(mem / 2**20, 1),
+        "redis_bytes_per_pair": round(mem / pairs, 1),
+        "lookup_8k_uint32_array": summary_us(lat),
+        "expected_match": f"{correct}/{len(arrays)}",
+    }
+
+
 def run_agreement(a: argparse.Namespace) -> dict[str, Any]:
     from ..routing import RouterConfig
     from ..sim.evaluation.compare import EvalSpec, load_workload, summarize
@@ -153,7 +201,7 @@ def run_agreement(a: argparse.Namespace) -> dict[str, Any]:
     for case in a.cases:
         wl, overrides = AGREEMENT_CASES[case]
         spec = EvalSpec(
-            workload=wl, overrides=overrides, fleet=FleetSimConfig(instances=a.instances, seed=a.seed)
+            workload=wl, overrides=overrides, fleet=FleetSimConfig(instances=a.instances or 8, seed=a.seed)
         )
         work = load_workload(spec)
         cache = BlockContentCache(work.token_space, spec.fleet.block_size)
@@ -178,7 +226,8 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--skip-lookup", action="store_true")
     ap.add_argument("--skip-agreement", action="store_true")
     ap.add_argument("--replicas", type=int, default=4)
-    ap.add_argument("--instances", type=int, default=8)
+    # --instances (agreement: the fleet's size, default 8) and --blocks come from indexer_bench: with both
+    # given, the lookup part runs the fleet-scale workload instead (see run_fleet)
     ap.add_argument("--intervals", type=float, nargs="+", default=[0.05, 0.2], help="sync periods, seconds")
     ap.add_argument("--cases", nargs="+", default=list(AGREEMENT_CASES), choices=list(AGREEMENT_CASES))
 
@@ -187,7 +236,8 @@ def main(a: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"bench": "redis", "config": {k: v for k, v in vars(a).items() if k != "func"}}
     if not a.skip_lookup:
         with local_redis(a.redis_url) as url:
-            out["lookup"] = run_lookup(a, url)
+            fleet = a.instances is not None and a.blocks is not None
+            out["lookup"] = run_fleet(a, url) if fleet else run_lookup(a, url)
     if not a.skip_agreement:
         out["agreement"] = run_agreement(a)
         worst = {

@@ -30,15 +30,21 @@ ALL = ("indexer", "tokenizer", "routing", "gateway")
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("which", nargs="?", default="all", choices=[*BENCHES, "all"])
     p.add_argument("--out", default=None, help="also write the JSON here")
+    p.add_argument(
+        "options",
+        nargs=argparse.REMAINDER,
+        help="options of the one benchmark named (e.g. indexer --instances 1000 --blocks 10000)",
+    )
 
 
-def _run(name: str) -> dict[str, Any]:
+def _run(name: str, options: list[str]) -> dict[str, Any]:
     mod = importlib.import_module(BENCHES[name])
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(prog=f"kvrouter bench {name}")
     mod.add_args(ap)
+    args = ap.parse_args(options)
     t0 = time.perf_counter()
     try:
-        res: dict[str, Any] = mod.main(ap.parse_args([]))
+        res: dict[str, Any] = mod.main(args)
     except Exception as e:  # a benchmark that cannot run says why; the others still report
         res = {"error": repr(e)}
     res["bench_wall_s"] = round(time.perf_counter() - t0, 1)
@@ -47,7 +53,10 @@ def _run(name: str) -> dict[str, Any]:
 
 def run(a: argparse.Namespace) -> int:
     names = ALL if a.which == "all" else (a.which,)
-    out = {name: _run(name) for name in names}
+    options = list(getattr(a, "options", None) or [])
+    if options and a.which == "all":
+        raise SystemExit("options are for one benchmark: kvrouter bench indexer --instances ...")
+    out = {name: _run(name, options) for name in names}
     text = json.dumps(out, indent=1, default=str)
     print(text)
     if a.out:
@@ -57,4 +66,4 @@ def run(a: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run(argparse.Namespace(which="all", out=None)))
+    sys.exit(run(argparse.Namespace(which="all", out=None, options=[])))
