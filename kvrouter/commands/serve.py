@@ -7,7 +7,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import os
+from pathlib import Path
 
 from aiohttp import web
 
@@ -22,12 +24,31 @@ from .heap import freeze_on_startup
 log = logging.getLogger("kvrouter.serve")
 
 
-def default_workers() -> int:
-    """The cores this process may run on."""
+def default_workers(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+    """The cores this process may run on: its CPU affinity, capped by its cgroup's CPU quota (a
+    container's CPU limit: a pod limited to 2 CPUs on a 64-core node gets 2 workers, not 64)."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cores = max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
+        cores = max(1, os.cpu_count() or 1)
+    quota = cpu_quota(cgroup)
+    return cores if quota is None else max(1, min(cores, math.ceil(quota)))
+
+
+def cpu_quota(cgroup: Path) -> float | None:
+    """CPUs the cgroup may use per period (cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us`` /
+    ``cpu.cfs_period_us``); None when unlimited or unreadable."""
+    try:
+        quota, period = (cgroup / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        quota_us = int((cgroup / "cpu" / "cpu.cfs_quota_us").read_text())
+        period_us = int((cgroup / "cpu" / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return quota_us / period_us if quota_us > 0 and period_us > 0 else None
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
