@@ -69,6 +69,10 @@ class AgreementConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Assumed one-way gateway-to-engine overhead on the live path (HTTP, proxying), real seconds."""
     tolerance: float = 0.02
     """Largest accepted |live - simulated| hit rate (fraction of prompt tokens)."""
+    workers: int = 0
+    """0: the gateway in this process.  N >= 1: ``kvrouter serve --workers N`` as a process tree, every
+    request on a fresh connection (the kernel picks its worker: requests sharing a prefix meet in different
+    workers, which must agree on load and speculative entries as one process does)."""
 
 
 class AgreementResult(msgspec.Struct, kw_only=True):
@@ -86,6 +90,8 @@ class AgreementResult(msgspec.Struct, kw_only=True):
     live_wall_s: float
     sim_wall_s: float
     config: AgreementConfig
+    per_worker: dict[str, int] | None = None
+    """With ``config.workers``: the requests each worker answered (by worker number)."""
 
 
 def workload_for(cfg: AgreementConfig) -> Workload:
@@ -105,9 +111,12 @@ def sim_fleet_config(cfg: AgreementConfig) -> FleetSimConfig:
     )
 
 
-async def run_live(cfg: AgreementConfig, workload: Workload) -> tuple[Workload, list[LiveRecord], float]:
+async def run_live(
+    cfg: AgreementConfig, workload: Workload
+) -> tuple[Workload, list[LiveRecord], float, dict[str, int] | None]:
     """Start the fleet and the gateway, materialize ``workload`` with the fleet's tokenizer, drive it.
-    Returns the materialized workload, the records and the wall time of the drive."""
+    Returns the materialized workload, the records, the wall time of the drive and (``cfg.workers``) the
+    requests each worker answered."""
     from aiohttp import web
 
     from indexer.config import parse_fleet
@@ -129,6 +138,13 @@ async def run_live(cfg: AgreementConfig, workload: Workload) -> tuple[Workload, 
         tok = fleet.tokenizer
         mat = materialize(workload, tokenize_with(tok.encode_prompt, tok.encode_chat))
         raw = {**fleet.fleet_dict(), "routing": {"policy": cfg.policy, "shadow": False}}
+        if cfg.workers:
+            from .agreement_served import drive_served
+
+            recs, wall, per_worker = await drive_served(
+                raw, cfg.workers, mat, fleet_cfg.model, cfg.concurrency
+            )
+            return mat, recs, wall, per_worker
         gcfg = parse_fleet(raw, RouterFleetConfig)
         gw = Gateway(gcfg, tokens=FleetTokens.from_config(gcfg))
         runner = web.AppRunner(build_gateway(gw), handler_cancellation=True)
@@ -147,7 +163,7 @@ async def run_live(cfg: AgreementConfig, workload: Workload) -> tuple[Workload, 
             await runner.cleanup()
             if isinstance(gw.tokens, FleetTokens):
                 gw.tokens.close()
-    return mat, recs, wall
+    return mat, recs, wall, None
 
 
 async def _until_subscribed(gw: Any, keys: list[Any], timeout_s: float = 20.0) -> None:
@@ -165,7 +181,7 @@ async def _until_subscribed(gw: Any, keys: list[Any], timeout_s: float = 20.0) -
 def check(cfg: AgreementConfig | None = None) -> AgreementResult:
     """Run the workload live, then in the virtual fleet, and compare."""
     cfg = cfg or AgreementConfig()
-    mat, recs, live_wall = asyncio.run(run_live(cfg, workload_for(cfg)))
+    mat, recs, live_wall, per_worker = asyncio.run(run_live(cfg, workload_for(cfg)))
     ok = [r for r in recs if r.status == 200 and r.error is None]
     live_prompt = sum(r.prompt_tokens for r in ok)
     live_hit = sum(r.cached_tokens for r in ok) / live_prompt if live_prompt else 0.0
@@ -192,6 +208,7 @@ def check(cfg: AgreementConfig | None = None) -> AgreementResult:
         live_wall_s=live_wall,
         sim_wall_s=sim_wall,
         config=cfg,
+        per_worker=per_worker,
     )
 
 
@@ -202,11 +219,13 @@ def report(res: AgreementResult) -> str:
     return "\n".join(
         [
             f"{c.workload} ({res.requests} requests, {c.concurrency} clients) on {c.instances} x {c.profile} "
-            f"at {c.speed:g}x, policy {c.policy}",
+            f"at {c.speed:g}x, policy {c.policy}"
+            + (f", kvrouter serve --workers {c.workers}" if c.workers else ""),
             f"  live (HTTP + ZeroMQ)  hit rate {res.live_hit_rate:.2%}  ({res.live_wall_s:.1f} s, "
             f"{res.live_errors} errors, {res.prompt_token_mismatches} prompt-length mismatches)",
             f"  simulated             hit rate {res.sim_hit_rate:.2%}  ({res.sim_wall_s:.1f} s)",
             f"  difference {res.difference * 100:+.2f} points (tolerance {c.tolerance * 100:.1f}): "
             f"{verdict}; same cached tokens on {res.same_cached_tokens:.0%} of requests",
+            *([f"  requests answered per worker: {res.per_worker}"] if res.per_worker else []),
         ]
     )

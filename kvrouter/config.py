@@ -124,6 +124,9 @@ class GatewayConfig(msgspec.Struct, frozen=True):
     """If set, sent upstream as the bearer key instead of the client's."""
     indexer_url: str | None = None
     """Use a remote `kvrouter indexer` instead of the embedded one."""
+    lean_client: bool = True
+    """Send routed requests to http:// upstreams through the gateway's own HTTP/1.1 client
+    (``gateway/upstream_http.py``), which costs less CPU per request than aiohttp's; false: aiohttp's."""
 
 
 class ParityConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

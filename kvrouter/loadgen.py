@@ -97,16 +97,19 @@ async def drive(
     concurrency: int | None = None,
     progress: Callable[[int], None] | None = None,
     timeout_s: float = 600.0,
+    fresh_connections: bool = False,
 ) -> list[LiveRecord]:
     """Send every request of ``wl`` to ``base``; closed loop with ``concurrency`` clients if given, else
     at the workload's arrival times.  Several bases (router replicas behind a round-robin balancer):
-    request ``i`` of the workload goes to ``base[i % len(base)]``."""
+    request ``i`` of the workload goes to ``base[i % len(base)]``.  ``fresh_connections``: each request on a
+    connection of its own (a gateway of several workers on one port: the kernel picks the worker of every
+    request)."""
     bases = [base] if isinstance(base, str) else list(base)
     if not bases:
         raise ValueError("drive needs at least one base URL")
     n = len(wl.requests)
     out: list[LiveRecord | None] = [None] * n
-    conn = aiohttp.TCPConnector(limit=0)
+    conn = aiohttp.TCPConnector(limit=0, force_close=fresh_connections)
     epoch = time.perf_counter()
     async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=timeout_s)) as s:
 

@@ -35,6 +35,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--capacity-blocks", type=int, default=None, help="KV blocks per instance")
     p.add_argument("--policy", default=d.policy)
     p.add_argument("--tolerance", type=float, default=d.tolerance, help="largest |live - sim| hit rate")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=d.workers,
+        help="0: the gateway in this process; N: kvrouter serve --workers N, a fresh connection per request",
+    )
     p.add_argument("--json", dest="json_out", default=None, help="also write the result as JSON here")
 
 
@@ -51,6 +57,7 @@ def config_from_args(a: argparse.Namespace) -> AgreementConfig:
         capacity_blocks=a.capacity_blocks,
         policy=a.policy,
         tolerance=a.tolerance,
+        workers=a.workers,
     )
 
 

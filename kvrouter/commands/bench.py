@@ -1,4 +1,4 @@
-"""``kvrouter bench [indexer|tokenizer|routing|gateway|redis|replicas|epp|parity|all] [its options]``:
+"""``kvrouter bench [indexer|tokenizer|routing|gateway|redis|replicas|epp|parity|workers|all] [its options]``:
 one JSON document out.
 
 Each benchmark is a module of ``kvrouter.bench`` with ``add_args(parser)`` and ``main(args) -> dict``;
@@ -24,6 +24,7 @@ BENCHES = {
     "replicas": "kvrouter.bench.replicas_bench",
     "epp": "kvrouter.bench.epp_bench",
     "parity": "kvrouter.bench.parity_bench",
+    "workers": "kvrouter.bench.workers_bench",
 }
 ALL = ("indexer", "tokenizer", "routing", "gateway")
 

@@ -28,6 +28,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--markdown", default=None, help="also write the table (and notes) as Markdown here")
     p.add_argument("--only", default=None, help=f"comma-separated scenarios, of: {', '.join(SCENARIOS)}")
     p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="kvrouter serve --workers for the load scenario's gateway (default: serve's, one per core)",
+    )
+    p.add_argument(
         "--verbose", action="store_true", help="keep the scenarios' logs (default: errors only, on stderr)"
     )
 
@@ -49,7 +55,7 @@ def run(a: argparse.Namespace) -> int:
         factory = uvloop.new_event_loop
     t0 = time.perf_counter()
     with asyncio.Runner(loop_factory=factory) as runner:
-        results = runner.run(run_suite(names, quick=a.quick, progress=sys.stderr))
+        results = runner.run(run_suite(names, quick=a.quick, progress=sys.stderr, workers=a.workers))
     wall = time.perf_counter() - t0
     head = (
         f"kvrouter reliability{' --quick' if a.quick else ''}: {len(results)} scenarios in {wall:.0f} s "

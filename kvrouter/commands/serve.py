@@ -1,22 +1,54 @@
-"""``kvrouter serve --fleet FILE [--host 127.0.0.1] [--port 8080] [--policy kv-aware]``: the gateway."""
+"""``kvrouter serve --fleet FILE [--host 127.0.0.1] [--port 8080] [--policy kv-aware] [--workers N]``: the
+gateway.  ``--workers`` (default: the machine's cores) worker processes accept on one port and route as one
+(``kvrouter.workers``); ``--workers 1`` is one process, no fork."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import logging
+import math
+import os
+from pathlib import Path
 
 from aiohttp import web
 
 from indexer.errors import ConfigError
 
-from ..config import load_router_fleet
+from ..config import RouterFleetConfig, load_router_fleet
 from ..gateway import Gateway, build_gateway
 from ..pipeline import FleetTokens
 from ..routing import ALL_POLICIES
 from .heap import freeze_on_startup
 
 log = logging.getLogger("kvrouter.serve")
+
+
+def default_workers(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+    """The cores this process may run on: its CPU affinity, capped by its cgroup's CPU quota (a
+    container's CPU limit: a pod limited to 2 CPUs on a 64-core node gets 2 workers, not 64)."""
+    try:
+        cores = max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        cores = max(1, os.cpu_count() or 1)
+    quota = cpu_quota(cgroup)
+    return cores if quota is None else max(1, min(cores, math.ceil(quota)))
+
+
+def cpu_quota(cgroup: Path) -> float | None:
+    """CPUs the cgroup may use per period (cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us`` /
+    ``cpu.cfs_period_us``); None when unlimited or unreadable."""
+    try:
+        quota, period = (cgroup / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        quota_us = int((cgroup / "cpu" / "cpu.cfs_quota_us").read_text())
+        period_us = int((cgroup / "cpu" / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return quota_us / period_us if quota_us > 0 and period_us > 0 else None
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -27,27 +59,45 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-events", action="store_true", help="do not subscribe to KV events (load/prefix only)"
     )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="worker processes on one port, sharing one view of the fleet (default: the machine's cores)",
+    )
 
 
-def run(args: argparse.Namespace) -> int:
-    try:
-        cfg = load_router_fleet(args.fleet)
-    except ConfigError as e:
-        log.error("%s", e)
-        return 2
+def _use_uvloop() -> None:
     try:
         import uvloop
 
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     except ImportError:
         pass
+
+
+def _serve(
+    args: argparse.Namespace,
+    cfg: RouterFleetConfig,
+    tokens: FleetTokens,
+    *,
+    host: object | None = None,
+    reuse_port: bool = False,
+) -> int:
+    _use_uvloop()
     gw = Gateway(
         cfg,
-        tokens=FleetTokens.from_config(cfg),
+        tokens=tokens,
         policy=args.policy,
         subscribe=not args.no_events,
         fleet_path=args.fleet,
     )
+    if host is not None:
+        from ..workers import WorkerHost
+
+        assert isinstance(host, WorkerHost)
+        host.attach(gw)
+        gw.leader = host.leader
     app = build_gateway(gw)
     app.on_startup.append(freeze_on_startup)  # after the gateway's start: tokenizers are loaded by then
     log.info(
@@ -57,7 +107,37 @@ def run(args: argparse.Namespace) -> int:
             "port": args.port,
             "policy": gw.router.config.policy,
             "instances": len(cfg.instances),
+            "worker": getattr(host, "me", None),
         },
     )
-    web.run_app(app, host=args.host, port=args.port, print=None, access_log=None, handler_cancellation=True)
+    web.run_app(
+        app,
+        host=args.host,
+        port=args.port,
+        print=None,
+        access_log=None,
+        handler_cancellation=True,
+        reuse_port=reuse_port or None,
+    )
     return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        cfg = load_router_fleet(args.fleet)
+    except ConfigError as e:
+        log.error("%s", e)
+        return 2
+    n = args.workers if args.workers is not None else default_workers()
+    if n < 1:
+        log.error("--workers must be at least 1")
+        return 2
+    tokens = FleetTokens.from_config(cfg)
+    if n == 1:
+        return _serve(args, cfg, tokens)
+    from ..workers import Supervisor, preload, shared_host
+
+    preload(cfg, tokens)
+    mem = shared_host(cfg, n)
+    log.info("starting workers", extra={"workers": n, "port": args.port})
+    return Supervisor(n, lambda h: _serve(args, cfg, tokens, host=h, reuse_port=True), mem).run()

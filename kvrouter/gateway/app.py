@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 
 import aiohttp
 import msgspec
@@ -46,6 +47,7 @@ from .metrics import GatewayMetrics
 from .parity_probe import ParityProber
 from .proxy import Proxy
 from .upstream import UpstreamPool
+from .upstream_http import UpstreamHttp
 
 log = logging.getLogger("kvrouter.gateway")
 
@@ -131,9 +133,16 @@ class Gateway:
             self.membership.membership, enabled=self.subscriber is not None and cfg.bind is None
         )
         self.session: aiohttp.ClientSession | None = None
+        self.http = UpstreamHttp()
+        """The proxy's client for http:// upstreams; health checks and scrapes use ``session``."""
         self.proxy: Proxy | None = None
         self.disagg: DisaggProxy | None = None
         self._checks: asyncio.Task[None] | None = None
+        self.leader = True
+        """False in a worker of several on one host (``kvrouter.workers``): the leader alone writes index
+        snapshots, syncs with other hosts' replicas and runs the start-up fleet check."""
+        self.host_state: Callable[[], dict[str, object]] | None = None
+        """This worker's place on its host, for /health (None: one process)."""
 
     def _health_changed(self, name: str, healthy: bool) -> None:
         for t in self.pool.upstreams[name].targets():
@@ -224,6 +233,7 @@ class Gateway:
             connect_timeout_s=g.connect_timeout_s,
             max_retries=g.max_retries,
             upstream_api_key=g.upstream_api_key,
+            http=self.http if g.lean_client else None,
         )
         self.disagg = DisaggProxy(self.proxy)
         self.adapters.session = self.session
@@ -236,9 +246,9 @@ class Gateway:
             await self.subscriber.start()
             if restored:
                 mark_restored(self.subscriber, restored, time.monotonic())
-        if self.warm is not None:
+        if self.warm is not None and self.leader:
             await self.warm.start()
-        if self.shared is not None:
+        if self.shared is not None and self.leader:
             await self.shared.start()
         await self.tokens.warm(self.cfg.served_models())
         await self.pool.start(self.session)
@@ -247,7 +257,8 @@ class Gateway:
         await self.membership.start(self.session)
         await self.event_sources.start(self.session, [u.cfg for u in self.pool.upstreams.values()])
         await self.parity.start(self.session)
-        self._checks = asyncio.create_task(self._startup_checks(), name="fleet-check")
+        if self.leader:
+            self._checks = asyncio.create_task(self._startup_checks(), name="fleet-check")
 
     async def _startup_checks(self) -> None:
         """``kvrouter check`` at start-up, logged (token parity is the prober's: not checked twice)."""
@@ -270,12 +281,13 @@ class Gateway:
         await self.parity.stop()
         await self.event_sources.stop()
         await self.membership.stop()
-        if self.shared is not None:
+        if self.shared is not None and self.leader:
             await self.shared.stop()
         await self.pool.stop()
         if self.subscriber:
             await self.subscriber.stop()
         if self.warm is not None:
-            await self.warm.stop()
+            await self.warm.stop(final=self.leader)
+        self.http.close()
         if self.session:
             await self.session.close()

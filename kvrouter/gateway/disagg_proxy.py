@@ -39,7 +39,7 @@ from ..api.usage import UsageReport, UsageWatcher
 from ..pipeline import Prepared
 from ..routing import Candidate, PDPlan
 from .errors import ClientGone, UpstreamFailed
-from .proxy import _HOP, Proxy, set_nodelay
+from .proxy import _HOP, Answer, Proxy, set_nodelay
 
 log = logging.getLogger("kvrouter.gateway.disagg")
 
@@ -199,7 +199,7 @@ class DisaggProxy:
                 self.pipeline.response_seen(p, response_id, d)
 
         watcher = UsageWatcher(on_id)
-        resp: aiohttp.ClientResponse | None = None
+        resp: Answer | None = None
         done = False
         try:  # the leg's load is released in every path, exactly once (the finally)
             resp = await self.proxy._post(self.pool.url(d.instance) + path, body, headers, self._timeout())
@@ -237,7 +237,7 @@ class DisaggProxy:
             # The decode leg reports the prefill instance's cache hit, not its own: nothing to compare.
             self.pipeline.finished(p, d, None)
 
-    async def _first_chunk(self, resp: aiohttp.ClientResponse) -> bytes:
+    async def _first_chunk(self, resp: Answer) -> bytes:
         """The stream's first bytes; ``UpstreamFailed`` if it fails or ends before any."""
         try:
             chunk = await asyncio.wait_for(resp.content.readany(), self.proxy.first_byte_timeout_s)

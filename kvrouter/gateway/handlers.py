@@ -162,6 +162,8 @@ async def health(request: web.Request) -> web.Response:
         "membership": gw.membership.state(),
         "token_parity": gw.pipeline.parity.state(),
     }
+    if gw.host_state is not None:
+        body["worker"] = gw.host_state()
     return web.json_response(body, status=200 if healthy else 503)
 
 

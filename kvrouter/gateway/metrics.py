@@ -54,3 +54,9 @@ class GatewayMetrics:
             "Tasks alive on the gateway's event loop when scraped (a steady climb is a leak)",
             registry=r,
         )
+        self.worker = Gauge(
+            "kvrouter_worker",
+            "1, labelled with the worker of the host that answered this scrape (kvrouter serve --workers N)",
+            ["worker"],
+            registry=r,
+        )

@@ -35,6 +35,9 @@ from ..routing import Candidate
 from .errors import AdapterMissing, ClientGone, UpstreamFailed
 from .metrics import GatewayMetrics
 from .upstream import UpstreamPool
+from .upstream_http import UpstreamAnswer, UpstreamHttp
+
+Answer = aiohttp.ClientResponse | UpstreamAnswer
 
 log = logging.getLogger("kvrouter.gateway.proxy")
 
@@ -92,7 +95,10 @@ class Proxy:
         connect_timeout_s: float,
         max_retries: int,
         upstream_api_key: str | None = None,
+        http: UpstreamHttp | None = None,
     ) -> None:
+        self.http = http
+        """The lean client for http:// upstreams (None: every request through ``session``)."""
         self.session = session
         self.pool = pool
         self.pipeline = pipeline
@@ -187,7 +193,7 @@ class Proxy:
                 self.pipeline.response_seen(p, rid, chosen)
 
         watcher = UsageWatcher(on_id)
-        resp: aiohttp.ClientResponse | None = None
+        resp: Answer | None = None
         done = False
         try:  # the attempt's load is released in every path, exactly once (the finally)
             resp = await self._send(method, url, body, self._headers(request, p, chosen), timeout)
@@ -232,7 +238,7 @@ class Proxy:
         body: bytes | AsyncIterator[bytes],
         headers: dict[str, str],
         timeout: aiohttp.ClientTimeout,
-    ) -> aiohttp.ClientResponse:
+    ) -> Answer:
         if method == "POST":
             return await self._post(url, body, headers, timeout)
         try:
@@ -253,8 +259,13 @@ class Proxy:
         body: bytes | AsyncIterator[bytes],
         headers: dict[str, str],
         timeout: aiohttp.ClientTimeout,
-    ) -> aiohttp.ClientResponse:
+    ) -> Answer:
         try:
+            # the lean client sends whole bodies; a streamed request body (uploads) goes through aiohttp
+            if self.http is not None and isinstance(body, bytes) and url.startswith("http://"):
+                return await self.http.post(
+                    url, body, headers, connect_timeout=timeout.connect, read_timeout=timeout.sock_read
+                )
             return await self.session.post(
                 url, data=body, headers=headers, timeout=timeout, auto_decompress=False
             )
@@ -267,7 +278,7 @@ class Proxy:
         except TimeoutError as e:
             raise UpstreamFailed("timeout", connection=False) from e
 
-    async def _read_all(self, resp: aiohttp.ClientResponse) -> bytes:
+    async def _read_all(self, resp: Answer) -> bytes:
         try:
             return await resp.read()
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as e:
@@ -278,7 +289,7 @@ class Proxy:
     async def _pump(
         self,
         request: web.Request,
-        resp: aiohttp.ClientResponse,
+        resp: Answer,
         out: web.StreamResponse,
         p: Prepared,
         chosen: Candidate,

@@ -17,6 +17,11 @@ instance whose HTTP server answers /health while its engine hangs or fails every
 passing check would put it back for ``failure_threshold`` more timeouts (Envoy's outlier detection works
 the same way).
 
+With several worker processes on one host (``kvrouter serve --workers N``), ``board`` holds the host's one
+view of health and ejections: a failure in any worker counts toward the same threshold, and only the leader
+(worker 0) scrapes engine load; every worker runs the health checks (cheap; each one reads the instance's
+models too), whose verdicts meet on the board with the ejections every worker's failures decide.
+
 Membership (``kvrouter.membership``) changes the pool at run time: ``add`` (health-checked before it takes
 traffic), ``drain`` (no new requests; ``in_flight`` tells when its last one is done), ``remove``.
 """
@@ -27,7 +32,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 
 import aiohttp
 import msgspec
@@ -35,6 +40,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from indexer.config import InstanceConfig
 
+from ..host import HealthBoard
 from ..routing import LoadTracker
 from ..routing.router import Target
 from ..types import InstanceId
@@ -98,7 +104,14 @@ class UpstreamPool:
         ejection_max_s: float = 300.0,
         on_change: Callable[[str, bool], None] | None = None,
         on_eject: Callable[[str, float], None] | None = None,
+        board: HealthBoard | None = None,
+        scrape_engines: bool = True,
     ) -> None:
+        self.board = board
+        """The host's shared health (several workers); None: this process's own view is the truth."""
+        self.scrape_engines = scrape_engines
+        """Scrape engine load (False: a worker that reads the leader's scrapes off the shared loads)."""
+        self._board_seen = -1
         self.upstreams: dict[str, Upstream] = {i.name: Upstream(i) for i in instances if i.url}
         self.load = load
         self.health_interval_s = health_interval_s
@@ -113,6 +126,30 @@ class UpstreamPool:
         self.configured_adapters: dict[str, str] = {}
         """Adapters the gateway may load itself (fleet file ``lora.adapters``): name -> base model."""
 
+    # ------------------------------------------------------------------ the host's shared view
+    def sync(self) -> None:
+        """Take what other workers of the host wrote (a version compare when nothing changed)."""
+        b = self.board
+        if b is None or b.version() == self._board_seen:
+            return
+        self._board_seen = b.version()
+        for u in list(self.upstreams.values()):
+            if b.pull(u):
+                self._changed(u)
+
+    @contextlib.contextmanager
+    def _edit(self, u: Upstream) -> Iterator[None]:
+        """A read-modify-write of ``u``'s health: under the host's lock, from the host's current record."""
+        b = self.board
+        if b is None:
+            yield
+            return
+        with b.lock:
+            if b.pull(u):
+                self._changed(u)
+            yield
+            b.push(u)
+
     # ------------------------------------------------------------------ queries
     def known_adapters(self) -> dict[str, str]:
         """Every adapter loaded anywhere or configured: name -> base model."""
@@ -122,6 +159,7 @@ class UpstreamPool:
         return out
 
     def targets(self, model: str | None) -> list[Target]:
+        self.sync()
         adapters = self.known_adapters()
         return [
             t
@@ -192,10 +230,12 @@ class UpstreamPool:
             u.draining = draining
 
     def in_flight(self, name: str) -> int:
-        """Requests this router sent to ``name`` that have not finished (all its ranks)."""
+        """Requests this router (every worker of the host) sent to ``name`` that have not finished (all its
+        ranks)."""
         u = self.upstreams.get(name)
         if u is None:
             return 0
+        self.load.refresh([t.key for t in u.targets()])
         loads = self.load.loads
         return sum(loads[k].in_flight for t in u.targets() if (k := t.key) in loads)
 
@@ -216,20 +256,24 @@ class UpstreamPool:
                 "back in rotation" if healthy else "out of rotation",
                 extra={"instance": u.name},
             )
-            # A check that was under way when its instance was removed reports to no one.
-            if self.on_change and self.upstreams.get(u.name) is u:
-                self.on_change(u.name, healthy)
+            self._changed(u)
+
+    def _changed(self, u: Upstream) -> None:
+        # A check that was under way when its instance was removed reports to no one.
+        if self.on_change and self.upstreams.get(u.name) is u:
+            self.on_change(u.name, u.healthy)
 
     def record_failure(self, name: str, *, connection: bool) -> None:
         u = self.upstreams.get(name)
         if u is None:
             return
-        u.failures += 1
-        if not connection and u.failures < self.failure_threshold:
-            return
-        if not connection and self.ejection_s > 0:
-            self._eject(u, time.monotonic())  # (resets ``failures``: checked above, not after)
-        self._set(u, False)
+        with self._edit(u):
+            u.failures += 1
+            if not connection and u.failures < self.failure_threshold:
+                return
+            if not connection and self.ejection_s > 0:
+                self._eject(u, time.monotonic())  # (resets ``failures``: checked above, not after)
+            self._set(u, False)
 
     def _eject(self, u: Upstream, now: float) -> None:
         if now - u.last_ejection > self.ejection_max_s:
@@ -248,17 +292,20 @@ class UpstreamPool:
 
     def record_success(self, name: str) -> None:
         u = self.upstreams.get(name)
-        if u is not None:
-            u.failures = 0
+        if u is None:
+            return
+        if self.board is not None and (u.failures or self.board.failures(name)):
+            with self._edit(u):
+                u.failures = 0
+        u.failures = 0
 
     # ------------------------------------------------------------------ active checks
     async def start(self, session: aiohttp.ClientSession) -> None:
         self._session = session
         await asyncio.gather(*(self._check(u) for u in self.upstreams.values()))
-        self._tasks = [
-            asyncio.create_task(self._health_loop(), name="health"),
-            asyncio.create_task(self._metrics_loop(), name="engine-metrics"),
-        ]
+        self._tasks = [asyncio.create_task(self._health_loop(), name="health")]
+        if self.scrape_engines:
+            self._tasks.append(asyncio.create_task(self._metrics_loop(), name="engine-metrics"))
 
     async def stop(self) -> None:
         for t in self._tasks:
@@ -294,13 +341,14 @@ class UpstreamPool:
             except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError):
                 log.debug("model list not refreshed", extra={"instance": u.name})
         u.last_check = now = time.monotonic()
-        if not ok:
-            # The instance says it is down itself (a crash, a restart, a dead engine): that explains its
-            # failed requests, and the first passing check puts it back, as after connection errors.
-            # A passing check proves nothing about requests: only a successful one resets ``failures``.
-            u.failures = 0
-            u.ejected_until = 0.0
-        self._set(u, ok and now >= u.ejected_until)
+        with self._edit(u):
+            if not ok:
+                # The instance says it is down itself (a crash, a restart, a dead engine): that explains its
+                # failed requests, and the first passing check puts it back, as after connection errors.
+                # A passing check proves nothing about requests: only a successful one resets ``failures``.
+                u.failures = 0
+                u.ejected_until = 0.0
+            self._set(u, ok and now >= u.ejected_until)
 
     async def _metrics_loop(self) -> None:
         while True:

@@ -73,6 +73,14 @@ class Fleet(Protocol):
         """One instance's (instance, rank) targets, draining or not; None when it is not in the fleet."""
 
 
+class HeldCount(Protocol):
+    """Requests held by every worker process of the host (``kvrouter.host.QueueBoard``)."""
+
+    def held_total(self) -> int: ...
+
+    def add_held(self, d: int) -> None: ...
+
+
 RemoteLookup = Callable[[ParsedRequest, TokenIds], Awaitable[LookupResult | None]]
 """A remote indexer's answer for a request (None when it cannot be had: route on load alone)."""
 
@@ -125,11 +133,17 @@ class RequestPipeline:
         self.parity = parity or ParityTracker(cfg.parity)
         self.affinity = ResponseAffinity(cfg.responses.affinity_ttl_s, cfg.responses.max_entries)
         self.find_response = find_response if cfg.responses.probe else None
-        self.gate = CapacityGate(cfg.limits.queue_size, cfg.limits.queue_timeout_s)
+        self.gate = CapacityGate(
+            cfg.limits.queue_size, cfg.limits.queue_timeout_s, on_depth=self.m.queue_depth.set
+        )
         self.planner = DisaggPlanner(router, cfg.routing.disaggregation)
         self.active = 0
         """Requests held right now (reading, routing, queued or proxied)."""
+        self.held_host: HeldCount | None = None
+        """The host's count of held requests (several workers: ``limits.max_requests`` bounds them all)."""
         self._ids = itertools.count()
+        self.id_prefix = "r"
+        """Request ids are ``<prefix><n>``: unique in this process (each worker of a host has its own)."""
 
     # ------------------------------------------------------------------ admission
     @contextmanager
@@ -139,15 +153,20 @@ class RequestPipeline:
         backlog, and a rejection costs a fraction of a routed request, so the requests it keeps are served
         at a bounded latency."""
         cap = self.cfg.limits.max_requests
-        if cap and self.active >= cap:
+        host = self.held_host
+        if cap and (self.active if host is None else host.held_total()) >= cap:
             raise self.rejected(
                 Overloaded(f"the gateway holds {cap} requests already", reason="gateway_full")
             )
         self.active += 1
+        if host is not None:
+            host.add_held(1)
         try:
             yield
         finally:
             self.active -= 1
+            if host is not None:
+                host.add_held(-1)
 
     def rejected(self, err: Overloaded | ServiceUnavailable) -> Overloaded | ServiceUnavailable:
         """Count a rejection by its reason; returns it for the caller to raise."""
@@ -204,7 +223,7 @@ class RequestPipeline:
         if pinned is not None and num_tokens is None:
             num_tokens = pinned.tokens + len(text) // 4  # the history it continues, and its new input
         inp = route_input(
-            RequestId(f"r{next(self._ids)}"),
+            RequestId(f"{self.id_prefix}{next(self._ids)}"),
             chains=chains,
             num_tokens=num_tokens,
             prefix_text=text,
@@ -260,7 +279,7 @@ class RequestPipeline:
         t0 = time.perf_counter()
         req = ParsedRequest("other", {}, b"")
         inp = route_input(
-            RequestId(f"r{next(self._ids)}"),
+            RequestId(f"{self.id_prefix}{next(self._ids)}"),
             chains=None,
             num_tokens=0,
             prefix_text="",
@@ -318,15 +337,12 @@ class RequestPipeline:
         return d
 
     async def _wait(self, attempt: Callable[[], _T | None]) -> _T:
-        self.m.queue_depth.set(self.gate.waiting + 1)
         try:
-            return await self.gate.acquire(attempt)
+            return await self.gate.acquire(attempt)  # (the gate keeps the queue-depth gauge)
         except QueueFull as e:
             raise self.rejected(
                 Overloaded(f"all instances at capacity ({e.reason})", reason=e.reason)
             ) from None
-        finally:
-            self.m.queue_depth.set(self.gate.waiting)
 
     # ------------------------------------------------------------------ disaggregated models
     def disaggregated(self, p: Prepared) -> bool:
@@ -391,8 +407,7 @@ class RequestPipeline:
         """The prefill leg on ``chosen`` is over (answered or failed): its load is released; ``usage``:
         what the prefill instance reported (its cache hit is the request's)."""
         self.router.finished(leg_id(p.inp.request_id))
-        self.gate.release()
-        self.m.queue_depth.set(self.gate.waiting)
+        self.gate.release()  # (the gate keeps the queue-depth gauge)
         self._reported(p, chosen, usage)
 
     def reroute(self, p: Prepared, tried: Collection[str]) -> Candidate | None:
@@ -445,8 +460,7 @@ class RequestPipeline:
         waiting request may take the freed capacity.  ``usage``: what vLLM reported, if it did (a split
         request's decode leg reports its prefill instance's cache hit: pass None)."""
         self.router.finished(p.inp.request_id)
-        self.gate.release()
-        self.m.queue_depth.set(self.gate.waiting)
+        self.gate.release()  # (the gate keeps the queue-depth gauge)
         self._reported(p, chosen, usage)
 
     def _reported(self, p: Prepared, chosen: Candidate, usage: UsageReport | None) -> None:

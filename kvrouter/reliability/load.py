@@ -3,7 +3,7 @@
 ::
 
     kvrouter sim (process, N instances) ◀── kvrouter serve (process) ◀── open-loop driver (this process)
-                                               └─ /proc/<pid>: RSS, sockets;  /metrics: loop tasks
+                                               └─ /proc (tree): PSS, sockets; /metrics: tasks per worker
     1 ramp        rate x1.4 per step until a step fails (errors, 429, falling behind, p99 too high): R
     2 direct      R straight to the instances: the latency without the gateway
     3 sustained   R through the gateway for sustain_s: zero errors, p99 added latency, RSS trend
@@ -29,7 +29,15 @@ import msgspec
 from ..percentiles import quantile
 from .driver import PromptMix, Shot, error_kinds, open_loop, summary
 from .figures import Figure, ScenarioResult, at_least, at_most, exactly, fig
-from .procs import ServeProcess, SimProcess, metric, rss_mb, slope_per_min, tcp_connections
+from .procs import (
+    ServeProcess,
+    SimProcess,
+    metric_per_worker,
+    slope_per_min,
+    tcp_connections,
+    tree_pids,
+    tree_pss_mb,
+)
 from .stack import ScenarioError, merge
 
 
@@ -59,6 +67,8 @@ class LoadConfig(msgspec.Struct, frozen=True):
     fleet_queue: int = 32
     """``limits.queue_size`` of the fleet-bound part; ``queue_timeout_s`` 1 s."""
     seed: int = 0
+    workers: int | None = None
+    """``kvrouter serve --workers`` (None: serve's default, the machine's cores)."""
 
 
 class Phase(msgspec.Struct):
@@ -90,9 +100,10 @@ def _holds(p: Phase, cfg: LoadConfig) -> bool:
 
 
 class Gauges(msgspec.Struct, frozen=True):
-    rss_mb: float
+    pss_mb: float
+    """The gateway's process tree (``procs.tree_pss_mb``)."""
     client_conns: int
-    """Open connections from clients (the measuring session's own keep-alive one included)."""
+    """Open connections from clients."""
     upstream_conns: int
     """Connections to the instances (aiohttp's pool: bounded by the peak concurrency, kept alive)."""
     close_wait: int
@@ -100,16 +111,19 @@ class Gauges(msgspec.Struct, frozen=True):
     tasks: float
 
 
-async def _gauges(s: aiohttp.ClientSession, gw: ServeProcess, instance_ports: set[int]) -> Gauges:
-    tasks = await metric(s, gw.base, "kvrouter_event_loop_tasks")
-    conns = tcp_connections(gw.proc.pid)
+async def _gauges(gw: ServeProcess, instance_ports: set[int]) -> Gauges:
+    """Over the gateway's process tree (its workers, with ``--workers``): connections counted before the
+    scrapes (each on a connection of its own, closed after it), tasks summed over the workers."""
+    pids = tree_pids(gw.proc.pid)
+    conns = [c for p in pids for c in tcp_connections(p)]
     live = [c for c in conns if c.state in ("ESTABLISHED", "CLOSE_WAIT")]
+    tasks = await metric_per_worker(gw.base, "kvrouter_event_loop_tasks", max(1, len(pids) - 1))
     return Gauges(
-        rss_mb(gw.proc.pid),
+        tree_pss_mb(gw.proc.pid),
         sum(1 for c in live if c.local_port == gw.port),
         sum(1 for c in live if c.remote_port in instance_ports),
         sum(1 for c in conns if c.state == "CLOSE_WAIT"),
-        tasks,
+        sum(tasks.values()),
     )
 
 
@@ -127,7 +141,7 @@ async def load(cfg: LoadConfig) -> ScenarioResult:
         fleet = await sim.start()
         fast = {"gateway": {"health_interval_s": 0.5, "metrics_interval_s": 0.5}}
         gw = ServeProcess(
-            "serve", merge(fleet, {**fast, "limits": {"max_requests": 0}}), workdir, log, "ramp"
+            "serve", merge(fleet, {**fast, "limits": {"max_requests": 0}}), workdir, log, "ramp", cfg.workers
         )
         await gw.start()
         gw_url = [f"{gw.base}/v1/completions"]
@@ -157,57 +171,63 @@ async def load(cfg: LoadConfig) -> ScenarioResult:
         # 3. sustained, with an admission limit worth admission_s of requests at R
         cap = max(16, math.ceil(r * cfg.admission_s))
         gw = ServeProcess(
-            "serve", merge(fleet, {**fast, "limits": {"max_requests": cap}}), workdir, log, "gateway"
+            "serve",
+            merge(fleet, {**fast, "limits": {"max_requests": cap}}),
+            workdir,
+            log,
+            "gateway",
+            cfg.workers,
         )
         await gw.start()
         gw_url = [f"{gw.base}/v1/completions"]
         await _phase(gw_url, min(r, cfg.start_rate), 2.0, mix, "warm-up")
         ports = {int(i["url"].rsplit(":", 1)[1]) for i in fleet["instances"]}
         pid = gw.proc.pid
-        async with aiohttp.ClientSession() as ms:
-            await asyncio.sleep(2.0)
-            before = await _gauges(ms, gw, ports)
-            samples: list[tuple[float, float]] = []
-            t0 = time.monotonic()
+        await asyncio.sleep(2.0)
+        before = await _gauges(gw, ports)
+        samples: list[tuple[float, float]] = []
+        t0 = time.monotonic()
 
-            async def sample() -> None:
-                while True:
-                    samples.append((time.monotonic() - t0, rss_mb(pid)))
-                    await asyncio.sleep(1.0)
+        async def sample() -> None:
+            while True:
+                samples.append((time.monotonic() - t0, tree_pss_mb(pid)))
+                await asyncio.sleep(1.0)
 
-            sampler = asyncio.create_task(sample())
-            sustained, _ = await _phase(gw_url, r, cfg.sustain_s, mix, "sustained")
-            tries = 0
-            while (sustained.stats["errors"] or sustained.stats["r429"]) and tries < cfg.sustain_retries:
-                # A few seconds of a ramp step can hold a rate that 60 s cannot (this machine is shared,
-                # and the collector runs): the highest rate held for the whole run is lower.  Step down.
-                phases.append(sustained)
-                tries += 1
-                r = math.floor(0.75 * r)
-                await asyncio.sleep(2.0)
-                samples.clear()
-                t0 = time.monotonic()
-                sustained, _ = await _phase(gw_url, r, cfg.sustain_s, mix, f"sustained again at {r}/s")
-            sampler.cancel()
-            await asyncio.gather(sampler, return_exceptions=True)
+        sampler = asyncio.create_task(sample())
+        sustained, _ = await _phase(gw_url, r, cfg.sustain_s, mix, "sustained")
+        tries = 0
+        while (sustained.stats["errors"] or sustained.stats["r429"]) and tries < cfg.sustain_retries:
+            # A few seconds of a ramp step can hold a rate that 60 s cannot (this machine is shared,
+            # and the collector runs): the highest rate held for the whole run is lower.  Step down.
             phases.append(sustained)
-            # 4. idle: pooled connections expire, nothing else may stay
-            await asyncio.sleep(cfg.idle_s)
-            after = await _gauges(ms, gw, ports)
-            # 5. overload at 2R (more if this machine got faster since the ramp: it must actually overload)
-            for k in (2, 3, 4):
-                over, over_shots = await _phase(gw_url, k * r, cfg.overload_s, mix, f"overload {k}R")
-                phases.append(over)
-                if over.stats["r429"]:
-                    break
-            # 6. recovery at R/2
-            rec, rec_shots = await _phase(gw_url, r / 2, cfg.recovery_s, mix, "recovery R/2")
-            phases.append(rec)
-            peak_rss = rss_mb(gw.proc.pid)
+            tries += 1
+            r = math.floor(0.75 * r)
+            await asyncio.sleep(2.0)
+            samples.clear()
+            t0 = time.monotonic()
+            sustained, _ = await _phase(gw_url, r, cfg.sustain_s, mix, f"sustained again at {r}/s")
+        sampler.cancel()
+        await asyncio.gather(sampler, return_exceptions=True)
+        phases.append(sustained)
+        # 4. idle: pooled connections expire, nothing else may stay
+        await asyncio.sleep(cfg.idle_s)
+        after = await _gauges(gw, ports)
+        # 5. overload at 2R (more if this machine got faster since the ramp: it must actually overload)
+        for k in (2, 3, 4):
+            over, over_shots = await _phase(gw_url, k * r, cfg.overload_s, mix, f"overload {k}R")
+            phases.append(over)
+            if over.stats["r429"]:
+                break
+        # 6. recovery at R/2
+        rec, rec_shots = await _phase(gw_url, r / 2, cfg.recovery_s, mix, "recovery R/2")
+        phases.append(rec)
+        peak_rss = tree_pss_mb(gw.proc.pid)
         # 7. the same with the fleet as the bottleneck (as with GPUs): per-instance caps and the queue
         gw.stop()
         limits = {"max_in_flight": cfg.fleet_slots, "queue_size": cfg.fleet_queue, "queue_timeout_s": 1.0}
-        gw = ServeProcess("serve", merge(fleet, {**fast, "limits": limits}), workdir, log, "fleet-bound")
+        gw = ServeProcess(
+            "serve", merge(fleet, {**fast, "limits": limits}), workdir, log, "fleet-bound", cfg.workers
+        )
         await gw.start()
         gw_url = [f"{gw.base}/v1/completions"]
         capacity = cfg.instances * cfg.fleet_slots / cfg.fleet_latency_s
@@ -357,19 +377,19 @@ def _figures(
             f"{s['decision_p50_ms']:.2f} / {s['decision_p99_ms']:.2f} ms",
         ),
         at_most(
-            "gateway RSS trend after the first 10 s",
+            "gateway memory (PSS, all its processes) trend after the first 10 s",
             slope_per_min(late),
             cfg.rss_slope_mb_min,
             unit="MB/min",
             fmt="{:.2f}",
         ),
         fig(
-            "gateway RSS: start / end of the sustained run",
+            "gateway memory (PSS): start / end of the sustained run",
             f"{samples[0][1]:.0f} / {samples[-1][1]:.0f} MB" if samples else "n/a",
         ),
         at_most(
-            "client connections still open after the load (the measuring one aside)",
-            after.client_conns - 1,
+            "client connections still open after the load",
+            after.client_conns,
             0,
             fmt="{:.0f}",
         ),
@@ -414,6 +434,6 @@ def _figures(
             unit="s",
             fmt="{:.2f}",
         ),
-        fig("gateway RSS after overload", f"{peak_rss:.0f} MB"),
+        fig("gateway memory (PSS) after overload", f"{peak_rss:.0f} MB"),
     ]
     return out

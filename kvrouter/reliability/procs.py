@@ -77,6 +77,29 @@ def rss_mb(pid: int) -> float:
     raise ScenarioError(f"no VmRSS for {pid}")
 
 
+def tree_pids(pid: int) -> list[int]:
+    """``pid`` and every process under it (a ``kvrouter serve --workers N`` supervisor and its workers)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        with contextlib.suppress(OSError):
+            todo.extend(int(c) for c in Path(f"/proc/{p}/task/{p}/children").read_text().split())
+    return out
+
+
+def tree_pss_mb(pid: int) -> float:
+    """Proportional set size of ``pid``'s process tree in MiB: each page shared by the tree's processes
+    (forked workers share what the supervisor loaded) counted once, divided among them."""
+    total = 0
+    for p in tree_pids(pid):
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{p}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1])
+    return total / 1024
+
+
 def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
@@ -153,7 +176,28 @@ async def wait_http(url: str, timeout_s: float = 90.0, proc: Proc | None = None)
 async def metric(session: aiohttp.ClientSession, base: str, name: str, labels: str = "") -> float:
     """The sum of a metric's samples whose label text contains ``labels`` (0 if absent)."""
     async with session.get(f"{base}/metrics") as r:
-        text = await r.text()
+        return _sum_metric(await r.text(), name, labels)
+
+
+async def metric_per_worker(base: str, name: str, workers: int, tries: int = 200) -> dict[str, float]:
+    """``name`` as each of the ``workers`` gateway processes behind ``base`` reports it: scrapes on fresh
+    connections (the kernel picks the worker of each) until every worker answered once (its
+    ``kvrouter_worker`` label says which).  One process (no label): ``{"": value}``."""
+    out: dict[str, float] = {}
+    for _ in range(tries):
+        async with (
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s,
+            s.get(f"{base}/metrics") as r,
+        ):
+            text = await r.text()
+        me = next((ln.split('"')[1] for ln in text.splitlines() if ln.startswith("kvrouter_worker{")), "")
+        out.setdefault(me, _sum_metric(text, name, ""))
+        if len(out) >= workers or not me:
+            return out
+    raise ScenarioError(f"only workers {sorted(out)} of {workers} answered /metrics")
+
+
+def _sum_metric(text: str, name: str, labels: str) -> float:
     total = 0.0
     for line in text.splitlines():
         if line.startswith(name) and (line[len(name)] in " {") and labels in line:
@@ -188,13 +232,26 @@ class SimProcess:
 
 
 class ServeProcess:
-    """``kvrouter serve`` (the gateway) or ``kvrouter indexer`` in a child process, on a free port."""
+    """``kvrouter serve`` (the gateway) or ``kvrouter indexer`` in a child process, on a free port;
+    ``workers``: ``kvrouter serve --workers`` (None: serve's default, the machine's cores)."""
 
-    def __init__(self, command: str, fleet: dict[str, Any], workdir: Path, log: IO[bytes], name: str) -> None:
+    def __init__(
+        self,
+        command: str,
+        fleet: dict[str, Any],
+        workdir: Path,
+        log: IO[bytes],
+        name: str,
+        workers: int | None = None,
+    ) -> None:
         self.port = free_port()
+        self.workers = workers
         path = workdir / f"{name}.yaml"
         path.write_text(yaml.safe_dump(fleet, sort_keys=False))
-        self.proc = Proc(kvrouter_argv(command, "--fleet", str(path), "--port", str(self.port)), log)
+        argv = kvrouter_argv(command, "--fleet", str(path), "--port", str(self.port))
+        if workers is not None:
+            argv += ["--workers", str(workers)]
+        self.proc = Proc(argv, log)
 
     @property
     def base(self) -> str:

@@ -60,7 +60,10 @@ class Resources:
     """What every in-process scenario shares: the tokenizer, loaded once (it takes seconds), both the
     simulated instances' and the gateways' (a warmed ``FleetTokens``, never closed by a gateway)."""
 
-    def __init__(self) -> None:
+    def __init__(self, workers: int | None = None) -> None:
+        self.workers = workers
+        """``kvrouter serve --workers`` of the scenarios that run the gateway as a process (None: serve's
+        default, one worker per core)."""
         self._tok: CachedTokenizer | None = None
         self._template: str | None = None
         self._tokens: FleetTokens | None = None

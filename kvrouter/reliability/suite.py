@@ -91,8 +91,10 @@ async def _flood(res: Resources, quick: bool) -> ScenarioResult:
 
 
 async def _load(res: Resources, quick: bool) -> ScenarioResult:
-    quick_cfg = LoadConfig(step_s=3.0, direct_s=4.0, sustain_s=10.0, overload_s=5.0, recovery_s=4.0)
-    return await load(quick_cfg if quick else LoadConfig())
+    quick_cfg = LoadConfig(
+        step_s=3.0, direct_s=4.0, sustain_s=10.0, overload_s=5.0, recovery_s=4.0, workers=res.workers
+    )
+    return await load(quick_cfg if quick else LoadConfig(workers=res.workers))
 
 
 async def _tenants(res: Resources, quick: bool) -> ScenarioResult:
@@ -144,12 +146,17 @@ async def run_one(name: str, res: Resources, *, quick: bool) -> ScenarioResult:
 
 
 async def run_suite(
-    names: list[str] | None = None, *, quick: bool = False, progress: TextIO | None = None
+    names: list[str] | None = None,
+    *,
+    quick: bool = False,
+    progress: TextIO | None = None,
+    workers: int | None = None,
 ) -> list[ScenarioResult]:
-    """Run the named scenarios (all by default) in registry order."""
+    """Run the named scenarios (all by default) in registry order; ``workers``: ``kvrouter serve
+    --workers`` where the gateway runs as a process (None: serve's default)."""
     chosen = [n for n in SCENARIOS if names is None or n in names]
     out = []
-    res = Resources()
+    res = Resources(workers)
     if any(SCENARIOS[n].in_process for n in chosen):
         await res.open()  # the tokenizer: seconds, so only when a scenario needs it
     try:

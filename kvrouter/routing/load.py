@@ -10,13 +10,20 @@ waiting requests) add what other routers or direct clients put there.  ``observe
 latter; ``load()`` combines them: the engine's count wins when it is higher (other traffic), the router's
 when it is higher (the scrape is stale).  With several router replicas, ``set_external`` adds what the
 others have in flight here (shared router state, ``kvrouter.replicas``) to the router's own count.
+
+With several worker processes on one host (``kvrouter serve --workers N``), every count lives in memory the
+workers share (``SharedLoads``, implemented by ``kvrouter.host``): each tracker writes its own process's
+requests to its own row and, on ``refresh``, reads the host's totals, so every worker decides on the load
+of the whole host, as one process would.  Without ``shared`` the tracker is the in-process original.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from typing import Protocol
 
 import msgspec
+import numpy as np
 
 from ..types import RequestId, TargetKey
 
@@ -55,12 +62,68 @@ class _Req(msgspec.Struct):
     prefilling: bool = True
 
 
+class SharedLoads(Protocol):
+    """Load counts shared by the worker processes of one host: one row per worker, shared engine and
+    external cells, keyed by slots every worker agrees on (``kvrouter.host.HostLoads``)."""
+
+    def slot(self, key: TargetKey) -> int: ...
+
+    def slots(self) -> list[tuple[TargetKey, int]]:
+        """Every target any worker has a slot for, with its slot."""
+
+    def add(self, slot: int, in_flight: int, prefilling: int, prefill_tokens: int, decoding: int) -> None:
+        """Add to this worker's own row."""
+
+    def clear_own(self, slot: int) -> None: ...
+
+    def totals(self) -> np.ndarray:
+        """[slots, 4]: in flight, prefilling, prefill tokens, decoding, summed over every worker."""
+
+    def read(self, slots: list[int]) -> list[tuple[list[int], list[float], list[int]]]:
+        """Per slot: the summed counts, the engine's [running, waiting, seen_at (0: never)] and the
+        external [in flight, prefill tokens]."""
+
+    def set_engine(self, slot: int, running: int, waiting: int, seen_at: float) -> None: ...
+
+    def engine(self, slot: int) -> tuple[int, int, float | None]: ...
+
+    def set_external(self, slot: int, in_flight: int, prefill_tokens: int) -> None: ...
+
+    def external(self, slot: int) -> tuple[int, int]: ...
+
+
 class LoadTracker:
     """Per-instance load, updated by the router's own dispatches and by engine metrics."""
 
-    def __init__(self) -> None:
+    def __init__(self, shared: SharedLoads | None = None) -> None:
         self.loads: dict[TargetKey, InstanceLoad] = {}
         self._reqs: dict[RequestId, _Req] = {}
+        self.shared = shared
+        self._slots: dict[TargetKey, int] = {}
+
+    def _slot(self, inst: TargetKey) -> int:
+        s = self._slots.get(inst)
+        if s is None:
+            assert self.shared is not None
+            s = self._slots[inst] = self.shared.slot(inst)
+        return s
+
+    def refresh(self, keys: Iterable[TargetKey] | None = None) -> None:
+        """Read the host's totals (every worker's requests, the shared engine and external load) into
+        ``loads`` for ``keys`` (None: every target the host knows).  Without ``shared``: nothing to do."""
+        sh = self.shared
+        if sh is None:
+            return
+        pairs = sh.slots() if keys is None else [(k, self._slot(k)) for k in keys]
+        if not pairs:
+            return
+        rows = sh.read([s for _, s in pairs])
+        for (key, _), (counts, eng, ext) in zip(pairs, rows, strict=True):
+            load = self.get(key)
+            load.in_flight, load.prefilling, load.pending_prefill_tokens, load.decoding = counts
+            load.engine_running, load.engine_waiting = int(eng[0]), int(eng[1])
+            load.engine_seen_at = eng[2] or None
+            load.external_in_flight, load.external_prefill_tokens = ext
 
     def get(self, inst: TargetKey) -> InstanceLoad:
         load = self.loads.get(inst)
@@ -77,6 +140,8 @@ class LoadTracker:
         load.in_flight += 1
         load.prefilling += 1
         load.pending_prefill_tokens += prefill_tokens
+        if self.shared is not None:
+            self.shared.add(self._slot(inst), 1, 1, prefill_tokens, 0)
 
     def first_token(self, rid: RequestId) -> None:
         r = self._reqs.get(rid)
@@ -87,6 +152,8 @@ class LoadTracker:
         load.prefilling -= 1
         load.pending_prefill_tokens -= r.prefill_tokens
         load.decoding += 1
+        if self.shared is not None:
+            self.shared.add(self._slot(r.instance), 0, -1, -r.prefill_tokens, 1)
 
     def finish(self, rid: RequestId) -> None:
         """Finished, failed or cancelled: the request no longer loads its instance."""
@@ -100,10 +167,15 @@ class LoadTracker:
             load.pending_prefill_tokens -= r.prefill_tokens
         else:
             load.decoding -= 1
+        if self.shared is not None:
+            pre = int(r.prefilling)
+            self.shared.add(self._slot(r.instance), -1, -pre, -r.prefill_tokens * pre, pre - 1)
 
     def observe_engine(self, inst: TargetKey, running: int, waiting: int, now: float) -> None:
         load = self.get(inst)
         load.engine_running, load.engine_waiting, load.engine_seen_at = running, waiting, now
+        if self.shared is not None:
+            self.shared.set_engine(self._slot(inst), running, waiting, now)
 
     def set_external(self, loads: Mapping[TargetKey, tuple[int, int]]) -> None:
         """Other replicas' (in flight, prefill tokens) per instance; instances absent here get zero."""
@@ -113,6 +185,11 @@ class LoadTracker:
         for inst, (n, tokens) in loads.items():
             load = self.get(inst)
             load.external_in_flight, load.external_prefill_tokens = n, tokens
+        if self.shared is not None:
+            for key, slot in self.shared.slots():
+                self.shared.set_external(slot, *loads.get(key, (0, 0)))
+            for key in loads:
+                self.shared.set_external(self._slot(key), *loads[key])
 
     def instance_of(self, rid: RequestId) -> TargetKey | None:
         r = self._reqs.get(rid)
@@ -122,6 +199,12 @@ class LoadTracker:
         return sum(load.in_flight for load in self.loads.values())
 
     def forget(self, inst: TargetKey) -> None:
+        """``inst`` left the fleet: this process's requests there no longer count (with shared loads, other
+        workers forget theirs when they see it leave)."""
         for rid in [r for r, v in self._reqs.items() if v.instance == inst]:
             self.finish(rid)
         self.loads.pop(inst, None)
+        if self.shared is not None:
+            slot = self._slot(inst)
+            self.shared.set_engine(slot, 0, 0, 0.0)
+            self.shared.set_external(slot, 0, 0)

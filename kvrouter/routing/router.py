@@ -8,10 +8,14 @@
     dispatched(): load accounting + speculative entries for the chosen target
 
 The live gateway and the trace-driven simulator both call exactly this; neither has routing logic of
-its own.
+its own.  With several worker processes on one host, ``host`` carries the other workers' speculative
+entries in before each decision and this worker's out after each dispatch, and the ``LoadTracker`` reads
+the host's load (``kvrouter.host``): one view, the same decision as one process.
 """
 
 from __future__ import annotations
+
+from typing import Protocol
 
 import msgspec
 import numpy as np
@@ -116,11 +120,25 @@ class Decision(msgspec.Struct):
     """What ``Router.shadow`` ranks when the caller deferred shadow scoring (``route(shadow=False)``)."""
 
 
+class HostSync(Protocol):
+    """What the other worker processes of this host did that the index must know (their speculative
+    entries), and what this one did that they must (``kvrouter.workers``)."""
+
+    def pull(self) -> None:
+        """Before a decision: apply the other workers' new speculative entries to this index."""
+
+    def push(self) -> None:
+        """After a dispatch: share this worker's new speculative entries."""
+
+
 class Router:
-    def __init__(self, indexer: Indexer, config: RouterConfig | None = None) -> None:
+    def __init__(
+        self, indexer: Indexer, config: RouterConfig | None = None, *, load: LoadTracker | None = None
+    ) -> None:
         self.indexer = indexer
         self.config = config or RouterConfig()
-        self.load = LoadTracker()
+        self.load = load or LoadTracker()
+        self.host: HostSync | None = None
         self.sessions = SessionTable(self.config.settings.session)
         self._policies: dict[str, Policy] = {}
         flat = self.config.settings.kv_aware.offload_value
@@ -149,6 +167,10 @@ class Router:
     ) -> list[Candidate]:
         """Every healthy target with its predicted cached tokens and load.  ``remote``: a lookup answered by
         a remote indexer (events are indexed there); this router's own speculative entries still count."""
+        if self.host is not None:
+            self.host.pull()
+        if self.load.shared is not None:
+            self.load.refresh([t.key for t in targets if t.healthy])
         bs = self.indexer.block_size
         max_hit = max(0, (inp.num_tokens - 1) // bs)  # vLLM always recomputes the last prompt token
         matches: dict[tuple[str, int], InstanceMatch] = {}
@@ -329,6 +351,8 @@ class Router:
             new = inp.chains[chosen.gpu_blocks + chosen.offload_blocks :]
             if len(new):
                 self.indexer.add_speculative(SourceKey(chosen.instance, chosen.dp_rank), new, now=now)
+                if self.host is not None:
+                    self.host.push()
 
     def first_token(self, rid: RequestId) -> None:
         self.load.first_token(rid)

@@ -7,52 +7,19 @@ observations; every per-target figure the router reads is recomputed from them f
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from kvrouter.routing.load import LoadTracker
 from kvrouter.types import RequestId, TargetKey
+from tests.support.load_model import LoadModel, ModelReq
 
 TARGETS = [TargetKey("w0"), TargetKey("w1"), TargetKey("w2/0"), TargetKey("w2/1")]
 RIDS = [RequestId(f"r{i}") for i in range(8)]
 
 targets = st.sampled_from(TARGETS)
 rids = st.sampled_from(RIDS)
-
-
-@dataclass
-class ModelReq:
-    target: TargetKey
-    tokens: int
-    prefilling: bool = True
-
-
-@dataclass
-class LoadModel:
-    reqs: dict[RequestId, ModelReq] = field(default_factory=dict)
-    engine: dict[TargetKey, tuple[int, int]] = field(default_factory=dict)
-    external: dict[TargetKey, tuple[int, int]] = field(default_factory=dict)
-
-    def figures(self, t: TargetKey) -> dict[str, int]:
-        mine = [r for r in self.reqs.values() if r.target == t]
-        prefilling = [r for r in mine if r.prefilling]
-        running, waiting = self.engine.get(t, (0, 0))
-        ext_n, ext_tokens = self.external.get(t, (0, 0))
-        return {
-            "in_flight": len(mine),
-            "prefilling": len(prefilling),
-            "pending_prefill_tokens": sum(r.tokens for r in prefilling),
-            "decoding": len(mine) - len(prefilling),
-            "engine_running": running,
-            "engine_waiting": waiting,
-            "external_in_flight": ext_n,
-            "external_prefill_tokens": ext_tokens,
-            "effective_in_flight": max(len(mine) + ext_n, running + waiting),
-            "effective_pending_prefill_tokens": sum(r.tokens for r in prefilling) + ext_tokens,
-        }
 
 
 class LoadMachine(RuleBasedStateMachine):

@@ -1,0 +1,33 @@
+"""The state the worker processes of one host share (``kvrouter serve --workers N``), in one block of
+shared memory: what keeps N processes routing as one.
+
+::
+
+    memory.py     HostLayout, HostMemory (typed views over the shared buffer), SlotDirectory (names -> slots)
+    loads.py      HostLoads: per-worker load rows, engine and external load  (routing.LoadTracker's seam)
+    health.py     HealthBoard: health and ejections                          (gateway.UpstreamPool's)
+    queue.py      QueueBoard: the limits' queue and the held-requests bound  (pipeline.CapacityGate's)
+    spec_ring.py  SpeculativeRings: speculative entries, one ring per worker (routing.Router's HostSync)
+
+Pure: plain memory (numpy views over a buffer the caller made) and a lock the caller passes; making the
+shared mapping and the processes is ``kvrouter.workers``'s job.
+"""
+
+from .health import HealthBoard
+from .loads import HostLoads
+from .memory import HostLayout, HostLock, HostMemory, SlotDirectory, SlotsExhausted
+from .queue import QueueBoard
+from .spec_ring import PeerEntry, SpeculativeRings
+
+__all__ = [
+    "HealthBoard",
+    "HostLayout",
+    "HostLoads",
+    "HostLock",
+    "HostMemory",
+    "PeerEntry",
+    "QueueBoard",
+    "SlotDirectory",
+    "SlotsExhausted",
+    "SpeculativeRings",
+]

@@ -1,0 +1,163 @@
+"""One block of memory shared by the worker processes of one host, cut into named numpy views.
+
+::
+
+    HostLayout(workers, targets, instances, ring_words)
+      └── HostMemory(buffer)  ── view("loads")    int64 [workers, targets, 4]   each worker writes its row
+                              ── view("engine")   float64 [targets, 3]          scraped engine load
+                              ── view("external") int64 [targets, 2]            other hosts' load (replicas)
+                              ── view("health")   float64 [instances, 6]        health and ejections
+                              ── view("queue")    int64 [workers, 4]            the limits' queue, per worker
+                              ── view("rings")    int64 [workers, ring_words]   speculative entries
+                              ── SlotDirectory    names -> slots (targets; instances)
+
+The buffer comes from the caller (an anonymous shared mapping made before the workers fork, or a plain
+``bytearray`` in one process and in tests): nothing here opens a file or a socket.  Every field is an
+aligned 8-byte word, so a reader never sees half of another process's write; a row written by one
+process only (its own load, its own ring) needs no lock.  Shared cells that several workers write (slot
+allocation, health) change under the ``lock`` the caller passes (a process-shared lock after a fork).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from types import TracebackType
+from typing import Protocol
+
+import msgspec
+import numpy as np
+
+NAME_BYTES = 120
+"""Longest name a slot holds (UTF-8); longer target keys are refused (``SlotsExhausted``)."""
+
+
+class HostLock(Protocol):
+    """A lock every worker of the host shares (``multiprocessing.Lock`` made before the fork)."""
+
+    def __enter__(self) -> object: ...
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None, /
+    ) -> object: ...
+
+
+class SlotsExhausted(Exception):
+    """More distinct names than the layout has slots for (or a name too long for one)."""
+
+
+class HostLayout(msgspec.Struct, frozen=True):
+    workers: int
+    """Worker processes sharing the memory (each owns one row of loads, queue and rings)."""
+    targets: int = 256
+    """Distinct (instance, rank) keys the host can account for."""
+    instances: int = 128
+    """Distinct instances whose health is shared."""
+    ring_words: int = 1 << 18
+    """Size of each worker's ring of speculative entries, in 8-byte words (2 MiB by default)."""
+
+    def fields(self) -> list[tuple[str, str, tuple[int, ...]]]:
+        w, t, i = self.workers, self.targets, self.instances
+        return [
+            ("target_names", "u1", (t, NAME_BYTES + 8)),
+            ("instance_names", "u1", (i, NAME_BYTES + 8)),
+            ("counters", "i8", (4,)),
+            ("loads", "i8", (w, t, 4)),
+            ("engine", "f8", (t, 3)),
+            ("external", "i8", (t, 2)),
+            ("health", "f8", (i, 6)),
+            ("queue", "i8", (w, 4)),
+            ("ring_heads", "i8", (w, 8)),
+            ("rings", "i8", (w, self.ring_words)),
+        ]
+
+    def size(self) -> int:
+        return sum(_nbytes(dt, shape) for _, dt, shape in self.fields())
+
+
+def _nbytes(dtype: str, shape: tuple[int, ...]) -> int:
+    n = int(np.dtype(dtype).itemsize * int(np.prod(shape)))
+    return (n + 63) // 64 * 64  # each view starts on its own cache line
+
+
+class HostMemory:
+    """Typed views over the shared buffer (every process builds the same views over the same bytes)."""
+
+    def __init__(self, layout: HostLayout, buffer: memoryview | bytearray, lock: HostLock) -> None:
+        if len(buffer) < layout.size():
+            raise ValueError(f"buffer of {len(buffer)} bytes; the layout needs {layout.size()}")
+        self.layout = layout
+        self.lock = lock
+        self._views: dict[str, np.ndarray] = {}
+        off = 0
+        for name, dt, shape in layout.fields():
+            n = int(np.prod(shape))
+            self._views[name] = np.frombuffer(buffer, dtype=dt, count=n, offset=off).reshape(shape)
+            off += _nbytes(dt, shape)
+        self.targets = SlotDirectory(self._views["target_names"], lock)
+        self.instances = SlotDirectory(self._views["instance_names"], lock)
+
+    def view(self, name: str) -> np.ndarray:
+        return self._views[name]
+
+
+class SlotDirectory:
+    """Names to slots, the same in every process: a slot, once given to a name, keeps it for the host's
+    life (a removed instance's slot is reused only by the same name), so rows never change meaning.
+
+    Each entry is ``[used: u1 x 8][utf-8 name, zero-padded]``; lookups are served from a per-process
+    cache, and a name missing from it is looked for (and, if new, allocated) under the lock."""
+
+    def __init__(self, table: np.ndarray, lock: HostLock) -> None:
+        self._t = table
+        self._lock = lock
+        self._cache: dict[str, int] = {}
+        self._names: dict[int, str] = {}
+
+    def __len__(self) -> int:
+        return int(np.count_nonzero(self._t[:, 0]))
+
+    def slot(self, name: str) -> int:
+        s = self._cache.get(name)
+        if s is not None:
+            return s
+        raw = name.encode()
+        if len(raw) > NAME_BYTES:
+            raise SlotsExhausted(f"name longer than {NAME_BYTES} bytes: {name[:40]!r}...")
+        with self._lock:
+            self._scan()
+            s = self._cache.get(name)
+            if s is None:
+                free = np.flatnonzero(self._t[:, 0] == 0)
+                if not len(free):
+                    raise SlotsExhausted(f"all {len(self._t)} slots are taken")
+                s = int(free[0])
+                row = self._t[s]
+                row[8 : 8 + len(raw)] = np.frombuffer(raw, dtype=np.uint8)
+                row[0] = 1  # written last: a reader that sees the flag sees the name
+                self._cache[name], self._names[s] = s, name
+        return s
+
+    def find(self, name: str) -> int | None:
+        """The name's slot if some process gave it one (never allocates)."""
+        if name not in self._cache:
+            self._scan()
+        return self._cache.get(name)
+
+    def name(self, slot: int) -> str | None:
+        if slot not in self._names:
+            self._scan()
+        return self._names.get(slot)
+
+    def items(self) -> Iterator[tuple[str, int]]:
+        """Every allocated (name, slot), including names other processes allocated."""
+        self._scan()
+        return iter(list(self._cache.items()))
+
+    def _scan(self) -> None:
+        used = np.flatnonzero(self._t[:, 0])
+        if len(used) == len(self._names):
+            return
+        for slot in used.tolist():
+            if slot not in self._names:
+                name = bytes(self._t[slot, 8:]).rstrip(b"\x00").decode()
+                self._cache[name], self._names[slot] = slot, name

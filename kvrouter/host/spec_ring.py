@@ -1,0 +1,113 @@
+"""Speculative entries shared by the workers of one host: one ring per worker, written by that worker only.
+
+::
+
+    worker k dispatches ──▶ Indexer.speculative_outbox ──push──▶ rings[k]   (head advanced after the data)
+    worker j routes     ──pull──▶ every rings[k != j] from its cursor to the head ──▶ its own index
+
+    record (int64 words): [words, instance slot, dp rank, now (float64 bits), n, chain_0 .. chain_n-1]
+    a record that would cross the ring's end is preceded by a wrap word (-1) and starts at offset 0
+
+A reader more than a ring behind (a writer that lapped it) jumps to the head and counts the entries it lost:
+a lost speculative entry only makes one routing decision less informed, never wrong about a cache.  The
+entry keeps its origin's ``now`` (one monotonic clock per host), so it expires in every worker at once.
+"""
+
+from __future__ import annotations
+
+import msgspec
+import numpy as np
+
+from indexer import SourceKey
+from indexer.core import SpeculativeEntry
+
+from .memory import HostMemory
+
+_HEADER = 5
+_WRAP = -1
+
+
+class PeerEntry(msgspec.Struct, gc=False):
+    source: SourceKey
+    chains: np.ndarray
+    now: float
+
+
+class SpeculativeRings:
+    def __init__(self, mem: HostMemory, me: int) -> None:
+        self.mem = mem
+        self.me = me
+        self._rings = mem.view("rings")
+        self._heads = mem.view("ring_heads")[:, 0]
+        self.size = mem.layout.ring_words
+        self._cursor = [int(h) for h in self._heads]
+        self.lost = 0
+        """Entries of other workers this one never applied (lapped, or too large for a ring)."""
+
+    # ------------------------------------------------------------------ writing (own ring)
+    def push(self, entries: list[SpeculativeEntry]) -> None:
+        ring, size = self._rings[self.me], self.size
+        head = int(self._heads[self.me])
+        for e in entries:
+            n = len(e.chains)
+            words = _HEADER + n
+            if words > size:
+                self.lost += 1
+                continue
+            pos = head % size
+            if pos + words > size:
+                ring[pos] = _WRAP
+                head += size - pos
+                pos = 0
+            ring[pos] = words
+            ring[pos + 1] = self.mem.instances.slot(e.source.instance)
+            ring[pos + 2] = e.source.dp_rank
+            ring[pos + 3 : pos + 4] = np.array([e.now], dtype=np.float64).view(np.int64)
+            ring[pos + 4] = n
+            ring[pos + _HEADER : pos + words] = e.chains
+            head += words
+        self._heads[self.me] = head  # after the data: a reader never reads a record being written
+
+    # ------------------------------------------------------------------ reading (every other ring)
+    def pull(self) -> list[PeerEntry]:
+        out: list[PeerEntry] = []
+        for k in range(len(self._cursor)):
+            if k != self.me and self._cursor[k] != int(self._heads[k]):
+                self._read(k, out)
+        return out
+
+    def _read(self, k: int, out: list[PeerEntry]) -> None:
+        ring, size = self._rings[k], self.size
+        head = int(self._heads[k])
+        cur = self._cursor[k]
+        if head - cur > size:
+            self.lost += 1
+            self._cursor[k] = head
+            return
+        start = len(out)
+        while cur < head:
+            pos = cur % size
+            words = int(ring[pos])
+            if words == _WRAP:
+                cur += size - pos
+                continue
+            if words < _HEADER or pos + words > size:
+                break  # overwritten under us: checked below
+            inst = self.mem.instances.name(int(ring[pos + 1]))
+            now = float(ring[pos + 3 : pos + 4].view(np.float64)[0])
+            n = int(ring[pos + 4])
+            if inst is not None and n == words - _HEADER:
+                chains = ring[pos + _HEADER : pos + words].copy()
+                out.append(PeerEntry(SourceKey(inst, int(ring[pos + 2])), chains, now))
+            cur += words
+        if int(self._heads[k]) - self._cursor[k] > size:
+            # The writer came round while we read: what we copied may be half new; drop this batch.
+            self.lost += len(out) - start
+            del out[start:]
+            cur = int(self._heads[k])
+        self._cursor[k] = max(cur, head)
+
+    def skip_to_heads(self) -> None:
+        """Start reading from now on (a worker just started: older entries are its index's business no
+        more than the events it has not seen)."""
+        self._cursor = [int(h) for h in self._heads]

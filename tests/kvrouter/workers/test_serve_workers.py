@@ -1,0 +1,222 @@
+"""``kvrouter serve --workers 2`` as a real process tree in front of held upstreams: the workers agree on
+load, health and the limits' queue as one process would, and a worker that dies is replaced.
+
+Which worker answers a connection is the kernel's choice (SO_REUSEPORT): every check is made over many
+fresh connections, so both workers answer some of them (the chance that 30 all reach one is 2^-29).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+from aiohttp import web
+
+from tests.support.net import free_port
+from tests.support.wait import until
+
+MODEL = "held-model"
+
+
+class HeldFleet:
+    """Upstream instances whose completions wait until released (``fail``: answer 500 at once)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.ports = [free_port() for _ in range(n)]
+        self.release = asyncio.Event()
+        self.held = 0
+        self.served: dict[int, int] = {p: 0 for p in self.ports}
+        self.failing: set[int] = set()
+        self._runners: list[web.AppRunner] = []
+
+    def app(self, port: int) -> web.Application:
+        async def completions(request: web.Request) -> web.Response:
+            await request.read()
+            self.served[port] += 1
+            if port in self.failing:
+                return web.json_response({"error": "boom"}, status=500)
+            self.held += 1
+            try:
+                await self.release.wait()
+            finally:
+                self.held -= 1
+            return web.json_response({"choices": [{"text": "ok"}], "usage": {"prompt_tokens": 3}})
+
+        async def ok(request: web.Request) -> web.Response:
+            return web.Response(text="ok")
+
+        async def metrics(request: web.Request) -> web.Response:
+            return web.Response(text="# none\n")
+
+        async def models(request: web.Request) -> web.Response:
+            return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+
+        app = web.Application()
+        app.router.add_post("/v1/completions", completions)
+        app.router.add_get("/health", ok)
+        app.router.add_get("/metrics", metrics)
+        app.router.add_get("/v1/models", models)
+        return app
+
+    async def __aenter__(self) -> HeldFleet:
+        for p in self.ports:
+            r = web.AppRunner(self.app(p))
+            await r.setup()
+            await web.TCPSite(r, "127.0.0.1", p).start()
+            self._runners.append(r)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.release.set()
+        for r in self._runners:
+            await r.cleanup()
+
+    def fleet(self, **over: Any) -> dict[str, Any]:
+        return {
+            "block_size": 16,
+            "instances": [
+                {"name": f"h{i}", "url": f"http://127.0.0.1:{p}"} for i, p in enumerate(self.ports)
+            ],
+            "gateway": {"health_interval_s": 0.2, "metrics_interval_s": 0.2},
+            **over,
+        }
+
+
+@asynccontextmanager
+async def serve(tmp: Path, fleet: dict[str, Any], workers: int = 2) -> AsyncIterator[tuple[str, int]]:
+    path = tmp / "fleet.yaml"
+    path.write_text(yaml.safe_dump(fleet))
+    port = free_port()
+    cmd = [sys.executable, "-m", "kvrouter.cli", "--log-level", "WARNING", "serve", "--fleet", str(path)]
+    cmd += ["--port", str(port), "--workers", str(workers), "--no-events"]
+    log = open(tmp / "serve.log", "w")  # noqa: SIM115 - closed in the finally
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as s:
+
+            async def up() -> bool:
+                try:
+                    async with s.get(base + "/livez") as r:
+                        return r.status == 200
+                except aiohttp.ClientError:
+                    return False
+
+            for _ in range(600):
+                if await up() and len(children(proc.pid)) == workers:
+                    break
+                assert proc.poll() is None, (tmp / "serve.log").read_text()[-2000:]
+                await asyncio.sleep(0.1)
+        yield base, proc.pid
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        log.close()
+
+
+def children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(c) for c in f.read().split()]
+    except OSError:
+        return []
+
+
+async def fresh(method: str, url: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+    """One request on a connection of its own (so the kernel picks a worker for it)."""
+    conn = aiohttp.TCPConnector(force_close=True)
+    async with aiohttp.ClientSession(connector=conn) as s, s.request(method, url, json=body) as r:
+        return r.status, await r.json(content_type=None)
+
+
+def body(i: int) -> dict[str, Any]:
+    return {"model": MODEL, "prompt": f"prompt number {i}", "max_tokens": 4}
+
+
+async def in_flight_seen(base: str, n: int = 30) -> list[int]:
+    """What n fresh connections' explain answers say is in flight over every candidate."""
+    out = []
+    for i in range(n):
+        st, got = await fresh("POST", base + "/v1/route/explain", body(1000 + i))
+        assert st == 200, got
+        out.append(sum(c["in_flight"] for c in got["candidates"]))
+    return out
+
+
+async def test_workers_agree_on_load_and_replace_a_dead_worker(tmp_path: Path) -> None:
+    async with HeldFleet(3) as fleet, serve(tmp_path, fleet.fleet()) as (base, pid):
+        tasks = [asyncio.create_task(fresh("POST", base + "/v1/completions", body(i))) for i in range(12)]
+        await until(lambda: fleet.held == 12, 20, "12 requests held upstream")
+        assert set(await in_flight_seen(base)) == {12}
+        fleet.release.set()
+        assert [st for st, _ in await asyncio.gather(*tasks)] == [200] * 12
+        assert set(await in_flight_seen(base)) == {0}
+
+        # A worker killed while it holds requests: replaced, and its requests no longer count.
+        fleet.release.clear()
+        held = [asyncio.create_task(fresh("POST", base + "/v1/completions", body(i))) for i in range(10)]
+        await until(lambda: fleet.held == 10, 20, "10 requests held upstream")
+        victim = children(pid)[1]
+        os.kill(victim, signal.SIGKILL)
+        await until(lambda: len(children(pid)) == 2 and victim not in children(pid), 30, "worker replaced")
+        fleet.release.set()
+        done = await asyncio.gather(*held, return_exceptions=True)
+        survivors = sum(1 for d in done if isinstance(d, tuple) and d[0] == 200)
+        assert survivors >= 1  # the other worker's requests complete (the victim's clients were cut off)
+        for _ in range(100):
+            async with aiohttp.ClientSession() as s, s.get(base + "/livez") as r:
+                if r.status == 200:
+                    break
+            await asyncio.sleep(0.1)
+        assert set(await in_flight_seen(base)) == {0}
+
+
+async def test_failures_in_any_worker_eject_for_every_worker(tmp_path: Path) -> None:
+    over = {"gateway": {"health_interval_s": 0.2, "failure_threshold": 4, "ejection_s": 60, "max_retries": 1}}
+    async with HeldFleet(2) as fleet, serve(tmp_path, {**fleet.fleet(), **over}) as (base, _):
+        fleet.release.set()
+        bad = fleet.ports[0]
+        fleet.failing.add(bad)
+        for i in range(40):  # spread over both workers; each failure is retried on h1
+            st, _ = await fresh("POST", base + "/v1/completions", body(i))
+            assert st == 200
+        # Four failures counted across the workers ejected h0 for every worker: no worker sends it more.
+        assert fleet.served[bad] == 4
+        for _ in range(30):
+            st, got = await fresh("POST", base + "/v1/route/explain", body(7))
+            assert [c["instance"] for c in got["candidates"]] == ["h1"]
+
+
+async def test_the_limits_queue_is_the_hosts(tmp_path: Path) -> None:
+    limits = {"limits": {"max_in_flight": 1, "queue_size": 3, "queue_timeout_s": 30}}
+    async with HeldFleet(2) as fleet, serve(tmp_path, {**fleet.fleet(), **limits}) as (base, _):
+        first = [asyncio.create_task(fresh("POST", base + "/v1/completions", body(i))) for i in range(2)]
+        await until(lambda: fleet.held == 2, 20, "both instances at their cap")
+        queued = []
+        for i in range(3):
+            queued.append(asyncio.create_task(fresh("POST", base + "/v1/completions", body(10 + i))))
+            await asyncio.sleep(0.3)  # in order: each waits in one worker or the other
+        refused = [await fresh("POST", base + "/v1/completions", body(20 + i)) for i in range(6)]
+        assert [st for st, _ in refused] == [429] * 6  # the host's queue is full, whichever worker
+        assert all(b["error"]["type"] for _, b in refused)
+        assert fleet.held == 2
+        fleet.release.set()
+        assert [st for st, _ in await asyncio.gather(*first, *queued)] == [200] * 5
+
+
+pytestmark = pytest.mark.skipif(os.cpu_count() is None, reason="needs /proc")
