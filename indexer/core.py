@@ -16,10 +16,13 @@ from collections.abc import Collection, Sequence
 import msgspec
 import numpy as np
 
+from . import fast_apply as fa
+from . import fast_wire as fw
 from . import snapshot as _snapshot
 from .answers import AnswerCache, InstanceMatch, LookupResult
 from .backend import IndexBackend
 from .errors import BadBlockShape, BlockSizeMismatch, DecodeError, EventError, UnknownParent
+from .fast_ingest import IngestScratch
 from .hashing import (
     I64Array,
     TokenEncodingError,
@@ -36,7 +39,7 @@ from .hashing import (
 from .index import BlockIndex, SourceMatch
 from .sources import Action, Apply, Replay, Reset, SourceSync
 from .types import Medium, SourceKey, Trust
-from .wire import BatchDecoder, BlockRemoved, BlockStored, engine_hash_i64, peek_ts
+from .wire import BatchDecoder, BlockRemoved, BlockStored, Event, engine_hash_i64, peek_ts
 
 _U64_MAX = (1 << 64) - 1
 _NO_CHAINS: I64Array = np.zeros(0, dtype=np.int64)
@@ -78,8 +81,12 @@ class Indexer:
         max_blocks_per_source: int = 8_000_000,
         speculative_ttl: float = 5.0,
         index: IndexBackend | None = None,
+        fast_ingest: bool = True,
     ) -> None:
-        """``index``: another backend (e.g. ``indexer.redis_index.RedisBlockIndex``); default in process."""
+        """``index``: another backend (e.g. ``indexer.redis_index.RedisBlockIndex``); default in process.
+        ``fast_ingest``: payloads of the common shapes parsed and applied in compiled code
+        (``indexer.fast_ingest``; the in-process index only); off, every payload takes the reference path
+        (same results)."""
         if block_size <= 0:
             raise ValueError("block_size must be positive")
         self.block_size = block_size
@@ -88,6 +95,7 @@ class Indexer:
         self.index: IndexBackend = (
             index if index is not None else BlockIndex(max_blocks_per_source=max_blocks_per_source)
         )
+        self._fast = IngestScratch(block_size) if fast_ingest and isinstance(self.index, BlockIndex) else None
         self.speculative_outbox: list[SpeculativeEntry] | None = None
         """When a list, every ``add_speculative`` is also appended here for a shell to deliver (shared
         router state); the shell drains it.  None (the default): nothing is kept."""
@@ -202,6 +210,26 @@ class Indexer:
         """
         c = self.counters
         c.batches += 1
+        fast = self._fast
+        if fast is not None:
+            src = _source or SourceKey(instance, dp_rank)
+            ix = self.index
+            assert isinstance(ix, BlockIndex)
+            slot = ix.slot_id(src)
+            if slot is not None:  # (a source's first blocks take the reference path)
+                status, n_ev, ts, rank, nb, done = ix.ingest(slot, fast, payload, -2 if _source else dp_rank)
+                if status == fa.WRONG_SOURCE:  # direct use: the batch names its rank
+                    src = SourceKey(instance, rank)
+                    slot = ix.slot_id(src)
+                    if slot is not None:
+                        status, done = fw.ACCEPTED, ix.apply_parsed(slot, fast, n_ev, nb)
+                if status == fw.ACCEPTED:
+                    self._begin(src, ts, direct=_source is None)
+                    if done:
+                        self._count_fast(done, fast.out)
+                    if done == n_ev:
+                        return done
+                    return done + self._apply_events(src, self._decoder.decode(payload).events, done)
         try:
             batch = self._decoder.decode(payload)
         except DecodeError as e:
@@ -210,17 +238,37 @@ class Indexer:
         if batch.skipped:
             c.skipped_events.update(batch.skipped)
         src = _source or SourceKey(instance, dp_rank if batch.dp_rank is None else batch.dp_rank)
+        self._begin(src, batch.ts, direct=_source is None)
+        return self._apply_events(src, batch.events, 0)
+
+    def _begin(self, src: SourceKey, ts: float, *, direct: bool) -> None:
         if src not in self._known:
             self.register(src)
-        if _source is None:
+        if direct:
             # Direct library use: the caller owns ordering, so the stream is taken as complete.
             sync = self.sync(src)
             if sync.trust is Trust.COLD:
                 sync.trust = Trust.EXACT
-        self.last_event_ts[src] = batch.ts
+        self.last_event_ts[src] = ts
+
+    def _count_fast(self, events: int, out: I64Array) -> None:
+        """Counters for events applied by the fast path (as ``_stored`` / ``_removed`` count them)."""
+        c = self.counters
+        o = out.tolist()
+        c.events += events
+        c.blocks_stored += o[fa.NEW] + o[fa.NEW + 1] + o[fa.NEW + 2] + o[fa.HELD]
+        c.blocks_removed += o[fa.CLEARED] + o[fa.CLEARED + 1] + o[fa.CLEARED + 2]
+        if o[fa.UNKNOWN_REMOVED]:
+            c.event_errors["unknown_removed_block"] += o[fa.UNKNOWN_REMOVED]
+        if o[fa.UNKNOWN_LINKED]:
+            c.event_errors["unknown_offload_block"] += o[fa.UNKNOWN_LINKED]
+
+    def _apply_events(self, src: SourceKey, events: list[Event], start: int) -> int:
+        """The reference path: events ``start ..`` of a decoded batch, one by one (runs of removals as one
+        call).  Returns how many were applied."""
+        c = self.counters
         applied = 0
-        events = batch.events
-        i, n = 0, len(events)
+        i, n = start, len(events)
         while i < n:
             ev = events[i]
             if isinstance(ev, BlockRemoved):
