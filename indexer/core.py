@@ -110,6 +110,13 @@ class Indexer:
         self.last_event_ts: dict[SourceKey, float] = {}
 
     # ------------------------------------------------------------------ sources
+    def reserve(self, sources: int, blocks_per_source: int) -> None:
+        """Size the tables ahead for a fleet of ``sources`` holding about ``blocks_per_source`` blocks each
+        (their KV capacity): the in-process index then does not grow (each growth rehashes a whole table
+        and holds the old and new arrays at once) until the fleet holds more.  Other backends ignore it."""
+        if isinstance(self.index, BlockIndex) and sources > 0 and blocks_per_source > 0:
+            self.index.reserve(sources * blocks_per_source, per_source=blocks_per_source)
+
     def register(self, source: SourceKey, *, has_replay: bool = False) -> SourceSync:
         """Declare a publisher (from the fleet file) so it is reported, as cold, before it sends anything."""
         if source not in self._known:

@@ -139,7 +139,8 @@ class BlockIndex:
             self._keys.append(source)
             self._engine.append(None)
             self._counts.append(_NO_COUNTS)
-        self._engine[slot] = EngineTable(grown(16, self._per_source) if self._per_source else 16)
+        # (a tenth over the size asked for: a source's holdings overshoot it by an event or two)
+        self._engine[slot] = EngineTable(grown(16, self._per_source * 11 // 10) if self._per_source else 16)
         self._counts[slot] = np.zeros(3, dtype=np.int64)
         self._slots[source] = slot
         self.slots_version += 1
