@@ -11,8 +11,8 @@ p99, and bytes of RSS per (instance, block) pair after the stores.  Ingest is gi
 time and per second of the process's CPU time (all its threads: Dynamo applies events on a thread of its
 own, so on a machine with more runnable threads than cores it gets a larger share of the CPU).
 ``--reserve`` sizes kvrouter's index for the fleet ahead (``Indexer.reserve(instances, blocks)``, what a
-fleet file's declared KV capacity gives): no table growth during the stores.  ``--scales 8x1250000,100x100000``
-runs each scale in its own process (RSS figures stay per scale) and reports them together.
+fleet file's declared KV capacity gives): no table growth during the stores.
+``--scales 8x1250000,100x100000`` runs each scale in its own process (RSS figures stay per scale) and reports them together.
 """
 
 from __future__ import annotations
