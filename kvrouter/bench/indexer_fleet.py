@@ -12,7 +12,8 @@ time and per second of the process's CPU time (all its threads: Dynamo applies e
 own, so on a machine with more runnable threads than cores it gets a larger share of the CPU).
 ``--reserve`` sizes kvrouter's index for the fleet ahead (``Indexer.reserve(instances, blocks)``, what a
 fleet file's declared KV capacity gives): no table growth during the stores.
-``--scales 8x1250000,100x100000`` runs each scale in its own process (RSS figures stay per scale) and reports them together.
+``--scales 8x1250000,100x100000`` runs each scale in its own process (RSS figures stay per scale) and
+reports them together.
 """
 
 from __future__ import annotations
