@@ -13,10 +13,11 @@ Accepted (the caller may apply the rows instead of the reference decoder's event
 reference decoder would decode the payload to exactly these events with nothing skipped, and
 ``Indexer._stored`` / ``_removed`` would take their plain path:
 
-* stored: ``block_size`` the index's; ``token_ids`` msgpack uints below 2**32 covering exactly the blocks,
-  or the offload placeholder ``[]``; ``lora_name`` nil; ``extra_keys`` nil or only nils; ``group_idx``
-  nil or 0; ``medium`` nil, "GPU", "CPU" or "STORAGE"; ``lora_id`` an int or nil;
-  ``kv_cache_spec_kind`` an ASCII str or nil; ``kv_cache_spec_sliding_window`` an int or nil;
+* stored: ``block_size`` an int, the index's unless the event is an offload placeholder; ``token_ids``
+  msgpack uints below 2**32 covering exactly the blocks, or the offload placeholder ``[]``; ``lora_name``
+  nil; ``extra_keys`` nil or only nils; ``group_idx`` nil or 0; ``medium`` nil, "GPU", "CPU" or
+  "STORAGE"; ``lora_id`` an int or nil; ``kv_cache_spec_kind`` an ASCII str or nil;
+  ``kv_cache_spec_sliding_window`` an int or nil;
 * removed: ``medium`` and ``group_idx`` as above;
 * every other key or trailing element nil; no key twice; strings ASCII; hashes ints or bytes.
 
@@ -281,9 +282,9 @@ def parse_batch(
                 kind, v, pos = _int(buf, pos, n)
                 if kind == 0:
                     return DECLINED, 0, 0.0, -1, 0
-                if (fid == _BS and (kind != 1 or v != block_size)) or (fid == _GROUP and v != 0):
+                if (fid == _BS and kind != 1) or (fid == _GROUP and v != 0):
                     return DECLINED, 0, 0.0, -1, 0
-                if fid == _BS:
+                if fid == _BS and v == block_size:  # (any size for a placeholder: vLLM 0.33 sends 0)
                     seen |= 1 << 20
             elif fid == _MEDIUM:
                 ms, ml, pos = _str(buf, pos, n)
