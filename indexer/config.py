@@ -11,6 +11,7 @@
         replay: tcp://vllm-0:5558           # optional: its replay_endpoint
         topic: ""                           # optional subscription prefix
         dp_size: 1                          # ranks 1.. use port+rank, as vLLM does
+        role: both                          # prefill | decode | both (disaggregated fleets; see below)
     bind: tcp://10.0.0.5:5557               # optional bind mode: instances connect, topic kv@<name>@<model>
     indexer:
       bind_accept: listed                   # bind mode: only the instances above may publish
@@ -32,6 +33,12 @@ import yaml
 
 from .errors import ConfigError
 from .types import SourceKey
+
+Role = Literal["prefill", "decode", "both"]
+"""An instance's job in a disaggregated (prefill/decode) fleet.  ``prefill``: it computes prompts and hands
+their KV cache to a decode instance (vLLM's NIXL connector); ``decode``: it receives them and generates (and
+prefills by itself the requests the router keeps whole); ``both``: either, or whole requests.  A model whose
+instances are all ``both`` is routed as an aggregated fleet."""
 
 _ENDPOINT = re.compile(r"^(tcp://[^:/]+:\d+|ipc://.+|inproc://.+)$")
 
@@ -63,6 +70,14 @@ class InstanceConfig(msgspec.Struct, frozen=True):
     """Models it serves; empty means every model of the fleet (or whatever its /v1/models says)."""
     weight: float = 1.0
     """Relative capacity, for load balancing across unequal instances."""
+    role: Role = "both"
+    """Its job in a disaggregated fleet (``Role``); every model it serves, unless ``model_roles`` says."""
+    model_roles: dict[str, Role] = {}
+    """Per served model, a role other than ``role`` (an instance that prefills one model, decodes another)."""
+
+    def role_for(self, model: str | None) -> Role:
+        """Its role for requests naming ``model`` (None: the fleet's default model)."""
+        return self.model_roles.get(model, self.role) if model is not None else self.role
 
     def sources(self) -> list[SourceKey]:
         return [SourceKey(self.name, r) for r in range(self.dp_size)]
@@ -129,6 +144,9 @@ class FleetConfig(msgspec.Struct, frozen=True):
                     raise ConfigError(f"{inst.name}: bad ZeroMQ endpoint {ep!r}")
             if inst.url is not None and not inst.url.startswith(("http://", "https://")):
                 raise ConfigError(f"{inst.name}: url must be http(s)://, got {inst.url!r}")
+            stray = [m for m in inst.model_roles if inst.models and m not in inst.models]
+            if stray:
+                raise ConfigError(f"{inst.name}: model_roles names models it does not serve: {stray}")
         if self.bind is not None and not _ENDPOINT.match(self.bind):
             raise ConfigError(f"bad bind endpoint {self.bind!r}")
         if self.indexer.max_bind_sources < 0:

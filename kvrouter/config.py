@@ -8,14 +8,19 @@
       llama: {tokenizer: /models/llama, policy: kv-aware}
     instances: [...]                    # see indexer.config
     routing:
-      policy: kv-aware                  # kv-aware | prefix-hash | least-loaded | round-robin | random
+      policy: kv-aware                  # kv-aware | prefix-hash | least-loaded | round-robin | random |
+                                        # session
+      session: {header: x-session-id, ttl_s: 1800}
       kv_aware: {compute_weight: 1.0, load_weight: 32, offload_value: 0.8}
       prefix_hash: {prefix_length: 1024, load_bound: 1.25}
+      disaggregation: {mode: conditional, local_prefill_tokens: 2048}   # fleets with prefill/decode roles
     limits: {concurrency_threshold: 0, max_in_flight: 0, queue_size: 256, queue_timeout_s: 30}
     tenants:
       require_api_key: false
       api_keys: {"sk-team-a": {name: team-a, salt: "a9f3..."}}
     gateway: {request_timeout_s: 600, first_byte_timeout_s: 60, max_retries: 2, admin_token: null}
+    responses: {affinity_ttl_s: 86400, max_entries: 500000, probe: true}
+    lora: {load_on_demand: false, adapters: {sql-lora: {path: /adapters/sql, base: llama}}}
 """
 
 from __future__ import annotations
@@ -29,8 +34,8 @@ from indexer.errors import ConfigError
 
 from .membership.config import DiscoveryConfig, MembershipConfig
 from .replicas.config import SharedStateConfig, SnapshotConfig
-from .routing import PolicyName, policy_name
-from .routing.policies import KvAwareSettings, PolicySettings, PrefixHashSettings
+from .routing import DisaggSettings, PolicyName, policy_name
+from .routing.policies import KvAwareSettings, PolicySettings, PrefixHashSettings, SessionSettings
 from .routing.router import RouterConfig
 
 
@@ -43,15 +48,24 @@ class ModelConfig(msgspec.Struct, frozen=True):
     """Routing policy for this model (overrides routing.policy)."""
 
 
+class SessionConfig(SessionSettings, frozen=True):
+    header: str = "x-session-id"
+    """The request header naming a request's session (also read: the body's ``session_id``, as vLLM)."""
+
+
 class RoutingConfig(msgspec.Struct, frozen=True):
     policy: str = PolicyName.KV_AWARE
     kv_aware: KvAwareSettings = KvAwareSettings()
     prefix_hash: PrefixHashSettings = PrefixHashSettings()
+    session: SessionConfig = SessionConfig()
+    """The session policy: its header, how long a session is remembered, how many."""
     speculative: bool = True
     """Speculative index entries for requests just sent (a burst of a new prefix stays together)."""
     shadow: bool = True
     """Shadow scoring: what every other policy would have chosen, as metrics."""
     seed: int = 0
+    disaggregation: DisaggSettings = DisaggSettings()
+    """How models whose instances have prefill/decode roles are split (``routing.disagg``)."""
 
 
 class LimitsConfig(msgspec.Struct, frozen=True):
@@ -136,6 +150,41 @@ class ParityConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             )
 
 
+class ResponsesConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Where stored Responses API answers are: vLLM keeps them in one instance's memory."""
+
+    affinity_ttl_s: float = 86_400.0
+    """How long the instance that produced a response id is remembered (vLLM keeps it until it restarts)."""
+    max_entries: int = 500_000
+    """Response ids remembered at most (the first to expire are forgotten first; about 100 B each)."""
+    probe: bool = True
+    """An id not remembered (made before this router started, or by a replica whose news did not arrive) is
+    looked for on every healthy instance (``GET /v1/responses/{id}``) before answering 404."""
+    probe_timeout_s: float = 2.0
+
+    def validate(self) -> None:
+        if self.affinity_ttl_s <= 0 or self.max_entries < 1 or self.probe_timeout_s <= 0:
+            raise ConfigError("responses: affinity_ttl_s and probe_timeout_s must be > 0, max_entries >= 1")
+
+
+class AdapterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    path: str
+    """What ``/v1/load_lora_adapter`` is given as ``lora_path``."""
+    base: str | None = None
+    """The model it adapts (default: the fleet's first model)."""
+
+
+class LoraConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """LoRA adapters.  Where each is loaded is learned from every instance's ``/v1/models`` (and from the
+    load and unload requests the gateway passes on); these are the ones the gateway may load itself."""
+
+    adapters: dict[str, AdapterConfig] = {}
+    load_on_demand: bool = False
+    """A request naming one of ``adapters`` that no healthy instance has loaded: load it onto the instance
+    the router picks for the request (vLLM needs ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``), then route there."""
+    load_timeout_s: float = 60.0
+
+
 class RouterFleetConfig(FleetConfig, frozen=True, forbid_unknown_fields=True):
     chat_template: str | None = None
     """The fleet's chat template (a file or a Jinja string), when its tokenizer has none."""
@@ -154,6 +203,10 @@ class RouterFleetConfig(FleetConfig, frozen=True, forbid_unknown_fields=True):
     """Kubernetes discovery: instances from the EndpointSlices of a vLLM Service."""
     parity: ParityConfig = ParityConfig()
     """Token parity with the fleet: checked at start-up, on sampled requests and on cache shortfalls."""
+    responses: ResponsesConfig = ResponsesConfig()
+    """Stored Responses API answers: which instance holds each id."""
+    lora: LoraConfig = LoraConfig()
+    """LoRA adapters the gateway may load on demand."""
 
     def served_models(self) -> list[str | None]:
         """Every model name the fleet serves, after None (the fleet's default tokenizer): what a gateway
@@ -172,6 +225,7 @@ class RouterFleetConfig(FleetConfig, frozen=True, forbid_unknown_fields=True):
         self.snapshot.validate()
         self.membership.validate()
         self.parity.validate()
+        self.responses.validate()
         if self.discovery is not None:
             self.discovery.validate()
         for name in [self.routing.policy, *(m.policy for m in self.models.values() if m.policy)]:
@@ -183,6 +237,10 @@ class RouterFleetConfig(FleetConfig, frozen=True, forbid_unknown_fields=True):
             raise ConfigError("limits: queue_size must be >= 0 and queue_timeout_s > 0")
         if self.limits.max_requests < 0:
             raise ConfigError("limits: max_requests must be >= 0")
+        try:
+            self.routing.disaggregation.validate()
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         if self.routing.prefix_hash.prefix_length <= 0:
             raise ConfigError("routing.prefix_hash.prefix_length must be positive")
 
@@ -195,7 +253,12 @@ class RouterFleetConfig(FleetConfig, frozen=True, forbid_unknown_fields=True):
             max_in_flight=self.limits.max_in_flight,
             speculative=r.speculative,
             shadow=r.shadow,
-            settings=PolicySettings(kv_aware=r.kv_aware, prefix_hash=r.prefix_hash, seed=r.seed),
+            settings=PolicySettings(
+                kv_aware=r.kv_aware,
+                prefix_hash=r.prefix_hash,
+                session=SessionSettings(ttl_s=r.session.ttl_s, max_sessions=r.session.max_sessions),
+                seed=r.seed,
+            ),
         )
 
     def tokenizer_for(self, model: str | None) -> str | None:

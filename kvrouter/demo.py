@@ -1,20 +1,26 @@
 """``kvrouter demo``: a simulated fleet, the gateway with its embedded indexer, one workload under each
-policy through the real HTTP path, and a table.
+policy through the real HTTP path, a table, then an agent session over the Responses API.
 
 ::
 
     kvrouter sim (subprocess: N instances, KV events over ZeroMQ) ── fleet file
          ▲ reset caches between policies                            │
     this process: load generator ── HTTP ──▶ kvrouter serve --policy P (subprocess, per policy)
+                  agent session (Responses API, previous_response_id) ──▶ the kv-aware gateway
 
-Separate processes keep the client, the gateway and the fleet from sharing one event loop (two cores).
-Each policy starts from empty caches (vLLM's /reset_prefix_cache), so every row sees the same work.
+The fleet is the seeds' setting (AWS's shared-prefix benchmark): many long shared system prompts, each
+instance's KV cache too small to hold them all, so a policy that spreads every prefix over every instance
+keeps evicting them (round-robin, least-loaded), and one that keeps each prefix where it is cached does
+not.  Separate processes keep the client, the gateway and the fleet from sharing one event loop (two
+cores).  Each policy starts from empty caches (vLLM's /reset_prefix_cache), so every row sees the same
+work.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import random
 import signal
 import socket
 import statistics
@@ -43,12 +49,15 @@ class DemoConfig(msgspec.Struct, frozen=True):
     profile: str = "qwen3-32b-2xh100"
     speed: float = 4.0
     """The fleet runs this many times faster than the modelled GPUs (keeps the demo short)."""
-    groups: int = 12
+    capacity_blocks: int = 640
+    """KV cache per instance, in 16-token blocks: room for about five of the shared prompts at once, a
+    third of them (the whole fleet holds every prompt once, as kv-aware partitions them)."""
+    groups: int = 16
     """Shared system prompts (tenants, apps) ..."""
-    per_group: int = 25
+    per_group: int = 15
     """... each used by this many requests.  The first request of a group is a cold prefill under any
-    policy: when cold requests are 10 % or more of the total, the TTFT p90 lands on them and cannot tell
-    policies apart; at 4 % it measures where the warm requests went (docs/measurements.md, "demo")."""
+    policy (7 % of them here): the TTFT p90 lands where warm requests went as long as cold ones stay well
+    under 10 % (docs/measurements.md, "demo"); fewer requests keep the demo under two minutes."""
     system_tokens: int = 2000
     question_tokens: int = 120
     output_tokens: int = 24
@@ -56,6 +65,8 @@ class DemoConfig(msgspec.Struct, frozen=True):
     policies: tuple[str, ...] = POLICIES
     seed: int = 7
     base_port: int = 0
+    agent_turns: int = 10
+    """Turns of the agent session over the Responses API (0: none)."""
 
 
 def _port() -> int:
@@ -68,7 +79,7 @@ def _kvrouter(*args: str) -> list[str]:
     return [sys.executable, "-m", "kvrouter.cli", *args]
 
 
-async def _wait_http(url: str, timeout: float = 60.0) -> None:
+async def _wait_http(url: str, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     async with aiohttp.ClientSession() as s:
         while time.monotonic() < deadline:
@@ -80,6 +91,17 @@ async def _wait_http(url: str, timeout: float = 60.0) -> None:
                 pass
             await asyncio.sleep(0.1)
     raise RuntimeError(f"{url} did not come up in {timeout} s")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def workload(cfg: DemoConfig) -> Workload:
@@ -166,8 +188,8 @@ async def run_demo(cfg: DemoConfig, *, out: Any = sys.stdout) -> dict[str, dict[
     logs = open(tmp / "processes.log", "w")  # noqa: SIM115 - closed in finally
     print(
         f"kvrouter demo: {cfg.instances} simulated vLLM instances ({cfg.profile}, {cfg.speed:g}x), "
-        f"{len(wl.requests)} chat requests ({cfg.groups} shared {cfg.system_tokens}-token system prompts), "
-        f"{cfg.concurrency} clients; logs in {tmp}",
+        f"{len(wl.requests)} chat requests ({cfg.groups} shared {cfg.system_tokens}-token system prompts, "
+        f"KV cache per instance {cfg.capacity_blocks * 16} tokens), {cfg.concurrency} clients; logs in {tmp}",
         file=out,
         flush=True,
     )
@@ -176,12 +198,16 @@ async def run_demo(cfg: DemoConfig, *, out: Any = sys.stdout) -> dict[str, dict[
             "--log-level", "WARNING", "sim", "--instances", str(cfg.instances),
             "--fleet-out", str(fleet_file), "--profile", cfg.profile, "--speed", str(cfg.speed),
             "--base-port", str(cfg.base_port), "--answer-tokens", "0",
+            "--capacity-blocks", str(cfg.capacity_blocks),
         ),
         stdout=logs,
         stderr=logs,
-        env=env,
+        env={**env, "VLLM_ENABLE_RESPONSES_API_STORE": "1"},  # the fleet stores Responses, as vLLM can
     )  # fmt: skip
     results: dict[str, dict[str, Any]] = {}
+    agent: list[dict[str, Any]] = []
+    gateways: list[subprocess.Popen[bytes]] = []
+    t_start = time.perf_counter()
     try:
         deadline = time.monotonic() + 120
         while not fleet_file.exists():
@@ -199,16 +225,13 @@ async def run_demo(cfg: DemoConfig, *, out: Any = sys.stdout) -> dict[str, dict[
                 for u in urls:  # every policy starts from empty caches
                     async with s.post(f"{u}/reset_prefix_cache") as r:
                         await r.read()
+            # One gateway at a time: an idle one would still ingest every event of the others' runs.
             port = _port()
-            gw = subprocess.Popen(
-                _kvrouter("--log-level", "WARNING", "serve", "--fleet", str(fleet_file), "--port", str(port),
-                          "--policy", policy),
-                stdout=logs,
-                stderr=logs,
-                env=env,
-            )  # fmt: skip
+            args = ("--log-level", "WARNING", "serve", "--fleet", str(fleet_file), "--port", str(port))
+            gw = subprocess.Popen(_kvrouter(*args, "--policy", policy), stdout=logs, stderr=logs, env=env)
+            gateways.append(gw)
+            base = f"http://127.0.0.1:{port}"
             try:
-                base = f"http://127.0.0.1:{port}"
                 await _wait_http(f"{base}/health")
                 await asyncio.sleep(0.5)  # event subscriptions connect and replay
                 bar = tqdm(total=len(wl.requests), desc=f"{policy:>12}", unit="req", file=out, leave=True)
@@ -219,13 +242,13 @@ async def run_demo(cfg: DemoConfig, *, out: Any = sys.stdout) -> dict[str, dict[
                 wall = time.perf_counter() - t0
                 bar.close()
                 results[policy] = summarize(recs, wall)
+                if policy == PolicyName.KV_AWARE and cfg.agent_turns:
+                    agent = await agent_session(base, cfg.agent_turns, cfg.seed)
             finally:
-                gw.send_signal(signal.SIGINT)
-                try:
-                    gw.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    gw.kill()
+                _stop(gw)
     finally:
+        for gw in gateways:
+            _stop(gw)
         sim.send_signal(signal.SIGTERM)
         try:
             sim.wait(timeout=15)
@@ -234,4 +257,76 @@ async def run_demo(cfg: DemoConfig, *, out: Any = sys.stdout) -> dict[str, dict[
         logs.close()
     print(file=out)
     print(table(results), file=out, flush=True)
+    if agent:
+        print("\nagent session over the Responses API (kv-aware gateway, previous_response_id):", file=out)
+        print(agent_table(agent), file=out)
+    print(f"\n{time.perf_counter() - t_start:.0f} s", file=out, flush=True)
+    if agent:
+        results["agent_session"] = {"turns": agent}
     return results
+
+
+async def agent_session(base: str, turns: int, seed: int) -> list[dict[str, Any]]:
+    """An agent conversation over the Responses API, each turn continuing the last by
+    ``previous_response_id`` and streamed: per turn, its prompt tokens, the cached ones, where it ran and
+    its time to the first token."""
+    rng = random.Random(seed)
+    words = "read file plan test patch diff error trace call result agent tool".split()  # noqa: SIM905
+    prev: str | None = None
+    out: list[dict[str, Any]] = []
+    async with aiohttp.ClientSession() as s:
+        for turn in range(turns):
+            body: dict[str, Any] = {
+                "model": "sim-model",
+                "instructions": "You are a coding agent working in a large repository. " * 20,
+                "input": f"Tool output {turn}: " + " ".join(rng.choice(words) for _ in range(150)),
+                "max_output_tokens": 48,
+                "stream": True,
+            }
+            if prev is not None:
+                body["previous_response_id"] = prev
+            t0 = time.perf_counter()
+            ttft: float | None = None
+            final: dict[str, Any] | None = None
+            async with s.post(f"{base}/v1/responses", json=body) as r:
+                if r.status != 200:
+                    raise RuntimeError(f"agent turn {turn}: {r.status} {await r.text()}")
+                instance = r.headers.get("x-kvrouter-instance", "?")
+                async for line in r.content:
+                    if not line.startswith(b"data: "):
+                        continue
+                    event = msgspec.json.decode(line[6:])
+                    if ttft is None and event.get("type") == "response.output_text.delta":
+                        ttft = time.perf_counter() - t0
+                    if event.get("type") in ("response.completed", "response.incomplete"):
+                        final = event["response"]
+            if final is None:
+                raise RuntimeError(f"agent turn {turn}: the stream ended without its response")
+            use = final["usage"]
+            prev = final["id"]
+            out.append(
+                {
+                    "turn": turn + 1,
+                    "input_tokens": use["input_tokens"],
+                    "cached_tokens": use["input_tokens_details"]["cached_tokens"],
+                    "instance": instance,
+                    "ttft_ms": (ttft or 0.0) * 1e3,
+                }
+            )
+    return out
+
+
+def agent_table(turns: list[dict[str, Any]]) -> str:
+    head = ("turn", "input tokens", "cached", "instance", "TTFT")
+    rows = [head] + [
+        (
+            str(t["turn"]),
+            str(t["input_tokens"]),
+            f"{t['cached_tokens']} ({t['cached_tokens'] / max(1, t['input_tokens']):.0%})",
+            t["instance"],
+            f"{t['ttft_ms']:.0f} ms",
+        )
+        for t in turns
+    ]
+    w = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    return "\n".join("  ".join(c.rjust(w[i]) for i, c in enumerate(row)) for row in rows)

@@ -1,12 +1,16 @@
-"""The OpenAI-compatible wire shapes, for every part that speaks them: the gateway (lenient parsing: it
-forwards what it does not read), the simulated vLLM (strict parsing: it refuses what vLLM refuses), the
-load generators and the reliability suite (reading ``usage``).
+"""The wire shapes (OpenAI, vLLM's extensions, Anthropic Messages), for every part that speaks them: the
+gateway (lenient parsing: it forwards what it does not read), the simulated vLLM (strict parsing: it
+refuses what vLLM refuses), the load generators and the reliability suite (reading ``usage``).
 
 ::
 
     errors.py     ApiError tree; the one error body {"error": {message, type, param, code}}, also as SSE
-    requests.py   parse_body (gateway) and parse_completion / parse_chat (simulator); vLLM's refusals
-    usage.py      usage blocks: build one, read cached tokens from one, watch a response stream for it
+    fields.py     the JSON field checks every parser shares
+    parsed.py     ParsedRequest: what the gateway reads of a request, whatever its route (kinds)
+    requests.py   parse_body (gateway, every route) and parse_completion / parse_chat (simulator)
+    responses.py  the Responses API: the gateway's reading, the simulator's, response objects and events
+    messages.py   Anthropic's Messages API: the same, and its error shape
+    usage.py      usage blocks (all three shapes): build one, read cached tokens, watch a stream for them
     bodies.py     vLLM's answers: completion and chat bodies, their SSE chunks, the usage chunk
 """
 

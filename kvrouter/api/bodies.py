@@ -11,7 +11,13 @@ _encode = msgspec.json.Encoder().encode
 
 
 def completion_body(
-    rid: str, created: int, model: str, text: str, finish: str | None, use: dict[str, Any]
+    rid: str,
+    created: int,
+    model: str,
+    text: str,
+    finish: str | None,
+    use: dict[str, Any],
+    kv_transfer_params: dict[str, Any] | None = None,
 ) -> bytes:
     choice = {
         "index": 0,
@@ -30,13 +36,19 @@ def completion_body(
             "choices": [choice],
             "usage": use,
             "system_fingerprint": None,
-            "kv_transfer_params": None,
+            "kv_transfer_params": kv_transfer_params,
         }
     )
 
 
 def chat_body(
-    rid: str, created: int, model: str, text: str, finish: str | None, use: dict[str, Any]
+    rid: str,
+    created: int,
+    model: str,
+    text: str,
+    finish: str | None,
+    use: dict[str, Any],
+    kv_transfer_params: dict[str, Any] | None = None,
 ) -> bytes:
     message: dict[str, Any] = {
         "role": "assistant",
@@ -54,7 +66,7 @@ def chat_body(
             "choices": [choice],
             "usage": use,
             "prompt_logprobs": None,
-            "kv_transfer_params": None,
+            "kv_transfer_params": kv_transfer_params,
         }
     )
 

@@ -9,71 +9,23 @@
   400 for features whose output the simulator cannot produce (``n > 1``, ``echo``, ``logprobs``, several
   prompts at once) rather than a silently wrong answer.
 
-Both raise ``BadRequest`` with a reason the client can act on.
+Both raise ``BadRequest`` with a reason the client can act on.  The other routes' bodies are read in
+``responses``, ``messages`` (and, leniently, here: pooling and any other route).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 
 from .errors import BadRequest
+from .fields import decode_object, is_int, opt, salt, token_ids
+from .messages import parse_messages
+from .parsed import Kind, ParsedRequest, prefix_text
+from .responses import parse_responses
 
-Kind = Literal["completions", "chat"]
-_decode = msgspec.json.Decoder()
-
-
-def decode_object(raw: bytes) -> dict[str, Any]:
-    """A request body as a JSON object (400 when empty, not JSON, or not an object)."""
-    if not raw:
-        raise BadRequest("the request body is empty")
-    try:
-        body = _decode.decode(raw)
-    except msgspec.DecodeError as e:
-        raise BadRequest(f"the request body is not valid JSON: {e}") from None
-    if not isinstance(body, dict):
-        raise BadRequest("the request body must be a JSON object")
-    return body
-
-
-def _is_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_number(v: object) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _token_ids(v: object) -> bool:
-    """A non-empty list of token ids (each fits vLLM's uint32 vocabulary index)."""
-    return isinstance(v, list) and bool(v) and all(_is_int(t) and 0 <= t < 2**32 for t in v)
-
-
-def _opt(body: dict[str, Any], key: str, kind: str) -> Any:
-    """``body[key]`` if present and of ``kind``; None if absent or null; a 400 naming the field otherwise."""
-    v = body.get(key)
-    if v is None:
-        return None
-    ok = {
-        "bool": isinstance(v, bool),
-        "int": _is_int(v),
-        "number": _is_number(v),
-        "str": isinstance(v, str),
-        "dict": isinstance(v, dict),
-        "list": isinstance(v, list),
-    }[kind]
-    if not ok:
-        article = "an" if kind[0] in "aeiou" else "a"
-        raise BadRequest(f"'{key}' must be {article} {kind}", param=key)
-    return v
-
-
-def _salt(body: dict[str, Any]) -> str | None:
-    salt = body.get("cache_salt")
-    if salt is not None and (not isinstance(salt, str) or not salt):
-        raise BadRequest("Parameter 'cache_salt' must be a non-empty string if provided.", param="cache_salt")
-    return salt
+__all__ = ["Kind", "ParsedRequest", "parse_body", "prefix_text"]
 
 
 def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -86,78 +38,78 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     return msgs
 
 
-def prefix_text(messages: list[dict[str, Any]] | None = None, prompt: str | list[int] | None = None) -> str:
-    """The text prefix-hash routing reads: chat message contents (strings, or their parts' text) joined by
-    newlines, the completion text, or its token ids joined by spaces."""
-    if messages is not None:
-        parts = []
-        for m in messages:
-            c = m.get("content")
-            if isinstance(c, str):
-                parts.append(c)
-            elif isinstance(c, list):
-                parts.extend(p.get("text", "") for p in c if isinstance(p, dict))
-        return "\n".join(parts)
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, list):
-        return " ".join(map(str, prompt))
-    return ""
-
-
-# ---------------------------------------------------------------------------------------------- lenient
-class ParsedRequest(msgspec.Struct):
-    """What the gateway reads of a completions or chat request; ``body`` is forwarded."""
-
-    kind: Kind
-    body: dict[str, Any]
-    raw: bytes
-    model: str | None = None
-    stream: bool = False
-    include_usage: bool = False
-    prompt: str | list[int] | None = None
-    """Completions: the (first) prompt as text or token ids."""
-    messages: list[dict[str, Any]] | None = None
-    cache_salt: str | None = None
-    affinity: str | None = None
-    """SageMaker X-Amzn-SageMaker-Prefix-Aware-Id or OpenAI prompt_cache_key."""
-    lora_name: str | None = None
-    modified: bool = False
-
-    def prefix_text(self) -> str:
-        return prefix_text(self.messages, self.prompt)
-
-    def set_salt(self, salt: str) -> None:
-        """Enforce ``salt`` as the request's ``cache_salt`` (the forwarded body carries it)."""
-        self.body["cache_salt"] = self.cache_salt = salt
-        self.modified = True
-
-    def encoded_body(self) -> bytes:
-        return msgspec.json.encode(self.body) if self.modified else self.raw
+POOLING_INPUTS = ("input", "prompt", "text")
+"""Where a pooling request (embeddings, pooling, classify) carries its text."""
 
 
 def parse_body(raw: bytes, kind: Kind | None, affinity_header: str | None = None) -> ParsedRequest:
-    """Parse and check a completions or chat body (``kind`` None: decide from the body, as /invocations)."""
+    """Parse and check a request body for its route (``kind`` None: chat or completions, decided from the
+    body, as /invocations)."""
+    if kind == "other":
+        return parse_other(raw)
     body = decode_object(raw)
+    if kind == "responses":
+        return parse_responses(body, raw, affinity_header)
+    if kind in ("messages", "count_tokens"):
+        return parse_messages(body, raw, kind)
+    if kind == "pooling":
+        return parse_pooling(body, raw)
+    return _parse_generation(body, raw, kind, affinity_header)
+
+
+def parse_pooling(body: dict[str, Any], raw: bytes) -> ParsedRequest:
+    """Embeddings, pooling, classification, scoring: the model, and a single text input to route on."""
+    model = body.get("model")
+    req = ParsedRequest("pooling", body, raw, model=model if isinstance(model, str) else None)
+    for key in POOLING_INPUTS:
+        v = body.get(key)
+        if isinstance(v, list) and len(v) == 1:
+            v = v[0]
+        if isinstance(v, str) and v:
+            req.prompt = v
+            break
+    return req
+
+
+def parse_other(raw: bytes) -> ParsedRequest:
+    """Any other route: its model when the body is a JSON object that names one (nothing is checked)."""
+    body: dict[str, Any] = {}
+    if raw[:1] == b"{":
+        try:
+            decoded = msgspec.json.decode(raw)
+        except msgspec.DecodeError:
+            decoded = None
+        if isinstance(decoded, dict):
+            body = decoded
+    model = body.get("model")
+    return ParsedRequest("other", body, raw, model=model if isinstance(model, str) else None)
+
+
+def _parse_generation(
+    body: dict[str, Any], raw: bytes, kind: Kind | None, affinity_header: str | None
+) -> ParsedRequest:
     if kind is None:
         kind = "chat" if "messages" in body else "completions"
-    model = _opt(body, "model", "str")
-    stream = bool(_opt(body, "stream", "bool"))
+    model = opt(body, "model", "str")
+    stream = bool(opt(body, "stream", "bool"))
     opts = body.get("stream_options")
     include_usage = isinstance(opts, dict) and opts.get("include_usage") is True
     affinity = body.get("prompt_cache_key") or affinity_header
     if affinity is not None and not isinstance(affinity, str):
         raise BadRequest("'prompt_cache_key' must be a string", param="prompt_cache_key")
+    session = body.get("session_id")
     req = ParsedRequest(
-        kind, body, raw, model, stream, include_usage, cache_salt=_salt(body), affinity=affinity
+        kind, body, raw, model, stream, include_usage, cache_salt=salt(body), affinity=affinity
     )
+    if isinstance(session, str) and session:
+        req.session = session
     if kind == "chat":
         req.messages = _messages(body)
     else:
         p = body.get("prompt")
-        if isinstance(p, str) or _token_ids(p):
+        if isinstance(p, str) or token_ids(p):
             req.prompt = p
-        elif isinstance(p, list) and p and (isinstance(p[0], str) or _token_ids(p[0])):
+        elif isinstance(p, list) and p and (isinstance(p[0], str) or token_ids(p[0])):
             req.prompt = p[0]  # a batch of prompts: route on the first
         else:
             raise BadRequest(
@@ -165,7 +117,7 @@ def parse_body(raw: bytes, kind: Kind | None, affinity_header: str | None = None
             )
     for field in ("max_tokens", "n"):
         v = body.get(field)
-        if v is not None and (not _is_int(v) or v < 0):
+        if v is not None and (not is_int(v) or v < 0):
             raise BadRequest(f"'{field}' must be a non-negative integer", param=field)
     return req
 
@@ -183,6 +135,8 @@ class SamplingArgs(msgspec.Struct, kw_only=True):
     cache_salt: str | None = None
     ignore_eos: bool = False
     seed: int | None = None
+    kv_transfer_params: dict[str, Any] | None = None
+    """Disaggregated prefill/decode (``api.kv_transfer``): a prefill leg's request, or a decode leg's."""
 
 
 class CompletionArgs(SamplingArgs, kw_only=True):
@@ -198,17 +152,17 @@ class ChatArgs(SamplingArgs, kw_only=True):
 
 
 def _sampling(body: dict[str, Any], max_tokens_keys: tuple[str, ...]) -> dict[str, Any]:
-    out: dict[str, Any] = {"model": _opt(body, "model", "str")}
+    out: dict[str, Any] = {"model": opt(body, "model", "str")}
     for key in max_tokens_keys:  # chat: max_completion_tokens wins over the deprecated max_tokens
-        v = _opt(body, key, "int")
+        v = opt(body, key, "int")
         if v is not None:
             if v < 1:
                 raise BadRequest(f"max_tokens must be at least 1, got {v}.", param=key)
             out["max_tokens"] = v
             break
-    stream = bool(_opt(body, "stream", "bool"))
+    stream = bool(opt(body, "stream", "bool"))
     out["stream"] = stream
-    opts = _opt(body, "stream_options", "dict")
+    opts = opt(body, "stream_options", "dict")
     if opts is not None:
         if not stream:
             raise BadRequest("Stream options can only be defined when `stream=True`.", param="stream_options")
@@ -217,16 +171,17 @@ def _sampling(body: dict[str, Any], max_tokens_keys: tuple[str, ...]) -> dict[st
             raise BadRequest("stream_options fields must be booleans", param="stream_options")
         out["include_usage"] = bool(inc)
         out["continuous_usage"] = bool(cont)
-    out["cache_salt"] = _salt(body)
-    out["ignore_eos"] = bool(_opt(body, "ignore_eos", "bool"))
-    out["seed"] = _opt(body, "seed", "int")
-    n = _opt(body, "n", "int")
+    out["cache_salt"] = salt(body)
+    out["ignore_eos"] = bool(opt(body, "ignore_eos", "bool"))
+    out["seed"] = opt(body, "seed", "int")
+    out["kv_transfer_params"] = opt(body, "kv_transfer_params", "dict")
+    n = opt(body, "n", "int")
     if n is not None and n != 1:
         raise BadRequest("the simulated vLLM instance supports only n=1", param="n")
-    t = _opt(body, "temperature", "number")
+    t = opt(body, "temperature", "number")
     if t is not None and t < 0:
         raise BadRequest(f"temperature must be non-negative, got {t}.", param="temperature")
-    p = _opt(body, "top_p", "number")
+    p = opt(body, "top_p", "number")
     if p is not None and not 0 < p <= 1:
         raise BadRequest(f"top_p must be in (0, 1], got {p}.", param="top_p")
     return out
@@ -242,7 +197,7 @@ def parse_completion(body: object) -> CompletionArgs:
         if len(p) != 1:
             raise BadRequest("the simulated vLLM instance takes one prompt per request", param="prompt")
         p = p[0]
-    if not (isinstance(p, str) or _token_ids(p)):
+    if not (isinstance(p, str) or token_ids(p)):
         raise BadRequest("'prompt' must be a string or a list of token ids", param="prompt")
     if body.get("echo"):
         raise BadRequest("the simulated vLLM instance does not support echo", param="echo")
@@ -256,18 +211,18 @@ def parse_chat(body: object, *, sampling: bool = True) -> ChatArgs:
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     msgs = _messages(body)
-    kwargs = _opt(body, "chat_template_kwargs", "dict")
+    kwargs = opt(body, "chat_template_kwargs", "dict")
     if body.get("chat_template") is not None or "chat_template" in (kwargs or {}):
         raise BadRequest(
             "Chat template is passed with request, but --trust-request-chat-template is not set. "
             "Refused request with untrusted chat template.",
             param="chat_template",
         )
-    tools = _opt(body, "tools", "list")
+    tools = opt(body, "tools", "list")
     if tools is not None and not all(isinstance(t, dict) for t in tools):
         raise BadRequest("'tools' must be a list of objects", param="tools")
-    agp = _opt(body, "add_generation_prompt", "bool")
-    cfm = _opt(body, "continue_final_message", "bool")
+    agp = opt(body, "add_generation_prompt", "bool")
+    cfm = opt(body, "continue_final_message", "bool")
     common: dict[str, Any] = {}
     if sampling:
         if body.get("logprobs") or body.get("top_logprobs") is not None:

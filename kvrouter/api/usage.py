@@ -7,9 +7,14 @@ to.  It arrives in a unary body, or in the last chunk of a stream with ``stream_
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
+
+from .responses import response_id_of
+
+_RESP = b'"object":"response"'
 
 
 class UsageReport(msgspec.Struct, frozen=True):
@@ -34,41 +39,72 @@ def _int(v: object) -> int | None:
 
 
 def read_usage(answer: object) -> UsageReport | None:
-    """The usage block of a decoded answer (a body or a chunk), or None if it has none."""
-    u = answer.get("usage") if isinstance(answer, dict) else None
+    """The usage block of a decoded answer (a body or a chunk), or None if it has none.
+
+    Three shapes: chat and completions (``prompt_tokens``, ``prompt_tokens_details.cached_tokens``), the
+    Responses API (``input_tokens``, ``input_tokens_details.cached_tokens``; in a stream, inside the
+    event's ``response``) and Anthropic Messages (``input_tokens`` not counting ``cache_read_input_tokens``;
+    in ``message_start``, inside its ``message``)."""
+    if not isinstance(answer, dict):
+        return None
+    u = answer.get("usage")
+    if u is None:
+        inner = answer.get("response") or answer.get("message")
+        u = inner.get("usage") if isinstance(inner, dict) else None
     if not isinstance(u, dict):
         return None
-    details = u.get("prompt_tokens_details")
-    cached = _int(details.get("cached_tokens")) if isinstance(details, dict) else None
-    return UsageReport(_int(u.get("prompt_tokens")), cached, _int(u.get("completion_tokens")))
+    if "prompt_tokens" in u:
+        details = u.get("prompt_tokens_details")
+        cached = _int(details.get("cached_tokens")) if isinstance(details, dict) else None
+        return UsageReport(_int(u.get("prompt_tokens")), cached, _int(u.get("completion_tokens")))
+    if "input_tokens" not in u:
+        return None
+    details = u.get("input_tokens_details")
+    prompt, output = _int(u.get("input_tokens")), _int(u.get("output_tokens"))
+    if isinstance(details, dict):
+        return UsageReport(prompt, _int(details.get("cached_tokens")), output)
+    cached = _int(u.get("cache_read_input_tokens"))
+    created = _int(u.get("cache_creation_input_tokens")) or 0
+    total = None if prompt is None else prompt + (cached or 0) + created
+    return UsageReport(total, cached, output)
 
 
 class UsageWatcher:
-    """Finds the usage block in a response passing through, streamed (SSE) or not, without holding it.
+    """Finds the usage block in a response passing through, streamed (SSE) or not, without holding it;
+    with ``on_id``, also the id of a Responses API response (reported once, as soon as it is seen).
 
-    Only the bytes around a possible usage block are decoded: a stream's chunks are scanned for
-    ``"usage"``, and at most one partial event is kept between chunks."""
+    Only the bytes around a possible usage block (or response object) are decoded: a stream's chunks are
+    scanned for ``"usage"``, and at most one partial event is kept between chunks."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_id: Callable[[str], None] | None = None) -> None:
         self._tail = b""
         self.report: UsageReport | None = None
+        self._on_id = on_id
+        self.response_id: str | None = None
 
     @property
     def cached_tokens(self) -> int | None:
         return self.report.cached_tokens if self.report is not None else None
 
+    def _wanted(self, data: bytes) -> bool:
+        return b'"usage"' in data or (self._on_id is not None and self.response_id is None and _RESP in data)
+
     def feed_stream(self, chunk: bytes) -> None:
         data = self._tail + chunk
-        if b"cached_tokens" not in data and b'"usage"' not in data:
+        if not self._wanted(data):
             self._tail = data[-64:]
             return
         *events, self._tail = data.split(b"\n\n")
         for ev in events:
-            if b'"usage"' in ev and ev.startswith(b"data: {"):
-                self._read(ev[6:])
+            if not self._wanted(ev):
+                continue
+            # ``data: {...}``, after an ``event: <type>`` line in the Responses and Messages streams
+            start = ev.find(b"data: {")
+            if start == 0 or (start > 0 and ev[start - 1 : start] == b"\n"):
+                self._read(ev[start + 6 :])
 
     def feed_body(self, body: bytes) -> None:
-        if b'"usage"' in body:
+        if self._wanted(body):
             self._read(body)
 
     def _read(self, js: bytes) -> None:
@@ -76,6 +112,11 @@ class UsageWatcher:
             obj = msgspec.json.decode(js)
         except msgspec.DecodeError:
             return
+        if self._on_id is not None and self.response_id is None:
+            rid = response_id_of(obj)
+            if rid is not None:
+                self.response_id = rid
+                self._on_id(rid)
         got = read_usage(obj)
         if got is not None:
             self.report = got

@@ -50,6 +50,12 @@ class _NoFleet:
     def known_model(self, model: str | None) -> bool:
         return True
 
+    def base_model(self, model: str | None) -> str | None:
+        return None
+
+    def instance_targets(self, name: str) -> list[Target] | None:
+        return None
+
 
 def run(args: argparse.Namespace) -> int:
     try:

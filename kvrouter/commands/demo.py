@@ -16,6 +16,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--instances", type=int, default=d.instances)
     p.add_argument("--profile", default=d.profile)
     p.add_argument("--speed", type=float, default=d.speed)
+    p.add_argument("--capacity-blocks", type=int, default=d.capacity_blocks, help="KV blocks per instance")
+    p.add_argument("--agent-turns", type=int, default=d.agent_turns, help="Responses API agent session turns")
     p.add_argument("--groups", type=int, default=d.groups)
     p.add_argument("--per-group", type=int, default=d.per_group)
     p.add_argument("--system-tokens", type=int, default=d.system_tokens)
@@ -30,6 +32,8 @@ def run(a: argparse.Namespace) -> int:
         instances=a.instances,
         profile=a.profile,
         speed=a.speed,
+        capacity_blocks=a.capacity_blocks,
+        agent_turns=a.agent_turns,
         groups=a.groups,
         per_group=a.per_group,
         system_tokens=a.system_tokens,
@@ -41,4 +45,4 @@ def run(a: argparse.Namespace) -> int:
     if a.json_out:
         with open(a.json_out, "w") as f:
             json.dump({"config": msgspec.to_builtins(cfg), "results": results}, f, indent=1)
-    return 0 if all(r["errors"] == 0 for r in results.values()) else 1
+    return 0 if all(r.get("errors", 0) == 0 for r in results.values()) else 1

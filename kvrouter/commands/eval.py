@@ -1,4 +1,7 @@
-"""``kvrouter eval --trace FILE | --workload NAME --instances N [--policies ...] [--json OUT]``."""
+"""``kvrouter eval --trace FILE | --workload NAME --instances N [--policies ...] [--json OUT]``.
+
+``--roles 3P1D``: a disaggregated fleet of those instances, run aggregated, disaggregated and conditionally
+disaggregated, each with a kv-aware and a load-only prefill choice (``--setups``), instead of policies."""
 
 from __future__ import annotations
 
@@ -9,8 +12,11 @@ from typing import Any
 
 import msgspec
 
+from ..routing import DisaggSettings
+from ..routing.disagg import parse_roles
 from ..routing.policies import KvAwareSettings, PolicySettings, PrefixHashSettings
 from ..sim.evaluation.compare import DEFAULT_POLICIES, EvalSpec, evaluate, table, to_csv
+from ..sim.evaluation.pd import DEFAULT_SETUPS, evaluate_pd, pd_table
 from ..sim.evaluation.virtual_fleet import FleetSimConfig
 
 
@@ -33,6 +39,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--event-loss", type=float, default=0.0, help="fraction of event batches lost")
     p.add_argument("--net-latency", type=float, default=0.0005)
+    p.add_argument(
+        "--prompt-api",
+        choices=("chat", "completion", "token_ids"),
+        default="chat",
+        help="how prompts without messages or text reach vLLM (its API server's cost depends on it)",
+    )
+    p.add_argument(
+        "--no-frontend", action="store_true", help="leave vLLM's API server out (engine-only TTFT)"
+    )
     p.add_argument("--prefix-length", type=int, default=1024, help="prefix-hash: characters hashed")
     p.add_argument("--load-bound", type=float, default=1.25, help="prefix-hash: bounded-load factor")
     p.add_argument("--compute-weight", type=float, default=KvAwareSettings().compute_weight)
@@ -50,6 +65,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--csv", dest="csv_out", help="write a CSV summary here")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--seed", type=int, default=0)
+    d = p.add_argument_group("disaggregated prefill/decode")
+    d.add_argument("--roles", default=None, metavar="SPEC", help="e.g. 3P1D: compare setups on these roles")
+    d.add_argument("--setups", default=",".join(DEFAULT_SETUPS), help="setups to run with --roles")
+    d.add_argument("--local-prefill-tokens", type=int, default=DisaggSettings().local_prefill_tokens)
+    d.add_argument("--prefill-busy-ratio", type=float, default=DisaggSettings().prefill_busy_ratio)
+    d.add_argument("--decode-cache-weight", type=float, default=DisaggSettings().decode_cache_weight)
+    d.add_argument(
+        "--kv-bandwidth", type=float, default=FleetSimConfig().kv_bandwidth_bytes_per_s, help="bytes/s"
+    )
+    d.add_argument("--slo-ttft", type=float, default=EvalSpec().slo_ttft_s, help="seconds")
+    d.add_argument("--slo-tpot", type=float, default=EvalSpec().slo_tpot_s, help="seconds per token")
 
 
 def parse_sets(items: list[str]) -> dict[str, Any]:
@@ -78,6 +104,9 @@ def spec_from_args(a: argparse.Namespace) -> EvalSpec:
             event_loss=a.event_loss,
             net_latency_s=a.net_latency,
             seed=a.seed,
+            frontend=not a.no_frontend,
+            prompt_api=a.prompt_api,
+            kv_bandwidth_bytes_per_s=a.kv_bandwidth,
         ),
         policies=tuple(p for p in a.policies.split(",") if p),
         settings=PolicySettings(
@@ -88,6 +117,13 @@ def spec_from_args(a: argparse.Namespace) -> EvalSpec:
         concurrency_threshold=a.concurrency_threshold,
         max_in_flight=a.max_in_flight,
         series=a.series,
+        disagg=DisaggSettings(
+            local_prefill_tokens=a.local_prefill_tokens,
+            prefill_busy_ratio=a.prefill_busy_ratio,
+            decode_cache_weight=a.decode_cache_weight,
+        ),
+        slo_ttft_s=a.slo_ttft,
+        slo_tpot_s=a.slo_tpot,
     )
 
 
@@ -100,15 +136,21 @@ def run(a: argparse.Namespace) -> int:
         return 0
     try:
         spec = spec_from_args(a)
-        result = evaluate(spec, jobs=a.jobs, show_progress=not a.no_progress)
+        if a.roles:
+            setups = [x for x in a.setups.split(",") if x]
+            result = evaluate_pd(
+                spec, parse_roles(a.roles), setups, jobs=a.jobs, show_progress=not a.no_progress
+            )
+        else:
+            result = evaluate(spec, jobs=a.jobs, show_progress=not a.no_progress)
     except (ValueError, OSError) as e:
         print(f"kvrouter eval: {e}", file=sys.stderr)
         return 2
-    print(table(result))
+    print(pd_table(result) if a.roles else table(result))
     if a.json_out:
         with open(a.json_out, "wb") as f:
             f.write(msgspec.json.format(msgspec.json.encode(result), indent=1))
-    if a.csv_out:
+    if a.csv_out and not a.roles:
         with open(a.csv_out, "w") as f:
             f.write(to_csv(result))
     return 0

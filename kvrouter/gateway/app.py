@@ -7,7 +7,10 @@
     ├── Router (routing/) ── LoadTracker                                   SharedState (replicas, Redis)
     ├── UpstreamPool (health, ejection, engine load)  ◀── MembershipRuntime (fleet file, Kubernetes)
     ├── RequestPipeline (pipeline/): parse → tokenize → hash → look up → decide → account
-    └── Proxy: the bytes, upstream and back (after ``start``: it needs the client session)
+    │     └── ResponseAffinity: which instance holds each stored response (shared through SharedState)
+    ├── AdapterManager: LoRA loads and unloads passed on, adapters loaded on demand
+    ├── Proxy: the bytes, upstream and back (after ``start``: it needs the client session)
+    └── DisaggProxy: a disaggregated model's two legs, over the Proxy
 
 The HTTP routes are in ``handlers``; ``build_gateway`` makes the aiohttp app.
 """
@@ -33,6 +36,8 @@ from ..config import RouterFleetConfig
 from ..pipeline import PassThroughTokens, RequestPipeline, TokenSource
 from ..replicas import SharedState, WarmRestart, mark_restored, store_for
 from ..routing import Router
+from .adapters import AdapterManager
+from .disagg_proxy import DisaggProxy
 from .event_sources import EventSourceResolver
 from .fleet_check import check_fleet
 from .membership_metrics import MembershipCollector
@@ -88,9 +93,15 @@ class Gateway:
             self.tokens,
             self.metrics.pipeline,
             remote=self.remote_lookup if remote_index else None,
+            find_response=self.find_response,
         )
+        self.adapters = AdapterManager(self.pool, self.pipeline, cfg.lora)
         rep = cfg.replicas
-        self.shared = SharedState(self.router, rep, registry=self.metrics.registry) if rep.redis_url else None
+        self.shared = (
+            SharedState(self.router, rep, registry=self.metrics.registry, affinity=self.pipeline.affinity)
+            if rep.redis_url
+            else None
+        )
         store = store_for(cfg.snapshot, rep.redis_url)
         self.warm = (
             WarmRestart(
@@ -118,6 +129,7 @@ class Gateway:
         )
         self.session: aiohttp.ClientSession | None = None
         self.proxy: Proxy | None = None
+        self.disagg: DisaggProxy | None = None
         self._checks: asyncio.Task[None] | None = None
 
     def _health_changed(self, name: str, healthy: bool) -> None:
@@ -167,6 +179,33 @@ class Gateway:
             log.warning("remote indexer lookup failed", extra={"error": str(e)})
             return None
 
+    async def find_response(self, response_id: str) -> str | None:
+        """The instance holding a response id this router was not told about: every healthy instance is
+        asked (``GET /v1/responses/{id}``, as vLLM answers it: 200 where it is stored, 404 elsewhere)."""
+        if self.session is None:
+            return None
+        timeout = aiohttp.ClientTimeout(total=self.cfg.responses.probe_timeout_s)
+        headers = (
+            {"Authorization": f"Bearer {self.cfg.gateway.upstream_api_key}"}
+            if self.cfg.gateway.upstream_api_key
+            else {}
+        )
+
+        async def ask(name: str) -> str | None:
+            assert self.session is not None
+            try:
+                async with self.session.get(
+                    f"{self.pool.url(name)}/v1/responses/{response_id}", timeout=timeout, headers=headers
+                ) as r:
+                    return name if r.status == 200 else None
+            except (aiohttp.ClientError, TimeoutError):
+                return None
+
+        names = [u.name for u in self.pool.upstreams.values() if u.healthy]
+        found = [n for n in await asyncio.gather(*(ask(n) for n in names)) if n is not None]
+        self.metrics.pipeline.rejections.labels("response_probe").inc()
+        return found[0] if found else None
+
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
         conn = aiohttp.TCPConnector(limit=0, ttl_dns_cache=10, enable_cleanup_closed=True)
@@ -183,6 +222,9 @@ class Gateway:
             max_retries=g.max_retries,
             upstream_api_key=g.upstream_api_key,
         )
+        self.disagg = DisaggProxy(self.proxy)
+        self.adapters.session = self.session
+        self.adapters.api_key = g.upstream_api_key
         restored = []
         if self.warm is not None:
             only = None if self.cfg.bind else [s for i in self.cfg.instances for s in i.sources()]

@@ -5,6 +5,8 @@
     GatewayError
     ├── UpstreamFailed   an attempt failed before its first byte (``reason`` a metric label; ``connection``:
     │                    the instance could not be reached, so it leaves rotation at once)
+    ├── AdapterMissing   the instance answered 404 for a LoRA adapter it no longer has (unloaded after
+    │                    the router last looked): not its failure; the next holder is tried
     └── ClientGone       the client closed its connection; the upstream request is aborted
 
 What a client is answered with is an ``api.errors.ApiError``; these never reach a client as such.
@@ -22,6 +24,15 @@ class UpstreamFailed(GatewayError):
         super().__init__(reason)
         self.reason = reason
         self.connection = connection
+
+
+class AdapterMissing(GatewayError):
+    reason = "adapter_missing"
+
+    def __init__(self, adapter: str, body: bytes) -> None:
+        super().__init__(adapter)
+        self.adapter = adapter
+        self.body = body
 
 
 class ClientGone(GatewayError):

@@ -1,6 +1,13 @@
 """The gateway's HTTP routes: thin shells around the request pipeline and the gateway's state.
 
 POST /v1/completions  /v1/chat/completions     routed and proxied (streaming passed through)
+POST /v1/responses  /v1/messages  /v1/messages/count_tokens   the same (their chat request is tokenized)
+POST /v1/embeddings /pooling /classify /score /v1/score /rerank /v1/rerank /v2/rerank /v2/embed
+                                               by model and load (kv-aware on a single text input)
+GET  /v1/responses/{id}  POST .../cancel       to the instance holding it (``surface``)
+POST /v1/load_lora_adapter /v1/unload_lora_adapter   to the instances concerned (``adapters``)
+POST /v1/audio/transcriptions /v1/audio/translations multipart, streamed through (``surface``)
+*    anything else (/tokenize, /version, ...)  by model and load (``surface``)
 POST /invocations  GET /ping                   Amazon SageMaker's contract (OpenAI-shaped bodies)
 GET  /v1/models                                aggregated over the fleet
 GET  /health  /livez  /metrics                 fleet state and token parity; loop liveness; Prometheus
@@ -25,20 +32,43 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from indexer import service as ixs
 
 from ..api.errors import ApiError, InternalError, Overloaded, ServiceUnavailable, Unauthorized, error_body
-from ..api.requests import Kind, ParsedRequest
+from ..api.messages import anthropic_error_body
 from ..pipeline import explain as explain_body
 from ..pipeline.pipeline import same_secret
 from .app import Gateway
+from .forwarding import GATEWAY, route_and_forward, routed
+from .surface import add_surface_routes
 
 log = logging.getLogger("kvrouter.gateway")
 
-GATEWAY: web.AppKey[Gateway] = web.AppKey("gateway", Gateway)
-ADMIN_PATHS = ("/v1/route/explain", "/v1/cache/lookup", "/v1/fleet")
+ADMIN_PATHS = frozenset(
+    {
+        "/v1/route/explain",
+        "/v1/cache/lookup",
+        "/v1/fleet",
+        # vLLM's operator routes, passed through to the instances: never a client's to call
+        "/v1/load_lora_adapter",
+        "/v1/unload_lora_adapter",
+        "/reset_prefix_cache",
+        "/reset_mm_cache",
+        "/sleep",
+        "/wake_up",
+        "/pause",
+        "/resume",
+        "/collective_rpc",
+        "/scale_elastic_ep",
+        "/start_profile",
+        "/stop_profile",
+    }
+)
+"""Routes that need ``gateway.admin_token`` when one is set."""
 
 
-def error_response(e: ApiError, retry_after_s: float | None = None) -> web.Response:
+def error_response(e: ApiError, retry_after_s: float | None = None, *, path: str = "") -> web.Response:
+    """The error answer, in the route's own shape (vLLM answers the Messages routes Anthropic's way)."""
     headers = {"Retry-After": str(retry_after_s)} if retry_after_s is not None else None
-    return web.Response(body=e.body(), status=e.status, content_type="application/json", headers=headers)
+    body = anthropic_error_body(e.status, e.message) if path.startswith("/v1/messages") else e.body()
+    return web.Response(body=body, status=e.status, content_type="application/json", headers=headers)
 
 
 @web.middleware
@@ -59,9 +89,9 @@ async def errors_mw(
         resp = await handler(request)
     except (Overloaded, ServiceUnavailable) as e:
         # The client should come back, not wait here.
-        resp = error_response(e, gw.cfg.limits.retry_after_s)
+        resp = error_response(e, gw.cfg.limits.retry_after_s, path=request.path)
     except ApiError as e:
-        resp = error_response(e)
+        resp = error_response(e, path=request.path)
     except web.HTTPException as e:
         if e.status >= 400 and not e.text:
             e.text = error_body(e.status, e.reason).decode()
@@ -75,29 +105,9 @@ async def errors_mw(
         # logged with its traceback but without the request's contents, and counted.
         log.exception("internal error", extra={"route": route, "error": type(e).__name__})
         gw.metrics.internal_errors.labels(type(e).__name__).inc()
-        resp = error_response(InternalError(f"internal error ({type(e).__name__})"))
+        resp = error_response(InternalError(f"internal error ({type(e).__name__})"), path=request.path)
     gw.metrics.requests.labels(route, str(resp.status)).inc()
     return resp
-
-
-async def route_and_forward(
-    request: web.Request, kind: Kind | None, path_of: Callable[[ParsedRequest], str]
-) -> web.StreamResponse:
-    gw = request.app[GATEWAY]
-    pl = gw.pipeline
-    with pl.held():
-        p = await pl.prepare(await request.read(), kind, request.headers)
-        d = await pl.admit(p)
-        assert d.chosen is not None and gw.proxy is not None
-        extra = {
-            "x-kvrouter-policy": d.policy,
-            "x-kvrouter-reason": d.reason,
-            "x-kvrouter-decision-ms": f"{(time.perf_counter() - p.started) * 1e3:.3f}",
-        }
-        log.debug(
-            "routed", extra={"request": p.inp.request_id, "target": d.chosen.target, "reason": d.reason}
-        )
-        return await gw.proxy.forward(request, p, d.chosen, path_of(p.req), extra)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -106,6 +116,19 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 async def chat(request: web.Request) -> web.StreamResponse:
     return await route_and_forward(request, "chat", lambda r: "/v1/chat/completions")
+
+
+POOLING_ROUTES = (
+    "/v1/embeddings",
+    "/pooling",
+    "/classify",
+    "/score",
+    "/v1/score",
+    "/rerank",
+    "/v1/rerank",
+    "/v2/rerank",
+    "/v2/embed",
+)
 
 
 async def invocations(request: web.Request) -> web.StreamResponse:
@@ -173,7 +196,8 @@ async def explain(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
     p = await gw.pipeline.prepare(await request.read(), None, request.headers, operator=True)
     d = gw.pipeline.decide(p, dry_run=True)
-    return web.json_response(explain_body(p, d, time.perf_counter() - p.started))
+    plan = gw.pipeline.plan(p, dry_run=True) if gw.pipeline.disaggregated(p) else None
+    return web.json_response(explain_body(p, d, time.perf_counter() - p.started, plan))
 
 
 def build_gateway(gw: Gateway) -> web.Application:
@@ -195,6 +219,11 @@ def build_gateway(gw: Gateway) -> web.Application:
     app.cleanup_ctx.append(lifecycle)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_post("/v1/responses", routed("responses"))
+    app.router.add_post("/v1/messages", routed("messages"))
+    app.router.add_post("/v1/messages/count_tokens", routed("count_tokens"))
+    for path in POOLING_ROUTES:
+        app.router.add_post(path, routed("pooling"))
     app.router.add_post("/invocations", invocations)
     app.router.add_get("/ping", ping)
     app.router.add_get("/livez", livez)
@@ -204,4 +233,5 @@ def build_gateway(gw: Gateway) -> web.Application:
     app.router.add_post("/v1/route/explain", explain)
     app.router.add_post("/v1/cache/lookup", ixs.lookup)
     app.router.add_get("/v1/fleet", fleet)
+    add_surface_routes(app)  # last: it ends with the catch-all
     return app

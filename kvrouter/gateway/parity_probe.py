@@ -155,7 +155,9 @@ class ParityProber:
         u = self.pool.upstreams.get(name)
         if u is None:
             return []
-        served: list[str | None] = list(u.cfg.models or u.served_models) or [None]
+        # adapters render with their base model's tokenizer and template: checked through the base model
+        bases = [m for m in u.cfg.models or u.served_models if m not in u.adapters]
+        served: list[str | None] = list(bases) or [None]
         wanted = models if models is not None else served
         results = []
         for model in wanted:

@@ -2,13 +2,17 @@
 
 ::
 
-    dispatch ──POST──▶ instance ── connection error / 5xx / no headers in time ──▶ next-best instance
-                           │                                                      (up to max_retries)
-                           ├─ stream: every chunk written to the client as it arrives (no buffering);
-                           │          an upstream failure after the first byte ends the stream with a
-                           │          well-formed SSE error event and [DONE]
-                           └─ unary:  the body passed through unchanged
+    dispatch ──METHOD path──▶ instance ── connection error / 5xx / no headers in time ──▶ next-best
+                           │                                                 instance (max_retries)
+                           ├─ an event stream (text/event-stream): every chunk written to the client as it
+                           │          arrives (no buffering); an upstream failure after the first byte
+                           │          ends it with the route's own error event (chat/completions: an error
+                           │          body and [DONE]; Responses: an "error" event; Messages: Anthropic's)
+                           └─ otherwise: the body passed through unchanged
     the client goes away ──▶ the upstream request is closed (vLLM aborts it), its slot freed
+    a streamed request body (multipart audio) ──▶ sent on as it arrives; retried only if not begun
+    404 for a LoRA adapter (unloaded meanwhile) ──▶ forgotten there, sent to the next instance holding it
+    a Responses answer's id ──▶ remembered with its instance (``RequestPipeline.response_seen``)
 """
 
 from __future__ import annotations
@@ -17,15 +21,18 @@ import asyncio
 import logging
 import socket
 import time
+from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 from aiohttp import web
 
-from ..api.errors import BadGateway, sse_error
+from ..api import messages as anthropic
+from ..api import responses as responses_api
+from ..api.errors import ApiError, BadGateway, sse_error
 from ..api.usage import UsageWatcher
 from ..pipeline import Prepared, RequestPipeline
 from ..routing import Candidate
-from .errors import ClientGone, UpstreamFailed
+from .errors import AdapterMissing, ClientGone, UpstreamFailed
 from .metrics import GatewayMetrics
 from .upstream import UpstreamPool
 
@@ -43,7 +50,21 @@ _HOP = {
     "content-length",
     "host",
 }
-_PASS_REQ = {"authorization", "content-type", "accept", "user-agent", "x-request-id", "openai-organization"}
+_PASS_REQ = {
+    "authorization",
+    "content-type",
+    "accept",
+    "user-agent",
+    "x-request-id",
+    "openai-organization",
+    "x-session-id",
+    "anthropic-version",
+    "anthropic-beta",
+    "x-api-key",
+}
+
+BodySource = bytes | Callable[[], AsyncIterator[bytes]]
+"""A request body: bytes (re-sent on a retry), or a factory of its one stream (sent as it arrives)."""
 
 
 def _is_connect_timeout(e: BaseException) -> bool:
@@ -82,11 +103,16 @@ class Proxy:
         self.max_retries = max_retries
         self.upstream_api_key = upstream_api_key
 
-    def _headers(self, request: web.Request, chosen: Candidate) -> dict[str, str]:
+    def upstream_headers(self, request: web.Request, p: Prepared, chosen: Candidate) -> dict[str, str]:
+        """What is sent upstream with a request to ``chosen`` (the disaggregated proxy's legs too)."""
+        return self._headers(request, p, chosen)
+
+    def _headers(self, request: web.Request, p: Prepared, chosen: Candidate) -> dict[str, str]:
         h = {k: v for k, v in request.headers.items() if k.lower() in _PASS_REQ}
         if self.upstream_api_key:
             h["Authorization"] = f"Bearer {self.upstream_api_key}"
-        h["Content-Type"] = "application/json"
+        if p.req.kind != "other" or "Content-Type" not in request.headers:
+            h["Content-Type"] = "application/json"
         if self.pool.upstreams[chosen.instance].cfg.dp_size > 1:
             h["X-data-parallel-rank"] = str(chosen.dp_rank)  # vLLM pins the request to this rank
         return h
@@ -98,36 +124,54 @@ class Proxy:
         chosen: Candidate,
         path: str,
         extra_headers: dict[str, str],
+        *,
+        method: str = "POST",
+        body: BodySource | None = None,
     ) -> web.StreamResponse:
         """Send ``p`` to ``chosen``; before the first byte, a failure moves it to the next-best target
-        (up to ``max_retries`` times); ``BadGateway`` when no attempt succeeded."""
-        body = p.req.encoded_body()
+        (up to ``max_retries`` times); ``BadGateway`` when no attempt succeeded.  ``body``: what to send
+        (default: the request's JSON body as parsed; a streamed body is retried only before it began)."""
+        source: BodySource = p.req.encoded_body() if body is None else body
         tried: set[str] = set()
+        started = [False]
         for attempt in range(self.max_retries + 1):
             tried.add(chosen.target)
             self.pipeline.dispatched(p, chosen)
             try:
-                return await self._attempt(request, p, chosen, body, path, extra_headers, time.monotonic())
+                send = source if isinstance(source, bytes) else _once(source, started)
+                return await self._attempt(
+                    request, p, chosen, method, send, path, extra_headers, time.monotonic()
+                )
+            except AdapterMissing as e:
+                # loaded when routed, gone when it arrived: forget it there, try an instance that has it
+                self.pool.adapter_unloaded(chosen.instance, e.adapter)
+                nxt = self.pipeline.reroute(p, tried) if not started[0] else None
+                if nxt is None:
+                    return web.Response(body=e.body, status=404, content_type="application/json")
+                self.m.retries.labels("adapter_missing").inc()
+                chosen = nxt
             except UpstreamFailed as e:
                 self.pool.record_failure(chosen.instance, connection=e.connection)
                 log.warning(
                     "upstream failed before the first byte",
                     extra={"instance": chosen.target, "reason": e.reason, "attempt": attempt},
                 )
-                nxt = self.pipeline.reroute(p, tried) if attempt < self.max_retries else None
+                retry = attempt < self.max_retries and not started[0]
+                nxt = self.pipeline.reroute(p, tried) if retry else None
                 if nxt is None:
                     self.m.pipeline.rejections.labels("upstream_failed").inc()
                     raise BadGateway(f"upstream failed: {e.reason}") from None
                 self.m.retries.labels(e.reason).inc()
                 chosen = nxt
-        raise AssertionError("unreachable")
+        raise BadGateway("upstream failed: no instance holds the adapter any more")
 
     async def _attempt(
         self,
         request: web.Request,
         p: Prepared,
         chosen: Candidate,
-        body: bytes,
+        method: str,
+        body: bytes | AsyncIterator[bytes],
         path: str,
         extra_headers: dict[str, str],
         t0: float,
@@ -136,23 +180,32 @@ class Proxy:
         timeout = aiohttp.ClientTimeout(
             total=None, connect=self.connect_timeout_s, sock_read=self.first_byte_timeout_s
         )
-        watcher = UsageWatcher()
+        on_id = None
+        if p.req.kind == "responses":
+
+            def on_id(rid: str) -> None:
+                self.pipeline.response_seen(p, rid, chosen)
+
+        watcher = UsageWatcher(on_id)
         resp: aiohttp.ClientResponse | None = None
         done = False
         try:  # the attempt's load is released in every path, exactly once (the finally)
-            resp = await self._post(url, body, self._headers(request, chosen), timeout)
+            resp = await self._send(method, url, body, self._headers(request, p, chosen), timeout)
             if resp.status >= 500:
                 raise UpstreamFailed(f"status_{resp.status}", connection=False)
+            if resp.status == 404 and p.req.lora_name is not None and p.pinned is None:
+                raise AdapterMissing(p.req.lora_name, await self._read_all(resp))
             self.pool.record_success(chosen.instance)
             headers = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP}
             headers.update(extra_headers)
             headers["x-kvrouter-instance"] = chosen.target
             headers["x-kvrouter-cached-tokens"] = str(chosen.cached_tokens)
-            if not (p.req.stream and resp.status == 200):
+            if not resp.headers.get("Content-Type", "").startswith("text/event-stream"):
                 data = await self._read_all(resp)
                 self.pipeline.first_token(p)
                 self.m.upstream_ttft.labels(chosen.target).observe(time.monotonic() - t0)
-                watcher.feed_body(data)
+                if p.req.generates or p.req.kind == "responses":
+                    watcher.feed_body(data)
                 done = True
                 return web.Response(body=data, status=resp.status, headers=headers)
             out = web.StreamResponse(status=resp.status, headers=headers)
@@ -172,8 +225,34 @@ class Proxy:
                     resp.close()  # client gone or error: abort the upstream request so vLLM stops it
             self.pipeline.finished(p, chosen, watcher.report if done else None)
 
+    async def _send(
+        self,
+        method: str,
+        url: str,
+        body: bytes | AsyncIterator[bytes],
+        headers: dict[str, str],
+        timeout: aiohttp.ClientTimeout,
+    ) -> aiohttp.ClientResponse:
+        if method == "POST":
+            return await self._post(url, body, headers, timeout)
+        try:
+            data = body if body else None
+            return await self.session.request(
+                method, url, data=data, headers=headers, timeout=timeout, auto_decompress=False
+            )
+        except (aiohttp.ClientConnectionError, aiohttp.ClientOSError) as e:
+            if isinstance(e, TimeoutError) and not _is_connect_timeout(e):
+                raise UpstreamFailed("timeout", connection=False) from e
+            raise UpstreamFailed("connect", connection=True) from e
+        except TimeoutError as e:
+            raise UpstreamFailed("timeout", connection=False) from e
+
     async def _post(
-        self, url: str, body: bytes, headers: dict[str, str], timeout: aiohttp.ClientTimeout
+        self,
+        url: str,
+        body: bytes | AsyncIterator[bytes],
+        headers: dict[str, str],
+        timeout: aiohttp.ClientTimeout,
     ) -> aiohttp.ClientResponse:
         try:
             return await self.session.post(
@@ -205,14 +284,19 @@ class Proxy:
         chosen: Candidate,
         watcher: UsageWatcher,
         t0: float,
+        head: bytes = b"",
     ) -> None:
+        """Stream ``resp`` to ``out``, starting with ``head`` (a first chunk the caller already read)."""
         first = True
         try:
             while True:
-                try:
-                    chunk = await asyncio.wait_for(resp.content.readany(), self.chunk_timeout_s)
-                except TimeoutError:
-                    raise aiohttp.ClientPayloadError("upstream stalled") from None
+                if head:
+                    chunk, head = head, b""
+                else:
+                    try:
+                        chunk = await asyncio.wait_for(resp.content.readany(), self.chunk_timeout_s)
+                    except TimeoutError:
+                        raise aiohttp.ClientPayloadError("upstream stalled") from None
                 if not chunk:
                     break
                 if first:
@@ -226,7 +310,8 @@ class Proxy:
             self.m.stream_errors.inc()
             self.pool.record_failure(chosen.instance, connection=isinstance(e, aiohttp.ClientConnectionError))
             log.warning("upstream failed mid-stream", extra={"instance": chosen.target, "error": str(e)})
-            await self._to_client(out, sse_error(BadGateway(f"upstream {chosen.target} failed mid-stream")))
+            err = BadGateway(f"upstream {chosen.target} failed mid-stream")
+            await self._to_client(out, stream_error(p.req.kind, err))
         await out.write_eof()
 
     async def _to_client(self, out: web.StreamResponse, data: bytes) -> None:
@@ -235,3 +320,19 @@ class Proxy:
         except (ConnectionResetError, aiohttp.ClientConnectionResetError):
             self.m.client_disconnects.inc()
             raise ClientGone() from None
+
+
+def stream_error(kind: str, err: ApiError) -> bytes:
+    """The error event that ends a stream already begun, in the route's own stream format."""
+    if kind in ("messages", "count_tokens"):
+        return anthropic.sse_error(err)
+    if kind == "responses":
+        return responses_api.sse_error(err)
+    return sse_error(err)
+
+
+async def _once(source: Callable[[], AsyncIterator[bytes]], started: list[bool]) -> AsyncIterator[bytes]:
+    """The body stream, noting once its first chunk has been taken (it cannot be sent twice)."""
+    async for chunk in source():
+        started[0] = True
+        yield chunk

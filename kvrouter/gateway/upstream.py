@@ -9,7 +9,8 @@
                                                    follows the last within ejection_max_s (a failing
                                                    check ends the ejection: back when /health passes)
     engine load     GET /metrics every metrics_interval_s ──▶ vllm:num_requests_running / waiting per rank
-    models          GET /v1/models with each passing check ──▶ which instances serve which model
+    models          GET /v1/models with each passing check ──▶ which instances serve which model, which
+                                                           LoRA adapters each has loaded right now
 
 A request never waits on an instance known to be dead: it is not a candidate.  Ejection is for the
 instance whose HTTP server answers /health while its engine hangs or fails every request: without it, each
@@ -26,7 +27,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import aiohttp
 import msgspec
@@ -52,6 +53,9 @@ class Upstream(msgspec.Struct):
     """Monotonic time before which a passing health check does not put the instance back."""
     last_ejection: float = float("-inf")
     served_models: list[str] = []
+    """Every model id the instance's /v1/models lists (base models and loaded adapters)."""
+    adapters: dict[str, str] = {}
+    """Loaded LoRA adapters: name -> the model it adapts (cards with a ``parent``)."""
     last_check: float | None = None
     draining: bool = False
     """Leaving the fleet: no new requests (it is not a candidate); requests in flight run to the end."""
@@ -60,16 +64,22 @@ class Upstream(msgspec.Struct):
     def name(self) -> str:
         return self.cfg.name
 
-    def targets(self) -> list[Target]:
-        has_events = self.cfg.events is not None
+    def targets(self, model: str | None = None) -> list[Target]:
+        """Its ranks as routing targets for requests naming ``model`` (its role may depend on it)."""
+        c = self.cfg
+        role = c.role_for(model)
         return [
-            Target(InstanceId(self.name), r, self.cfg.dp_size, has_events, self.healthy, self.cfg.weight)
-            for r in range(self.cfg.dp_size)
+            Target(InstanceId(self.name), r, c.dp_size, c.events is not None, self.healthy, c.weight, role)
+            for r in range(c.dp_size)
         ]
 
-    def serves(self, model: str | None) -> bool:
-        if model is None:
+    def serves(self, model: str | None, adapters: Collection[str] = ()) -> bool:
+        """Whether requests for ``model`` may come here.  ``adapters``: every adapter name known anywhere
+        (one of them is served only where it is loaded)."""
+        if model is None or model in self.adapters:
             return True
+        if model in adapters:
+            return False
         if self.cfg.models:
             return model in self.cfg.models
         return not self.served_models or model in self.served_models
@@ -100,18 +110,58 @@ class UpstreamPool:
         self.on_eject = on_eject
         self._tasks: list[asyncio.Task[None]] = []
         self._session: aiohttp.ClientSession | None = None
+        self.configured_adapters: dict[str, str] = {}
+        """Adapters the gateway may load itself (fleet file ``lora.adapters``): name -> base model."""
 
     # ------------------------------------------------------------------ queries
+    def known_adapters(self) -> dict[str, str]:
+        """Every adapter loaded anywhere or configured: name -> base model."""
+        out = dict(self.configured_adapters)
+        for u in self.upstreams.values():
+            out.update(u.adapters)
+        return out
+
     def targets(self, model: str | None) -> list[Target]:
-        return [t for u in self.upstreams.values() if u.serves(model) and not u.draining for t in u.targets()]
+        adapters = self.known_adapters()
+        return [
+            t
+            for u in self.upstreams.values()
+            if u.serves(model, adapters) and not u.draining
+            for t in u.targets(adapters.get(model, model) if model is not None else None)
+        ]
 
     def known_model(self, model: str | None) -> bool:
-        return any(u.serves(model) for u in self.upstreams.values())
+        adapters = self.known_adapters()
+        return model in adapters or any(u.serves(model, adapters) for u in self.upstreams.values())
+
+    def base_model(self, model: str | None) -> str | None:
+        return None if model is None else self.known_adapters().get(model)
+
+    def instance_targets(self, name: str) -> list[Target] | None:
+        u = self.upstreams.get(name)
+        return None if u is None else u.targets()
+
+    def holders(self, adapter: str) -> list[str]:
+        """Instances with ``adapter`` loaded."""
+        return [u.name for u in self.upstreams.values() if adapter in u.adapters]
+
+    def adapter_loaded(self, name: str, adapter: str, base: str) -> None:
+        u = self.upstreams.get(name)
+        if u is not None:
+            u.adapters = {**u.adapters, adapter: base}
+            if u.served_models and adapter not in u.served_models:
+                u.served_models = [*u.served_models, adapter]
+
+    def adapter_unloaded(self, name: str, adapter: str) -> None:
+        u = self.upstreams.get(name)
+        if u is not None and adapter in u.adapters:
+            u.adapters = {k: v for k, v in u.adapters.items() if k != adapter}
+            u.served_models = [m for m in u.served_models if m != adapter]
 
     def models(self) -> list[str]:
         names: dict[str, None] = {}
         for u in self.upstreams.values():
-            for m in u.cfg.models or u.served_models:
+            for m in [*u.cfg.models, *u.served_models]:
                 names[m] = None
         return list(names)
 
@@ -231,13 +281,10 @@ class UpstreamPool:
         try:
             async with self._session.get(f"{url}/health", timeout=timeout) as r:
                 ok = r.status == 200
-            if ok and not u.cfg.models:
+            if ok:
                 async with self._session.get(f"{url}/v1/models", timeout=timeout) as r:
                     if r.status == 200:
-                        data = await r.json()
-                        u.served_models = [
-                            m["id"] for m in data.get("data", []) if isinstance(m, dict) and "id" in m
-                        ]
+                        learn_models(u, await r.json())
         except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError):
             ok = False
         u.last_check = now = time.monotonic()
@@ -270,6 +317,18 @@ class UpstreamPool:
         for t in u.targets():
             rank = str(t.dp_rank)
             self.load.observe_engine(t.key, int(running.get(rank, 0)), int(waiting.get(rank, 0)), now)
+
+
+def learn_models(u: Upstream, listing: object) -> None:
+    """What an instance's ``/v1/models`` says it serves: every model id, and which are LoRA adapters (a
+    card with a ``parent``: the model it adapts).  Adapters load and unload at run time: each health check
+    reads the list again."""
+    data = listing.get("data") if isinstance(listing, dict) else None
+    if not isinstance(data, list):
+        return
+    cards = [m for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+    u.served_models = [m["id"] for m in cards]
+    u.adapters = {m["id"]: m["parent"] for m in cards if isinstance(m.get("parent"), str)}
 
 
 def parse_engine_load(text: str) -> tuple[dict[str, float], dict[str, float]]:

@@ -94,3 +94,41 @@ class PipelineMetrics:
             ["policy"],
             registry=r,
         )
+        self.pd = DisaggMetrics(r)
+
+
+class DisaggMetrics:
+    """Disaggregated requests: how each was planned, and both of its legs."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.plans = CachedCounter(
+            "kvrouter_pd_decisions",
+            "Requests of disaggregated models, split (prefill and decode legs) or whole, by reason",
+            ["mode", "reason"],
+            registry=r,
+        )
+        self.legs = CachedCounter(
+            "kvrouter_pd_legs",
+            "Legs sent: prefill legs to prefill instances, decode legs to decode instances",
+            ["leg", "target"],
+            registry=r,
+        )
+        self.leg_failures = CachedCounter(
+            "kvrouter_pd_leg_failures",
+            "Legs that failed before their answer began, by reason",
+            ["leg", "reason"],
+            registry=r,
+        )
+        self.fallbacks = CachedCounter(
+            "kvrouter_pd_fallbacks",
+            "Split requests served whole after a leg failed (prefill pool exhausted, decode leg failed)",
+            ["reason"],
+            registry=r,
+        )
+        self.prefill_seconds = Histogram(
+            "kvrouter_pd_prefill_leg_seconds",
+            "Prefill leg: sent to answered (the prompt computed and held)",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=r,
+        )

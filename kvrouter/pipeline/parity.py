@@ -80,18 +80,24 @@ class ModelParity(msgspec.Struct):
 
 def tokenize_body(req: ParsedRequest) -> dict[str, Any] | None:
     """The ``/tokenize`` request that renders ``req`` exactly as its own route does, or None when
-    /tokenize cannot express it (token-id prompts need no check; some chat fields have no equivalent)."""
-    b = req.body
-    if req.messages is not None:
+    /tokenize cannot express it (token-id prompts need no check; some chat fields have no equivalent).
+    Responses and Messages requests are checked through the chat request they convert to."""
+    if req.kind == "other":
+        return None
+    b = req.chat if req.kind in ("responses", "messages", "count_tokens") else req.body
+    if b is None:
+        return None
+    messages = b.get("messages") if b is req.chat else req.messages
+    if isinstance(messages, list):
         if any(b.get(k) is not None for k in _UNPROBEABLE):
             return None
-        out: dict[str, Any] = {"model": req.model, "messages": req.messages}
+        out: dict[str, Any] = {"model": req.model, "messages": messages}
         for k in ("tools", "chat_template_kwargs", "add_generation_prompt", "continue_final_message"):
             if b.get(k) is not None:
                 out[k] = b[k]
         out["add_special_tokens"] = b.get("add_special_tokens") is True
         return out
-    if isinstance(req.prompt, str):
+    if isinstance(req.prompt, str) and req.kind in ("completions", "pooling"):
         return {
             "model": req.model,
             "prompt": req.prompt,

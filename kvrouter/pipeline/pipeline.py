@@ -2,13 +2,20 @@
 
 ::
 
-    prepare   body + headers ──parse──▶ tenant salt ──▶ model served? ──tokenize (tokenizer cache)──▶
+    prepare   body + headers ──parse──▶ session, tenant salt, LoRA adapter ──▶ model served? ──▶
+              [previous_response_id: pinned to the instance holding it] ──tokenize (tokenizer cache)──▶
               request_chains ──▶ route_input ──▶ [remote indexer lookup]             = Prepared
     admit     Prepared ──Router.route (limits)──▶ Decision; every target at its cap: wait in the
               CapacityGate (FIFO, bounded) or Overloaded; no target: ServiceUnavailable
     dispatch  the front door sends it to ``chosen``: load accounted, speculative entries, predicted tokens
     first_token / finished(usage)
               load released (and the gate woken), vLLM's reported cached tokens against the prediction
+
+A model whose instances have prefill/decode roles (``disaggregated``) is admitted with ``admit_plan``
+instead: the same gate, and a ``PDPlan`` (``routing.disagg``) naming a decode instance and, when split, a
+prefill instance.  A split request has two loads: ``prefill_dispatched`` / ``prefill_finished`` for its
+prefill leg, ``dispatched(received=True)`` / ``first_token`` / ``finished`` for its decode leg; each is
+released exactly once, whatever fails.
 
 The front door owns the bytes (reading the body, sending it upstream, streaming back) and calls these in
 that order; ``reroute`` gives the next-best target after a failed attempt.  Decisions, shadow scoring,
@@ -23,7 +30,7 @@ import itertools
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 
@@ -31,30 +38,45 @@ from indexer import LookupResult
 from indexer.hashing import TokenIds, request_chains
 
 from ..api.errors import NotFound, Overloaded, ServiceUnavailable, Unauthorized
+from ..api.kv_transfer import leg_kind
 from ..api.requests import Kind, ParsedRequest, parse_body
+from ..api.responses import ResponseNotFound
 from ..api.usage import UsageReport
 from ..config import RouterFleetConfig
-from ..routing import Candidate, Decision, RouteInput, Router, Target, route_input
-from ..types import RequestId
+from ..routing import Candidate, Decision, DisaggPlanner, PDPlan, RouteInput, Router, Target, route_input
+from ..routing.disagg import explain_plan
+from ..routing.response_affinity import Holder, ResponseAffinity
+from ..types import RequestId, leg_id
 from .gate import CapacityGate, QueueFull
 from .metrics import PipelineMetrics
 from .parity import ParityTracker
 from .tokens import TokenSource
 
 SAGEMAKER_AFFINITY = "X-Amzn-SageMaker-Prefix-Aware-Id"
+_T = TypeVar("_T")
 
 
 class Fleet(Protocol):
     """What the request path needs to know about the fleet right now."""
 
     def targets(self, model: str | None) -> list[Target]:
-        """Every routable (instance, rank) serving ``model``, with its health."""
+        """Every routable (instance, rank) serving ``model``, with its health (an adapter: only where it
+        is loaded)."""
 
     def known_model(self, model: str | None) -> bool: ...
+
+    def base_model(self, model: str | None) -> str | None:
+        """The model ``model`` adapts when it names a LoRA adapter; None otherwise."""
+
+    def instance_targets(self, name: str) -> list[Target] | None:
+        """One instance's (instance, rank) targets, draining or not; None when it is not in the fleet."""
 
 
 RemoteLookup = Callable[[ParsedRequest, TokenIds], Awaitable[LookupResult | None]]
 """A remote indexer's answer for a request (None when it cannot be had: route on load alone)."""
+
+FindResponse = Callable[[str], Awaitable[str | None]]
+"""The instance holding a response id no one told this router about (asked of the fleet), or None."""
 
 
 class Prepared(msgspec.Struct):
@@ -66,6 +88,8 @@ class Prepared(msgspec.Struct):
     remote: LookupResult | None
     started: float
     """``time.perf_counter()`` when preparation began (the decision's time runs from here)."""
+    pinned: str | None = None
+    """The instance this request must go to (it holds the response the request continues)."""
 
 
 def same_secret(given: str, expected: str) -> bool:
@@ -89,6 +113,7 @@ class RequestPipeline:
         *,
         remote: RemoteLookup | None = None,
         parity: ParityTracker | None = None,
+        find_response: FindResponse | None = None,
     ) -> None:
         self.cfg = cfg
         self.router = router
@@ -97,7 +122,10 @@ class RequestPipeline:
         self.m = metrics
         self.remote = remote
         self.parity = parity or ParityTracker(cfg.parity)
+        self.affinity = ResponseAffinity(cfg.responses.affinity_ttl_s, cfg.responses.max_entries)
+        self.find_response = find_response if cfg.responses.probe else None
         self.gate = CapacityGate(cfg.limits.queue_size, cfg.limits.queue_timeout_s)
+        self.planner = DisaggPlanner(router, cfg.routing.disaggregation)
         self.active = 0
         """Requests held right now (reading, routing, queued or proxied)."""
         self._ids = itertools.count()
@@ -149,12 +177,19 @@ class RequestPipeline:
         """Everything the decision reads, from the body and headers as the client sent them."""
         t0 = time.perf_counter()
         req = parse_body(raw, kind, headers.get(SAGEMAKER_AFFINITY))
+        req.session = headers.get(self.cfg.routing.session.header) or req.session
         salt = self.tenant_salt(headers.get("Authorization"), operator=operator)
         if salt is not None and req.cache_salt != salt:
             # A tenant's salt is enforced, never chosen by the client: its cache stays its own.
             req.set_salt(salt)
-        if not self.fleet.known_model(req.model):
+        base = self.fleet.base_model(req.model)
+        if base is not None:  # a LoRA adapter: its blocks are keyed by its name, its tokenizer is its base's
+            req.lora_name, req.base_model = req.model, base
+        if req.model is not None and not self.fleet.known_model(req.model):
             raise NotFound(f"model {req.model!r} is not served by this fleet", param="model")
+        pinned: Holder | None = None
+        if req.previous_response_id is not None:
+            pinned = await self.holder(req.previous_response_id)
         tokens = await self.tokens.tokens(req)
         chains = None
         # While the fleet renders this model differently, its token ids predict nothing: route it by
@@ -163,23 +198,66 @@ class RequestPipeline:
             chains = request_chains(
                 tokens, self.cfg.block_size, lora_name=req.lora_name, cache_salt=req.cache_salt
             )
+        text = req.prefix_text()
+        num_tokens = len(tokens) if tokens is not None else None
+        if pinned is not None and num_tokens is None:
+            num_tokens = pinned.tokens + len(text) // 4  # the history it continues, and its new input
         inp = route_input(
             RequestId(f"r{next(self._ids)}"),
             chains=chains,
-            num_tokens=len(tokens) if tokens is not None else None,
-            prefix_text=req.prefix_text(),
+            num_tokens=num_tokens,
+            prefix_text=text,
             affinity=req.affinity,
             model=req.model,
             prefix_length=self.cfg.routing.prefix_hash.prefix_length,
+            session=req.session,
         )
         remote = await self.remote(req, tokens) if self.remote is not None and tokens is not None else None
-        return Prepared(req, inp, tokens, remote, t0)
+        return Prepared(req, inp, tokens, remote, t0, None if pinned is None else pinned.instance)
+
+    # ------------------------------------------------------------------ stored responses
+    async def holder(self, response_id: str) -> Holder:
+        """The instance holding a stored response, able to take requests now.  ``ResponseNotFound``: no
+        instance holds it (vLLM's 404), or the one that did left the fleet (with that reason);
+        ``ServiceUnavailable``: it is out of rotation right now (come back later)."""
+        now = time.monotonic()
+        h = self.affinity.lookup(response_id, now)
+        if h is None and self.find_response is not None:
+            found = await self.find_response(response_id)
+            if found is not None:
+                h = Holder(found)
+                self.affinity.record(response_id, h, now)
+        if h is None:
+            self.m.rejections.labels("response_not_found").inc()
+            raise ResponseNotFound(response_id)
+        targets = self.fleet.instance_targets(h.instance)
+        if targets is None:
+            self.m.rejections.labels("response_holder_gone").inc()
+            raise ResponseNotFound(
+                response_id,
+                f"Response with id '{response_id}' not found: it was stored on instance {h.instance!r}, "
+                "which has left the fleet (stored responses live in that instance's memory).",
+            )
+        if not any(t.healthy for t in targets):
+            raise self.rejected(
+                ServiceUnavailable(
+                    f"instance {h.instance!r}, which holds response '{response_id}', is out of rotation; "
+                    "retry later",
+                    reason="response_holder_down",
+                )
+            )
+        return h
+
+    def response_seen(self, p: Prepared, response_id: str, chosen: Candidate) -> None:
+        """A response id came back from ``chosen``: a later request continuing it must go there."""
+        if p.req.store:
+            self.affinity.record(response_id, Holder(chosen.instance, p.inp.num_tokens), time.monotonic())
 
     def prepare_bodyless(self) -> Prepared:
         """A request without a body (a GET through a gateway that sends every request to its picker):
         no model, no prompt, so the policy decides by load among every target."""
         t0 = time.perf_counter()
-        req = ParsedRequest("completions", {}, b"")
+        req = ParsedRequest("other", {}, b"")
         inp = route_input(
             RequestId(f"r{next(self._ids)}"),
             chains=None,
@@ -200,14 +278,16 @@ class RequestPipeline:
         only: Collection[str] | None = None,
         dry_run: bool = False,
         shadow: bool = True,
+        model: str | None = None,
     ) -> Decision:
-        """The router's decision among the model's targets, without ``exclude`` and (if given) only among
-        ``only`` (a front door's candidate subset)."""
-        targets = [
-            t
-            for t in self.fleet.targets(p.inp.model)
-            if t.key not in exclude and (only is None or t.key in only)
-        ]
+        """The router's decision among the model's targets (``model``: another model's, such as the base
+        model of an adapter to load), without ``exclude`` and (if given) only among ``only`` (a front
+        door's candidate subset)."""
+        if p.pinned is not None:
+            pool = self.fleet.instance_targets(p.pinned)
+        else:
+            pool = self.fleet.targets(model if model is not None else p.inp.model)
+        targets = [t for t in pool or () if t.key not in exclude and (only is None or t.key in only)]
         return self.router.route(
             p.inp, targets, time.monotonic(), dry_run=dry_run, remote=p.remote, shadow=shadow
         )
@@ -220,21 +300,99 @@ class RequestPipeline:
             d = self.decide(p, only=only, shadow=False)
             return None if d.reason == "at_capacity" else d
 
+        d = await self._wait(attempt)
+        self._record(d)
+        self.m.decision_seconds.observe(time.perf_counter() - p.started)
+        if d.chosen is None:
+            if p.pinned is not None:
+                raise self.rejected(
+                    ServiceUnavailable(
+                        f"instance {p.pinned!r}, which holds the response this request continues, is out of "
+                        "rotation; retry later",
+                        reason="response_holder_down",
+                    )
+                )
+            raise self.rejected(ServiceUnavailable("no healthy instance serves this model", reason=d.reason))
+        self.m.prompt_tokens.inc(p.inp.num_tokens)
+        return d
+
+    async def _wait(self, attempt: Callable[[], _T | None]) -> _T:
         self.m.queue_depth.set(self.gate.waiting + 1)
         try:
-            d = await self.gate.acquire(attempt)
+            return await self.gate.acquire(attempt)
         except QueueFull as e:
             raise self.rejected(
                 Overloaded(f"all instances at capacity ({e.reason})", reason=e.reason)
             ) from None
         finally:
             self.m.queue_depth.set(self.gate.waiting)
-        self._record(d)
+
+    # ------------------------------------------------------------------ disaggregated models
+    def disaggregated(self, p: Prepared) -> bool:
+        """Whether ``p`` is split by a disaggregated fleet (planned with ``admit_plan``): its model's
+        instances have roles and its route is one vLLM splits (the others are served whole).  A request
+        pinned to the instance holding the response it continues is served whole there: only that
+        instance can read its ``previous_response_id``, a prefill instance would answer 404."""
+        if p.pinned is not None or leg_kind(p.req.kind) is None:
+            return False
+        return self.planner.applies(self.fleet.targets(p.inp.model))
+
+    def plan(self, p: Prepared, *, dry_run: bool = False, shadow: bool = True) -> PDPlan:
+        return self.planner.plan(
+            p.inp,
+            self.fleet.targets(p.inp.model),
+            time.monotonic(),
+            remote=p.remote,
+            dry_run=dry_run,
+            shadow=shadow,
+        )
+
+    async def admit_plan(self, p: Prepared) -> PDPlan:
+        """``admit`` for a disaggregated model: a plan whose decode instance (and, when split, prefill
+        instance) has capacity, waiting in the gate while every decode instance is at its cap."""
+
+        def attempt() -> PDPlan | None:
+            plan = self.plan(p, shadow=False)
+            return None if plan.reason == "at_capacity" else plan
+
+        plan = await self._wait(attempt)
+        self.m.pd.plans.labels("disaggregated" if plan.split else "aggregated", plan.reason).inc()
+        self.m.decisions.labels("pd-decode", plan.decode.reason).inc()
+        if plan.prefill is not None and plan.split:
+            self._record(plan.prefill)
         self.m.decision_seconds.observe(time.perf_counter() - p.started)
-        if d.chosen is None:
-            raise self.rejected(ServiceUnavailable("no healthy instance serves this model", reason=d.reason))
+        if plan.decode.chosen is None:
+            raise self.rejected(
+                ServiceUnavailable("no healthy instance serves this model", reason=plan.reason)
+            )
         self.m.prompt_tokens.inc(p.inp.num_tokens)
-        return d
+        return plan
+
+    def reroute_prefill(self, p: Prepared, plan: PDPlan, tried: set[str]) -> Candidate | None:
+        """The next prefill instance after failed prefill legs on ``tried`` (None: none is left)."""
+        assert plan.decode.chosen is not None
+        return self.planner.reroute_prefill(
+            p.inp,
+            self.fleet.targets(p.inp.model),
+            plan.decode.chosen.target,
+            tried,
+            time.monotonic(),
+            p.remote,
+        )
+
+    def prefill_dispatched(self, p: Prepared, chosen: Candidate) -> None:
+        """A split request's prefill leg is on its way to ``chosen`` (its own load, under ``leg_id``)."""
+        self.router.dispatched(p.inp, chosen, time.monotonic(), request_id=leg_id(p.inp.request_id))
+        self.m.predicted_cached.labels(chosen.target).inc(chosen.cached_tokens)
+        self.m.pd.legs.labels("prefill", chosen.target).inc()
+
+    def prefill_finished(self, p: Prepared, chosen: Candidate, usage: UsageReport | None = None) -> None:
+        """The prefill leg on ``chosen`` is over (answered or failed): its load is released; ``usage``:
+        what the prefill instance reported (its cache hit is the request's)."""
+        self.router.finished(leg_id(p.inp.request_id))
+        self.gate.release()
+        self.m.queue_depth.set(self.gate.waiting)
+        self._reported(p, chosen, usage)
 
     def reroute(self, p: Prepared, tried: Collection[str]) -> Candidate | None:
         """The next-best target after failed attempts on ``tried`` (None: no other)."""
@@ -261,10 +419,14 @@ class RequestPipeline:
                 self.m.shadow_agree.labels(name).inc()
 
     # ------------------------------------------------------------------ account
-    def dispatched(self, p: Prepared, chosen: Candidate) -> None:
-        """The request is on its way to ``chosen``."""
-        self.router.dispatched(p.inp, chosen, time.monotonic())
-        self.m.predicted_cached.labels(chosen.target).inc(chosen.cached_tokens)
+    def dispatched(self, p: Prepared, chosen: Candidate, *, received: bool = False) -> None:
+        """The request is on its way to ``chosen``.  ``received``: a split request's decode leg, whose
+        prompt arrives from its prefill instance (it computes none of it)."""
+        self.router.dispatched(p.inp, chosen, time.monotonic(), prefill_tokens=0 if received else None)
+        if received:
+            self.m.pd.legs.labels("decode", chosen.target).inc()
+        else:
+            self.m.predicted_cached.labels(chosen.target).inc(chosen.cached_tokens)
         self.parity.routed(p.req, p.tokens, chosen.instance)
 
     def first_token(self, p: Prepared) -> None:
@@ -272,10 +434,14 @@ class RequestPipeline:
 
     def finished(self, p: Prepared, chosen: Candidate, usage: UsageReport | None = None) -> None:
         """The attempt on ``chosen`` is over (answered, failed or abandoned): its load is released and a
-        waiting request may take the freed capacity.  ``usage``: what vLLM reported, if it did."""
+        waiting request may take the freed capacity.  ``usage``: what vLLM reported, if it did (a split
+        request's decode leg reports its prefill instance's cache hit: pass None)."""
         self.router.finished(p.inp.request_id)
         self.gate.release()
         self.m.queue_depth.set(self.gate.waiting)
+        self._reported(p, chosen, usage)
+
+    def _reported(self, p: Prepared, chosen: Candidate, usage: UsageReport | None) -> None:
         if usage is not None and usage.cached_tokens is not None:
             self.m.reported_cached.labels(chosen.target).inc(usage.cached_tokens)
             self.m.cached_error.observe(chosen.cached_tokens - usage.cached_tokens)
@@ -293,9 +459,10 @@ class RequestPipeline:
         self.gate.release()
 
 
-def explain(p: Prepared, d: Decision, elapsed_s: float) -> dict[str, Any]:
-    """``/v1/route/explain``: every candidate's cache, tiers, load, trust and score."""
-    return {
+def explain(p: Prepared, d: Decision, elapsed_s: float, plan: PDPlan | None = None) -> dict[str, Any]:
+    """``/v1/route/explain``: every candidate's cache, tiers, load, trust and score (and, for a
+    disaggregated model, the plan: split or whole, why, and both pools' rankings)."""
+    out: dict[str, Any] = {
         "policy": d.policy,
         "reason": d.reason,
         "choice": None if d.chosen is None else d.chosen.target,
@@ -326,3 +493,6 @@ def explain(p: Prepared, d: Decision, elapsed_s: float) -> dict[str, Any]:
         "shadow": {k: {"target": v.target, "cached_tokens": v.cached_tokens} for k, v in d.shadow.items()},
         "decision_ms": round(elapsed_s * 1e3, 3),
     }
+    if plan is not None:
+        out["disaggregation"] = explain_plan(plan)
+    return out

@@ -39,6 +39,10 @@ GATEWAY_PATHS = (
     "/invocations",
     "/v1/route/explain",
     "/v1/cache/lookup",
+    "/v1/responses",
+    "/v1/messages",
+    "/v1/embeddings",
+    "/tokenize",
 )
 
 
@@ -136,6 +140,20 @@ def run_hypothesis(targets: list[Target], cfg: HttpFuzzConfig) -> FuzzStats:
         "prompt_cache_key": st.text(max_size=12) | anyjson,
         "lora_name": st.text(max_size=12) | anyjson,
         "tools": anyjson,
+        "input": st.text(max_size=60)
+        | st.lists(
+            st.fixed_dictionaries(
+                {"type": st.sampled_from(["message", "function_call", "reasoning", "function_call_output"])},
+                optional={"role": st.sampled_from(["user", "assistant"]) | anyjson, "content": anyjson},
+            )
+            | anyjson,
+            max_size=3,
+        )
+        | anyjson,
+        "instructions": st.text(max_size=30) | anyjson,
+        "previous_response_id": st.text(max_size=12) | anyjson,
+        "system": st.text(max_size=30) | anyjson,
+        "thinking": anyjson,
         "chat_template_kwargs": anyjson,
         "add_generation_prompt": anyjson,
     }

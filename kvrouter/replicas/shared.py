@@ -28,6 +28,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from ..routing import Router
+from ..routing.response_affinity import ResponseAffinity
 from .config import SharedStateConfig
 from .metrics import SharedStateMetrics
 from .state import ReplicaState
@@ -60,7 +61,9 @@ class SharedState:
         registry: CollectorRegistry | None = None,
         store: ReplicaStore | None = None,
         clock: Callable[[], float] = time.monotonic,
+        affinity: ResponseAffinity | None = None,
     ) -> None:
+        """``affinity``: the response ids to share (which instance holds each stored response)."""
         config.validate()
         self.config = config
         self.router = router
@@ -80,7 +83,11 @@ class SharedState:
         self.store = store
         self.replica = config.resolved_replica_id()
         self.state = ReplicaState(
-            router, self.replica, speculative=config.speculative, max_unsent=config.max_unsent
+            router,
+            self.replica,
+            speculative=config.speculative,
+            max_unsent=config.max_unsent,
+            affinity=affinity,
         )
         self.metrics = SharedStateMetrics(registry)
         self._task: asyncio.Task[None] | None = None
@@ -95,6 +102,8 @@ class SharedState:
             return
         if self.config.speculative and self.router.indexer.speculative_outbox is None:
             self.router.indexer.speculative_outbox = []
+        if self.state.affinity is not None and self.state.affinity.outbox is None:
+            self.state.affinity.outbox = []
         self._started = self.clock()
         await self.sync_once()
         self._task = asyncio.create_task(self._run(), name="kvrouter-shared-state")
@@ -106,6 +115,8 @@ class SharedState:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self.router.indexer.speculative_outbox = None
+        if self.state.affinity is not None:
+            self.state.affinity.outbox = None
         with contextlib.suppress(redis.RedisError, OSError, TimeoutError):
             async with asyncio.timeout(self.config.timeout_s):
                 await self.store.leave(self.replica)

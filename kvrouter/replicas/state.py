@@ -3,10 +3,17 @@
 ::
 
     Router.load (own in flight, own prefill) ──┐
-    Indexer.speculative_outbox (entries sent) ──┴─ request(now) ─▶ SyncRequest ─▶ store (Redis / memory)
+    Indexer.speculative_outbox (entries sent) ──┤
+    ResponseAffinity.outbox (response ids seen) ┴─ request(now) ─▶ SyncRequest ─▶ store (Redis / memory)
                                                                                      │ one round trip
     LoadTracker.set_external(sum of peers) ◀──┬─ apply(reply, now) ◀─ SyncReply ◀────┘
-    BlockIndex.add_speculative(peer entries) ◀┘   (with what is left of each entry's TTL)
+    BlockIndex.add_speculative(peer entries) ◀┤   (with what is left of each entry's TTL)
+    ResponseAffinity.learned(peer entries) ◀──┘
+
+A published batch is one msgpack map ``{"s": [SpecWire...], "a": [SharedHolder...]}`` (a batch from a
+replica of the release before, a bare list of ``SpecWire``, is still read).  Response ids reach the peers
+that are up within the store's window (``speculative_window_s``); a replica that starts later finds an
+older id by asking the fleet (``responses.probe``).
 
 The hot path never waits for this: routing reads the local ``LoadTracker`` and index, which hold the
 peers' state as of the last round trip (~``interval_s`` old).  Peer entries go straight into the index,
@@ -26,6 +33,7 @@ from indexer import SourceKey
 from indexer.core import SpeculativeEntry
 
 from ..routing import Router
+from ..routing.response_affinity import ResponseAffinity, SharedHolder
 from ..types import TargetKey
 
 
@@ -36,6 +44,15 @@ class SpecWire(msgspec.Struct, array_like=True, gc=False):
     dp_rank: int
     chains: bytes
     ttl_left_ms: int
+
+
+class Batch(msgspec.Struct, omit_defaults=True):
+    """What one replica publishes in one round trip."""
+
+    s: list[SpecWire] = []
+    """Speculative entries."""
+    a: list[SharedHolder] = []
+    """Response ids this replica saw produced, with their instance."""
 
 
 LoadReport = dict[str, tuple[int, int]]
@@ -68,20 +85,38 @@ class SyncReply(msgspec.Struct, frozen=True):
 _ENC = msgspec.msgpack.Encoder()
 _LOADS = msgspec.msgpack.Decoder(LoadReport)
 _SPECS = msgspec.msgpack.Decoder(list[SpecWire])
+_BATCH = msgspec.msgpack.Decoder(Batch)
+
+
+def decode_batch(raw: bytes) -> Batch:
+    """A peer's batch (raises ``msgspec.DecodeError`` when it is neither shape)."""
+    try:
+        return _BATCH.decode(raw)
+    except msgspec.DecodeError:
+        return Batch(s=_SPECS.decode(raw))
 
 
 class ReplicaState:
     """The pure half of shared router state for one replica (owned by the event loop's thread)."""
 
     def __init__(
-        self, router: Router, replica: str, *, speculative: bool = True, max_unsent: int = 20_000
+        self,
+        router: Router,
+        replica: str,
+        *,
+        speculative: bool = True,
+        max_unsent: int = 20_000,
+        affinity: ResponseAffinity | None = None,
     ) -> None:
         self.router = router
         self.replica = replica
         self.speculative = speculative
         self.max_unsent = max_unsent
+        self.affinity = affinity
         self.cursor = ""
         self.unsent: list[SpeculativeEntry] = []
+        self.unsent_affinity: list[SharedHolder] = []
+        self.applied_affinity = 0
         self.peers = 0
         self.applied_entries = 0
         self.decode_errors = 0
@@ -98,6 +133,9 @@ class ReplicaState:
         keep = [e for e in self.unsent if e.now + ttl > now][-self.max_unsent :] if self.unsent else []
         self.dropped_entries += len(self.unsent) - len(keep)
         self.unsent = keep
+        if self.affinity is not None:
+            self.unsent_affinity.extend(self.affinity.take_outbox(now))
+            self.unsent_affinity = self.unsent_affinity[-self.max_unsent :]
 
     def request(self, now: float, *, lease_s: float, window_s: float, max_read: int) -> SyncRequest:
         self.take_outbox(now)
@@ -116,19 +154,21 @@ class ReplicaState:
             )
             for e in self.unsent
         ]
+        batch = Batch(s=specs, a=list(self.unsent_affinity))
         return SyncRequest(
             self.replica,
             int(lease_s * 1000),
             _ENC.encode(loads),
-            _ENC.encode(specs) if specs else b"",
+            _ENC.encode(batch) if specs or batch.a else b"",
             self.cursor,
             int(window_s * 1000),
             max_read,
         )
 
     def published(self) -> None:
-        """The last request reached the store: its speculative entries need not be sent again."""
+        """The last request reached the store: its entries need not be sent again."""
         self.unsent = []
+        self.unsent_affinity = []
 
     # ------------------------------------------------------------------ incoming
     def apply(self, reply: SyncReply, now: float) -> None:
@@ -146,17 +186,23 @@ class ReplicaState:
                 totals[TargetKey(target)] = (cur[0] + n, cur[1] + tokens)
         self.router.load.set_external(totals)
         self.cursor = reply.cursor
-        if not self.speculative:
-            return
         index = self.router.indexer.index
         for published_ms, raw in reply.peer_specs:
             try:
-                batch = _SPECS.decode(raw)
+                batch = decode_batch(raw)
             except msgspec.DecodeError:
                 self.decode_errors += 1
                 continue
             age_ms = reply.server_ms - published_ms
-            for e in batch:
+            if self.affinity is not None:
+                for h in batch.a:
+                    left_ms = h.ttl_left_ms - age_ms
+                    if left_ms > 0:
+                        self.affinity.learned(msgspec.structs.replace(h, ttl_left_ms=left_ms), now)
+                        self.applied_affinity += 1
+            if not self.speculative:
+                continue
+            for e in batch.s:
                 left = (e.ttl_left_ms - age_ms) / 1000
                 if left <= 0 or not e.chains:
                     continue

@@ -26,6 +26,7 @@ from .tables import (
     policy_table,
     published_table,
     ratio_table,
+    stacked_published_table,
     summary_table,
     sweep_table,
 )
@@ -59,6 +60,7 @@ __all__ = [
     "seeds",
     "sensitivity",
     "sized",
+    "stacked_published_table",
     "summary_table",
     "sweep",
     "sweep_table",

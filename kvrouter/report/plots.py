@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import io
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -20,6 +20,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from ..routing import ALL_POLICIES
+from ..sim.evaluation.pd import SETUPS
 from .tables import policies_of
 
 Result = dict[str, Any]
@@ -32,8 +33,12 @@ LABELS = {
     "ttft_mean_s": "mean TTFT (s)",
     "throughput_tok_s": "output tokens/s",
     "max_over_mean_load": "busiest / mean instance work",
+    "slo_attainment": "within SLO (TTFT and TPOT)",
+    "tpot_p50_s": "TPOT p50 (s)",
+    "tpot_p90_s": "TPOT p90 (s)",
+    "itl_max_p90_s": "worst gap p90 (s)",
 }
-_LOG_METRICS = {"ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "ttft_mean_s"}
+_LOG_METRICS = {"ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "ttft_mean_s", "itl_max_p90_s"}
 
 
 class Chart(Figure):
@@ -49,8 +54,8 @@ class Chart(Figure):
 
 
 def _colors(policies: Sequence[str]) -> dict[str, Any]:
-    # Fixed colours per policy name, so every figure of every notebook agrees.
-    fixed = list(ALL_POLICIES)
+    # Fixed colours per policy (and disaggregation setup) name, so every figure of every notebook agrees.
+    fixed = [*ALL_POLICIES, *SETUPS]
     names = fixed + [p for p in policies if p not in fixed]
     return {p: f"C{i % 10}" for i, p in enumerate(names)}
 
@@ -79,24 +84,44 @@ def _series(p: Result, key: str) -> Any:
 
 def ttft_cdf(r: Result, ax: Axes | None = None) -> Chart | None:
     """Cumulative distribution of TTFT per policy (log time axis)."""
+    return series_cdf(r, "ttft_s", "TTFT (s)", ax)
+
+
+def series_cdf(r: Result, key: str, x_label: str, ax: Axes | None = None) -> Chart | None:
+    """Cumulative distribution of a per-request series (``ttft_s``, ``tpot_s``, ``itl_max_s``) per policy
+    (log axis)."""
     fig = None
     if ax is None:
         fig, (ax,) = _grid(1, 1, 6.0, 3.8)
     colors = _colors(list(r["policies"]))
     for name, p in r["policies"].items():
-        t = np.sort(np.asarray(_series(p, "ttft_s"), dtype=float))
+        t = np.sort(np.asarray(_series(p, key), dtype=float))
         if len(t):
             ax.step(np.maximum(t, 1e-3), np.arange(1, len(t) + 1) / len(t), where="post", label=name,
                     color=colors[name])  # fmt: skip
     ax.set_xscale("log")
     _plain_log(ax.xaxis)
     ax.set_ylim(0, 1.0)
-    ax.set_xlabel("TTFT (s)")
+    ax.set_xlabel(x_label)
     ax.set_ylabel("fraction of requests")
     ax.set_title(str(r.get("label") or r["workload"]), fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     if fig is not None:
         ax.legend(fontsize=8)
+    return fig
+
+
+def panels(draw: Sequence[Callable[[Axes], object]], cols: int = 3) -> Chart:
+    """Panels side by side (each ``draw(ax)`` fills one), one legend for all."""
+    fig, axes = _grid(len(draw), cols, 4.2, 3.2)
+    for d, ax in zip(draw, axes):
+        d(ax)
+    legend: dict[str, Any] = {}
+    for ax in axes:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label, h)
+    fig.legend(list(legend.values()), list(legend), loc="outside upper center", ncols=max(1, len(legend)),
+               fontsize=9)  # fmt: skip
     return fig
 
 

@@ -15,6 +15,9 @@ we choose, and say so:
   that recomputing prefixes queues work, not so busy that every policy's TTFT is queueing.
 * short chats: ``short-chat`` (ShareGPT-like lengths) at 200 requests/s, likewise about 80 % of the rate
   at which the 7 instances run out of batch slots (max_num_seqs 256 each).
+* vLLM's API server (HTTP, rendering and tokenization, the hop to the engine core, the first token's
+  detokenization: ``timing.FrontendCosts``) is in every case; ``engine_only_cases`` rerun the table's two
+  cases without it, the model before issue 21, to show what it changes.
 """
 
 from __future__ import annotations
@@ -22,19 +25,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
+
 from ..routing import PolicyName
 from ..sim.evaluation.compare import EvalSpec
 from ..sim.evaluation.virtual_fleet import FleetSimConfig
 from .grid import Case
 from .scale import Scale
-from .tables import closest
+from .tables import Table, change, closest
 
 INSTANCES = 7
 POLICIES = (PolicyName.RANDOM, PolicyName.PREFIX_HASH, PolicyName.KV_AWARE)
 WORKLOAD = "aws-8k-shared-prefix"
 REQUESTS = 3000
 RATE = 16.0
-RATES = (8.0, RATE, 24.0)
+RATES = (4.0, 8.0, RATE, 24.0)
 GROUPS = (1, 300, 450, 600)
 """Distinct 8k prefixes tried in the calibration (at full scale; scaled with the request count)."""
 RANDOM_HIT_TARGET = 0.25
@@ -51,13 +56,14 @@ def _spec(
     *,
     policies: tuple[str, ...] = POLICIES,
     series: bool = False,
+    frontend: bool = True,
     **over: Any,
 ) -> EvalSpec:
     n = max(scale.min_requests, round(REQUESTS * scale.fraction))
     return EvalSpec(
         workload=workload,
         overrides={"num_requests": n, "arrival": {"type": "poisson", "rate": rate}, **over},
-        fleet=FleetSimConfig(instances=INSTANCES),
+        fleet=FleetSimConfig(instances=INSTANCES, frontend=frontend),
         policies=policies,
         series=series,
     )
@@ -113,6 +119,88 @@ def short_chat_cases(scale: Scale) -> list[Case]:
         )
         for r in SHORT_RATES
     ]
+
+
+CLOSED_LOOP_CLIENTS = 16
+"""Clients of the closed-loop case: each sends its next request when its last one finishes, as benchmark
+tools that hold a concurrency do; 16 of them load the fleet about as lightly as 4-5 requests/s."""
+
+
+def closed_loop_case(scale: Scale, calibration: Sequence[dict[str, Any]]) -> Case:
+    """The calibrated prefix count under ``CLOSED_LOOP_CLIENTS`` clients instead of Poisson arrivals:
+    there, unlike in an open loop below saturation, shorter requests mean more of them per second."""
+    g = chosen_groups(calibration)
+    spec = _spec(scale, WORKLOAD, RATE, num_groups=g)
+    over = {**spec.overrides, "arrival": {"type": "closed-loop", "concurrency": CLOSED_LOOP_CLIENTS}}
+    spec = msgspec.structs.replace(spec, overrides=over)
+    return Case(f"{g} prefixes, {CLOSED_LOOP_CLIENTS} clients", spec, CLOSED_LOOP_CLIENTS, bounds=False)
+
+
+ENGINE_ONLY = "engine only"
+"""Label suffix of the cases run without vLLM's API server (``FleetSimConfig.frontend=False``): the
+simulator's model before issue 21, whose TTFT was the engine's alone."""
+
+
+def engine_only_cases(scale: Scale, calibration: Sequence[dict[str, Any]]) -> list[Case]:
+    """The table's two cases (the calibrated prefix count at ``RATE``, short chats at ``SHORT_RATE``) with
+    the engine alone, to set beside the same cases with the API server modelled."""
+    g = chosen_groups(calibration)
+    return [
+        Case(
+            f"{g} prefixes, {RATE:g} req/s, {ENGINE_ONLY}",
+            _spec(scale, WORKLOAD, RATE, num_groups=g, frontend=False),
+            RATE,
+            bounds=False,
+        ),
+        Case(
+            f"short chats, {SHORT_RATE:g} req/s, {ENGINE_ONLY}",
+            _spec(scale, SHORT_CHAT, SHORT_RATE, frontend=False),
+            SHORT_RATE,
+            bounds=False,
+        ),
+    ]
+
+
+TTFT_METRICS = ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "ttft_mean_s")
+
+
+def with_outside_latency(r: dict[str, Any], seconds: float) -> dict[str, Any]:
+    """``r`` as a client would see it if every request also spent ``seconds`` outside the fleet (its
+    network, an endpoint in front of the router): every TTFT figure grows by exactly that.  Open-loop
+    results only: there a delay paid by every request alike before the router (or after its first token)
+    changes nothing inside, whereas in a closed loop it would lengthen each client's cycle."""
+    pols = {
+        name: {**p, **{m: p[m] + seconds for m in TTFT_METRICS if m in p}}
+        for name, p in r["policies"].items()
+    }
+    return {**r, "policies": pols}
+
+
+def outside_latency_table(
+    results: Sequence[dict[str, Any]],
+    extra_s: Sequence[float] = (0.0, 0.05, 0.1, 0.2),
+    *,
+    baseline: str = PolicyName.RANDOM,
+    policies: Sequence[str] = (PolicyName.PREFIX_HASH, PolicyName.KV_AWARE),
+) -> Table:
+    """Per rate and per latency outside the fleet: the baseline's median and P90 TTFT and each policy's
+    change against it (how a constant the simulator does not see moves the relative figures).  Open-loop
+    results only (``with_outside_latency``)."""
+    rows: list[list[Any]] = []
+    for r in results:
+        for extra in extra_s:
+            s = with_outside_latency(r, extra)
+            base = s["policies"][baseline]
+            row: list[Any] = [f"{r['x']:g}", f"{extra * 1e3:.0f} ms"]
+            for m in ("ttft_p50_s", "ttft_p90_s"):
+                row.append(base[m])
+                row += [change(s["policies"][p][m], base[m]) for p in policies]
+            rows.append(row)
+    cols = ["req/s", "outside"]
+    for m in ("p50", "p90"):
+        cols += [f"{baseline} {m}", *[f"{p} Δ{m}" for p in policies]]
+    formats = ["str", "str"] + (["s"] + ["chg"] * len(policies)) * 2
+    return Table(cols, formats, rows, "TTFT change vs random with a constant latency outside the fleet")
 
 
 def at_rate(results: Sequence[dict[str, Any]], rate: float) -> dict[str, Any]:

@@ -132,6 +132,11 @@ METRIC_FORMAT = {
     "throughput_tok_s": "tok",
     "rejected": "int",
     "max_over_mean_load": "x",
+    "slo_attainment": "pct",
+    "tpot_p50_s": "s",
+    "tpot_p90_s": "s",
+    "itl_max_p90_s": "s",
+    "split_fraction": "pct",
 }
 
 
@@ -224,6 +229,31 @@ def published_table(
     rows.append(hit)
     cols = ["metric", f"{baseline} (ours)", *[f"{p} (ours)" for p in policies], published_name]
     return Table(cols, ["str"] * len(cols), rows, title or describe_case(r))
+
+
+def stacked_published_table(
+    cases: Sequence[tuple[str, Result]],
+    baseline: str,
+    policies: Sequence[str],
+    published: Mapping[str, Reported],
+    *,
+    published_name: str,
+    published_hit: Mapping[str, float] | None = None,
+    title: str = "",
+) -> Table:
+    """``published_table`` of several labelled cases (e.g. two models of one fleet), one block of rows
+    per case, with the label in a first column."""
+    if not cases:
+        raise ValueError("no cases")
+    rows: list[list[Any]] = []
+    cols: list[str] = []
+    for label, r in cases:
+        t = published_table(
+            r, baseline, policies, published, published_name=published_name, published_hit=published_hit
+        )
+        cols = ["case", *t.columns]
+        rows += [[label, *row] for row in t.rows]
+    return Table(cols, ["str"] * len(cols), rows, title)
 
 
 def closest(results: Sequence[Result], policy: str, metric: str, target: float) -> Result:

@@ -3,6 +3,7 @@
 Nothing here does I/O or reads a clock: callers pass ``now`` and observations in, and get decisions out.
 """
 
+from .disagg import DisaggMode, DisaggPlanner, DisaggSettings, PDPlan, is_disaggregated
 from .load import InstanceLoad, LoadTracker
 from .policies import Policy, PolicyName
 from .registry import ALL_POLICIES, READS_INDEX, make_policy, policy_name
@@ -13,14 +14,19 @@ __all__ = [
     "READS_INDEX",
     "Candidate",
     "Decision",
+    "DisaggMode",
+    "DisaggPlanner",
+    "DisaggSettings",
     "InstanceLoad",
     "LoadTracker",
+    "PDPlan",
     "Policy",
     "PolicyName",
     "RouteInput",
     "Router",
     "RouterConfig",
     "Target",
+    "is_disaggregated",
     "make_policy",
     "policy_name",
     "route_input",

@@ -7,6 +7,10 @@
                   targets whose index is not trusted get no credit for cache (load-based for them alone)
     prefix-hash   consistent hashing with bounded load over the first `prefix_length` characters (plus the
                   affinity id), SageMaker PREFIX_AWARE style
+    session       a request of a session goes where the session's last request went, while that target
+                  is a candidate (healthy), under its concurrency threshold and within kv-aware's load
+                  bound; otherwise (and without a session) kv-aware, which finds the session's history
+                  in the cache anyway (HyperPod's "session" strategy)
     least-loaded  fewest requests in flight
     round-robin   in turn
     random        uniformly (seeded)
@@ -25,6 +29,7 @@ from typing import Protocol
 import msgspec
 
 from ..types import InstanceId, TargetKey
+from .expiring import ExpiringMap
 from .hashring import HashRing
 
 
@@ -36,6 +41,7 @@ class PolicyName(enum.StrEnum):
     LEAST_LOADED = "least-loaded"
     ROUND_ROBIN = "round-robin"
     RANDOM = "random"
+    SESSION = "session"
 
 
 class Candidate(msgspec.Struct):
@@ -68,6 +74,9 @@ class RouteView(msgspec.Struct):
 
     num_tokens: int
     prefix_key: bytes
+    session: str | None = None
+    now: float | None = None
+    """The caller's clock (the session policy's expiry); None when the caller has none."""
 
 
 class Policy(Protocol):
@@ -139,6 +148,56 @@ class KvAware:
                 tied.sort(key=lambda c: order.get(c.target, len(order)))
                 out = tied + out[len(tied) :]
         return out
+
+
+class SessionSettings(msgspec.Struct, frozen=True):
+    ttl_s: float = 1800.0
+    """A session not seen for this long is forgotten (its next request is routed kv-aware)."""
+    max_sessions: int = 100_000
+    """Sessions remembered at most (those expiring first are forgotten first)."""
+
+
+class SessionTable:
+    """Session -> the target its last request was sent to (bounded, sliding expiry).  Filled by the
+    router on every dispatch, whatever the policy, so the session policy's shadow choice is real."""
+
+    def __init__(self, settings: SessionSettings | None = None) -> None:
+        self.s = settings or SessionSettings()
+        self.map: ExpiringMap[str, TargetKey] = ExpiringMap(self.s.max_sessions)
+
+    def pinned(self, session: str, now: float) -> TargetKey | None:
+        return self.map.get(session, now)
+
+    def record(self, session: str, target: TargetKey, now: float) -> None:
+        self.map.put(session, target, now, self.s.ttl_s)
+
+
+class SessionAffinity:
+    name = PolicyName.SESSION
+
+    def __init__(self, table: SessionTable, kv: KvAware) -> None:
+        self.table = table
+        self.kv = kv
+
+    def rank(self, req: RouteView, cands: list[Candidate], *, dry_run: bool = False) -> list[Candidate]:
+        ranked = self.kv.rank(req, cands, dry_run=dry_run)
+        if req.session is None or req.now is None:
+            return ranked
+        pin = self.table.pinned(req.session, req.now)
+        c = next((c for c in ranked if c.target == pin), None) if pin is not None else None
+        if c is None or c.saturated or self._over_bound(c, cands):
+            return ranked
+        ranked.remove(c)
+        c.score = -1.0  # below any kv-aware cost: marks the session's own choice
+        return [c, *ranked]
+
+    def _over_bound(self, c: Candidate, cands: list[Candidate]) -> bool:
+        s = self.kv.s
+        if not s.load_bound or len(cands) < 2:
+            return False
+        loads = [x.in_flight / max(x.weight, 1e-6) for x in cands]
+        cap = s.load_bound * sum(loads) / len(loads) + s.load_slack
+        return c.in_flight / max(c.weight, 1e-6) > cap
 
 
 class PrefixHashSettings(msgspec.Struct, frozen=True):
@@ -238,4 +297,5 @@ class PolicySettings(msgspec.Struct, frozen=True):
 
     kv_aware: KvAwareSettings = KvAwareSettings()
     prefix_hash: PrefixHashSettings = PrefixHashSettings()
+    session: SessionSettings = SessionSettings()
     seed: int = 0

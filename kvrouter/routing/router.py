@@ -19,9 +19,9 @@ import numpy as np
 from indexer import Indexer, InstanceMatch, LookupResult, SourceKey, Trust
 from indexer.hashing import I64Array
 
-from ..types import InstanceId, RequestId, TargetKey, target_key
+from ..types import InstanceId, RequestId, Role, TargetKey, target_key
 from .load import LoadTracker
-from .policies import Candidate, Policy, PolicyName, PolicySettings, RouteView
+from .policies import Candidate, Policy, PolicyName, PolicySettings, RouteView, SessionTable
 from .registry import ALL_POLICIES, make_policy
 
 _EMPTY = np.zeros(0, dtype=np.int64)
@@ -52,6 +52,8 @@ class Target(msgspec.Struct):
     has_events: bool = True
     healthy: bool = True
     weight: float = 1.0
+    role: Role = "both"
+    """Its job for this request's model in a disaggregated fleet (``routing.disagg``)."""
 
     @property
     def key(self) -> TargetKey:
@@ -68,6 +70,8 @@ class RouteInput(msgspec.Struct):
     """Our chain hashes of the prompt's full blocks (None: no tokenizer, route by load/prefix only)."""
     prefix_key: bytes = b""
     model: str | None = None
+    session: str | None = None
+    """The session the request belongs to (the session policy keeps it on its target)."""
 
 
 def route_input(
@@ -79,6 +83,7 @@ def route_input(
     affinity: str | None,
     model: str | None,
     prefix_length: int,
+    session: str | None = None,
 ) -> RouteInput:
     """The one way a request becomes the router's input, for the gateway, the endpoint picker, the
     evaluator and the benchmarks alike: a different prefix key in one of them would make prefix-hash a
@@ -86,7 +91,7 @@ def route_input(
     it; ``num_tokens`` None (no tokenizer) estimates four characters a token."""
     key = ((affinity or "") + "\x00" + prefix_text[:prefix_length]).encode()
     n = num_tokens if num_tokens is not None else max(1, len(prefix_text) // 4)
-    return RouteInput(request_id, n, chains, key, model)
+    return RouteInput(request_id, n, chains, key, model, session)
 
 
 class ShadowChoice(msgspec.Struct):
@@ -98,7 +103,7 @@ class Decision(msgspec.Struct):
     chosen: Candidate | None
     policy: str
     reason: str
-    """cache (a cached prefix decided), load, affinity, spill, no_target, at_capacity"""
+    """cache (a cached prefix decided), load, affinity, session, spill, no_target, at_capacity"""
     ranked: list[Candidate]
     predicted_cached_tokens: int = 0
     shadow: dict[str, ShadowChoice] = {}
@@ -111,6 +116,7 @@ class Router:
         self.indexer = indexer
         self.config = config or RouterConfig()
         self.load = LoadTracker()
+        self.sessions = SessionTable(self.config.settings.session)
         self._policies: dict[str, Policy] = {}
         self.policy(self.config.policy)  # validates the name now
         for name in self.config.model_policies.values():
@@ -119,7 +125,7 @@ class Router:
     def policy(self, name: str) -> Policy:
         p = self._policies.get(name)
         if p is None:
-            p = self._policies[name] = make_policy(name, self.config.settings)
+            p = self._policies[name] = make_policy(name, self.config.settings, self.sessions)
         return p
 
     def policy_for(self, model: str | None) -> Policy:
@@ -202,11 +208,27 @@ class Router:
         ``shadow=False`` defers shadow scoring: the decision keeps what it needs, and ``shadow(d)`` fills
         ``d.shadow`` later.  The gateway does that once the request is on its way upstream, so the time
         of asking four other policies is not part of any request's latency."""
-        policy = self.policy_for(inp.model)
-        cands = self.candidates(inp, targets, now, remote)
+        return self.route_among(
+            inp, self.candidates(inp, targets, now, remote), now=now, dry_run=dry_run, shadow=shadow
+        )
+
+    def route_among(
+        self,
+        inp: RouteInput,
+        cands: list[Candidate],
+        *,
+        now: float | None = None,
+        policy: Policy | None = None,
+        dry_run: bool = False,
+        shadow: bool = True,
+    ) -> Decision:
+        """``route`` over candidates already built (``candidates``), ranked by ``policy`` (default: the
+        model's).  A disaggregated plan looks the prompt up once and ranks its pools from the same
+        candidates (``routing.disagg``); the candidates' scores are overwritten."""
+        policy = policy or self.policy_for(inp.model)
         if not cands:
             return Decision(None, policy.name, "no_target", [])
-        view = RouteView(inp.num_tokens, inp.prefix_key)
+        view = RouteView(inp.num_tokens, inp.prefix_key, inp.session, now)
         cap = self.config.max_in_flight
         open_ = [c for c in cands if not cap or c.in_flight < cap]
         if not open_:
@@ -238,6 +260,10 @@ class Router:
             return "spill"
         if policy == PolicyName.PREFIX_HASH:
             return "affinity"
+        if policy == PolicyName.SESSION and chosen.score < 0:
+            return "session"
+        if policy == PolicyName.SESSION and chosen.cached_tokens > 0:
+            return "cache"
         if policy == PolicyName.KV_AWARE and chosen.cached_tokens > 0:
             return "cache"
         return "load"
@@ -258,10 +284,25 @@ class Router:
         return out
 
     # ------------------------------------------------------------------ accounting
-    def dispatched(self, inp: RouteInput, chosen: Candidate, now: float) -> None:
-        """The request was sent to ``chosen``: account its load and expect its blocks there."""
-        to_compute = max(0, inp.num_tokens - chosen.cached_tokens)
-        self.load.dispatch(inp.request_id, chosen.target, to_compute)
+    def dispatched(
+        self,
+        inp: RouteInput,
+        chosen: Candidate,
+        now: float,
+        *,
+        request_id: RequestId | None = None,
+        prefill_tokens: int | None = None,
+    ) -> None:
+        """The request was sent to ``chosen``: account its load and expect its blocks there.
+
+        ``request_id``: the id its load is accounted under (default the request's; a disaggregated
+        request's prefill leg has its own, ``types.leg_id``).  ``prefill_tokens``: what it computes there
+        (default: the prompt minus what ``chosen`` caches; a decode leg receives its prompt instead)."""
+        if prefill_tokens is None:
+            prefill_tokens = max(0, inp.num_tokens - chosen.cached_tokens)
+        self.load.dispatch(request_id or inp.request_id, chosen.target, prefill_tokens)
+        if inp.session is not None:
+            self.sessions.record(inp.session, chosen.target, now)
         if self.config.speculative and inp.chains is not None and len(inp.chains):
             self.indexer.add_speculative(SourceKey(chosen.instance, chosen.dp_rank), inp.chains, now=now)
 

@@ -49,3 +49,29 @@ def test_the_indexer_reads_the_routers_file_and_still_checks_its_own_sections() 
     assert parse_fleet(doc, FleetConfig, other_sections=True).instances[0].name == "a"
     with pytest.raises(ConfigError, match=r"instances\[0\]\.evnets"):
         parse_fleet({"instances": [{**INST, "evnets": "x"}], "routing": {}}, FleetConfig, other_sections=True)
+
+
+def test_roles_and_disaggregation_settings() -> None:
+    doc = {
+        "instances": [
+            {**INST, "role": "prefill"},
+            {**INST, "name": "b", "models": ["m1", "m2"], "model_roles": {"m2": "decode"}},
+        ],
+        "routing": {"disaggregation": {"mode": "always", "local_prefill_tokens": 1024}},
+    }
+    cfg = parse_fleet(doc, RouterFleetConfig)
+    a, b = cfg.instances
+    assert a.role_for("m1") == "prefill" and b.role_for("m1") == "both" and b.role_for("m2") == "decode"
+    assert cfg.routing.disaggregation.mode == "always"
+    assert cfg.routing.disaggregation.local_prefill_tokens == 1024
+    bad: list[tuple[dict[str, Any], str]] = [
+        ({"instances": [{**INST, "role": "decoder"}]}, "decoder"),
+        ({"instances": [{**INST, "models": ["m1"], "model_roles": {"m3": "decode"}}]}, "does not serve"),
+        ({"routing": {"disaggregation": {"mode": "sometimes"}}}, "sometimes"),
+        ({"routing": {"disaggregation": {"local_prefill_token": 1}}}, "did you mean local_prefill_tokens"),
+        ({"routing": {"disaggregation": {"prefill_busy_ratio": -1}}}, "must be >= 0"),
+        ({"routing": {"disaggregation": {"prefill_policy": "fastest"}}}, "unknown policy"),
+    ]
+    for doc, message in bad:
+        with pytest.raises(ConfigError, match=message):
+            parse_fleet(doc, RouterFleetConfig)

@@ -11,12 +11,25 @@ from ..errors import (
 )
 from .engine import CacheConfig, Engine, EngineConfig, EngineMetrics, StepResult
 from .events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from .frontend import FrontEnd
 from .scheduler import RequestOutput, SchedulerConfig
-from .timing import PROFILES, TimingModel, TimingProfile, get_profile
+from .timing import (
+    NO_FRONTEND,
+    PROFILES,
+    VLLM_033_FRONTEND,
+    FrontendCosts,
+    LinearCost,
+    PromptApi,
+    TimingModel,
+    TimingProfile,
+    get_profile,
+)
 from .types import BlockHash, BlockId
 
 __all__ = [
+    "NO_FRONTEND",
     "PROFILES",
+    "VLLM_033_FRONTEND",
     "AllBlocksCleared",
     "BlockHash",
     "BlockId",
@@ -27,7 +40,11 @@ __all__ = [
     "Engine",
     "EngineConfig",
     "EngineMetrics",
+    "FrontEnd",
+    "FrontendCosts",
     "KVEvent",
+    "LinearCost",
+    "PromptApi",
     "PublisherError",
     "RequestOutput",
     "RequestRejected",

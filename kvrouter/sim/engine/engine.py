@@ -30,9 +30,9 @@ from .hashing import block_extra_keys, chain_hashes, extra_digest, none_hash, wa
 from .kvcache import KVCacheManager
 from .offload import CpuOffloadTier
 from .request import Request
-from .scheduler import BatchStats, RequestOutput, Scheduler, SchedulerConfig
+from .scheduler import BatchStats, KvLoad, RequestOutput, Scheduler, SchedulerConfig
 from .timing import TimingModel, get_profile
-from .types import BlockHash
+from .types import BlockHash, BlockId
 
 
 class CacheConfig(msgspec.Struct, frozen=True):
@@ -182,11 +182,16 @@ class Engine:
         lora_name: str | None = None,
         seed: int | None = None,
         output_token_ids: Sequence[int] | None = None,
+        hold_blocks: bool = False,
+        remote_prefill_tokens: int | None = None,
     ) -> None:
         """Queue a request.  Raises ``RequestRejected`` (a 400 in the shell) if vLLM would refuse it.
 
         ``output_token_ids``: the tokens the request will generate, in order (a trace's recorded answer);
-        missing ones (and all, when None) are pseudo-random for ``seed`` (default: from the request id)."""
+        missing ones (and all, when None) are pseudo-random for ``seed`` (default: from the request id).
+        ``hold_blocks``: a prefill leg, whose blocks outlive it until ``release_held``.
+        ``remote_prefill_tokens``: a decode leg, whose first that many prompt tokens a prefill instance
+        holds (they are pulled rather than computed: see ``take_loads`` and ``finish_load``)."""
         rid = RequestId(request_id)
         if rid in self.scheduler.requests:
             raise DuplicateRequest(f"request {request_id!r} is already in the engine")
@@ -216,6 +221,8 @@ class Engine:
                 lora_id=lora_id,
                 hash_blocks=self.config.cache.enable_prefix_caching,
                 output_token_ids=None if output_token_ids is None else list(output_token_ids),
+                hold=hold_blocks,
+                remote_tokens=remote_prefill_tokens,
             )
         )
 
@@ -275,6 +282,38 @@ class Engine:
     def take_events(self) -> list[KVEvent]:
         """This step's KV events, in order (empty when events are disabled)."""
         return self.pool.take_events()
+
+    # ------------------------------------------------------------------ disaggregated prefill and decode
+    def take_loads(self) -> list[KvLoad]:
+        """Transfers that admissions since the last call asked for (decode legs): the shell pulls each
+        from its prefill instance and calls ``finish_load``."""
+        loads, self.scheduler.loads = self.scheduler.loads, []
+        return loads
+
+    def finish_load(self, request_id: str, ok: bool = True) -> bool:
+        """A decode leg's transfer ended; it is scheduled again from the next step (``ok``: landed, its
+        blocks are cached and announced; else it computes what did not arrive).  False: not loading."""
+        return self.scheduler.finish_load(RequestId(request_id), ok)
+
+    def held(self, request_id: str) -> tuple[list[BlockId], int] | None:
+        """A finished prefill leg's blocks and computed tokens (what ``kv_transfer_params`` names as
+        ``remote_block_ids`` and ``remote_num_tokens``); None once released, or if it never held any."""
+        req = self.scheduler.held.get(RequestId(request_id))
+        if req is None:
+            return None
+        return list(self.kv.blocks_of(req.request_id)), req.num_computed_tokens
+
+    def release_held(self, request_id: str) -> bool:
+        """Free a finished prefill leg's blocks.  False if it holds none (already released, or lost)."""
+        return self.scheduler.release_held(RequestId(request_id))
+
+    @property
+    def num_loading(self) -> int:
+        return len(self.scheduler.loading)
+
+    @property
+    def num_held(self) -> int:
+        return len(self.scheduler.held)
 
     # ------------------------------------------------------------------ admin
     def reset_prefix_cache(self, *, reset_running_requests: bool = False) -> bool:

@@ -79,8 +79,12 @@ class KVCacheManager:
         num_new_tokens: int,
         new_hits: Sequence[BlockId] = (),
         num_external_tokens: int = 0,
+        *,
+        cache: bool = True,
     ) -> bool:
-        """Blocks for ``num_new_tokens`` more tokens of ``req`` (plus, at admission, its hits and loads)."""
+        """Blocks for ``num_new_tokens`` more tokens of ``req`` (plus, at admission, its hits and loads).
+        ``cache=False``: the new blocks are not cached yet (a remote load in flight: ``cache_loaded``
+        caches them when it lands, as vLLM's ``delay_cache_blocks``)."""
         bs = self.block_size
         pool = self.pool
         table = self._tables.get(req.request_id)
@@ -106,9 +110,16 @@ class KVCacheManager:
                 self.offload.queue_store(req.block_hashes[: len(table)])
         if need > 0:
             table.extend(pool.get_new_blocks(need))
-        if self.caching:
+        if self.caching and cache:
             self._cache(req, table, min(end, req.num_tokens) // bs)
         return True
+
+    def cache_loaded(self, req: Request, num_tokens: int) -> None:
+        """A remote load landed: its full blocks up to ``num_tokens`` are cached and announced (one
+        ``BlockStored``, chained to the local hit before them)."""
+        table = self._tables.get(req.request_id)
+        if table is not None and self.caching:
+            self._cache(req, table, min(num_tokens, req.num_tokens) // self.block_size)
 
     def _cache(self, req: Request, table: list[BlockId], full: int) -> None:
         rid = req.request_id

@@ -30,6 +30,7 @@ class Status(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     PREEMPTED = "preempted"  # back in the waiting queue after losing its blocks
+    LOADING = "loading"  # blocks allocated, its prompt's KV cache arriving from a prefill instance
     FINISHED = "finished"
 
 
@@ -49,6 +50,8 @@ class Request:
         "block_hashes",
         "block_size",
         "cache_salt",
+        "hold",
+        "loaded",
         "lora_id",
         "lora_name",
         "max_tokens",
@@ -59,6 +62,7 @@ class Request:
         "num_prompt_tokens",
         "num_tokens",
         "prompt_token_ids",
+        "remote_tokens",
         "request_id",
         "seed",
         "status",
@@ -80,6 +84,8 @@ class Request:
         lora_id: int | None = None,
         hash_blocks: bool = True,
         output_token_ids: list[int] | None = None,
+        hold: bool = False,
+        remote_tokens: int | None = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
@@ -96,6 +102,13 @@ class Request:
         self.num_computed_tokens = 0
         self.num_cached_tokens = -1  # set once, at first scheduling (vLLM's ``num_cached_tokens``)
         self.num_preemptions = 0
+        self.hold = hold
+        """A prefill leg: when finished, its blocks stay allocated until released (a decode instance
+        pulls them; vLLM's NIXL connector delays freeing them, under a lease)."""
+        self.remote_tokens = remote_tokens
+        """A decode leg: prompt tokens a prefill instance holds for it (None: none, or already asked for)."""
+        self.loaded = False
+        """Its transfer ended (landed or failed): it waits with its blocks and computed tokens set."""
         self._none_hash = none_hash
         self._extra0 = extra_digest(block_extra_keys(lora_name, self.cache_salt, 0))
         self._extra_rest = extra_digest(block_extra_keys(lora_name, None, 1))

@@ -18,11 +18,22 @@
 ``cached_tokens`` of a request is its computed-token count at first admission (GPU hit + CPU load), as
 vLLM's ``num_cached_tokens``; prefix-cache query/hit counters count a request's first admission only
 (vLLM records re-admissions after preemption under separate ``preempted_*`` counters).
+
+Disaggregated prefill and decode (vLLM's NIXL connector, pull mode):
+
+* a prefill leg (``hold``) runs as any request; when it finishes its blocks stay allocated (and cached)
+  in ``held`` until ``release_held`` (the decode instance read them, or the lease expired);
+* a decode leg (``remote_tokens``) is admitted with its local prefix-cache hit, and the blocks for the rest
+  of its prompt are allocated uncached; it leaves the waiting queue for ``loading`` (no token budget, no
+  batch slot) and a ``KvLoad`` tells the shell what to pull.  ``finish_load`` puts it back at the head of
+  the queue: landed, its blocks are cached (one ``BlockStored``) and only the last prompt token is left to
+  compute, as vLLM recomputes it; failed, only its local hit counts and it computes the rest itself.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from typing import Literal
 
 import msgspec
 
@@ -30,7 +41,7 @@ from ...types import RequestId
 from ..errors import SimConfigError
 from .kvcache import KVCacheManager
 from .request import Request, Status
-from .types import FinishReason
+from .types import BlockId, FinishReason
 
 
 class SchedulerConfig(msgspec.Struct, frozen=True):
@@ -67,6 +78,16 @@ class RequestOutput(msgspec.Struct, gc=False):
     num_output_tokens: int
     cached_tokens: int
     """Prompt tokens served from the prefix cache (``usage.prompt_tokens_details.cached_tokens``)."""
+
+
+class KvLoad(msgspec.Struct, frozen=True, gc=False):
+    """A decode leg admitted with a transfer to run: pull ``tokens`` prompt tokens after its first
+    ``local_tokens`` (its own prefix-cache hit).  ``tokens`` 0: it caches its whole prompt; nothing to
+    pull, but the prefill instance's held blocks are still to be released."""
+
+    request_id: RequestId
+    local_tokens: int
+    tokens: int
 
 
 class BatchStats(msgspec.Struct, gc=False):
@@ -109,6 +130,12 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[RequestId, Request] = {}
         self.counters = Counters()
+        self.loading: dict[RequestId, tuple[Request, int]] = {}
+        """Decode legs whose prompt is on its way, with their local hit in tokens."""
+        self.loads: list[KvLoad] = []
+        """Transfers to start, from admissions since the shell last took them."""
+        self.held: dict[RequestId, Request] = {}
+        """Finished prefill legs whose blocks stay allocated until released."""
 
     def add(self, req: Request) -> None:
         self.requests[req.request_id] = req
@@ -120,6 +147,8 @@ class Scheduler:
             return False
         if req.status is Status.RUNNING:
             self.running.remove(req)
+        elif req.status is Status.LOADING:
+            del self.loading[request_id]
         else:
             self.waiting.remove(req)
         self.kv.free(req)
@@ -177,7 +206,25 @@ class Scheduler:
         c = self.counters
         while waiting and budget > 0 and len(running) < self.config.max_num_seqs:
             req = waiting[0]
+            if req.loaded:
+                # Back from a transfer: its blocks exist and its computed tokens are set.
+                n = min(req.num_tokens - req.num_computed_tokens, budget)
+                if not kv.allocate_slots(req, n):
+                    break
+                waiting.popleft()
+                running.append(req)
+                req.loaded = False
+                req.status = Status.RUNNING
+                scheduled.append((req, n))
+                budget -= n
+                continue
             hits = kv.computed_blocks(req)
+            if req.remote_tokens is not None:
+                went = self._admit_loading(req, hits)
+                if went == "loading":
+                    continue
+                if went == "blocked":
+                    break
             ext = kv.external_tokens(req, len(hits))
             computed = len(hits) * bs + ext
             n = min(req.num_tokens - computed, budget)
@@ -205,6 +252,68 @@ class Scheduler:
             stats.loaded_tokens += ext
             scheduled.append((req, n))
             budget -= n
+
+    def _admit_loading(self, req: Request, hits: list[BlockId]) -> Literal["loading", "local", "blocked"]:
+        """Admit a decode leg whose prompt a prefill instance holds: ``loading`` (its transfer starts),
+        ``blocked`` (its blocks do not fit: admission stops, as for any request), or ``local`` (its whole
+        prompt is cached here: admitted as any other request)."""
+        kv, bs = self.kv, self.kv.block_size
+        local = len(hits) * bs
+        remote, req.remote_tokens = req.remote_tokens or 0, None
+        pull = max(0, min(remote, req.num_prompt_tokens) - local)
+        if pull == 0:
+            self.loads.append(KvLoad(req.request_id, local, 0))
+            return "local"
+        if (
+            self.config.reserve_full_sequence and not kv.whole_sequence_fits(req, hits, self.max_model_len)
+        ) or not kv.allocate_slots(req, 0, hits, pull, cache=False):
+            req.remote_tokens = remote  # not admitted: it asks again next step
+            return "blocked"
+        self.waiting.popleft()
+        c = self.counters
+        c.prefix_cache_queries += req.num_tokens
+        c.prefix_cache_hits += local
+        req.status = Status.LOADING
+        req.num_computed_tokens = local + pull
+        req.num_cached_tokens = local + pull
+        self.loading[req.request_id] = (req, local)
+        self.loads.append(KvLoad(req.request_id, local, pull))
+        return "loading"
+
+    def finish_load(self, request_id: RequestId, ok: bool) -> bool:
+        """A decode leg's transfer ended (``ok``: its blocks landed).  False if it is not loading (aborted,
+        or lost in a restart)."""
+        entry = self.loading.pop(request_id, None)
+        if entry is None:
+            return False
+        req, local = entry
+        if ok:
+            self.kv.cache_loaded(req, req.num_computed_tokens)
+        else:
+            req.num_computed_tokens = local
+        if req.num_computed_tokens >= req.num_tokens:
+            req.num_computed_tokens = req.num_tokens - 1  # vLLM computes the last token to sample
+        req.loaded = True
+        req.status = Status.WAITING
+        self.waiting.appendleft(req)
+        return True
+
+    def release_held(self, request_id: RequestId) -> bool:
+        """Free a finished prefill leg's blocks (read by its decode instance, or its lease expired)."""
+        req = self.held.pop(request_id, None)
+        if req is None:
+            return False
+        self.kv.free(req)
+        return True
+
+    def _finished(self, req: Request) -> None:
+        self.requests.pop(req.request_id, None)
+        if req.hold:
+            self.held[req.request_id] = req  # blocks kept until ``release_held``
+        else:
+            self.kv.free(req)
+        req.status = Status.FINISHED
+        self.counters.finished += 1
 
     def _run(self, scheduled: list[tuple[Request, int]], stats: BatchStats) -> list[RequestOutput]:
         """The model "forward": advance computed tokens, sample, finish."""
@@ -254,10 +363,7 @@ class Scheduler:
         stats.context_tokens = context
         if finished:
             for req in finished:
-                self.requests.pop(req.request_id, None)
-                self.kv.free(req)
-                req.status = Status.FINISHED
-                c.finished += 1
+                self._finished(req)
             self.running[:] = [r for r in self.running if r.status is not Status.FINISHED]
         return outputs
 
@@ -324,10 +430,7 @@ class Scheduler:
         c.generation_tokens += k * n
         finished = [running[i] for i, o in enumerate(outputs) if o.finished]
         for req in finished:
-            self.requests.pop(req.request_id, None)
-            kv.free(req)
-            req.status = Status.FINISHED
-            c.finished += 1
+            self._finished(req)
         if finished:
             self.running[:] = [r for r in running if r.status is not Status.FINISHED]
         kv.end_step()

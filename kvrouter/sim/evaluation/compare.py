@@ -15,22 +15,24 @@ import multiprocessing as mp
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
 from ...percentiles import quantile
-from ...routing import ALL_POLICIES, READS_INDEX, PolicyName, RouterConfig, policy_name
+from ...routing import ALL_POLICIES, READS_INDEX, DisaggSettings, PolicyName, RouterConfig, policy_name
 from ...routing.policies import PolicySettings
 from ...workloads import make_workload
 from ...workloads.blocks import BlockContentCache
 from ...workloads.bounds import reuse_ceiling
 from ...workloads.spec import Workload
-from .virtual_fleet import FleetRun, FleetSimConfig, VirtualFleet
+from .virtual_fleet import FleetRun, FleetSimConfig, RequestRecord, VirtualFleet
 
-DEFAULT_POLICIES: tuple[str, ...] = ALL_POLICIES
+DEFAULT_POLICIES: tuple[str, ...] = tuple(p for p in ALL_POLICIES if p != PolicyName.SESSION)
+"""Every policy but ``session``: traces carry no session ids, so it would repeat kv-aware's run."""
+_T = TypeVar("_T")
 
 
 class EvalSpec(msgspec.Struct, frozen=True):
@@ -47,6 +49,12 @@ class EvalSpec(msgspec.Struct, frozen=True):
     speculative: bool = True
     series: bool = False
     """Keep per-request TTFTs and the load-over-time samples in the output (for plots)."""
+    disagg: DisaggSettings = DisaggSettings()
+    """How a fleet with prefill/decode roles (``fleet.roles``) is planned."""
+    slo_ttft_s: float = 2.0
+    """Service-level objective on time to first token (``slo_attainment``)."""
+    slo_tpot_s: float = 0.05
+    """Service-level objective on a request's mean time per output token after the first."""
 
 
 def load_workload(spec: EvalSpec) -> Workload:
@@ -61,7 +69,9 @@ def load_workload(spec: EvalSpec) -> Workload:
     return make_workload(spec.workload, **spec.overrides)
 
 
-def summarize(run: FleetRun, *, series: bool = False) -> dict[str, Any]:
+def summarize(
+    run: FleetRun, *, series: bool = False, slo_ttft_s: float = 2.0, slo_tpot_s: float = 0.05
+) -> dict[str, Any]:
     done = [r for r in run.records if not r.rejected and r.finish_s is not None]
     ttft = [r.first_token_s - r.arrival_s for r in done if r.first_token_s is not None]
     e2e = [r.finish_s - r.arrival_s for r in done if r.finish_s is not None]
@@ -75,6 +85,14 @@ def summarize(run: FleetRun, *, series: bool = False) -> dict[str, Any]:
     inflight = [statistics.fmean(col) for col in zip(*run.load_samples)] if run.load_samples else []
     imbalance = [max(s) / statistics.fmean(s) for s in run.load_samples if sum(s)]
     err = [abs(r.predicted_cached_tokens - r.cached_tokens) for r in done]
+    decoding = [r for r in done if r.output_tokens > 1]
+    tpot = [r.itl_sum_s / (r.output_tokens - 1) for r in decoding]
+    stall = [r.itl_max_s for r in decoding]
+    gaps = sum(r.output_tokens - 1 for r in decoding)
+    reasons: dict[str, int] = {}
+    for r in done:
+        if r.pd_reason is not None:
+            reasons[r.pd_reason] = reasons.get(r.pd_reason, 0) + 1
     res: dict[str, Any] = {
         "requests": len(run.records),
         "completed": len(done),
@@ -97,15 +115,41 @@ def summarize(run: FleetRun, *, series: bool = False) -> dict[str, Any]:
         "prediction_abs_error_mean_tokens": statistics.fmean(err) if err else 0.0,
         "prediction_exact_fraction": sum(1 for e in err if e == 0) / len(err) if err else 1.0,
         "index_errors": run.index_errors,
+        "itl_mean_s": sum(r.itl_sum_s for r in decoding) / gaps if gaps else float("nan"),
+        "tpot_p50_s": quantile(tpot, 0.5),
+        "tpot_p90_s": quantile(tpot, 0.9),
+        "tpot_p99_s": quantile(tpot, 0.99),
+        "itl_max_p50_s": quantile(stall, 0.5),
+        "itl_max_p90_s": quantile(stall, 0.9),
+        "itl_max_p99_s": quantile(stall, 0.99),
+        "split_fraction": sum(1 for r in done if r.prefill_instance) / len(done) if done else 0.0,
+        "pd_reasons": reasons,
+        "transfer_tokens": sum(r.transfer_tokens for r in done),
+        "slo_attainment": _slo(run.records, slo_ttft_s, slo_tpot_s),
     }
     if series:
         res["series"] = {
             "ttft_s": ttft,
+            "tpot_s": tpot,
+            "itl_max_s": stall,
             "load_times_s": run.load_times,
             "load_in_flight": run.load_samples,
             "work_tokens": work,
         }
     return res
+
+
+def _slo(records: list[RequestRecord], ttft_s: float, tpot_s: float) -> float:
+    """Fraction of all requests answered within both objectives (DistServe's goodput, as a fraction):
+    first token within ``ttft_s``, and a mean time per later token within ``tpot_s``.  Rejected requests
+    miss."""
+    ok = 0
+    for r in records:
+        if r.rejected or r.first_token_s is None or r.finish_s is None:
+            continue
+        tpot = r.itl_sum_s / (r.output_tokens - 1) if r.output_tokens > 1 else 0.0
+        ok += r.first_token_s - r.arrival_s <= ttft_s and tpot <= tpot_s
+    return ok / len(records) if records else 0.0
 
 
 def _router_config(spec: EvalSpec, policy: str) -> RouterConfig:
@@ -157,15 +201,18 @@ def run_one(
         run = vf.run()
     else:
         fleet = spec.fleet if policy in READS_INDEX else msgspec.structs.replace(spec.fleet, events=False)
-        run = VirtualFleet(w, fleet, _router_config(spec, policy), hashes=cache, progress=progress).run()
-    res = summarize(run, series=spec.series)
+        vf = VirtualFleet(
+            w, fleet, _router_config(spec, policy), hashes=cache, progress=progress, disagg=spec.disagg
+        )
+        run = vf.run()
+    res = summarize(run, series=spec.series, slo_ttft_s=spec.slo_ttft_s, slo_tpot_s=spec.slo_tpot_s)
     if policy not in READS_INDEX:  # no events: the router had nothing to predict from
         res["prediction_abs_error_mean_tokens"] = res["prediction_exact_fraction"] = None
     res["wall_s"] = time.perf_counter() - t0
     return res
 
 
-def _worker(spec_bytes: bytes, policy: str, q: Any) -> tuple[str, dict[str, Any]]:
+def _worker(key: str, spec_bytes: bytes, policy: str, q: Any) -> tuple[str, dict[str, Any]]:
     spec = msgspec.json.decode(spec_bytes, type=EvalSpec)
     count = 0
 
@@ -178,35 +225,35 @@ def _worker(spec_bytes: bytes, policy: str, q: Any) -> tuple[str, dict[str, Any]
 
     res = run_one(spec, policy, progress)
     q.put(count)
-    return policy, res
+    return key, res
 
 
-def evaluate(spec: EvalSpec, *, jobs: int | None = None, show_progress: bool = True) -> dict[str, Any]:
-    """Bounds and every policy's figures, as the JSON ``kvrouter eval`` writes."""
-    for p in spec.policies:
-        policy_name(p)
-    w = load_workload(spec)
-    names = [*spec.policies, "pooled-cache"]
-    jobs = jobs or min(len(names), os.cpu_count() or 1)
-    total = len(w.requests) * len(names)
+def run_jobs(
+    tasks: Sequence[tuple[str, EvalSpec, str]],
+    *,
+    jobs: int | None = None,
+    show_progress: bool = True,
+    desc: str = "eval",
+    total: int = 0,
+    meanwhile: Callable[[], _T] | None = None,
+) -> tuple[dict[str, dict[str, Any]], _T | None]:
+    """``run_one(spec, policy)`` for every ``(key, spec, policy)``, one process per core, results by key;
+    ``meanwhile()`` runs here while the workers start (spawning and importing take seconds).  ``total``:
+    requests over all tasks, for the progress bar."""
+    jobs = jobs or min(len(tasks), os.cpu_count() or 1)
     bar = None
     if show_progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=total, desc=f"eval {w.name}", unit="req", smoothing=0.05)
+        bar = tqdm(total=total, desc=desc, unit="req", smoothing=0.05)
     results: dict[str, dict[str, Any]] = {}
-    t0 = time.perf_counter()
+    extra: _T | None = None
     ctx = mp.get_context("spawn" if jobs > 1 else "fork")
     with ctx.Manager() as mgr, ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
         q = mgr.Queue()
-        blob = msgspec.json.encode(spec)
-        # The longest jobs first (kv-aware indexes every event), so the last ones to start are short.
-        order = sorted(names, key=lambda p: p not in READS_INDEX)
-        futs = [pool.submit(_worker, blob, p, q) for p in order]
-        # The ceiling is computed here while the workers start up (spawning and importing take seconds).
-        cache = BlockContentCache(w.token_space, spec.fleet.block_size)
-        cache.warm(w.requests)
-        ceiling = reuse_ceiling(w, spec.fleet.block_size, cache=cache)
+        futs = [pool.submit(_worker, key, msgspec.json.encode(spec), p, q) for key, spec, p in tasks]
+        if meanwhile is not None:
+            extra = meanwhile()
         pending = set(futs)
         while pending:
             done = {f for f in pending if f.done()}
@@ -215,8 +262,8 @@ def evaluate(spec: EvalSpec, *, jobs: int | None = None, show_progress: bool = T
                 if bar:
                     bar.update(n)
             for f in done:
-                name, res = f.result()
-                results[name] = res
+                key, res = f.result()
+                results[key] = res
             pending -= done
             time.sleep(0.1)
         while not q.empty():
@@ -225,12 +272,38 @@ def evaluate(spec: EvalSpec, *, jobs: int | None = None, show_progress: bool = T
                 bar.update(n)
     if bar:
         bar.close()
+    return results, extra
+
+
+def evaluate(spec: EvalSpec, *, jobs: int | None = None, show_progress: bool = True) -> dict[str, Any]:
+    """Bounds and every policy's figures, as the JSON ``kvrouter eval`` writes."""
+    for p in spec.policies:
+        policy_name(p)
+    w = load_workload(spec)
+    names = [*spec.policies, "pooled-cache"]
+    t0 = time.perf_counter()
+    # The longest jobs first (kv-aware indexes every event), so the last ones to start are short.
+    order = sorted(names, key=lambda p: p not in READS_INDEX)
+
+    def ceiling() -> float:
+        cache = BlockContentCache(w.token_space, spec.fleet.block_size)
+        cache.warm(w.requests)
+        return reuse_ceiling(w, spec.fleet.block_size, cache=cache)
+
+    results, bound = run_jobs(
+        [(p, spec, p) for p in order],
+        jobs=jobs,
+        show_progress=show_progress,
+        desc=f"eval {w.name}",
+        total=len(w.requests) * len(names),
+        meanwhile=ceiling,
+    )
     pooled = results.pop("pooled-cache")
     return {
         "workload": w.name,
         "requests": len(w.requests),
         "fleet": msgspec.to_builtins(spec.fleet),
-        "bounds": {"reuse_ceiling": ceiling, "pooled_cache": pooled["hit_rate"], "pooled_cache_run": pooled},
+        "bounds": {"reuse_ceiling": bound, "pooled_cache": pooled["hit_rate"], "pooled_cache_run": pooled},
         "policies": {p: results[p] for p in spec.policies},
         "wall_s": time.perf_counter() - t0,
     }

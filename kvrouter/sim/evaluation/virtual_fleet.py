@@ -2,16 +2,28 @@
 
 ::
 
-      arrival ──Router.route──▶ dispatch ─(net latency)─▶ Engine.add_request
-                     ▲                                          │ step() = modelled duration
-                     │ apply_payload ◀─(event delay)─ payload ◀─┤ take_events() ──PayloadWriter
-                     │ first_token / finished ◀─(net latency)───┘ outputs at the step's end
+      arrival ──Router.route──▶ dispatch ─(net latency)─▶ FrontEnd.arrive ─(API server)─▶ Engine.add_request
+                     ▲                                                                         │ step()
+                     │ apply_payload ◀─(event delay)─ payload ◀──────────────────────────────┤ take_events()
+                     │ first_token / finished ◀─(net latency + way back)───────────────────────┘ outputs
 
 Nothing here routes or models an engine: routing is ``kvrouter.routing.Router`` over ``indexer.Indexer``
 (fed the engines' events as real vLLM payloads, decoded and hashed exactly as in the gateway), and every
-engine is ``kvrouter.sim.engine.engine.Engine``.  This module only keeps the clock: a heap of timed actions.
+engine is ``kvrouter.sim.engine.engine.Engine`` behind its ``FrontEnd`` (vLLM's API server: HTTP, the
+renderer's queue, the hop to the engine core, the way back of each output).  This module only keeps the
+clock: a heap of timed actions.
 When the router finds every instance at its cap, requests wait in a FIFO queue (bounded; beyond it they
 are rejected), as in the gateway.
+
+A fleet with prefill/decode ``roles`` is planned by ``routing.disagg.DisaggPlanner`` (the gateway's
+``RequestPipeline.admit_plan`` calls the same), and a split request runs as the gateway runs it::
+
+    plan ─(net)─▶ prefill engine: max_tokens 1, blocks held ─(net, router, net)─▶ decode engine: admitted
+    with its local hit, the rest pulled (latency + tokens x KV bytes / bandwidth) ─▶ blocks land (announced),
+    the prefill engine's released ─▶ last prompt token, then decode
+
+Inter-token latency is recorded per request from the engine steps' ends (a coalesced run of k decode steps
+spreads its duration over its k tokens), so a decode stalled behind another request's prefill shows.
 """
 
 from __future__ import annotations
@@ -29,16 +41,18 @@ from indexer import Indexer, SourceKey
 from indexer.hashing import I64Array
 
 from ...api.requests import prefix_text as api_prefix_text
-from ...routing import READS_INDEX, RouteInput, Router, RouterConfig
+from ...routing import READS_INDEX, DisaggPlanner, DisaggSettings, RouteInput, Router, RouterConfig
 from ...routing.router import Target, route_input
-from ...types import InstanceId, RequestId, TargetKey
+from ...types import InstanceId, RequestId, Role, TargetKey, leg_id
 from ...workloads.blocks import BlockContentCache
 from ...workloads.spec import Request, Segment, TokenSpace, Workload
 from ...workloads.tokens import output_tokens, prompt_tokens, segments_tokens
 from ..engine.engine import CacheConfig, Engine, EngineConfig
+from ..engine.frontend import FrontEnd
 from ..engine.payload import PayloadWriter
 from ..engine.scheduler import SchedulerConfig
-from ..errors import RequestRejected
+from ..engine.timing import NO_FRONTEND, PROMPT_APIS, PromptApi, get_profile
+from ..errors import RequestRejected, SimConfigError
 
 
 class FleetSimConfig(msgspec.Struct, frozen=True):
@@ -63,6 +77,26 @@ class FleetSimConfig(msgspec.Struct, frozen=True):
     queue_size: int = 100_000
     sample_interval_s: float = 1.0
     seed: int = 0
+    frontend: bool = True
+    """Model vLLM's API server per request (the profile's ``FrontendCosts``: HTTP, rendering and
+    tokenization queued on its worker, the hop to the engine core, detokenization and the streamed chunk
+    on the way back).  False: requests reach the engine at dispatch + ``net_latency_s`` and outputs leave
+    at the step's end (the model before issue 21)."""
+    prompt_api: PromptApi = "chat"
+    """How requests that carry neither messages nor text (token segments: synthetic workloads and traces,
+    which stand for users' chats) are taken to reach vLLM: ``chat``, ``completion`` (text) or
+    ``token_ids`` (no tokenization).  Requests with messages are chat, with text completion."""
+
+    roles: list[Role] = []
+    """Instance i's role in a disaggregated fleet (empty: every instance ``both``, aggregated)."""
+    kv_bandwidth_bytes_per_s: float = 50e9
+    """KV-cache transfer bandwidth into a decode instance (400 Gb/s RDMA)."""
+    kv_latency_s: float = 0.002
+    """Fixed cost of one KV transfer (handshake, notification)."""
+
+    def validate(self) -> None:
+        if self.prompt_api not in PROMPT_APIS:
+            raise SimConfigError(f"prompt_api must be one of {', '.join(PROMPT_APIS)}")
 
 
 class RequestRecord(msgspec.Struct, gc=False):
@@ -77,6 +111,16 @@ class RequestRecord(msgspec.Struct, gc=False):
     cached_tokens: int = 0
     predicted_cached_tokens: int = 0
     rejected: bool = False
+    prefill_instance: str | None = None
+    """A split request's prefill instance (its ``instance`` decodes)."""
+    pd_reason: str | None = None
+    """Disaggregated fleets: the plan's reason (remote_prefill when split)."""
+    transfer_tokens: int = 0
+    """Prompt tokens pulled from the prefill instance."""
+    itl_sum_s: float = 0.0
+    """Time from the first token to the last (the inter-token gaps summed)."""
+    itl_max_s: float = 0.0
+    """The longest gap between two consecutive tokens (a decode stalled behind a prefill shows here)."""
 
 
 class FleetRun(msgspec.Struct):
@@ -121,9 +165,11 @@ class VirtualFleet:
         hashes: BlockContentCache | None = None,
         progress: Callable[[int], None] | None = None,
         pooled_of: int = 1,
+        disagg: DisaggSettings | None = None,
     ) -> None:
         """``pooled_of`` > 1 builds the pooled-cache bound: one engine with that many instances' capacity
         and speed (same batch limits scaled by the caller)."""
+        cfg.validate()
         self.w = workload
         self.cfg = cfg
         self.clock = _Clock()
@@ -140,10 +186,9 @@ class VirtualFleet:
         self.progress = progress
         self.rng = random.Random(cfg.seed)
         capacity = cfg.capacity_blocks
+        profile = get_profile(cfg.profile)
         if capacity is None and pooled_of > 1:
-            from ..engine.timing import get_profile
-
-            capacity = get_profile(cfg.profile).kv_capacity_blocks(cfg.block_size) * pooled_of
+            capacity = profile.kv_capacity_blocks(cfg.block_size) * pooled_of
         ecfg = EngineConfig(
             profile=cfg.profile,
             speed=float(pooled_of),
@@ -160,11 +205,30 @@ class VirtualFleet:
         )
         self.names = [f"sim-{i}" for i in range(cfg.instances)]
         self.engines = [Engine(ecfg) for _ in self.names]
+        # A pooled engine stands for pooled_of instances: as many API servers, each as fast as one (its
+        # engine's speed-up is throughput, not a shorter path for each request).
+        costs = profile.frontend if cfg.frontend else NO_FRONTEND
+        self.frontends = [FrontEnd(costs, workers=costs.renderer_workers * pooled_of) for _ in self.names]
+        self._first_out: dict[str, float] = {}
+        """When each request's first token reaches the router (its later outputs cannot come before)."""
         self.writers = [PayloadWriter(cfg.release) for _ in self.names]
         self.seqs = [0] * cfg.instances
         self.busy = [False] * cfg.instances
         self.work = [0] * cfg.instances
-        self.targets = [Target(InstanceId(n)) for n in self.names]
+        if cfg.roles and len(cfg.roles) != cfg.instances:
+            raise ValueError(f"{len(cfg.roles)} roles for {cfg.instances} instances")
+        roles = cfg.roles or ["both"] * cfg.instances
+        self.targets = [Target(InstanceId(n), role=r) for n, r in zip(self.names, roles)]
+        self.index = {n: i for i, n in enumerate(self.names)}
+        planner = DisaggPlanner(self.router, disagg)
+        self.planner = planner if planner.applies(self.targets) else None
+        if self.planner is not None:
+            self.lookups = True  # the decode policy reads the index
+        self.legs: dict[str, str] = {}
+        """Prefill legs in an engine: engine request id -> the request's id."""
+        self.pulls: dict[str, tuple[int, int]] = {}
+        """Split requests: id -> (prefill engine, decode engine)."""
+        self.last_out: dict[str, float] = {}
         for n in self.names:
             self.indexer.register(SourceKey(n, 0))
         self.records: dict[str, RequestRecord] = {}
@@ -249,24 +313,73 @@ class VirtualFleet:
         self._try_route(r.id, queue_if_full=True)
 
     def _try_route(self, rid: str, *, queue_if_full: bool) -> bool:
+        if self.planner is not None:
+            return self._try_plan(self.planner, rid, queue_if_full=queue_if_full)
         now = self.clock.now
         inp = self.inputs[rid]
         d = self.router.route(inp, self.targets, now)
         if d.chosen is None:
-            if d.reason == "at_capacity" and queue_if_full:
-                if len(self.queue) >= self.cfg.queue_size:
-                    self._reject(rid)
-                else:
-                    self.queue.append(rid)
-            elif queue_if_full:
-                self._reject(rid)
+            self._unrouted(rid, d.reason, queue_if_full)
             return False
         rec = self.records[rid]
         rec.instance, rec.dispatch_s = d.chosen.target, now
         rec.predicted_cached_tokens = d.chosen.cached_tokens
         self.router.dispatched(inp, d.chosen, now)
-        i = self.names.index(d.chosen.instance)
-        self._at_activity(now + self.cfg.net_latency_s, partial(self._engine_add, i, rid))
+        i = self.index[d.chosen.instance]
+        self._to_engine(i, rid, now)
+        return True
+
+    def _api(self, r: Request) -> PromptApi:
+        if r.messages is not None:
+            return "chat"
+        if r.text is not None:
+            return "completion"
+        return self.cfg.prompt_api
+
+    def _to_engine(
+        self, i: int, rid: str, now: float, *, prefill_leg: bool = False, decode_leg: bool = False
+    ) -> None:
+        """Send a request (or one of its legs) to instance i: it crosses the network, then that instance's API
+        server.  Dispatches happen in time order and the latency is fixed: arrivals at an API server are in
+        order."""
+        r = self.by_id[rid]
+        at_engine = self.frontends[i].arrive(now + self.cfg.net_latency_s, r.num_prompt_tokens, self._api(r))
+        self._at_activity(
+            at_engine, partial(self._engine_add, i, rid, prefill_leg=prefill_leg, decode_leg=decode_leg)
+        )
+
+    def _unrouted(self, rid: str, reason: str, queue_if_full: bool) -> None:
+        if reason == "at_capacity" and queue_if_full:
+            if len(self.queue) >= self.cfg.queue_size:
+                self._reject(rid)
+            else:
+                self.queue.append(rid)
+        elif queue_if_full:
+            self._reject(rid)
+
+    def _try_plan(self, planner: DisaggPlanner, rid: str, *, queue_if_full: bool) -> bool:
+        now = self.clock.now
+        inp = self.inputs[rid]
+        plan = planner.plan(inp, self.targets, now, shadow=False)
+        d = plan.decode.chosen
+        if d is None:
+            self._unrouted(rid, plan.reason, queue_if_full)
+            return False
+        rec = self.records[rid]
+        rec.instance, rec.dispatch_s, rec.pd_reason = d.target, now, plan.reason
+        pc = plan.prefill_target
+        if pc is None:
+            rec.predicted_cached_tokens = d.cached_tokens
+            self.router.dispatched(inp, d, now)
+            self._to_engine(self.index[d.instance], rid, now)
+            return True
+        rec.prefill_instance = pc.target
+        rec.predicted_cached_tokens = pc.cached_tokens
+        self.router.dispatched(inp, pc, now, request_id=leg_id(RequestId(rid)))
+        self.router.dispatched(inp, d, now, prefill_tokens=0)
+        ip = self.index[pc.instance]
+        self.pulls[rid] = (ip, self.index[d.instance])
+        self._to_engine(ip, rid, now, prefill_leg=True)
         return True
 
     def _reject(self, rid: str) -> None:
@@ -293,33 +406,70 @@ class VirtualFleet:
     def _finish(self, rid: str, cached: int, out_tokens: int) -> None:
         rec = self.records[rid]
         rec.finish_s = self.clock.now
-        rec.cached_tokens = cached
+        if self.pulls.pop(rid, None) is None:
+            rec.cached_tokens = cached  # a split request reports its prefill instance's hit (vLLM 0.33)
         rec.output_tokens = out_tokens
+        self.last_out.pop(rid, None)
         self.router.finished(RequestId(rid))
         self._done(rid)
+        self._drain_queue()
+
+    def _drain_queue(self) -> None:
         while self.queue and self._try_route(self.queue[0], queue_if_full=False):
             self.queue.popleft()
 
+    def _prefill_done(self, rid: str, cached: int) -> None:
+        """A prefill leg answered: its load is released, its decode leg sent with its params."""
+        self.router.finished(leg_id(RequestId(rid)))
+        self.records[rid].cached_tokens = cached
+        _, i_decode = self.pulls[rid]
+        self._to_engine(i_decode, rid, self.clock.now, decode_leg=True)
+        self._drain_queue()
+
+    def _landed(self, i: int, rid: str, tokens: int) -> None:
+        """A decode leg's transfer ended: its blocks are in (announced), the prefill's are released."""
+        if tokens:
+            self.engines[i].finish_load(rid, ok=True)
+            self.records[rid].transfer_tokens = tokens
+            self._wake(i)
+        ip = self.pulls[rid][0] if rid in self.pulls else None
+        if ip is not None and self.engines[ip].release_held(leg_id(RequestId(rid))):
+            self._wake(ip)
+
+    def _wake(self, i: int) -> None:
+        if not self.busy[i] and self.engines[i].has_work():
+            self.busy[i] = True
+            self.clock.at(self.clock.now, lambda: self._engine_step(i))
+
     # ------------------------------------------------------------------ engine side
-    def _engine_add(self, i: int, rid: str) -> None:
+    def _engine_add(self, i: int, rid: str, *, prefill_leg: bool = False, decode_leg: bool = False) -> None:
         r = self.by_id[rid]
         eng = self.engines[i]
+        erid = leg_id(RequestId(rid)) if prefill_leg else rid
+        prompt = prompt_tokens(r, self.w.token_space)
         try:
-            out = output_tokens(r, self.w.token_space) if r.output_segments else None
+            out = output_tokens(r, self.w.token_space) if r.output_segments and not prefill_leg else None
             eng.add_request(
-                rid,
-                prompt_tokens(r, self.w.token_space),
-                r.max_output_tokens,
+                erid,
+                prompt,
+                1 if prefill_leg else r.max_output_tokens,
                 cache_salt=r.cache_salt,
+                hold_blocks=prefill_leg,
+                remote_prefill_tokens=len(prompt) if decode_leg else None,
                 **({"output_token_ids": out.tolist()} if out is not None and _supports_output(eng) else {}),
             )
         except RequestRejected:
+            pull = self.pulls.pop(rid, None)
+            if pull is not None:  # a split request: both legs' loads go, and any blocks held for it
+                self.router.finished(leg_id(RequestId(rid)))
+                if self.engines[pull[0]].release_held(leg_id(RequestId(rid))):
+                    self._wake(pull[0])
             self.router.finished(RequestId(rid))
             self._reject(rid)
             return
-        if not self.busy[i]:
-            self.busy[i] = True
-            self.clock.at(self.clock.now, lambda: self._engine_step(i))
+        if prefill_leg:
+            self.legs[erid] = rid
+        self._wake(i)
 
     def _at_activity(self, t: float, fn: Callable[[], None]) -> None:
         heapq.heappush(self._activity, t)
@@ -345,18 +495,49 @@ class VirtualFleet:
                 name = self.names[i]
                 self.clock.at(end + self.cfg.event_delay_s, lambda: self._deliver(name, seq, payload))
         lat = self.cfg.net_latency_s
+        fe = self.frontends[i]
         for o in res.outputs:
             rid = o.request_id
+            if rid in self.legs:  # a prefill leg: its one token ends it
+                if o.finished:
+                    req = self.legs.pop(rid)
+                    self._at_activity(end + lat, partial(self._prefill_done, req, o.cached_tokens))
+                continue
             if o.first_token:
-                t = end + lat
+                t = end + lat + fe.first_output_delay(self.records[rid].prompt_tokens)
+                self._first_out[rid] = t
                 self.clock.at(t, partial(self._first_token, rid, t))
+            else:
+                last = self.last_out.get(rid, end)
+                rec = self.records[rid]
+                rec.itl_sum_s += end - last
+                rec.itl_max_s = max(rec.itl_max_s, (end - last) / max(1, len(o.new_token_ids)))
+            self.last_out[rid] = end
             if o.finished:
                 cached, n_out = o.cached_tokens, o.num_output_tokens
-                self._at_activity(end + lat, partial(self._finish, rid, cached, n_out))
-        if eng.has_work():
+                # The API server handles a request's outputs in order: the last never overtakes the first.
+                t = max(end + lat + fe.output_delay(), self._first_out.pop(rid, 0.0))
+                self._at_activity(t, partial(self._finish, rid, cached, n_out))
+        for load in eng.take_loads():
+            t = end + (self._transfer_s(i, load.tokens) if load.tokens else 0.0)
+            self._at_activity(t, partial(self._landed, i, load.request_id, load.tokens))
+        if not (res.num_scheduled or res.preempted):
+            # Nothing could run: every waiting request waits for blocks that only a transfer landing or
+            # a held prefill being released frees (``_wake`` starts the engine again then).
+            self.busy[i] = False
+        elif eng.has_work():
             self.clock.at(max(end, self.clock.now + 1e-9), lambda: self._engine_step(i))
         else:
-            self.busy[i] = False
+            # The engine is busy until its step ends: a request arriving meanwhile waits for it.
+            self.clock.at(end, lambda: self._step_ended(i))
+
+    def _step_ended(self, i: int) -> None:
+        self.busy[i] = False
+        self._wake(i)
+
+    def _transfer_s(self, i: int, tokens: int) -> float:
+        kv_bytes = tokens * self.engines[i].profile.kv_bytes_per_token
+        return self.cfg.kv_latency_s + kv_bytes / self.cfg.kv_bandwidth_bytes_per_s
 
     def _deliver(self, name: str, seq: int, payload: bytes) -> None:
         if self.cfg.event_loss:

@@ -38,14 +38,26 @@ import zmq.asyncio
 from indexer.config import FleetConfig
 from tokenizer_cache import CachedTokenizer, default_tokenizer_path
 
+from ...routing import disagg
+from ...types import Role
 from ..engine.engine import CacheConfig, EngineConfig
 from ..engine.scheduler import SchedulerConfig
 from ..errors import SimConfigError, SimError
 from .answers import AnswerVocab
 from .faults import FaultConfig
 from .instance import DEFAULT_PROFILE, SimInstance, SimInstanceConfig
+from .kv_transfer import KvTransferConfig
 from .server import SimServer
 from .tokenizer import load_sim_tokenizer
+
+
+def parse_roles(spec: str) -> list[Role]:
+    """``routing.disagg.parse_roles``, refusing a bad spec with ``SimConfigError``."""
+    try:
+        return disagg.parse_roles(spec)
+    except ValueError as e:
+        raise SimConfigError(str(e)) from None
+
 
 _PORT_RANGE = (20000, 32000)
 """Where free ports are looked for: below Linux's ephemeral range, where a ZeroMQ socket reconnecting to a
@@ -66,7 +78,13 @@ class SimFleetConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     model: str = "sim-model"
     """Served model name."""
     lora_names: list[str] = []
-    """LoRA adapters served besides the model."""
+    """LoRA adapters served from the start besides the model."""
+    runtime_lora: bool | None = None
+    """Serve runtime adapter loading; None: ``VLLM_ALLOW_RUNTIME_LORA_UPDATING`` decides."""
+    responses_store: bool | None = None
+    """Store Responses API answers; None: ``VLLM_ENABLE_RESPONSES_API_STORE`` decides."""
+    pooling: bool = False
+    """Also serve the pooling, scoring and transcription routes."""
     profile: str = DEFAULT_PROFILE
     """Timing profile (``kvrouter.sim.engine.timing.PROFILES``)."""
     speed: float = 1.0
@@ -106,10 +124,17 @@ class SimFleetConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Faults every instance starts with."""
     health_timeout_s: float = 30.0
     """How long ``start()`` waits for every ``/health`` to answer 200."""
+    roles: list[Role] = []
+    """A disaggregated fleet: instance i's role (``parse_roles``), written to the fleet file; its name is
+    then ``<prefix>-<role>-<n>`` (n counting within the role).  Empty: every instance ``both``."""
+    kv_transfer: KvTransferConfig = KvTransferConfig()
+    """Every instance's simulated KV connector (transfer bandwidth, lease)."""
 
     def validate(self) -> None:
         if self.instances < 1:
             raise SimConfigError("instances must be >= 1")
+        if self.roles and len(self.roles) != self.instances:
+            raise SimConfigError(f"{len(self.roles)} roles for {self.instances} instances")
         if self.base_port < 0 or self.base_port + self.instances * self.stride > 65536:
             raise SimConfigError("the port layout does not fit below 65536")
         if self.replay and not self.events:
@@ -137,11 +162,18 @@ class SimFleetConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             ),
         )
         out = []
+        seen: dict[str, int] = {}
         for i in range(self.instances):
             b = base_port + i * self.stride
+            name = f"{self.name_prefix}-{i}"
+            role: Role = "both"
+            if self.roles:
+                role = self.roles[i]
+                name = f"{self.name_prefix}-{role}-{seen.get(role, 0)}"
+                seen[role] = seen.get(role, 0) + 1
             out.append(
                 SimInstanceConfig(
-                    name=f"{self.name_prefix}-{i}",
+                    name=name,
                     host=self.host,
                     port=b,
                     events_port=b + 1 if self.events else None,
@@ -149,6 +181,9 @@ class SimFleetConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                     dp_size=self.dp_size,
                     model=self.model,
                     lora_names=self.lora_names,
+                    runtime_lora=self.runtime_lora,
+                    responses_store=self.responses_store,
+                    pooling=self.pooling,
                     engine=engine,
                     release=self.release,
                     topic=self.topic,
@@ -156,6 +191,8 @@ class SimFleetConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                     answer_tokens=self.answer_tokens,
                     seed=self.seed + i,
                     faults=self.faults,
+                    role=role,
+                    kv_transfer=self.kv_transfer,
                 )
             )
         return out
@@ -219,7 +256,10 @@ class SimFleet:
         base = cfg.base_port or free_port_block(cfg.instances * cfg.stride, cfg.host)
         try:
             for icfg in cfg.instance_configs(base):
-                server = SimServer(SimInstance(icfg, tok, vocab=vocab, zmq_ctx=self._zmq))
+                inst = SimInstance(
+                    icfg, tok, vocab=vocab, zmq_ctx=self._zmq, chat_template=self.chat_template
+                )
+                server = SimServer(inst)
                 self.servers.append(server)
                 await server.start()
             await self.wait_healthy(cfg.health_timeout_s)
@@ -301,7 +341,9 @@ class SimFleet:
             if ic.topic:
                 entry["topic"] = ic.topic
             entry["dp_size"] = ic.dp_size
-            entry["models"] = ic.served_models
+            entry["models"] = [ic.model]  # adapters come and go: the gateway learns them from /v1/models
+            if ic.role != "both":
+                entry["role"] = ic.role
             instances.append(entry)
         out: dict[str, Any] = {
             "block_size": cfg.block_size,

@@ -4,6 +4,7 @@
 
                      ┌────────────── SimInstance ──────────────┐
     OpenAI handler ─▶│ tokenizer (shared)   pick_rank(header)  │
+     api_server() ──▶│ FrontEnd (vLLM's API server, modelled)  │
                      │ submit() ──▶ InFlight ◀── outputs ──────┼── EngineRank 0: Engine + EventPublisher
                      │ faults, crash(), recover()              │   EngineRank 1: ... (ports + rank)
                      └─────────────────────────────────────────┘
@@ -11,6 +12,12 @@
 A request is pinned to a rank by ``X-data-parallel-rank`` (how the gateway addresses ranks); without it,
 the rank with the lowest waiting x 4 + running wins, as vLLM's internal data-parallel balancer scores
 engines.  Ties go round robin.
+
+Before ``submit`` a handler waits out ``api_server()``: the time vLLM's API server would take to get the
+request to its engine core (``engine.frontend.FrontEnd``, counted from the request's arrival, so the real
+parsing and tokenization done here count towards it); ``InFlight.next`` holds each output for the way back
+(the first token's detokenization, the streamed chunk).  Both are the profile's costs divided by the
+engine's ``speed``, like its steps.
 """
 
 from __future__ import annotations
@@ -30,15 +37,22 @@ from indexer.encode import RELEASES
 from tokenizer_cache import CachedTokenizer
 
 from ...api.errors import BadRequest, NotFound, ServiceUnavailable
+from ...api.kv_transfer import DecodeRequestParams
 from ...api.requests import too_long
+from ...types import Role
 from ..engine.engine import Engine, EngineConfig
+from ..engine.frontend import FrontEnd
 from ..engine.scheduler import RequestOutput
+from ..engine.timing import PromptApi
 from ..errors import RequestRejected, SimConfigError, SimError
+from . import env
 from .answers import AnswerVocab
 from .faults import FaultConfig, FaultState, FaultStatus, FaultUpdate
+from .kv_transfer import KvTransferAgent, KvTransferConfig
 from .prom import RequestStats
 from .publisher import EventPublisher, PublisherConfig, topic_for
-from .rank import Crashed, EngineRank, Item
+from .rank import Crashed, EngineRank, Stamped
+from .stored import ResponseStore
 
 DEFAULT_PROFILE = "qwen3-32b-2xh100"
 """Default timing profile of ``kvrouter sim``: Qwen3-32B on 2 x H100 in real time.  Its steps are long
@@ -61,7 +75,17 @@ class SimInstanceConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
     model: str = "sim-model"
     """Served model name (``/v1/models``; requests naming another model get 404)."""
     lora_names: list[str] = []
-    """LoRA adapters served besides the base model; their KV blocks are keyed apart."""
+    """LoRA adapters served from the start besides the base model (vLLM's ``--lora-modules``); their KV
+    blocks are keyed apart."""
+    runtime_lora: bool | None = None
+    """Serve /v1/load_lora_adapter and /v1/unload_lora_adapter; None: as ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``
+    says when the instance is built."""
+    responses_store: bool | None = None
+    """Store Responses API answers (``previous_response_id``, GET, cancel); None: as
+    ``VLLM_ENABLE_RESPONSES_API_STORE`` says when the instance is built."""
+    pooling: bool = False
+    """Also serve the pooling routes (embeddings, pooling, classify, score, rerank) and transcription, as a
+    pooling or ASR model would (a generative vLLM model answers them 404)."""
     engine: EngineConfig = EngineConfig(profile=DEFAULT_PROFILE)
     """Engine model of every rank (profile, speed, KV capacity, batching)."""
     release: str = "0.33.0"
@@ -77,6 +101,11 @@ class SimInstanceConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
     """Seed of the answers of requests that bring no ``seed``, and of the drop faults."""
     faults: FaultConfig = FaultConfig()
     """Faults at start."""
+    role: Role = "both"
+    """Its role in a disaggregated fleet, as written to the fleet file (the instance itself serves any
+    leg it is sent, as a vLLM instance with ``kv_role: kv_both`` does)."""
+    kv_transfer: KvTransferConfig = KvTransferConfig()
+    """The simulated NIXL connector: prefill legs' leases, decode legs' pulls."""
 
     def validate(self) -> None:
         if not self.name or "@" in self.name:
@@ -94,6 +123,7 @@ class SimInstanceConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
             raise SimConfigError("bind mode (connect_endpoint) supports dp_size 1 only")
         self.engine.validate()
         self.faults.validate()
+        self.kv_transfer.validate()
 
     @property
     def events_endpoint(self) -> str | None:
@@ -140,11 +170,16 @@ class InFlight:
     """One request inside a rank: its output channel and what the HTTP shell reports about it."""
 
     __slots__ = (
+        "_due",
         "_last_t",
         "arrival",
+        "cached_override",
         "cached_tokens",
         "channel",
         "done",
+        "frontend",
+        "hold",
+        "leased",
         "num_output",
         "num_prompt",
         "rank",
@@ -157,10 +192,14 @@ class InFlight:
         self,
         request_id: str,
         rank: EngineRank,
-        channel: asyncio.Queue[Item],
+        channel: asyncio.Queue[Stamped],
         num_prompt: int,
         stops: bool,
         stats: RequestStats,
+        frontend: FrontEnd,
+        *,
+        hold: bool = False,
+        cached_override: int | None = None,
     ) -> None:
         self.request_id = request_id
         self.rank = rank
@@ -168,17 +207,29 @@ class InFlight:
         self.num_prompt = num_prompt
         self.stops = stops
         self.stats = stats
+        self.frontend = frontend
         self.arrival = self._last_t = time.monotonic()
+        self._due = 0.0
         self.num_output = 0
         self.cached_tokens = 0
         self.done = False
+        self.hold = hold
+        """A prefill leg: its blocks outlive it, under a lease once its answer names them."""
+        self.leased = False
+        self.cached_override = cached_override
+        """A decode leg reports its prefill instance's cached tokens as its own (vLLM 0.33)."""
 
     async def next(self) -> RequestOutput:
-        """The next step's output of this request.  Raises ``EngineCrashed``."""
-        item = await self.channel.get()
+        """The next step's output of this request, once its way back through the API server has passed
+        (outputs in order: none overtakes the one before).  Raises ``EngineCrashed``."""
+        released, item = await self.channel.get()
         if isinstance(item, Crashed):
             self.done = True  # nothing to abort: the engine that held it is gone
             raise EngineCrashed(self.request_id)
+        self._due = max(self._due, released + self.frontend.delay(item.first_token, self.num_prompt))
+        wait = self._due - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
         now = time.monotonic()
         if item.first_token:
             self.stats.ttft.observe(now - self.arrival)
@@ -186,7 +237,7 @@ class InFlight:
             self.stats.itl.observe(now - self._last_t)
         self._last_t = now
         self.num_output = item.num_output_tokens
-        self.cached_tokens = item.cached_tokens
+        self.cached_tokens = item.cached_tokens if self.cached_override is None else self.cached_override
         if item.finished:
             self.done = True
             self.stats.finished[self.finish_reason] += 1
@@ -198,11 +249,14 @@ class InFlight:
         return "stop" if self.stops else "length"
 
     def close(self) -> None:
-        """Called when the handler ends: a request still running was abandoned by its client."""
+        """Called when the handler ends: a request still running was abandoned by its client.  A prefill
+        leg whose answer never named its blocks frees them (nobody can read them)."""
         if not self.done:
             self.done = True
             self.rank.abort(self.request_id)
             self.stats.finished["abort"] += 1
+        if self.hold and not self.leased:
+            self.rank.engine.release_held(self.request_id)
 
 
 class SimInstance:
@@ -215,10 +269,27 @@ class SimInstance:
         *,
         vocab: AnswerVocab | None = None,
         zmq_ctx: zmq.asyncio.Context | None = None,
+        chat_template: str | None = None,
     ) -> None:
+        """``chat_template``: the template the tokenizer applies beyond its own (its facts decide how
+        Anthropic requests are converted, as vLLM probes them)."""
         config.validate()
         self.config = config
         self.tokenizer = tokenizer
+        self.chat_template = chat_template or getattr(tokenizer.hf_tokenizer, "chat_template", None)
+        self.adapters: dict[str, str] = {name: name for name in config.lora_names}
+        """Loaded LoRA adapters: name -> path (static ones: their name)."""
+        self.runtime_lora = env.runtime_lora() if config.runtime_lora is None else config.runtime_lora
+        self.store_responses = (
+            env.responses_store() if config.responses_store is None else config.responses_store
+        )
+        self.responses = ResponseStore()
+        self.background: dict[str, asyncio.Task[None]] = {}
+        self.audio_bytes_seen = 0
+        """Bytes of the audio upload being read (so far): a test sees an upload arrive while it is sent."""
+        self.anthropic_facts: tuple[bool, str] | None = None
+        """How this template takes Anthropic requests (inline system merged, disabled-thinking effort),
+        probed on the first one as vLLM probes at start."""
         self.vocab = vocab or AnswerVocab.from_tokenizer(tokenizer)
         self.faults = FaultState(config.faults)
         self.ranks: list[EngineRank] = []
@@ -228,6 +299,21 @@ class SimInstance:
             self.ranks.append(EngineRank(r, Engine(config.engine), pub, self.faults))
         self.stats = [RequestStats() for _ in self.ranks]
         self.max_model_len = self.ranks[0].engine.max_model_len
+        # vLLM runs one API server per data-parallel rank by default, all taking requests for any rank.
+        costs = self.ranks[0].engine.profile.frontend
+        self.frontend = FrontEnd(
+            costs, speed=config.engine.speed, workers=costs.renderer_workers * config.dp_size
+        )
+        self.transfers = KvTransferAgent(
+            config.name,
+            config.host,
+            self.ranks,
+            self.faults,
+            config.kv_transfer,
+            num_gpus=self.ranks[0].engine.profile.num_gpus,
+        )
+        for rank in self.ranks:
+            rank.on_loads = self.transfers.on_loads
         self.created = int(time.time())
         self._rng = random.Random(f"{config.seed}/{config.name}")
         self._tiebreak = itertools.count()
@@ -240,6 +326,9 @@ class SimInstance:
             rank.start()
 
     async def stop(self) -> None:
+        await self.transfers.stop()
+        for task in list(self.background.values()):
+            task.cancel()
         for rank in self.ranks:
             await rank.stop()
             if rank.publisher is not None:
@@ -251,11 +340,16 @@ class SimInstance:
         self.faults.crashed = True
         self.faults.crashes += 1
         lost = 0
+        self.transfers.reset()
         for rank in self.ranks:
             lost += rank.crash()
             if rank.publisher is not None:
                 await rank.publisher.crash()
         self.stats = [RequestStats() for _ in self.ranks]
+        self.responses.clear()  # process memory: gone with the process
+        for task in self.background.values():
+            task.cancel()
+        self.adapters = {name: name for name in self.config.lora_names}
         return lost
 
     async def recover(self) -> None:
@@ -289,11 +383,18 @@ class SimInstance:
         n = len(self.ranks)
         return min((self.ranks[(turn + i) % n] for i in range(n)), key=EngineRank.load)
 
+    async def api_server(self, arrived: float, num_prompt_tokens: int, api: PromptApi) -> None:
+        """Wait until vLLM's API server would have handed the request that reached it at ``arrived``
+        (``time.monotonic()``) to its engine core: HTTP, the renderer queue, the hop (``FrontEnd``)."""
+        wait = self.frontend.arrive(arrived, num_prompt_tokens, api) - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
+
     def lora_for(self, model: str | None) -> str | None:
         """The LoRA adapter a request's ``model`` names (None: the base model).  Raises ``NotFound``."""
         if model is None or model == self.config.model:
             return None
-        if model in self.config.lora_names:
+        if model in self.adapters:
             return model
         raise NotFound(f"The model `{model}` does not exist.", param="model")
 
@@ -308,9 +409,13 @@ class SimInstance:
         lora_name: str | None = None,
         seed: int | None = None,
         ignore_eos: bool = False,
+        request_id: str | None = None,
+        hold: bool = False,
+        pull: DecodeRequestParams | None = None,
     ) -> InFlight:
         """Admit a request into a rank.  Raises ``BadRequest`` (vLLM would refuse it) or
-        ``ServiceUnavailable`` (crashed)."""
+        ``ServiceUnavailable`` (crashed).  ``request_id``: the client's ``X-Request-Id`` (vLLM's base of
+        the request's id); ``hold``: a prefill leg; ``pull``: a decode leg's transfer."""
         if self.faults.crashed:
             raise ServiceUnavailable("the engine is down")
         rank = self.pick_rank(rank_header)
@@ -326,7 +431,9 @@ class SimInstance:
             answer_tokens=self.config.answer_tokens,
             ignore_eos=ignore_eos,
         )
-        rid = f"{prefix}-{uuid.uuid4().hex}"
+        rid = f"{prefix}-{request_id or uuid.uuid4().hex}"
+        if rid in rank.engine.scheduler.requests or rank.engine.held(rid) is not None:
+            rid = f"{rid}-{uuid.uuid4().hex[:8]}"  # an id already in use here stays unique
         try:
             channel = rank.submit(
                 rid,
@@ -335,10 +442,25 @@ class SimInstance:
                 output_token_ids=plan.token_ids,
                 cache_salt=cache_salt,
                 lora_name=lora_name,
+                hold_blocks=hold,
+                remote_prefill_tokens=len(prompt) if pull is not None else None,
             )
         except RequestRejected as e:
             raise BadRequest(str(e)) from None
-        return InFlight(rid, rank, channel, len(prompt), plan.stops, self.stats[rank.rank])
+        if pull is not None:
+            self.transfers.expect(rid, pull)
+        cached = pull.remote_prefill_cached_tokens if pull is not None else None
+        return InFlight(
+            rid,
+            rank,
+            channel,
+            len(prompt),
+            plan.stops,
+            self.stats[rank.rank],
+            self.frontend,
+            hold=hold,
+            cached_override=cached,
+        )
 
     # ------------------------------------------------------------------ admin
     def reset_prefix_cache(self, *, reset_running_requests: bool = False) -> bool:

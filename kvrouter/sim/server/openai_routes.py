@@ -2,12 +2,18 @@
 
 ::
 
-    body ──▶ parse ──▶ tokenize (tokenizer cache, off the loop) ──▶ [latency fault] ──▶ SimInstance.submit
+    body ──▶ parse ──▶ tokenize (tokenizer cache, off the loop) ──▶ vLLM's API server (modelled, from arrival)
+        ──▶ [latency fault] ──▶ SimInstance.submit
         ──▶ one JSON answer when the request finishes, or SSE: a chunk per engine step that produced a token
             (chat: the role chunk with the first output, as vLLM), the finish chunk, usage, ``data: [DONE]``
 
 A client that disconnects cancels its handler (``handler_cancellation``); ``InFlight.close()`` in the
 ``finally`` then aborts its request in the engine.  A crash ends the request by cutting the connection.
+
+``kv_transfer_params`` (``api.kv_transfer``) make a request a prefill leg (its blocks are held, and its
+answer names them) or a decode leg (its prompt is pulled from the prefill instance; its usage reports the
+prefill instance's cached tokens), unless the instance's KV connector is off.  ``X-Request-Id`` is the base
+of the request's id, as in vLLM.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import time
 from aiohttp import web
 
 from ...api.bodies import SSE_DONE, chat_body, chat_chunk, completion_body, completion_chunk, usage_chunk
+from ...api.kv_transfer import decode_request, is_prefill_request
 from ...api.requests import ChatArgs, CompletionArgs, parse_chat, parse_completion
 from ...api.usage import usage
 from .instance import EngineCrashed, InFlight, SimInstance
@@ -26,21 +33,25 @@ from .routes import INSTANCE, check_alive, drop_connection, json_response, read_
 
 # ---------------------------------------------------------------------------------------------- OpenAI
 async def completions(request: web.Request) -> web.StreamResponse:
+    arrived = time.monotonic()
     inst = request.app[INSTANCE]
     check_alive(inst)
     args = parse_completion(await read_json(request))
     lora = inst.lora_for(args.model)
     tokens = await inst.tokenizer.aencode_prompt(args.prompt)
+    await inst.api_server(arrived, len(tokens), "completion" if isinstance(args.prompt, str) else "token_ids")
     return await _generate(request, inst, "cmpl", tokens, args, lora)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
+    arrived = time.monotonic()
     inst = request.app[INSTANCE]
     check_alive(inst)
     body = await read_json(request)
     args = parse_chat(body)
     lora = inst.lora_for(args.model)
     tokens = await inst.encode_chat(body)
+    await inst.api_server(arrived, len(tokens), "chat")
     return await _generate(request, inst, "chatcmpl", tokens, args, lora)
 
 
@@ -56,6 +67,8 @@ async def _generate(
         await asyncio.sleep(inst.faults.latency_s)
     if inst.faults.crashed:
         return drop_connection(request)
+    params = args.kv_transfer_params if inst.config.kv_transfer.enabled else None
+    hold = is_prefill_request(params)
     req = inst.submit(
         prefix,
         tokens,
@@ -65,6 +78,9 @@ async def _generate(
         lora_name=lora,
         seed=args.seed,
         ignore_eos=args.ignore_eos,
+        request_id=request.headers.get("X-Request-Id"),
+        hold=hold,
+        pull=None if hold else decode_request(params),
     )
     model = args.model or inst.config.model
     chat = isinstance(args, ChatArgs)
@@ -82,6 +98,7 @@ async def _generate(
         return resp or web.Response()
     finally:
         req.close()  # a request still in the engine (its client gone) is aborted there
+        inst.transfers.forget(req.request_id)
 
 
 async def _collect(inst: SimInstance, req: InFlight, model: str, chat: bool) -> web.Response:
@@ -91,10 +108,14 @@ async def _collect(inst: SimInstance, req: InFlight, model: str, chat: bool) -> 
         ids.extend(out.new_token_ids)
         if out.finished:
             break
-    use = usage(req.num_prompt, out.num_output_tokens, out.cached_tokens)
+    use = usage(req.num_prompt, out.num_output_tokens, req.cached_tokens)
+    kv = None
+    if req.hold:  # a prefill leg: lease its blocks and name them (no await since it finished)
+        kv = inst.transfers.held(req.rank, req.request_id, req.cached_tokens)
+        req.leased = kv is not None
     build = chat_body if chat else completion_body
     return json_response(
-        build(req.request_id, int(time.time()), model, inst.vocab.text(ids), req.finish_reason, use)
+        build(req.request_id, int(time.time()), model, inst.vocab.text(ids), req.finish_reason, use, kv)
     )
 
 
@@ -113,7 +134,7 @@ async def _stream(
         out = await req.next()
         finish = req.finish_reason if out.finished else None
         use = (
-            usage(req.num_prompt, out.num_output_tokens, out.cached_tokens) if args.continuous_usage else None
+            usage(req.num_prompt, out.num_output_tokens, req.cached_tokens) if args.continuous_usage else None
         )
         text = "".join(piece(t) for t in out.new_token_ids)
         if chat:
@@ -130,7 +151,7 @@ async def _stream(
             break
     if args.include_usage:
         kind = "chat.completion.chunk" if chat else "text_completion"
-        total = usage(req.num_prompt, out.num_output_tokens, out.cached_tokens)
+        total = usage(req.num_prompt, out.num_output_tokens, req.cached_tokens)
         await resp.write(usage_chunk(rid, created, model, kind, total))
     await resp.write(SSE_DONE)
     await resp.write_eof()

@@ -21,10 +21,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 from ..engine.engine import Engine
-from ..engine.scheduler import RequestOutput
+from ..engine.scheduler import KvLoad, RequestOutput
 from .faults import FaultState
 from .publisher import EventPublisher
 
@@ -43,6 +44,8 @@ class Crashed:
 CRASHED = Crashed()
 
 Item = RequestOutput | Crashed
+Stamped = tuple[float, Item]
+"""An item and when the rank released it (``time.monotonic()``): the API server's way back starts there."""
 
 
 class EngineRank:
@@ -55,13 +58,15 @@ class EngineRank:
         self.engine = engine
         self.publisher = publisher
         self.faults = faults
-        self._channels: dict[str, asyncio.Queue[Item]] = {}
+        self._channels: dict[str, asyncio.Queue[Stamped]] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._epoch = 0
         """Bumped by ``crash()``: a step in flight across a crash died with the engine."""
         self._clock = 0.0
         self.steps = 0
+        self.on_loads: Callable[[EngineRank, list[KvLoad]], None] | None = None
+        """Called after a step that admitted decode legs with transfers to run (the KV connector)."""
 
     # ------------------------------------------------------------------ requests
     def submit(
@@ -73,8 +78,11 @@ class EngineRank:
         output_token_ids: Sequence[int],
         cache_salt: str | None = None,
         lora_name: str | None = None,
-    ) -> asyncio.Queue[Item]:
-        """Queue a request; its outputs arrive on the returned channel.  Raises ``RequestRejected``."""
+        hold_blocks: bool = False,
+        remote_prefill_tokens: int | None = None,
+    ) -> asyncio.Queue[Stamped]:
+        """Queue a request; its outputs arrive on the returned channel, each with the time it was released.
+        Raises ``RequestRejected``."""
         self.engine.add_request(
             request_id,
             prompt,
@@ -82,8 +90,10 @@ class EngineRank:
             cache_salt=cache_salt,
             lora_name=lora_name,
             output_token_ids=output_token_ids,
+            hold_blocks=hold_blocks,
+            remote_prefill_tokens=remote_prefill_tokens,
         )
-        q: asyncio.Queue[Item] = asyncio.Queue()
+        q: asyncio.Queue[Stamped] = asyncio.Queue()
         self._channels[request_id] = q
         self._wake.set()
         return q
@@ -101,6 +111,11 @@ class EngineRank:
     @property
     def in_flight(self) -> int:
         return len(self._channels)
+
+    @property
+    def epoch(self) -> int:
+        """Bumped by every crash: work started before it must not touch the engine after it."""
+        return self._epoch
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -125,8 +140,9 @@ class EngineRank:
 
     def _fail_all(self) -> None:
         channels, self._channels = self._channels, {}
+        now = time.monotonic()
         for q in channels.values():
-            q.put_nowait(CRASHED)
+            q.put_nowait((now, CRASHED))
 
     def wake(self) -> None:
         self._wake.set()
@@ -166,6 +182,9 @@ class EngineRank:
                 self.steps += 1
             if events and self.publisher is not None:
                 self.publisher.publish(events)
+            loads = engine.take_loads()
+            if loads and self.on_loads is not None:
+                self.on_loads(self, loads)
             self._deliver(result.outputs)
             if not result.num_scheduled and engine.has_work():
                 # Nothing fitted this step (all waiting, no blocks): do not spin.
@@ -173,10 +192,11 @@ class EngineRank:
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         channels = self._channels
+        now = time.monotonic()
         for out in outputs:
             q = channels.get(out.request_id)
             if q is None:
                 continue  # aborted after it was scheduled
-            q.put_nowait(out)
+            q.put_nowait((now, out))
             if out.finished:
                 del channels[out.request_id]

@@ -5,6 +5,7 @@
     GET  /v1/models  /health  /metrics  /version           as vLLM answers them
     POST /tokenize  /detokenize  /reset_prefix_cache
     GET|POST /sim/faults   GET /sim/state                  the simulator's admin (fault knobs, engine truth)
+    POST /sim/kv/read                                      the KV connector's side channel (kv_transfer)
 
 Also here: the app keys, request-body decoding, and the middleware that turns every refusal into vLLM's
 error body (``ApiError``; tokenizer errors such as a chat template failure become 400), so a bad request
@@ -23,11 +24,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from tokenizer_cache import TokenizerCacheError
 
-from ...api.errors import ApiError, BadRequest, ServiceUnavailable
+from ...api.errors import ApiError, BadRequest, NotFound, ServiceUnavailable
 from ...api.requests import decode_object, parse_chat
 from ..errors import SimConfigError
 from .faults import FaultUpdate
 from .instance import SimInstance
+from .kv_transfer import ReadRequest
 
 log = logging.getLogger("kvrouter.sim.server.routes")
 
@@ -87,15 +89,15 @@ async def models(request: web.Request) -> web.Response:
     inst = request.app[INSTANCE]
     cfg = inst.config
 
-    def card(name: str, parent: str | None) -> dict[str, object]:
+    def card(name: str, root: str, parent: str | None) -> dict[str, object]:
         return {
             "id": name,
             "object": "model",
             "created": inst.created,
             "owned_by": "vllm",
-            "root": name,
+            "root": root,
             "parent": parent,
-            "max_model_len": inst.max_model_len,
+            "max_model_len": inst.max_model_len if parent is None else None,
             "permission": [
                 {
                     "id": f"modelperm-{name}",
@@ -114,7 +116,8 @@ async def models(request: web.Request) -> web.Response:
             ],
         }
 
-    data = [card(cfg.model, None), *(card(n, cfg.model) for n in cfg.lora_names)]
+    # vLLM lists the base model, then every adapter loaded (root: its path; no max_model_len of its own)
+    data = [card(cfg.model, cfg.model, None), *(card(n, p, cfg.model) for n, p in inst.adapters.items())]
     return json_response(_encode({"object": "list", "data": data}))
 
 
@@ -234,8 +237,31 @@ async def state(request: web.Request) -> web.Response:
                 "steps": rank.steps,
                 "in_flight": rank.in_flight,
                 "engine": rank.engine.metrics(),
+                "kv_loading": rank.engine.num_loading,
+                "kv_held": rank.engine.num_held,
                 "next_seq": None if pub is None else pub.next_seq,
                 "publisher": None if pub is None else pub.stats,
             }
         )
-    return json_response(_encode({"name": inst.config.name, "faults": inst.faults.status(), "ranks": ranks}))
+    body = {
+        "name": inst.config.name,
+        "role": inst.config.role,
+        "faults": inst.faults.status(),
+        "ranks": ranks,
+        "kv_transfer": inst.transfers.state(),
+    }
+    return json_response(_encode(body))
+
+
+async def kv_read(request: web.Request) -> web.Response:
+    """A decode instance read a prefill leg's held blocks: they are freed.  404 when they are not held
+    (expired, read already, or computed by an engine that has since restarted); 503 while dead."""
+    inst = request.app[INSTANCE]
+    check_alive(inst)
+    try:
+        req = msgspec.json.decode(await request.read(), type=ReadRequest)
+    except msgspec.DecodeError as e:
+        raise BadRequest(f"bad read request: {e}") from None
+    if not inst.transfers.read(req):
+        raise NotFound(f"no blocks held for {req.remote_request_id!r} on {req.remote_engine_id!r}")
+    return json_response(_encode({"released": True}))

@@ -4,6 +4,9 @@
 
     SimServer ── AppRunner (handler_cancellation) ── TCPSite (host, port)
         app:  openai_routes   POST /v1/completions  /v1/chat/completions
+              agent_routes    POST /v1/responses (+ GET /v1/responses/{id}, POST .../cancel),
+                              POST /v1/messages  /v1/messages/count_tokens
+              extra_routes    POST /v1/load_lora_adapter /v1/unload_lora_adapter, pooling, scoring, audio
               routes          GET /v1/models /health /ping /metrics /version, POST /tokenize /detokenize
                               /reset_prefix_cache, GET|POST /sim/faults, GET /sim/state
         lifecycle (cleanup_ctx): the instance's publishers and rank loops
@@ -24,6 +27,15 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from .agent_routes import (
+    anthropic_errors,
+    cancel_response,
+    count_tokens,
+    create_response,
+    get_response,
+    messages,
+)
+from .extra_routes import load_lora_adapter, pooling, score, transcription, unload_lora_adapter
 from .instance import SimInstance
 from .openai_routes import chat_completions, completions
 from .prom import SimCollector
@@ -37,6 +49,7 @@ from .routes import (
     get_faults,
     health,
     kv_event_sources,
+    kv_read,
     metrics,
     models,
     post_faults,
@@ -55,7 +68,7 @@ SHUTDOWN_TIMEOUT_S = 1.0
 # ---------------------------------------------------------------------------------------------- app
 def build_app(inst: SimInstance, crash: CrashHook) -> web.Application:
     """The aiohttp app of one instance.  Its lifecycle starts and stops the instance's ranks."""
-    app = web.Application(middlewares=[api_errors], client_max_size=64 << 20)
+    app = web.Application(middlewares=[api_errors, anthropic_errors], client_max_size=64 << 20)
     app[INSTANCE] = inst
     registry = CollectorRegistry(auto_describe=False)
     registry.register(
@@ -79,6 +92,19 @@ def build_app(inst: SimInstance, crash: CrashHook) -> web.Application:
     r = app.router
     r.add_post("/v1/completions", completions)
     r.add_post("/v1/chat/completions", chat_completions)
+    r.add_post("/v1/responses", create_response)
+    r.add_get("/v1/responses/{response_id}", get_response)
+    r.add_post("/v1/responses/{response_id}/cancel", cancel_response)
+    r.add_post("/v1/messages", messages)
+    r.add_post("/v1/messages/count_tokens", count_tokens)
+    r.add_post("/v1/load_lora_adapter", load_lora_adapter)
+    r.add_post("/v1/unload_lora_adapter", unload_lora_adapter)
+    for path in ("/v1/embeddings", "/pooling", "/classify"):
+        r.add_post(path, pooling)
+    for path in ("/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank"):
+        r.add_post(path, score)
+    for path in ("/v1/audio/transcriptions", "/v1/audio/translations"):
+        r.add_post(path, transcription)
     r.add_get("/v1/models", models)
     r.add_get("/health", health)
     r.add_get("/ping", health)  # vLLM's SageMaker liveness route: /health's answer
@@ -92,6 +118,7 @@ def build_app(inst: SimInstance, crash: CrashHook) -> web.Application:
     r.add_get("/sim/faults", get_faults)
     r.add_post("/sim/faults", post_faults)
     r.add_get("/sim/state", state)
+    r.add_post("/sim/kv/read", kv_read)
     return app
 
 
@@ -138,6 +165,7 @@ class SimServer:
         await site.start()
         self._site = site
         self._port = site.port  # the bound port when 0 was asked
+        self.instance.transfers.port = self._port  # the KV connector's side channel
 
     async def stop(self) -> None:
         for t in list(self._tasks):

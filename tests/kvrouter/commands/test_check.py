@@ -44,7 +44,7 @@ async def run_check(tmp: Path, doc: dict[str, Any]) -> tuple[int, dict[str, Any]
         str(path),
         "--json",
         "--timeout",
-        "5",
+        "20",  # per check: generous, a healthy instance on a loaded 2-core machine is still healthy
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )

@@ -115,7 +115,8 @@ async def test_requests_reach_the_instance_the_picker_chose(fleet: SimFleet, tmp
         assert metric(pk, "kvrouter_epp_picks_total") == 4
         assert metric(pk, "kvrouter_reported_cached_tokens_total", target=first) >= real
         await until(lambda: pk.m.open_streams._value.get() == 0)
-        assert pk.gw.router.load.loads[first].effective_in_flight() == 0  # every load released
+        # every load released (our own accounting: the engine's scraped running count may lag a scrape behind)
+        assert pk.gw.router.load.loads[first].in_flight == 0
 
 
 async def test_a_body_larger_than_one_body_message(fleet: SimFleet, tmp_path: Path) -> None:
@@ -229,7 +230,7 @@ async def test_instance_killed_leaves_rotation(tmp_path: Path) -> None:
         for _ in range(3):
             st, h, _ = await call(s, base + "/v1/completions", body)
             assert st == 200 and h["x-kvrouter-instance"] != victim
-        assert pk.gw.router.load.loads[victim].effective_in_flight() == 0  # the failed ones released
+        assert pk.gw.router.load.loads[victim].in_flight == 0  # the failed ones released (our accounting)
 
 
 async def test_over_limits_is_429_with_retry_after(fleet: SimFleet, tmp_path: Path) -> None:

@@ -174,7 +174,33 @@ async def test_bodyless_and_bad_requests(rig: tuple[SimFleet, Picker, grpc.aio.C
     assert out.immediate_response.status.code == 400
     await s.close()
     s = Stream(ch)
-    (out,) = await s.send(headers("/v1/embeddings"), 1)
+    (out,) = await s.send(headers("/v1/no-such-route"), 1)
+    assert out.immediate_response.status.code == 404
+    await s.close()
+
+
+async def test_stored_responses_are_read_where_they_were_made(
+    rig: tuple[SimFleet, Picker, grpc.aio.Channel],
+) -> None:
+    """A Responses answer's id, read off the response path, pins a later GET (or cancel) of it to the
+    instance that served it; an id no instance holds is vLLM's 404."""
+    _, _, ch = rig
+    s = Stream(ch)
+    await s.send(headers("/v1/responses"), 0)
+    out = await s.send(body(msgspec.json.encode({"model": MODEL, "input": "remember this"})), 2)
+    served = destination(out[0])[0]
+    await s.send(response_headers(200, served), 1)
+    use = b'"usage":{"input_tokens":5,"input_tokens_details":{"cached_tokens":0}}'
+    answer = b'{"id":"resp_epp1","object":"response",' + use + b"}"
+    await s.send(ProcessingRequest(response_body=HttpBody(body=answer, end_of_stream=True)), 1)
+    await s.close()
+    for path in ("/v1/responses/resp_epp1", "/v1/responses/resp_epp1/cancel"):
+        s = Stream(ch)
+        (out,) = await s.send(headers(path, eos=True, method="GET" if "cancel" not in path else "POST"), 1)
+        assert destination(out)[0] == served
+        await s.close()
+    s = Stream(ch)
+    (out,) = await s.send(headers("/v1/responses/resp_nowhere", eos=True, method="GET"), 1)
     assert out.immediate_response.status.code == 404
     await s.close()
 

@@ -81,7 +81,7 @@ async def test_routing_goes_where_the_cache_is(fleet: SimFleet) -> None:
             for sample in fam.samples
             if sample.name == "kvrouter_shadow_cached_tokens_total"
         }
-        assert set(shadow) == {"kv-aware", "prefix-hash", "least-loaded", "round-robin", "random"}
+        assert set(shadow) == {"kv-aware", "prefix-hash", "least-loaded", "round-robin", "random", "session"}
         assert shadow["kv-aware"] == sum(pred for pred, _ in hits) + int(h1["x-kvrouter-cached-tokens"])
 
 
@@ -160,7 +160,7 @@ async def test_explain_shows_every_candidate_without_sending(fleet: SimFleet) ->
         assert st == 200 and d["tokenized"] and d["num_tokens"] > 50
         assert {c["target"] for c in d["candidates"]} == {i.name for i in gw.cfg.instances}
         assert d["choice"] in {c["target"] for c in d["candidates"]}
-        assert set(d["shadow"]) == {"prefix-hash", "least-loaded", "round-robin", "random"}
+        assert set(d["shadow"]) == {"prefix-hash", "least-loaded", "round-robin", "random", "session"}
         assert gw.router.load.total_in_flight() == 0
 
 

@@ -17,7 +17,9 @@ from prometheus_client import CollectorRegistry
 from indexer import Indexer, SourceKey
 from kvrouter.replicas import SharedState, SharedStateConfig
 from kvrouter.replicas.config import REDIS_URL_ENV
+from kvrouter.replicas.state import SpecWire, decode_batch
 from kvrouter.routing import RouteInput, Router, RouterConfig
+from kvrouter.routing.response_affinity import Holder, ResponseAffinity
 from kvrouter.routing.router import Decision, Target
 from kvrouter.types import InstanceId, RequestId
 from tests.support.redis_server import RedisServer, redis_server
@@ -269,3 +271,28 @@ async def test_the_gateway_wires_shared_state_and_snapshots(ns_flush: RedisServe
     finally:
         await gw.stop()
     assert snap.exists()  # the last snapshot at shutdown
+
+
+async def test_response_ids_reach_every_replica(ns_flush: RedisServer) -> None:
+    """Which instance holds a stored response is learned by the peers within one round trip, with what
+    was left of its time to live, and never published back."""
+    ra, rb = router(), router()
+    fa, fb = ResponseAffinity(ttl_s=60.0), ResponseAffinity(ttl_s=60.0)
+    a = SharedState(ra, config(ns_flush.url, "a"), registry=CollectorRegistry(), affinity=fa)
+    b = SharedState(rb, config(ns_flush.url, "b"), registry=CollectorRegistry(), affinity=fb)
+    fa.outbox, fb.outbox = [], []  # what start() does, without the background loop
+    try:
+        now = time.monotonic()
+        fa.record("resp_1", Holder("w2", 500), now - 30.0)  # recorded half a life ago
+        assert await a.sync_once() and await b.sync_once()
+        got = fb.lookup("resp_1", time.monotonic())
+        assert got == Holder("w2", 500) and fb.learned_from_peers == 1
+        exp = fb.map.expiry("resp_1")
+        assert exp is not None and 29.0 < exp - time.monotonic() <= 30.5
+        assert fb.outbox == [] and b.state.unsent_affinity == []  # not echoed
+        # a batch from a replica of the release before (a bare list of speculative entries) still reads
+        old = msgspec.msgpack.encode([SpecWire("w0", 0, b"\0" * 8, 1000)])
+        assert decode_batch(old).s[0].instance == "w0"
+    finally:
+        await a.stop()
+        await b.stop()

@@ -11,7 +11,7 @@ from kvrouter import report
 from kvrouter.report import comparison, grid, seeds, sensitivity
 from kvrouter.report.published import Reported
 from kvrouter.routing.policies import PolicySettings
-from kvrouter.sim.evaluation.compare import EvalSpec, run_one
+from kvrouter.sim.evaluation.compare import EvalSpec, load_workload, run_one
 from kvrouter.sim.evaluation.virtual_fleet import FleetSimConfig
 from kvrouter.workloads import (
     Bursts,
@@ -333,6 +333,74 @@ def test_change_and_published_tables() -> None:
     assert q.rows[1] == ["kv-aware", 0.5, 0.5] and q.rows[-1][2] == pytest.approx(3.07 / 19.65)
 
 
+def test_stacked_published_table_labels_each_case() -> None:
+    metrics = {
+        "ttft_p50_s": {"random": 1.0, "kv-aware": 0.2},
+        "ttft_p90_s": {"random": 2.0, "kv-aware": 1.0},
+        "throughput_tok_s": {"random": 100.0, "kv-aware": 100.0},
+    }
+    before = fake_result("x", None, {"random": 0.25, "kv-aware": 0.8}, **metrics)
+    slower = {m: {p: v + 0.05 for p, v in row.items()} for m, row in metrics.items()}
+    after = fake_result("y", None, {"random": 0.25, "kv-aware": 0.8}, **slower)
+    t = report.stacked_published_table(
+        [("engine only", before), ("with API server", after)],
+        "random",
+        ("kv-aware",),
+        report.AWS_8K_SHARED_PREFIX,
+        published_name="AWS",
+    )
+    assert t.columns == ["case", "metric", "random (ours)", "kv-aware (ours)", "AWS"]
+    assert [r[0] for r in t.rows] == ["engine only"] * 4 + ["with API server"] * 4
+    # a constant added to every request's TTFT shrinks the relative change
+    assert t.rows[0][3] == "-80 %" and t.rows[4][3] == "-76 %"
+    with pytest.raises(ValueError):
+        report.stacked_published_table([], "random", (), {}, published_name="AWS")
+
+
+def test_engine_only_cases_turn_the_front_end_off() -> None:
+    small = report.SCALES["small"]
+    calibration = [{"x": 9, "policies": {"random": {"hit_rate": 0.25}}}]
+    cases = seeds.engine_only_cases(small, calibration)
+    assert [c.spec.fleet.frontend for c in cases] == [False, False]
+    assert all(seeds.ENGINE_ONLY in c.label for c in cases)
+    assert cases[0].spec.overrides["num_groups"] == 9
+    assert all(c.spec.fleet.frontend for c in seeds.rate_cases(small, calibration))
+
+
+def test_closed_loop_case_holds_a_concurrency() -> None:
+    calibration = [{"x": 9, "policies": {"random": {"hit_rate": 0.25}}}]
+    c = seeds.closed_loop_case(report.SCALES["small"], calibration)
+    arrival = c.spec.overrides["arrival"]
+    assert arrival == {"type": "closed-loop", "concurrency": seeds.CLOSED_LOOP_CLIENTS}
+    assert c.spec.overrides["num_groups"] == 9 and c.spec.fleet.frontend and not c.bounds
+    assert load_workload(c.spec).closed_loop
+
+
+def test_outside_latency_shifts_every_ttft_alike() -> None:
+    metrics = {
+        "ttft_p50_s": {"random": 0.8, "prefix-hash": 0.06, "kv-aware": 0.05},
+        "ttft_p90_s": {"random": 2.0, "prefix-hash": 0.9, "kv-aware": 0.45},
+        "ttft_p99_s": {"random": 3.0, "prefix-hash": 2.0, "kv-aware": 0.8},
+        "ttft_mean_s": {"random": 1.0, "prefix-hash": 0.3, "kv-aware": 0.1},
+        "throughput_tok_s": {"random": 100.0, "prefix-hash": 100.0, "kv-aware": 100.0},
+    }
+    r = fake_result("x", 16.0, {"random": 0.25, "prefix-hash": 0.7, "kv-aware": 0.83}, **metrics)
+    s = seeds.with_outside_latency(r, 0.2)
+    assert s["policies"]["kv-aware"]["ttft_p50_s"] == pytest.approx(0.25)
+    assert s["policies"]["random"]["ttft_mean_s"] == pytest.approx(1.2)
+    assert (
+        s["policies"]["random"]["throughput_tok_s"] == 100.0 and s["policies"]["kv-aware"]["hit_rate"] == 0.83
+    )
+    assert r["policies"]["kv-aware"]["ttft_p50_s"] == 0.05  # the result itself is left alone
+    t = seeds.outside_latency_table([r], (0.0, 0.2))
+    assert t.columns[:4] == ["req/s", "outside", "random p50", "prefix-hash Δp50"]
+    assert [row[:2] for row in t.rows] == [["16", "0 ms"], ["16", "200 ms"]]
+    kv_p50 = t.columns.index("kv-aware Δp50")
+    assert t.rows[0][kv_p50] == pytest.approx(0.05 / 0.8 - 1) and t.rows[1][kv_p50] == pytest.approx(
+        0.25 / 1.0 - 1
+    )
+
+
 def test_reported_ranges_print_as_published() -> None:
     assert Reported(-0.77, -0.71).text() == "-77 % .. -71 %"
     assert Reported(0.017, 0.02).text() == "+1.7 % .. +2.0 %"
@@ -348,6 +416,7 @@ def test_a_chart_renders_png() -> None:
 
 
 def test_cases_cross_process_boundaries_as_json() -> None:
-    c = seeds.rate_cases(report.SCALES["small"], [fake_result("g", 3, {"random": 0.25})])[1]
+    cases = seeds.rate_cases(report.SCALES["small"], [fake_result("g", 3, {"random": 0.25})])
+    c = next(c for c in cases if c.x == seeds.RATE)
     assert msgspec.json.decode(msgspec.json.encode(c.spec), type=EvalSpec) == c.spec
     assert c.spec.overrides["num_groups"] == 3 and c.bounds and c.spec.series

@@ -173,7 +173,7 @@ def test_shadow_scoring_does_not_disturb_policies() -> None:
         assert d1.chosen and d2.chosen
         seq1.append(d1.chosen.instance)
         seq2.append(d2.chosen.instance)
-        assert set(d1.shadow) == {"kv-aware", "prefix-hash", "least-loaded", "random"}
+        assert set(d1.shadow) == {"kv-aware", "prefix-hash", "least-loaded", "random", "session"}
         # the decision's own ranking keeps the active policy's scores (shadow ranks write theirs too)
         assert [(c.target, c.score) for c in d1.ranked] == [(c.target, c.score) for c in d2.ranked]
     assert seq1 == seq2
@@ -356,3 +356,63 @@ def test_rollouts_do_not_grow_the_rings_and_keep_prefix_affinity() -> None:
             assert d.chosen is not None and d.chosen.target == fresh.walk(key)[0]
     for name in ("prefix-hash", "kv-aware"):
         assert len(r.policy(name).ring.members) <= 2 * 4 + 4, name  # type: ignore[attr-defined]
+
+
+def test_session_stays_on_its_instance_while_healthy_and_within_limits() -> None:
+    ix = Indexer(BS)
+    r = Router(ix, RouterConfig(policy="session", concurrency_threshold=4, speculative=False))
+
+    def send(rid: str, tokens: list[int], targets: list[Target], session: str | None = "s1") -> str:
+        q = inp(ix, rid, tokens)
+        q.session = session
+        d = r.route(q, targets, now=float(len(rid)))
+        assert d.chosen is not None
+        r.dispatched(q, d.chosen, now=float(len(rid)))
+        return f"{d.chosen.instance}:{d.reason}"
+
+    # the other instances hold this prompt's prefix: kv-aware would move the session there
+    prompt = list(range(3000, 3000 + 16 * BS))
+    first = send("a", list(range(9000, 9040)), fleet())
+    home = first.split(":")[0]
+    for other in ("v0", "v1", "v2"):
+        if other != home:
+            cache(ix, other, prompt)
+    assert send("bb", prompt, fleet()) == f"{home}:session"
+    # a request without a session is routed kv-aware (to the cache)
+    assert send("ccc", prompt, fleet(), session=None).split(":")[0] != home
+    # its instance out of rotation: kv-aware, and the session moves with it
+    down = [Target(InstanceId(t.instance), healthy=t.instance != home) for t in fleet()]
+    moved = send("dddd", prompt, down)
+    assert moved.split(":")[0] != home and moved.endswith(":cache")
+    assert send("eeeee", prompt, fleet()) == f"{moved.split(':')[0]}:session"
+    # its instance at the concurrency threshold: kv-aware again
+    new_home = moved.split(":")[0]
+    for i in range(4):
+        r.load.dispatch(RequestId(f"busy{i}"), InstanceId(new_home), 10)
+    assert send("ffffff", prompt, fleet()).split(":")[0] != new_home
+
+
+def test_session_is_shadow_scored_from_real_dispatches() -> None:
+    """With kv-aware active, the session policy's shadow choice is where the session's last request went."""
+    ix = Indexer(BS)
+    r = Router(ix, RouterConfig(policy="kv-aware", speculative=False))
+    q = inp(ix, "a", list(range(100, 140)))
+    q.session = "s"
+    d = r.route(q, fleet(), now=1.0)
+    assert d.chosen is not None
+    r.dispatched(q, d.chosen, now=1.0)
+    last = d.chosen.target
+    prompt = list(range(7000, 7000 + 8 * BS))
+    for t in fleet():
+        if t.instance != last:
+            cache(ix, t.instance, prompt)
+    q2 = inp(ix, "b", prompt)
+    q2.session = "s"
+    d2 = r.route(q2, fleet(), now=2.0)
+    assert d2.chosen is not None and d2.chosen.target != last
+    assert d2.shadow["session"].target == last
+    # forgotten after its time to live: the session policy agrees with kv-aware again
+    q3 = inp(ix, "c", prompt)
+    q3.session = "s"
+    d3 = r.route(q3, fleet(), now=2.0 + r.config.settings.session.ttl_s + 1)
+    assert d3.shadow["session"].target == d3.chosen.target  # type: ignore[union-attr]

@@ -1,0 +1,273 @@
+"""Disaggregated prefill and decode: which instance prefills, which decodes, and whether to split at all.
+
+Pure and clock-free like the router it drives; the gateway's pipeline and the evaluator both call
+``DisaggPlanner.plan``, so they decide identically.
+
+::
+
+    the prompt, looked up once ─▶ candidates ─┬─ decode pool (role decode | both) ── decode policy ──▶ D
+                                              └─ prefill pool (role prefill | both, not D) ── policy ─▶ P
+    whole on D ("local": D computes the prompt itself, as an aggregated instance would) when
+        conditional mode, D lacks at most ``local_prefill_tokens`` of the prompt,
+                          and D's queue + what D lacks <= P's queue + what P computes  short_uncached
+        no prefill instance can take it                                              no_prefill, prefill_full
+        conditional mode, and P's queue + what P computes
+                              > ``prefill_busy_ratio`` x (D's queue + what D lacks)  prefill_busy
+    otherwise two legs: P computes the prompt and holds its KV cache, D pulls it and generates  remote_prefill
+
+The decode policy is kv-aware's cost with a light charge per uncached token (``decode_cache_weight``):
+decode is chosen by load (requests in flight, the prefill D still has queued), and among similar loads,
+by what D caches itself (its earlier transfers and its own prefills: its events say so).  That credit is
+what makes ``short_uncached`` fire for the next turn of a conversation, which then skips the prefill pool.
+The prefill instance is chosen among the prefill pool by the model's policy (kv-aware: where the prompt
+is cached, within load; its events are the truth of what a prefill can reuse).
+
+A model is planned here only when one of its instances has a role other than ``both``: a fleet of
+``both`` instances is routed as before, aggregated.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Sequence
+
+import msgspec
+
+from indexer import LookupResult
+
+from ..types import Role, TargetKey
+from .policies import Candidate, KvAware, KvAwareSettings, Policy
+from .registry import make_policy, policy_name
+from .router import Decision, RouteInput, Router, Target
+
+
+class DisaggMode(enum.StrEnum):
+    OFF = "off"
+    """Never split: the model's instances are routed as one aggregated pool, whatever their roles."""
+    ALWAYS = "always"
+    """Split every request that a prefill instance other than its decode instance can take."""
+    CONDITIONAL = "conditional"
+    """Split unless the decode instance lacks little of the prompt or the prefill pool is the bottleneck."""
+
+
+class DisaggSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The fleet file's ``routing.disaggregation`` section."""
+
+    mode: DisaggMode = DisaggMode.CONDITIONAL
+    local_prefill_tokens: int = 2048
+    """Conditional: a decode instance that lacks at most this many prompt tokens computes them itself."""
+    prefill_busy_ratio: float = 4.0
+    """Conditional: keep a request whole on its decode instance when the prefill instance's queued prefill
+    plus the prompt it must compute exceed this many times the decode instance's queued prefill plus what
+    it lacks (0: never).  A local prefill costs the decode batch a stall, hence a ratio above 1."""
+    decode_cache_weight: float = 0.1
+    """Decode choice: cost of one prompt token the decode instance does not cache (it must be transferred,
+    or computed locally), in the unit of kv-aware's cost (queued prefill tokens)."""
+    decode_load_weight: float = 32.0
+    """Decode choice: cost of one request in flight there (each decodes in every later step)."""
+    decode_load_bound: float = 1.25
+    """Decode choice: bounded load as in kv-aware (``load_bound``): a decode instance with more than this
+    many times the mean load (+ ``decode_load_slack``) is chosen only if all are."""
+    decode_load_slack: float = 4.0
+    prefill_policy: str | None = None
+    """The prefill pool's policy (default: the model's; ``least-loaded`` is the load-only baseline)."""
+
+    def validate(self) -> None:
+        fields = ("local_prefill_tokens", "prefill_busy_ratio", "decode_cache_weight", "decode_load_weight")
+        bad = [f for f in fields if getattr(self, f) < 0]
+        if bad:
+            raise ValueError(f"routing.disaggregation: {', '.join(bad)} must be >= 0")
+        if self.prefill_policy is not None:
+            policy_name(self.prefill_policy)
+
+    def decode_settings(self, base: KvAwareSettings) -> KvAwareSettings:
+        """kv-aware's settings that make it the decode policy (``base`` gives the offload value)."""
+        return KvAwareSettings(
+            compute_weight=self.decode_cache_weight - 1.0,  # its cost charges (1 + compute_weight) per token
+            load_weight=self.decode_load_weight,
+            load_bound=self.decode_load_bound,
+            load_slack=self.decode_load_slack,
+            offload_value=base.offload_value,
+        )
+
+
+class PDPlan(msgspec.Struct):
+    """Where one request goes in a disaggregated fleet."""
+
+    reason: str
+    """remote_prefill (split), or why it stays whole: short_uncached, prefill_busy, no_prefill,
+    prefill_full, no_decode; or the decode decision's reason when it has no target (at_capacity,
+    no_target)."""
+    decode: Decision
+    """The instance that answers the client (when not split, it also computes the prompt)."""
+    prefill: Decision | None = None
+    """Set when the request is split: the instance that computes the prompt."""
+    uncached_tokens: int = 0
+    """Prompt tokens the decode instance does not cache (what it computes or receives)."""
+
+    @property
+    def split(self) -> bool:
+        return self.prefill is not None and self.prefill.chosen is not None
+
+    @property
+    def prefill_target(self) -> Candidate | None:
+        return self.prefill.chosen if self.prefill is not None else None
+
+
+_ROLE_LETTERS: dict[str, Role] = {"P": "prefill", "D": "decode", "B": "both"}
+
+
+def parse_roles(spec: str) -> list[Role]:
+    """``2P2D`` -> [prefill, prefill, decode, decode]: counts of prefill (P), decode (D) and both (B)
+    instances, in order.  ``ValueError`` for anything else."""
+    if re.fullmatch(r"(?:\d+[PDBpdb])+", spec.strip()) is None:
+        raise ValueError(f"roles {spec!r}: expected counts and letters, as 2P2D or 1P3D1B")
+    out: list[Role] = []
+    for n, letter in re.findall(r"(\d+)([PDBpdb])", spec):
+        out += [_ROLE_LETTERS[letter.upper()]] * int(n)
+    if not out:
+        raise ValueError(f"roles {spec!r}: no instance")
+    return out
+
+
+def roles_label(roles: Sequence[Role]) -> str:
+    """``[prefill, prefill, decode]`` -> ``2P1D`` (``parse_roles``' inverse)."""
+    letters = {v: k for k, v in _ROLE_LETTERS.items()}
+    out, i = "", 0
+    while i < len(roles):
+        j = i
+        while j < len(roles) and roles[j] == roles[i]:
+            j += 1
+        out += f"{j - i}{letters[roles[i]]}"
+        i = j
+    return out
+
+
+def is_disaggregated(targets: list[Target]) -> bool:
+    """Whether a model's targets form a disaggregated fleet (some instance is not ``both``)."""
+    return any(t.role != "both" for t in targets)
+
+
+class DisaggPlanner:
+    """Plans requests of disaggregated models over one router's index and load."""
+
+    def __init__(self, router: Router, settings: DisaggSettings | None = None) -> None:
+        self.router = router
+        self.settings = settings or DisaggSettings()
+        self.settings.validate()
+        self.decode_policy = KvAware(self.settings.decode_settings(router.config.settings.kv_aware))
+        self._prefill_policy = (
+            make_policy(self.settings.prefill_policy, router.config.settings)
+            if self.settings.prefill_policy
+            else None
+        )
+
+    def applies(self, targets: list[Target]) -> bool:
+        """Whether ``plan`` decides for these targets (otherwise route them aggregated, as ever)."""
+        return self.settings.mode != DisaggMode.OFF and is_disaggregated(targets)
+
+    def prefill_policy(self, model: str | None) -> Policy:
+        return self._prefill_policy or self.router.policy_for(model)
+
+    def plan(
+        self,
+        inp: RouteInput,
+        targets: list[Target],
+        now: float | None = None,
+        *,
+        remote: LookupResult | None = None,
+        dry_run: bool = False,
+        shadow: bool = True,
+    ) -> PDPlan:
+        """The plan for one request (``dry_run``: explain, no policy state advanced; ``shadow``: as
+        ``Router.route``, for the prefill decision)."""
+        router, s = self.router, self.settings
+        roles = {t.key: t.role for t in targets}
+        cands = router.candidates(inp, targets, now, remote)
+        decoders = [c for c in cands if roles[c.target] != "prefill"]
+        if not decoders:
+            # Only prefill instances are up: any vLLM instance can serve a request whole.
+            d = router.route_among(inp, cands, now=now, dry_run=dry_run, shadow=shadow)
+            return PDPlan("no_decode" if d.chosen else d.reason, d, uncached_tokens=_uncached(inp, d))
+        dd = router.route_among(
+            inp, _copies(decoders), now=now, policy=self.decode_policy, dry_run=dry_run, shadow=False
+        )
+        if dd.chosen is None:
+            return PDPlan(dd.reason, dd)
+        dc = dd.chosen
+        uncached = max(0, inp.num_tokens - dc.cached_tokens)
+        pool = [c for c in cands if roles[c.target] != "decode" and c.target != dc.target]
+        pd = self.prefill_decision(inp, pool, dry_run=dry_run, shadow=shadow)
+        pc = pd.chosen
+        # Prefill tokens queued before this request's own, plus its own: where it would wait.
+        local_wait = dc.pending_prefill_tokens + uncached
+        remote_wait = (
+            pc.pending_prefill_tokens + max(0, inp.num_tokens - pc.cached_tokens) if pc else float("inf")
+        )
+        conditional = s.mode == DisaggMode.CONDITIONAL
+        if conditional and uncached <= s.local_prefill_tokens and local_wait <= remote_wait:
+            return PDPlan("short_uncached", dd, uncached_tokens=uncached)
+        if pc is None:
+            reason = "prefill_full" if pd.reason == "at_capacity" else "no_prefill"
+            return PDPlan(reason, dd, uncached_tokens=uncached)
+        if conditional and s.prefill_busy_ratio > 0 and remote_wait > s.prefill_busy_ratio * local_wait:
+            return PDPlan("prefill_busy", dd, uncached_tokens=uncached)
+        return PDPlan("remote_prefill", dd, pd, uncached)
+
+    def prefill_decision(
+        self,
+        inp: RouteInput,
+        pool: list[Candidate],
+        *,
+        dry_run: bool = False,
+        shadow: bool = True,
+    ) -> Decision:
+        """The prefill pool's decision among ``pool`` (candidates of prefill-capable targets)."""
+        return self.router.route_among(
+            inp, pool, policy=self.prefill_policy(inp.model), dry_run=dry_run, shadow=shadow
+        )
+
+    def reroute_prefill(
+        self,
+        inp: RouteInput,
+        targets: list[Target],
+        decode: TargetKey,
+        tried: set[str],
+        now: float | None = None,
+        remote: LookupResult | None = None,
+    ) -> Candidate | None:
+        """The next prefill instance after failed prefill legs on ``tried`` (None: none is left)."""
+        pool = [
+            t for t in targets if t.role != "decode" and t.key != decode and t.key not in tried and t.healthy
+        ]
+        cands = self.router.candidates(inp, pool, now, remote)
+        return self.prefill_decision(inp, cands, shadow=False).chosen
+
+
+def _copies(cands: list[Candidate]) -> list[Candidate]:
+    """Ranking writes scores into candidates; a pool ranked apart gets its own."""
+    return [msgspec.structs.replace(c) for c in cands]
+
+
+def _uncached(inp: RouteInput, d: Decision) -> int:
+    return max(0, inp.num_tokens - d.chosen.cached_tokens) if d.chosen is not None else 0
+
+
+def explain_plan(plan: PDPlan) -> dict[str, object]:
+    """The ``disaggregation`` part of ``/v1/route/explain``."""
+    d, p = plan.decode.chosen, plan.prefill_target
+    return {
+        "split": plan.split,
+        "reason": plan.reason,
+        "decode": None if d is None else d.target,
+        "prefill": None if p is None else p.target,
+        "decode_uncached_tokens": plan.uncached_tokens,
+        "decode_ranking": [{"target": c.target, "score": c.score} for c in plan.decode.ranked],
+        "prefill_ranking": []
+        if plan.prefill is None
+        else [
+            {"target": c.target, "score": c.score, "cached_tokens": c.cached_tokens}
+            for c in plan.prefill.ranked
+        ],
+    }
