@@ -60,6 +60,19 @@ def _remove(
     """Drop one reference per engine hash of ``engines[lo:hi]``, in order.  With ``stop_held``, stops at
     the first hash the slot holds in ``m`` (a further reference may exist: the caller decides); returns
     where it stopped (``hi`` when done)."""
+    # Touch each hash's engine bucket, then its chain's home bucket, before the updates: independent loads
+    # overlap their cache misses (the updates then find their lines in cache).
+    cap = len(R)
+    ecap = len(E)
+    acc = 0
+    for k in range(lo, hi):
+        acc += E[home(engines[k], ecap)].o
+    for k in range(lo, hi):
+        j = efind(E, engines[k])
+        if j >= 0:
+            acc += R[home(E[j].v, cap)].t
+    if acc < 0:  # never (tags and flags are >= 0): keeps the touching loads
+        return lo
     for k in range(lo, hi):
         j = efind(E, engines[k])
         if j < 0:
