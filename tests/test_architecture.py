@@ -18,7 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PRODUCT = ("indexer", "tokenizer_cache", "kvrouter")
-IO_LIBS = {"asyncio", "aiohttp", "zmq", "redis", "socket", "subprocess"}
+IO_LIBS = {"asyncio", "aiohttp", "zmq", "redis", "socket", "subprocess", "lightkube", "httpx2"}
 
 
 def _imports() -> dict[str, set[str]]:
@@ -89,6 +89,10 @@ def test_pure_parts_do_no_io() -> None:
         "kvrouter.epp.protocol",
         "kvrouter.epp.endpoints",
         "kvrouter.epp.exchange",
+        "kvrouter.membership.kubetypes",
+        "kvrouter.membership.endpointslices",
+        "kvrouter.membership.inferencepool",
+        "kvrouter.membership.pods",
     )
     for mod, targets in _imports().items():
         if mod.startswith(pure):

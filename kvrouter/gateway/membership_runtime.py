@@ -5,7 +5,8 @@
     MembershipRuntime(pool, indexer, subscriber, running config, fleet_path, options, discovery)
       ├─ FleetMembership + Reconciler            (always: the seam and the per-name workers)
       ├─ FleetFileWatcher  → source "fleet"       (options.reload and a fleet_path)
-      └─ EndpointSliceDiscovery → "kubernetes"    (a discovery section)
+      └─ EndpointSliceDiscovery | InferencePoolDiscovery → "kubernetes"    (a discovery section:
+                                                   its ``service`` or its ``pool``)
 
 Both sources may run at once: the desired set is their union, the fleet file winning a name both claim.
 Shutdown order: sources first (no new desired sets), then the reconciler (a drain under way is abandoned:
@@ -29,6 +30,8 @@ from ..config import RouterFleetConfig, load_router_fleet
 from ..membership.config import DiscoveryConfig, KubeConnection, MembershipConfig, kube_connection
 from ..membership.discovery import EndpointSliceDiscovery
 from ..membership.fleetfile import FleetFileWatcher
+from ..membership.kube import KubeApi
+from ..membership.pool_discovery import InferencePoolDiscovery
 from ..membership.reconcile import Reconciler
 from .fleet_membership import FleetMembership
 from .upstream import UpstreamPool
@@ -75,7 +78,8 @@ class MembershipRuntime:
             )
         self.discovery_cfg = discovery
         self.conn = conn
-        self.discovery: EndpointSliceDiscovery | None = None
+        self.discovery: EndpointSliceDiscovery | InferencePoolDiscovery | None = None
+        self.kube: KubeApi | None = None
         self._rng = rng
 
     async def start(self, session: aiohttp.ClientSession) -> None:
@@ -83,10 +87,10 @@ class MembershipRuntime:
         if self.watcher is not None:
             self.watcher.start()
         if self.discovery_cfg is not None:
-            conn = self.conn or kube_connection(self.discovery_cfg)
-            self.discovery = EndpointSliceDiscovery(
-                self.discovery_cfg, conn, session, self._on_discovered, rng=self._rng
-            )
+            d = self.discovery_cfg
+            self.kube = KubeApi(self.conn or kube_connection(d))
+            kind = EndpointSliceDiscovery if d.service else InferencePoolDiscovery
+            self.discovery = kind(d, self.kube, self._on_discovered, rng=self._rng)
             self.discovery.start()
 
     async def stop(self) -> None:
@@ -94,6 +98,8 @@ class MembershipRuntime:
             await self.watcher.stop()
         if self.discovery is not None:
             await self.discovery.stop()
+        if self.kube is not None:
+            await self.kube.close()
         await self.reconciler.stop()
 
     def _on_discovered(self, instances: list[InstanceConfig]) -> None:
@@ -116,11 +122,5 @@ class MembershipRuntime:
                 "pending_restart": w.pending_restart,
             }
         if self.discovery is not None:
-            d = self.discovery
-            out["discovery"] = {
-                "synced": d.synced.is_set(),
-                "resource_version": d.cache.resource_version,
-                "counters": dict(d.counters),
-                "skipped": dict(d.skipped),
-            }
+            out["discovery"] = self.discovery.state()
         return out

@@ -7,19 +7,27 @@ environment).
       reload: true                  # watch the fleet file; apply changes to `instances` while running
       reload_interval_s: 1.0
       drain_timeout_s: 30           # a leaving instance's in-flight requests get this long
-    discovery:                      # optional: instances from a vLLM Service's EndpointSlices
-      service: vllm                 # the Service (label kubernetes.io/service-name=vllm)
-      namespace: inference          # default: the router pod's own namespace
-      http_port: http               # a named port of the slice, or a number
-      events_port: kv-events        # vLLM's --kv-events-config publisher (rank r on port + r)
+    discovery:                      # optional: instances found through the Kubernetes API, either
+      service: vllm                 #   the EndpointSlices of a Service (kubernetes.io/service-name=vllm)
+      # pool: vllm                  #   or an InferencePool: its selector's pods, its target ports
+      namespace: inference          # default: the router pod's own namespace (or the context's)
+      http_port: http               # slices: a named port of the slice, or a number (pools: targetPorts)
+      events_port: kv-events        # vLLM's --kv-events-config publisher (rank r on port + r): a port
+                                    # name (slice port, or pod container port) or a number; null: ask
+                                    # each instance's GET /kv_event_sources
       replay_port: kv-replay        # its replay_endpoint (null: none)
-      dp_size: null                 # null: the slice label kvrouter.io/dp-size, else 1
+      dp_size: null                 # null: the label kvrouter.io/dp-size (Service or pod), else 1
+      kubeconfig: null              # out of a cluster: a kubeconfig (default $KUBECONFIG, ~/.kube/config)
+      context: null                 # its context (default: the current one)
 
 Data-parallel size: an EndpointSlice carries its Service's labels (the EndpointSlice controller copies
 every Service label except its reserved ones onto each slice) but no annotations of the Service or pods.
 So the size is read from the label ``dp_size_label`` set on the Service, which needs no RBAC beyond
 list/watch of EndpointSlices and follows a relabelled Service through MODIFIED events; ``dp_size``
-overrides it.  All pods of one Service share one size.
+overrides it.  All pods of one Service share one size.  A pool reads the same label on each pod.
+
+Where the API server is: ``api_url`` (with a token file and CA), else in a pod the service account, else a
+kubeconfig and context (``kubeconfig`` / ``context``, ``$KUBECONFIG``, ``~/.kube/config``).
 """
 
 from __future__ import annotations
@@ -50,8 +58,10 @@ class MembershipConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class DiscoveryConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    service: str
+    service: str | None = None
     """The vLLM Service whose EndpointSlices are watched (label ``kubernetes.io/service-name``)."""
+    pool: str | None = None
+    """Or: the InferencePool (``inference.networking.k8s.io/v1``) whose selected pods are the fleet."""
     namespace: str | None = None
     """Its namespace; default: the router's own (from the service account)."""
     api_url: str | None = None
@@ -62,6 +72,10 @@ class DiscoveryConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """CA bundle for the API server; default: the service account's ``ca.crt``."""
     insecure_skip_tls_verify: bool = False
     """Do not verify the API server's certificate (test clusters only)."""
+    kubeconfig: str | None = None
+    """A kubeconfig file, for a router outside the cluster (``api_url`` unset, not in a pod)."""
+    context: str | None = None
+    """The kubeconfig context; default: its current context."""
     http_port: str | int = "http"
     """The OpenAI server's port: a port name in the EndpointSlice, or a number."""
     events_port: str | int | None = "kv-events"
@@ -86,9 +100,18 @@ class DiscoveryConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """First retry delay after an API error; doubles (with jitter) up to ``backoff_max_s``."""
     backoff_max_s: float = 30.0
 
+    @property
+    def source(self) -> str:
+        """What is watched, for logs and task names: ``service/<name>`` or ``inferencepool/<name>``."""
+        return f"service/{self.service}" if self.service else f"inferencepool/{self.pool}"
+
     def validate(self) -> None:
-        if not self.service:
-            raise ConfigError("discovery.service is required")
+        if bool(self.service) == bool(self.pool):
+            raise ConfigError(
+                "discovery: give exactly one of service (EndpointSlices) or pool (InferencePool)"
+            )
+        if self.context is not None and self.api_url is not None:
+            raise ConfigError("discovery: context is a kubeconfig's; it cannot go with api_url")
         for label, p in (
             ("http", self.http_port),
             ("events", self.events_port),
@@ -110,15 +133,19 @@ class KubeConnection(msgspec.Struct, frozen=True):
     """Where and how to reach the API server (resolved once, at startup)."""
 
     base_url: str
-    """``https://host:port`` (or ``http://`` for a local fake), no trailing slash."""
+    """``https://host:port`` (or ``http://`` for a local fake), no trailing slash; empty with a kubeconfig
+    (its context names the server)."""
     namespace: str
-    """Namespace of the watched Service."""
+    """Namespace of the watched Service or pool; empty with a kubeconfig: the context's, else ``default``."""
     token: str | None = None
     """A fixed bearer token (tests); ``token_file`` wins when both are set."""
     token_file: str | None = None
     """Bearer token file, read on every request."""
     ca_file: str | None = None
     verify: bool = True
+    kubeconfig: str | None = None
+    """Connect as this kubeconfig says (server, credentials, exec plugins) instead of the fields above."""
+    context: str | None = None
 
     def bearer(self) -> str | None:
         if self.token_file:
@@ -145,10 +172,16 @@ def kube_connection(
     """Resolve ``cfg`` against the in-cluster environment (service account files, service env vars)."""
     env = os.environ if env is None else env
     base = cfg.api_url
+    in_pod = bool(env.get("KUBERNETES_SERVICE_HOST") and env.get("KUBERNETES_SERVICE_PORT"))
+    if base is None and (cfg.kubeconfig or cfg.context or not in_pod):
+        path = cfg.kubeconfig or _default_kubeconfig(env)
+        if path is None:
+            raise ConfigError(
+                "discovery: no api_url, not in a cluster (KUBERNETES_SERVICE_HOST unset) and no kubeconfig"
+            )
+        return KubeConnection("", cfg.namespace or "", kubeconfig=path, context=cfg.context)
     if base is None:
-        host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT")
-        if not host or not port:
-            raise ConfigError("discovery: no api_url and not in a cluster (KUBERNETES_SERVICE_HOST unset)")
+        host, port = env["KUBERNETES_SERVICE_HOST"], env["KUBERNETES_SERVICE_PORT"]
         base = f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
     namespace = cfg.namespace
     if namespace is None:
@@ -169,3 +202,13 @@ def kube_connection(
         ca_file=ca,
         verify=not cfg.insecure_skip_tls_verify,
     )
+
+
+def _default_kubeconfig(env: Mapping[str, str]) -> str | None:
+    """``$KUBECONFIG`` (its first file), else ``~/.kube/config`` if it exists."""
+    first = next((p for p in env.get("KUBECONFIG", "").split(os.pathsep) if p), None)
+    if first:
+        return first
+    home = env.get("HOME")
+    config = Path(home) / ".kube" / "config" if home else None
+    return str(config) if config is not None and config.exists() else None

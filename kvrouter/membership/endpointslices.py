@@ -25,16 +25,17 @@ import msgspec
 from indexer.config import InstanceConfig
 
 from .config import DiscoveryConfig
+from .kubetypes import ListMeta, ObjectCache, ObjectMeta, Status, WatchEvent
 
-
-class ObjectMeta(msgspec.Struct, frozen=True, rename="camel"):
-    name: str = ""
-    """Object name (unique per namespace)."""
-    namespace: str = ""
-    resource_version: str = ""
-    """Opaque version of this object (for a BOOKMARK: of the whole collection)."""
-    labels: dict[str, str] | None = None
-    """Slices carry their Service's labels plus ``kubernetes.io/service-name``."""
+__all__ = [
+    "EndpointSlice",
+    "EndpointSliceList",
+    "ListMeta",
+    "ObjectMeta",
+    "SliceCache",
+    "Status",
+    "WatchEvent",
+]
 
 
 class Conditions(msgspec.Struct, frozen=True):
@@ -77,33 +78,9 @@ class EndpointSlice(msgspec.Struct, frozen=True, rename="camel"):
     ports: list[EndpointPort] | None = None
 
 
-class ListMeta(msgspec.Struct, frozen=True, rename="camel"):
-    resource_version: str = ""
-    """The collection's version at the time of the list: where the watch starts."""
-    continue_: str | None = msgspec.field(default=None, name="continue")
-    """Token for the next page; absent or empty on the last."""
-
-
 class EndpointSliceList(msgspec.Struct, frozen=True):
     metadata: ListMeta = ListMeta()
     items: list[EndpointSlice] | None = None
-
-
-class Status(msgspec.Struct, frozen=True):
-    """The API's error object: a non-2xx body, or the object of a watch ERROR event."""
-
-    code: int = 0
-    """HTTP-like code: 410 for an expired resourceVersion."""
-    reason: str = ""
-    """Machine-readable: ``Expired``, ``Gone``, ``Unauthorized``..."""
-    message: str = ""
-
-
-class WatchEvent(msgspec.Struct, frozen=True):
-    type: str
-    """ADDED, MODIFIED, DELETED, BOOKMARK or ERROR."""
-    object: msgspec.Raw
-    """An EndpointSlice (a BOOKMARK's holds only metadata.resourceVersion) or, for ERROR, a Status."""
 
 
 def _port(s: EndpointSlice, spec: str | int | None) -> int | None:
@@ -165,29 +142,12 @@ def instances_of(
     return [out[n] for n in sorted(out)], skipped
 
 
-class SliceCache:
+class SliceCache(ObjectCache[EndpointSlice]):
     """The watched slices by name, and the collection's resourceVersion to resume the watch from."""
 
-    def __init__(self) -> None:
-        self.slices: dict[str, EndpointSlice] = {}
-        self.resource_version: str = ""
-
-    def replace(self, items: list[EndpointSlice], resource_version: str) -> None:
-        """A (re)list: the items are the whole truth as of ``resource_version``."""
-        self.slices = {s.metadata.name: s for s in items}
-        self.resource_version = resource_version
-
-    def apply(self, kind: str, obj: EndpointSlice) -> bool:
-        """One watch event; True if the slices changed (a BOOKMARK only moves the version)."""
-        if obj.metadata.resource_version:
-            self.resource_version = obj.metadata.resource_version
-        name = obj.metadata.name
-        if kind in ("ADDED", "MODIFIED"):
-            self.slices[name] = obj
-            return True
-        if kind == "DELETED":
-            return self.slices.pop(name, None) is not None
-        return False
+    @property
+    def slices(self) -> dict[str, EndpointSlice]:
+        return self.objects
 
     def instances(self, cfg: DiscoveryConfig) -> tuple[list[InstanceConfig], Counter[str]]:
-        return instances_of(list(self.slices.values()), cfg)
+        return instances_of(list(self.objects.values()), cfg)

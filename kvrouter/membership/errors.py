@@ -8,6 +8,7 @@ MembershipError
 └── DiscoveryError         the Kubernetes API server could not be read (the last known membership stays)
     ├── ResourceExpired    410 Gone, as an HTTP status or as a watch ERROR event: relist
     ├── ApiStatusError     any other non-2xx answer or watch ERROR event; reason ``http_<code>``
+    ├── ApiUnreachable     no answer: refused, reset, timed out; reason the client's error class
     └── BadWatchData       a line or object that is not what the API promises; reason ``decode``
 
 Configuration errors are ``indexer.errors.ConfigError``, like the rest of the fleet file.
@@ -34,6 +35,8 @@ class EventSourcesError(MembershipError):
 
 class DiscoveryError(MembershipError):
     reason = "discovery"
+    event = False
+    """Sent as a watch ERROR event (rather than as the status of an HTTP answer)."""
 
 
 class ResourceExpired(DiscoveryError):
@@ -47,6 +50,12 @@ class ApiStatusError(DiscoveryError):
         super().__init__(f"HTTP {code}: {message}" if message else f"HTTP {code}")
         self.code = code
         self.reason = f"http_{code}"
+
+
+class ApiUnreachable(DiscoveryError):
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
 
 
 class BadWatchData(DiscoveryError):

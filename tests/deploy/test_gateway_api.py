@@ -86,26 +86,26 @@ def test_pool_picker_service_and_container_agree(docs: list[dict[str, Any]], tmp
     assert args.command == "epp" and args.grpc_port == ref["port"]["number"] and args.host == "0.0.0.0"
     assert {c[k]["grpc"]["service"] for k in ("livenessProbe", "readinessProbe")} == {"liveness", "readiness"}
     assert all(c[k]["grpc"]["port"] == args.grpc_port for k in ("livenessProbe", "readinessProbe"))
-    # the fleet file the pod mounts is a valid one, with discovery of the vLLM Service of deploy/k8s
+    # the fleet file the pod mounts is a valid one, discovering the pods of this InferencePool
     cm = _one(docs, "ConfigMap")
     fleet = tmp_path / "fleet.yaml"
     fleet.write_text(cm["data"]["fleet.yaml"])
     cfg = load_router_fleet(fleet)
     assert cfg.discovery is not None and not cfg.instances
+    assert cfg.discovery.pool == pool["metadata"]["name"] and cfg.discovery.service is None
     vol = next(v for v in pod["spec"]["volumes"] if v["name"] == "fleet")
     assert vol["configMap"]["name"] == cm["metadata"]["name"]
     assert args.fleet == "/etc/kvrouter/fleet.yaml"
+    # ... which are the vLLM pods of deploy/k8s: selected by their labels, served on their http port,
+    # publishing on the container ports the fleet file names
     base = _render(BASE)
-    vllm_svc = next(
-        d for d in base if d["kind"] == "Service" and d["metadata"]["name"] == cfg.discovery.service
-    )
     sts = next(d for d in base if d["kind"] == "StatefulSet")
     labels = sts["spec"]["template"]["metadata"]["labels"]
     assert all(labels.get(k) == v for k, v in pool["spec"]["selector"]["matchLabels"].items())
     engine = sts["spec"]["template"]["spec"]["containers"][0]
     named = {p["name"]: p["containerPort"] for p in engine["ports"]}
-    assert [p["number"] for p in pool["spec"]["targetPorts"]] == [named[cfg.discovery.http_port]]
-    assert {p["name"] for p in vllm_svc["spec"]["ports"]} >= {cfg.discovery.http_port}
+    assert [p["number"] for p in pool["spec"]["targetPorts"]] == [named["http"]]
+    assert {cfg.discovery.events_port, cfg.discovery.replay_port} <= set(named)
 
 
 def test_rbac_and_route(docs: list[dict[str, Any]]) -> None:
@@ -116,7 +116,9 @@ def test_rbac_and_route(docs: list[dict[str, Any]]) -> None:
         for g in rule["apiGroups"]
         for r in rule["resources"]
     }
-    assert grants[("discovery.k8s.io", "endpointslices")] >= {"list", "watch"}
+    assert grants[("inference.networking.k8s.io", "inferencepools")] >= {"list", "watch"}
+    assert grants[("", "pods")] >= {"list", "watch"}  # what pool discovery asks the API server
+    assert all(v in ("get", "list", "watch") for vs in grants.values() for v in vs), "read-only"
     binding = _one(docs, "RoleBinding")
     sa = _one(docs, "ServiceAccount")
     assert (
