@@ -63,3 +63,11 @@ golden-scheduler:
 
 golden-scheduler-check:
 	$(VLLM_PYTHON) tools/record_vllm_scheduler.py --check
+
+# vLLM's scheduler with its OffloadingConnector (CPU tier): the events it publishes for offloaded blocks.
+.PHONY: golden-offload golden-offload-check
+golden-offload:
+	$(VLLM_PYTHON) tools/record_vllm_offload.py
+
+golden-offload-check:
+	$(VLLM_PYTHON) tools/record_vllm_offload.py --check

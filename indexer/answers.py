@@ -44,8 +44,9 @@ def _survey(rows: Any, pos_of_slot: Any, pos: Any) -> Any:
         if s >= len(pos_of_slot) or pos_of_slot[s] < 0:
             return 0, 0, 0, 0, 0, 0
         pos[r] = pos_of_slot[s]
-        if rows[r, 2] | rows[r, 3] | rows[r, 4]:
-            plain = False
+        for c in range(2, rows.shape[1]):
+            if rows[r, c]:
+                plain = False
     best_lo, best_n, lo = 0, 0, 0
     for r in range(1, n + 1):
         if r == n or rows[r, 1] != rows[lo, 1]:
@@ -79,26 +80,38 @@ class InstanceMatch(msgspec.Struct, gc=False):
 
 
 class LookupResult(msgspec.Struct, gc=False):
-    """Every known source's match (``InstanceMatch`` objects may be shared between results: read-only)."""
+    """Every known source's match (``InstanceMatch`` objects may be shared between results: read-only).
+    ``stores``: the trust of each shared store whose blocks a match's ``tiers`` may name."""
 
     block_size: int
     num_tokens: int
     instances: list[InstanceMatch]
+    stores: dict[str, str] = {}
 
     def best(self) -> InstanceMatch | None:
         return max(self.instances, key=lambda m: m.matched_blocks, default=None)
 
 
 def make_match(
-    src: SourceKey, block_size: int, trust: str, blocks: int, cpu: int, storage: int, spec: int
+    src: SourceKey,
+    block_size: int,
+    trust: str,
+    blocks: int,
+    cpu: int,
+    storage: int,
+    spec: int,
+    shared: dict[str, int] | None = None,
 ) -> InstanceMatch:
     """A source's answer: each matched block counted once, in its best tier (GPU, CPU, STORAGE, then
-    speculative); tiers other than GPU are listed only when not 0."""
-    tiers = {"GPU": blocks - cpu - storage - spec}
+    speculative, then a shared store it attaches, by store name); tiers other than GPU are listed only
+    when not 0."""
+    tiers = {"GPU": blocks - cpu - storage - spec - (sum(shared.values()) if shared else 0)}
     if cpu:
         tiers["CPU"] = cpu
     if storage:
         tiers["STORAGE"] = storage
+    if shared:
+        tiers.update(shared)
     return InstanceMatch(src.instance, src.dp_rank, blocks, blocks * block_size, tiers, spec, trust)
 
 
@@ -117,6 +130,7 @@ class AnswerCache:
         self._n_objs = 0
         self._kept = cykhash.Int64toInt64Map()
         self._pos_of_slot = np.zeros(0, dtype=np.int64)
+        self.store_names: list[str] = []
 
     def rebuild(
         self,
@@ -125,8 +139,10 @@ class AnswerCache:
         slot_of: Callable[[SourceKey], int | None],
         trust_of: Callable[[SourceKey], str],
         n_slots: int,
+        store_names: Sequence[str] = (),
     ) -> None:
         self.version = version
+        self.store_names = list(store_names)
         self._known = list(known)
         self._trust = [trust_of(s) for s in self._known]
         self._objs = np.empty(max(64, 2 * len(self._known)), dtype=object)
@@ -153,8 +169,8 @@ class AnswerCache:
         return i
 
     def answer(self, rows: I64Array) -> list[InstanceMatch] | None:
-        """Answers for index rows ``[slot, blocks, cpu, storage, speculative]``, in known-source order; None
-        when a row's source is not a known one (the caller then builds the answer itself)."""
+        """Answers for index rows ``[slot, blocks, cpu, storage, speculative, shared ..]``, in known-source
+        order; None when a row's source is not a known one (the caller then builds the answer itself)."""
         n = len(self._known)
         if not len(rows):
             return self._objs[:n].tolist()
@@ -170,16 +186,21 @@ class AnswerCache:
         if status == 1 and hi - lo >= _BULK_MIN:
             return self._from_template(pos, rows, d, lo, hi, (d, hi - lo, fa, fb))
         sel = np.arange(n, dtype=np.int64)
-        plain = (rows[:, 2] | rows[:, 3] | rows[:, 4]) == 0
+        plain = ~rows[:, 2:].any(axis=1)
         ppos, depth = (pos, rows[:, 1]) if status == 1 else (pos[plain], rows[plain, 1])
         sel[ppos] = self._kept_answers(ppos, depth)
         out: list[InstanceMatch] = self._objs.take(sel).tolist()
         if status == 2:
             # Tier splits beyond GPU (offloaded or speculative blocks): made for this answer only.
+            names = self.store_names
             for i in np.flatnonzero(~plain).tolist():
                 p = int(pos[i])
-                _, blocks, cpu, sto, spec = rows[i].tolist()
-                out[p] = make_match(self._known[p], self.block_size, self._trust[p], blocks, cpu, sto, spec)
+                row = rows[i].tolist()
+                _, blocks, cpu, sto, spec = row[:5]
+                shared = {n: b for n, b in zip(names, row[5:]) if b} if names else None
+                out[p] = make_match(
+                    self._known[p], self.block_size, self._trust[p], blocks, cpu, sto, spec, shared
+                )
         return out
 
     def _kept_answers(self, pos: I64Array, depth: I64Array) -> I64Array:

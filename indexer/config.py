@@ -15,6 +15,8 @@
     bind: tcp://10.0.0.5:5557               # optional bind mode: instances connect, topic kv@<name>@<model>
     indexer:
       bind_accept: listed                   # bind mode: only the instances above may publish
+    tiers:                                  # optional: shared stores and load bandwidths (indexer.tiers)
+      shared: [{name: l2, medium: STORAGE, capacity_blocks: 2000000, max_age_s: 3600}]
 
 Decoded with msgspec (types checked, defaults in code), then ``validate()`` checks what types cannot.  The
 router's own settings extend this struct in ``kvrouter.config``.  A key that no struct knows is refused
@@ -32,6 +34,7 @@ import msgspec
 import yaml
 
 from .errors import ConfigError
+from .tiers import TiersConfig
 from .types import SourceKey
 
 Role = Literal["prefill", "decode", "both"]
@@ -126,6 +129,9 @@ class FleetConfig(msgspec.Struct, frozen=True):
     indexer: IndexerOptions = IndexerOptions()
     tokenizer: str | None = None
     """Tokenizer of the whole fleet (a local directory or a Hugging Face id in the local cache)."""
+    tiers: TiersConfig = TiersConfig()
+    """Offload tiers: shared stores several instances attach, and what loading from each tier costs
+    (``indexer.tiers``)."""
 
     def validate(self) -> None:
         if self.block_size <= 0:
@@ -151,6 +157,7 @@ class FleetConfig(msgspec.Struct, frozen=True):
             raise ConfigError(f"bad bind endpoint {self.bind!r}")
         if self.indexer.max_bind_sources < 0:
             raise ConfigError("indexer.max_bind_sources must be >= 0")
+        self.tiers.validate(names)
 
     def instance(self, name: str) -> InstanceConfig | None:
         return next((i for i in self.instances if i.name == name), None)

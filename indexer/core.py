@@ -21,7 +21,14 @@ from . import fast_wire as fw
 from . import snapshot as _snapshot
 from .answers import AnswerCache, InstanceMatch, LookupResult
 from .backend import IndexBackend
-from .errors import BadBlockShape, BlockSizeMismatch, DecodeError, EventError, UnknownParent
+from .errors import (
+    BadBlockShape,
+    BlockSizeMismatch,
+    DecodeError,
+    EventError,
+    OffloadParentUnknown,
+    UnknownParent,
+)
 from .fast_ingest import IngestScratch
 from .hashing import (
     I64Array,
@@ -38,6 +45,8 @@ from .hashing import (
 )
 from .index import BlockIndex, SourceMatch
 from .sources import Action, Apply, Replay, Reset, SourceSync
+from .store_writer import StoreWriter
+from .tiers import SharedStoreConfig, SharedStores
 from .types import Medium, SourceKey, Trust
 from .wire import BatchDecoder, BlockRemoved, BlockStored, Event, engine_hash_i64, peek_ts
 
@@ -64,6 +73,16 @@ class Counters(msgspec.Struct):
     decode_errors: Counter[str] = msgspec.field(default_factory=Counter)
     event_errors: Counter[str] = msgspec.field(default_factory=Counter)
     skipped_events: Counter[str] = msgspec.field(default_factory=Counter)
+    placeholder_events: int = 0
+    """BlockStored events of an offload tier without token ids (vLLM's OffloadingConnector without
+    ``self_describing_kv_events``): linked to known blocks by engine hash, or not at all."""
+    placeholder_blocks: int = 0
+    """Blocks those events named that were linked."""
+    offload_blocks: Counter[str] = msgspec.field(default_factory=Counter)
+    """Blocks stored beyond the GPU, by tier: CPU, STORAGE (an instance's own), or a shared store's name."""
+    remote_unshared: int = 0
+    """Offload blocks announced with locality REMOTE that no shared store of the fleet file takes (kept
+    as the announcing instance's own)."""
 
 
 class Indexer:
@@ -81,11 +100,14 @@ class Indexer:
         max_blocks_per_source: int = 8_000_000,
         speculative_ttl: float = 5.0,
         index: IndexBackend | None = None,
+        shared: list[SharedStoreConfig] | None = None,
         fast_ingest: bool = True,
     ) -> None:
         """``index``: another backend (e.g. ``indexer.redis_index.RedisBlockIndex``); default in process.
+        ``shared``: the fleet file's shared stores (``indexer.tiers``; in-process index only).
         ``fast_ingest``: payloads of the common shapes parsed and applied in compiled code
-        (``indexer.fast_ingest``; the in-process index only); off, every payload takes the reference path
+        (``indexer.fast_ingest``; the in-process index only, and only without shared stores: their routing
+        of offload events is the reference path's alone); off, every payload takes the reference path
         (same results)."""
         if block_size <= 0:
             raise ValueError("block_size must be positive")
@@ -95,7 +117,18 @@ class Indexer:
         self.index: IndexBackend = (
             index if index is not None else BlockIndex(max_blocks_per_source=max_blocks_per_source)
         )
-        self._fast = IngestScratch(block_size) if fast_ingest and isinstance(self.index, BlockIndex) else None
+        self.stores: StoreWriter | None = None
+        if shared:
+            if not isinstance(self.index, BlockIndex):
+                raise ValueError("shared stores need the in-process index")
+            self.stores = StoreWriter(self.index, SharedStores(shared))
+        # The fast path never runs with shared stores (offload events may feed a store there, and stores
+        # age per batch): every payload then takes the reference path.
+        self._fast = (
+            IngestScratch(block_size)
+            if fast_ingest and isinstance(self.index, BlockIndex) and self.stores is None
+            else None
+        )
         self.speculative_outbox: list[SpeculativeEntry] | None = None
         """When a list, every ``add_speculative`` is also appended here for a shell to deliver (shared
         router state); the shell drains it.  None (the default): nothing is kept."""
@@ -122,6 +155,8 @@ class Indexer:
         if source not in self._known:
             self._known[source] = None
             self._epoch += 1
+            if self.stores is not None and isinstance(self.index, BlockIndex):
+                self.index.slot_of(source)  # a slot now, so a store's blocks count for it before its own
         sync = self._syncs.get(source)
         if sync is None:
             sync = self._syncs[source] = self._new_sync(has_replay)
@@ -145,6 +180,8 @@ class Indexer:
         return list(self._known)
 
     def trust(self, source: SourceKey) -> Trust:
+        if self.stores is not None and self.stores.is_store(source):
+            return self.stores.trust(self.stores.stores.sources.index(source))
         if source in self.block_size_mismatch:
             return Trust.DEGRADED
         sync = self._syncs.get(source)
@@ -233,10 +270,10 @@ class Indexer:
                 if status == fw.ACCEPTED:
                     self._begin(src, ts, direct=_source is None)
                     if done:
-                        self._count_fast(done, fast.out)
+                        self._count_fast(fast, done)
                     if done == n_ev:
                         return done
-                    return done + self._apply_events(src, self._decoder.decode(payload).events, done)
+                    return done + self._apply_events(src, self._decoder.decode(payload).events, done, ts)
         try:
             batch = self._decoder.decode(payload)
         except DecodeError as e:
@@ -246,7 +283,7 @@ class Indexer:
             c.skipped_events.update(batch.skipped)
         src = _source or SourceKey(instance, dp_rank if batch.dp_rank is None else batch.dp_rank)
         self._begin(src, batch.ts, direct=_source is None)
-        return self._apply_events(src, batch.events, 0)
+        return self._apply_events(src, batch.events, 0, batch.ts)
 
     def _begin(self, src: SourceKey, ts: float, *, direct: bool) -> None:
         if src not in self._known:
@@ -257,24 +294,44 @@ class Indexer:
             if sync.trust is Trust.COLD:
                 sync.trust = Trust.EXACT
         self.last_event_ts[src] = ts
+        if self.stores is not None:
+            self.stores.age(ts)
 
-    def _count_fast(self, events: int, out: I64Array) -> None:
-        """Counters for events applied by the fast path (as ``_stored`` / ``_removed`` count them)."""
+    def _count_fast(self, fast: IngestScratch, done: int) -> None:
+        """Counters for the ``done`` events the fast path applied (as ``_stored`` / ``_removed`` count
+        them)."""
         c = self.counters
-        o = out.tolist()
-        c.events += events
+        o = fast.out.tolist()
+        c.events += done
         c.blocks_stored += o[fa.NEW] + o[fa.NEW + 1] + o[fa.NEW + 2] + o[fa.HELD]
         c.blocks_removed += o[fa.CLEARED] + o[fa.CLEARED + 1] + o[fa.CLEARED + 2]
         if o[fa.UNKNOWN_REMOVED]:
             c.event_errors["unknown_removed_block"] += o[fa.UNKNOWN_REMOVED]
         if o[fa.UNKNOWN_LINKED]:
             c.event_errors["unknown_offload_block"] += o[fa.UNKNOWN_LINKED]
+        rows = fast.rows[:done]
+        kinds, media = rows[:, 0], rows[:, 1]
+        if not ((kinds == fw.LINK) | ((kinds == fw.STORED) & (media != 0))).any():
+            return
+        # Offload rows (no shared stores here: each feeds the instance's own tier), counted per event in
+        # order as ``_stored`` / ``_link_offload`` count them.
+        for kind, m, nb, _, _, _, bo, _ in rows.tolist():
+            name = Medium(m).name
+            if kind == fw.LINK:
+                linked = nb - int(np.count_nonzero(fast.flags[bo : bo + nb] == fa.UNKNOWN))
+                c.placeholder_events += 1
+                c.placeholder_blocks += linked
+                c.offload_blocks[name] += linked
+            elif kind == fw.STORED and m != 0:
+                c.offload_blocks[name] += nb
 
-    def _apply_events(self, src: SourceKey, events: list[Event], start: int) -> int:
+    def _apply_events(self, src: SourceKey, events: list[Event], start: int, ts: float) -> int:
         """The reference path: events ``start ..`` of a decoded batch, one by one (runs of removals as one
-        call).  Returns how many were applied."""
+        call; offload copies whose parent is not yet known retried after the rest).  Returns how many were
+        applied."""
         c = self.counters
         applied = 0
+        deferred: list[BlockStored] = []
         i, n = start, len(events)
         while i < n:
             ev = events[i]
@@ -286,6 +343,8 @@ class Indexer:
                     and isinstance(events[j], BlockRemoved)
                     and events[j].medium == ev.medium  # type: ignore[union-attr]
                     and events[j].group_idx == ev.group_idx  # type: ignore[union-attr]
+                    and events[j].locality == ev.locality  # type: ignore[union-attr]
+                    and events[j].ownership == ev.ownership  # type: ignore[union-attr]
                 ):
                     j += 1
                 run = events[i:j]
@@ -303,12 +362,16 @@ class Indexer:
             c.events += 1
             try:
                 if isinstance(ev, BlockStored):
-                    self._stored(src, ev)
+                    self._stored(src, ev, ts)
                 else:
                     self.index.clear_source(src)
                     c.clears += 1
                     self.sync(src).on_cleared()
                 applied += 1
+            except OffloadParentUnknown:
+                # vLLM's offload tiers announce a batch's chunks in no particular order: a child may come
+                # before its parent.  Tried again once the rest of the batch is in.
+                deferred.append(ev)  # type: ignore[arg-type]
             except EventError as e:
                 c.event_errors[e.reason] += 1
                 if isinstance(e, UnknownParent):
@@ -318,9 +381,19 @@ class Indexer:
             except RecursionError:
                 # extra_keys nested near the recursion limit decode, then fail to re-encode for hashing
                 c.event_errors["too_deep"] += 1
+        for ev in deferred:
+            try:
+                self._stored(src, ev, ts)
+                applied += 1
+            except EventError as e:
+                # An offload copy whose parent is known nowhere: the tier holds a block no prompt can
+                # reach through this index (its prefix is gone), so nothing is lost by skipping it.
+                c.event_errors[e.reason] += 1
+            except (ValueError, TypeError, OverflowError):
+                c.event_errors["bad_field"] += 1
         return applied
 
-    def _stored(self, src: SourceKey, ev: BlockStored) -> None:
+    def _stored(self, src: SourceKey, ev: BlockStored, ts: float = 0.0) -> None:
         if ev.group_idx not in (None, 0):
             # Hybrid models: only the first KV-cache group decides prefix reuse for routing.
             self.counters.skipped_events["other_group"] += 1
@@ -330,10 +403,14 @@ class Indexer:
         if n == 0:
             return
         engines = self._engine_array(ev.block_hashes)
+        store = -1
+        if medium is not Medium.GPU:
+            store = self._store_of(src, medium, ev.locality, ev.ownership, n)
         raw = memoryview(ev.token_ids)
         if len(raw) == 1 and raw[0] == 0x90:
             # An offload placeholder: the same engine hashes as blocks already known.
-            self._link_offload(src, engines, medium)
+            self.counters.placeholder_events += 1
+            self._link_offload(src, engines, medium, store, ts)
             return
         bs = ev.block_size
         if bs != self.block_size:
@@ -348,24 +425,62 @@ class Indexer:
         if ev.parent_block_hash is None:
             prev = self._event_base(ev)
         else:
-            parent = self.index.engine_chain(src, engine_hash_i64(ev.parent_block_hash))
+            ph = engine_hash_i64(ev.parent_block_hash)
+            parent: int | None = self.index.engine_chain(src, ph)
+            if parent is None and store >= 0 and self.stores is not None:
+                parent = self.stores.engine_chain(store, ph)
             if parent is None:
-                raise UnknownParent(f"{src.label()}: parent {ev.parent_block_hash!r}")
+                if medium is Medium.GPU:
+                    raise UnknownParent(f"{src.label()}: parent {ev.parent_block_hash!r}")
+                if self._known_engines(src, engines):
+                    # A self-describing offload copy of blocks whose GPU copies are known: link them.
+                    self._link_offload(src, engines, medium, store, ts, placeholder=False)
+                    return
+                raise OffloadParentUnknown(f"{src.label()}: offload parent {ev.parent_block_hash!r}")
             prev = parent
         extras = ev.extra_keys
         if extras and any(extras):
             content = self._mix_extras(content, extras, ev.lora_name, first=ev.parent_block_hash is None)
-        if isinstance(self.index, BlockIndex):
+        if store >= 0:
+            assert self.stores is not None
+            self.counters.offload_blocks[self.stores.stores.names[store]] += n
+            self.stores.write(store, engines, chain(content, prev), ts)
+        elif isinstance(self.index, BlockIndex):
             self.index.store_content(src, engines, content, prev, medium)  # chained there, in one call
         else:
             self.index.store(src, engines, chain(content, prev), medium)
+        if medium is not Medium.GPU and store < 0:
+            self.counters.offload_blocks[medium.name] += n
         self.counters.blocks_stored += n
 
-    def _link_offload(self, src: SourceKey, engines: I64Array, medium: Medium) -> None:
+    def _store_of(
+        self, src: SourceKey, medium: Medium, locality: str | None, ownership: str | None, n: int
+    ) -> int:
+        """The shared store an offload event feeds (-1: the instance's own tier)."""
+        store = self.stores.stores.route(src.instance, medium, locality, ownership) if self.stores else -1
+        if store < 0 and locality == "REMOTE":
+            self.counters.remote_unshared += n
+        return store
+
+    def _known_engines(self, src: SourceKey, engines: I64Array) -> bool:
+        return all(self.index.engine_chain(src, e) is not None for e in engines.tolist())
+
+    def _link_offload(
+        self,
+        src: SourceKey,
+        engines: I64Array,
+        medium: Medium,
+        store: int,
+        ts: float,
+        *,
+        placeholder: bool = True,
+    ) -> None:
         chains = np.empty(len(engines), dtype=np.int64)
         keep = np.ones(len(engines), dtype=bool)
         for i, e in enumerate(engines.tolist()):
-            c = self.index.engine_chain(src, e)
+            c: int | None = self.index.engine_chain(src, e)
+            if c is None and store >= 0 and self.stores is not None:
+                c = self.stores.engine_chain(store, e)
             if c is None:
                 keep[i] = False
             else:
@@ -373,8 +488,17 @@ class Indexer:
         missing = int(np.count_nonzero(~keep))
         if missing:
             self.counters.event_errors["unknown_offload_block"] += missing
-        self.index.store(src, engines[keep], chains[keep], medium)
-        self.counters.blocks_stored += len(engines) - missing
+        linked = len(engines) - missing
+        if placeholder:
+            self.counters.placeholder_blocks += linked
+        if store >= 0:
+            assert self.stores is not None
+            self.stores.write(store, engines[keep], chains[keep], ts)
+            self.counters.offload_blocks[self.stores.stores.names[store]] += linked
+        else:
+            self.index.store(src, engines[keep], chains[keep], medium)
+            self.counters.offload_blocks[medium.name] += linked
+        self.counters.blocks_stored += linked
 
     def _removed(self, src: SourceKey, ev: BlockRemoved, block_hashes: list[int | bytes]) -> None:
         if ev.group_idx not in (None, 0):
@@ -382,6 +506,17 @@ class Indexer:
             return
         medium = Medium.parse(ev.medium)
         hashes = self._engine_array(block_hashes)
+        if medium is not Medium.GPU and self.stores is not None:
+            store = self.stores.stores.route(src.instance, medium, ev.locality, ev.ownership)
+            if store >= 0:
+                chains = np.array(
+                    [self.index.engine_chain(src, h) or 0 for h in hashes.tolist()], dtype=np.int64
+                )
+                unknown = self.stores.remove(store, hashes, chains)
+                self.counters.blocks_removed += len(hashes) - unknown
+                if unknown:
+                    self.counters.event_errors["unknown_removed_block"] += unknown
+                return
         unknown = self.index.remove(src, hashes, medium)
         self.counters.blocks_removed += len(hashes) - unknown
         if unknown:
@@ -494,18 +629,29 @@ class Indexer:
         version = (self._epoch, ix.slots_version, tuple(self.block_size_mismatch))
         if self._answers.version != version:
             self._answers.rebuild(
-                version, list(self._known), ix.slot_id, lambda s: self.trust(s).value, ix.slot_count()
+                version,
+                list(self._known),
+                ix.slot_id,
+                lambda s: self.trust(s).value,
+                ix.slot_count(),
+                ix.store_names,
             )
         out = self._answers.answer(rows)
         if out is None:
             return self._result(num_tokens, ix.rows_to_matches(rows))
-        return LookupResult(self.block_size, num_tokens, out)
+        return LookupResult(self.block_size, num_tokens, out, self._store_trust())
+
+    def _store_trust(self) -> dict[str, str]:
+        st = self.stores
+        if st is None:
+            return {}
+        return {n: st.trust(i).value for i, n in enumerate(st.stores.names)}
 
     def _result(self, num_tokens: int, matches: list[SourceMatch]) -> LookupResult:
         bs = self.block_size
         by_src = {m.source: m for m in matches}
         out: list[InstanceMatch] = []
-        for src in list(self._known) + [s for s in by_src if s not in self._known]:
+        for src in list(self._known) + [s for s in by_src if s not in self._known and s.dp_rank >= 0]:
             m = by_src.get(src)
             blocks = m.blocks if m else 0
             tiers = {"GPU": m.gpu if m else 0}
@@ -513,6 +659,8 @@ class Indexer:
                 tiers["CPU"] = m.cpu
             if m and m.storage:
                 tiers["STORAGE"] = m.storage
+            if m and m.shared:
+                tiers.update(m.shared)
             out.append(
                 InstanceMatch(
                     src.instance,
@@ -524,7 +672,7 @@ class Indexer:
                     self.trust(src).value,
                 )
             )
-        return LookupResult(bs, num_tokens, out)
+        return LookupResult(bs, num_tokens, out, self._store_trust())
 
     # ------------------------------------------------------------------ speculative entries
     def add_speculative(self, source: SourceKey, chains: I64Array, *, now: float) -> None:

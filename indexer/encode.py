@@ -112,16 +112,22 @@ class PayloadEncoder:
         return self._stored(*args[: len(self._stored_fields)])
 
     def removed(
-        self, block_hashes: Sequence[int | bytes], *, medium: str | None = "GPU", group_idx: int | None = None
+        self,
+        block_hashes: Sequence[int | bytes],
+        *,
+        medium: str | None = "GPU",
+        group_idx: int | None = None,
+        locality: str | None = None,
+        ownership: str | None = None,
     ) -> msgspec.Struct:
-        if group_idx is None or len(self._removed_fields) < 3:
+        if (group_idx is None and locality is None and ownership is None) or len(self._removed_fields) < 3:
             # later fields default to None: the same bytes as passing them (the hot path: one per eviction)
             return (
                 self._removed(list(block_hashes), medium)
                 if self._removed_has_medium
                 else self._removed(list(block_hashes))
             )
-        args = (list(block_hashes), medium, group_idx, None, None)
+        args = (list(block_hashes), medium, group_idx, locality, ownership)
         return self._removed(*args[: len(self._removed_fields)])
 
     def removed_raw(

@@ -4,6 +4,7 @@ IndexerError
 ├── DecodeError            a payload that is not a vLLM event batch (counted, batch dropped)
 ├── EventError             one event that cannot be applied (counted, event skipped)
 │   ├── UnknownParent      BlockStored whose parent hash the source never stored
+│   │   └── OffloadParentUnknown   the same for an offload tier's copy (retried, never degrades trust)
 │   ├── BadBlockShape      token_ids do not cover block_hashes x block_size
 │   ├── BlockSizeMismatch  the source's block size differs from the fleet's (loud: health + metrics)
 │   └── SourceOverCapacity the source holds more blocks than its configured cap
@@ -31,6 +32,13 @@ class EventError(IndexerError):
 
 class UnknownParent(EventError):
     reason = "unknown_parent"
+
+
+class OffloadParentUnknown(UnknownParent):
+    """A self-describing offload store (CPU/STORAGE) whose parent is unknown: offload tiers announce a
+    batch's chunks in any order, and a chunk may outlive its parent's every copy."""
+
+    reason = "offload_parent_unknown"
 
 
 class BadBlockShape(EventError):

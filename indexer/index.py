@@ -42,7 +42,7 @@ from .engine_table import EngineTable
 from .errors import SourceOverCapacity
 from .fast_ingest import IngestScratch
 from .hashing import I64Array, checked_tokens
-from .match_walk import match_chains, match_tokens
+from .match_walk import Shared, match_chains, match_tokens, no_shared
 from .probing import grown
 from .types import ChainHash, Medium, SourceKey
 
@@ -61,15 +61,20 @@ def _bit(slot: int) -> int:
     return b - (1 << 64) if b >> 63 else b
 
 
-class SourceMatch(msgspec.Struct, gc=False):
-    """How many leading blocks of a prompt one source holds, split by where they live."""
-
+class _Match(msgspec.Struct, gc=False):
     source: SourceKey
     blocks: int = 0
     gpu: int = 0
     cpu: int = 0
     storage: int = 0
     speculative: int = 0
+
+
+class SourceMatch(_Match, kw_only=True, gc=False):
+    """How many leading blocks of a prompt one source holds, split by where they live (``shared``: blocks
+    it holds no copy of that a shared store it attaches holds, by store)."""
+
+    shared: dict[str, int] = {}
 
 
 class _Spec(msgspec.Struct, gc=False):
@@ -122,6 +127,10 @@ class BlockIndex:
         self._spec_seq = itertools.count()
         self.slots_version = 0
         """Changes whenever a slot is given to or taken from a source."""
+        # Shared stores (``indexer.tiers``): their sources and the instances attached (None: all); the
+        # walk's arrays are rebuilt when slots or stores change.
+        self._stores: list[tuple[SourceKey, frozenset[str] | None]] = []
+        self._shared: tuple[int, int, Shared] | None = None
 
     # ------------------------------------------------------------------ sources
     def slot_of(self, source: SourceKey) -> int:
@@ -483,6 +492,41 @@ class BlockIndex:
                 for c, n in zip(_arr(sb.extra_chains[m]).tolist(), _arr(sb.extra_counts[m]).tolist()):
                     self._extra_refs[(slot, m, c)] = n
 
+    # ------------------------------------------------------------------ shared stores
+    def set_shared(self, stores: list[tuple[SourceKey, frozenset[str] | None]]) -> None:
+        """Declare shared stores: each a source whose blocks count for every source of the attached
+        instances (None: every instance).  Store sources are never reported by lookups."""
+        self._stores = list(stores)
+        for src, _ in self._stores:
+            self.slot_of(src)
+        self._shared = None
+
+    @property
+    def store_names(self) -> list[str]:
+        """The stores' labels, in the order of the rows' shared columns."""
+        return [src.instance[1:] for src, _ in self._stores]
+
+    def _shared_arrays(self) -> Shared:
+        n_groups = self._n_groups()
+        cached = self._shared
+        if cached is not None and cached[0] == self.slots_version and cached[1] == n_groups:
+            return cached[2]
+        if not self._stores:
+            sh = no_shared(n_groups)
+        else:
+            slots = np.array([self._slots[src] for src, _ in self._stores], dtype=np.int64)
+            attach = np.zeros((len(slots), n_groups), dtype=np.int64)
+            keep = np.full(n_groups, -1, dtype=np.int64)
+            for slot in slots.tolist():
+                keep[slot // GROUP] &= ~_bit(slot)
+            for s, (_, names) in enumerate(self._stores):
+                for src, slot in self._slots.items():
+                    if src.dp_rank >= 0 and (names is None or src.instance in names):
+                        attach[s, slot // GROUP] |= _bit(slot)
+            sh = Shared(slots, attach, keep)
+        self._shared = (self.slots_version, n_groups, sh)
+        return sh
+
     # ------------------------------------------------------------------ reads
     def _n_groups(self) -> int:
         return (len(self._keys) + GROUP - 1) // GROUP
@@ -492,18 +536,18 @@ class BlockIndex:
         return self._chains.contains(chain_hash)
 
     def match_rows(self, chains: I64Array) -> I64Array:
-        """``match`` as rows ``[slot, blocks, cpu, storage, speculative]`` (GPU: the rest), no objects built:
-        the lookup's fast path."""
+        """``match`` as rows ``[slot, blocks, cpu, storage, speculative, shared per store ..]`` (GPU: the
+        rest), no objects built: the lookup's fast path."""
         t = self._chains
         chains = np.ascontiguousarray(chains, dtype=np.int64)
-        return match_chains(t.R, t.SP, chains, self._n_groups())
+        return match_chains(t.R, t.SP, chains, self._n_groups(), self._shared_arrays())
 
     def match_token_rows(self, tokens: npt.NDArray[np.integer[Any]], block_size: int, base: int) -> I64Array:
         """``match_rows`` of a prompt given as a token-id array: its full blocks hashed during the walk (and
         only up to the first block nobody holds).  Raises ``TokenEncodingError`` for ids outside uint32."""
         t = self._chains
         seg = checked_tokens(tokens[: len(tokens) // block_size * block_size], block_size)
-        return match_tokens(t.R, t.SP, seg, block_size, base, self._n_groups())
+        return match_tokens(t.R, t.SP, seg, block_size, base, self._n_groups(), self._shared_arrays())
 
     def match(self, chains: I64Array) -> list[SourceMatch]:
         """Matched leading blocks per source, for sources matching at least one block."""
@@ -511,8 +555,13 @@ class BlockIndex:
 
     def rows_to_matches(self, rows: I64Array) -> list[SourceMatch]:
         out: list[SourceMatch] = []
-        for slot, depth, cpu, storage, spec in rows.tolist():
+        names = self.store_names
+        for row in rows.tolist():
+            slot, depth, cpu, storage, spec = row[:5]
             key = self._keys[slot]
-            if key is not None:
-                out.append(SourceMatch(key, depth, depth - cpu - storage - spec, cpu, storage, spec))
+            if key is None:
+                continue
+            shared = {n: b for n, b in zip(names, row[5:]) if b}
+            gpu = depth - cpu - storage - spec - sum(shared.values())
+            out.append(SourceMatch(key, depth, gpu, cpu, storage, spec, shared=shared))
         return out

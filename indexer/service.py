@@ -234,5 +234,6 @@ def build(fleet_cfg: FleetConfig, *, encoder: PromptEncoder | None = None) -> we
         fleet_cfg.block_size,
         max_blocks_per_source=o.max_blocks_per_source,
         speculative_ttl=o.speculative_ttl_s,
+        shared=fleet_cfg.tiers.shared,
     )
     return make_indexer_app(ix, EventSubscriber(ix, fleet_cfg), encoder=encoder)

@@ -105,9 +105,10 @@ def take(ix: Indexer, *, created_at: float = 0.0) -> bytes:
                 ix.block_size_mismatch.get(src),
             )
         )
-    snap = Snapshot(
-        SNAPSHOT_FORMAT, HASH_VERSION, ix.block_size, created_at, states, ix.index.export_sources()
-    )
+    # Shared stores' blocks are left out: what a store without removals holds is an estimate kept by its
+    # age book, which a snapshot does not carry; the attached instances' writes rebuild it.
+    blocks = [b for b in ix.index.export_sources() if b.source[1] >= 0]
+    snap = Snapshot(SNAPSHOT_FORMAT, HASH_VERSION, ix.block_size, created_at, states, blocks)
     return _ENCODER.encode(snap)
 
 

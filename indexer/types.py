@@ -57,6 +57,9 @@ class Trust(enum.Enum):
     * ``exact``: every batch since the engine started was applied in order.
     * ``partial``: history before the indexer joined is missing (no replay, or the replay buffer did not reach
       back to seq 0), but nothing was lost since: what the index holds is real, it may hold too little.
+    * ``estimated``: a shared store that announces no removals (``indexer.tiers``): what it holds is bounded
+      by the capacity and age the fleet file declares, so it may claim blocks the store already dropped.
+      Below ``partial`` (which never claims too much), above ``degraded`` (which may claim without bound).
     * ``degraded``: a batch was lost mid-stream and replay could not fill the gap: removals may have been
       missed, so the index may claim blocks the engine no longer has.  Routers fall back for this source.
     * ``cold``: no event seen yet (or the source never connected).
@@ -64,10 +67,11 @@ class Trust(enum.Enum):
 
     EXACT = "exact"
     PARTIAL = "partial"
+    ESTIMATED = "estimated"
     DEGRADED = "degraded"
     COLD = "cold"
 
     @property
     def usable(self) -> bool:
         """Whether a router may route on this source's matches."""
-        return self in (Trust.EXACT, Trust.PARTIAL)
+        return self in (Trust.EXACT, Trust.PARTIAL, Trust.ESTIMATED)

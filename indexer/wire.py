@@ -44,12 +44,16 @@ class _StoredFields(msgspec.Struct, gc=False):
     group_idx: int | None = None
     kv_cache_spec_kind: str | None = None
     kv_cache_spec_sliding_window: int | None = None
+    locality: str | None = None  # 0.26: LOCAL / REMOTE relative to the publisher
+    ownership: str | None = None  # 0.30: the secondary tier that wrote the block
 
 
 class _RemovedFields(msgspec.Struct, gc=False):
     block_hashes: list[Hash]
     medium: str | None = None
     group_idx: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
 
 
 class _ClearedFields(msgspec.Struct, gc=False):
@@ -286,9 +290,26 @@ def stored_block_size(batch: DecodedBatch) -> int | None:
     """The block size a batch's stored blocks announce (the first real BlockStored; offload placeholders
     with no tokens say nothing), or None."""
     for ev in batch.events:
-        if isinstance(ev, _StoredFields) and ev.block_size > 0 and ev.token_ids != b"\x90":
+        if isinstance(ev, _StoredFields) and ev.block_size > 0 and not _empty(ev.token_ids):
             return ev.block_size
     return None
+
+
+def offload_placeholders(batch: DecodedBatch) -> int:
+    """BlockStored events of a tier below the GPU that carry no token ids: vLLM's OffloadingConnector
+    announcing its CPU/storage copies without ``self_describing_kv_events``.  The index links them to the
+    instance's GPU blocks by engine hash while those are known; copies that outlive the GPU copy are lost
+    to routing."""
+    return sum(
+        1
+        for ev in batch.events
+        if isinstance(ev, _StoredFields) and _empty(ev.token_ids) and (ev.medium or "GPU").upper() != "GPU"
+    )
+
+
+def _empty(token_ids: msgspec.Raw) -> bool:
+    raw = memoryview(token_ids)  # a Raw never equals bytes: compare its buffer
+    return len(raw) == 1 and raw[0] == 0x90
 
 
 def peek_ts(payload: bytes) -> float | None:

@@ -11,7 +11,7 @@
       policy: kv-aware                  # kv-aware | prefix-hash | least-loaded | round-robin | random |
                                         # session
       session: {header: x-session-id, ttl_s: 1800}
-      kv_aware: {compute_weight: 1.0, load_weight: 32, offload_value: 0.8}
+      kv_aware: {compute_weight: 1.0, load_weight: 32}   # offload_value: a flat worth for every tier
       prefix_hash: {prefix_length: 1024, load_bound: 1.25}
       disaggregation: {mode: conditional, local_prefill_tokens: 2048}   # fleets with prefill/decode roles
     limits: {concurrency_threshold: 0, max_in_flight: 0, queue_size: 256, queue_timeout_s: 30}
@@ -37,6 +37,7 @@ from .replicas.config import SharedStateConfig, SnapshotConfig
 from .routing import DisaggSettings, PolicyName, policy_name
 from .routing.policies import KvAwareSettings, PolicySettings, PrefixHashSettings, SessionSettings
 from .routing.router import RouterConfig
+from .routing.tier_value import tier_values
 
 
 class ModelConfig(msgspec.Struct, frozen=True):
@@ -237,6 +238,9 @@ class RouterFleetConfig(FleetConfig, frozen=True, forbid_unknown_fields=True):
             raise ConfigError("limits: queue_size must be >= 0 and queue_timeout_s > 0")
         if self.limits.max_requests < 0:
             raise ConfigError("limits: max_requests must be >= 0")
+        ov = self.routing.kv_aware.offload_value
+        if ov is not None and not 0 <= ov <= 1:
+            raise ConfigError("routing.kv_aware.offload_value must be between 0 and 1")
         try:
             self.routing.disaggregation.validate()
         except ValueError as e:
@@ -259,6 +263,7 @@ class RouterFleetConfig(FleetConfig, frozen=True, forbid_unknown_fields=True):
                 session=SessionSettings(ttl_s=r.session.ttl_s, max_sessions=r.session.max_sessions),
                 seed=r.seed,
             ),
+            tiers=tier_values(self.tiers),
         )
 
     def tokenizer_for(self, model: str | None) -> str | None:

@@ -33,6 +33,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--capacity-blocks", type=int, default=None, help="KV blocks per instance (default: profile)"
     )
+    p.add_argument(
+        "--cpu-offload-blocks", type=int, default=0, help="each instance's CPU tier (L1), blocks (0: none)"
+    )
+    p.add_argument(
+        "--l2-blocks", type=int, default=0, help="a shared L2 every instance attaches, blocks (0: none)"
+    )
+    p.add_argument("--l2-gbps", type=float, default=12.5, help="the L2's load bandwidth, GB/s")
+    p.add_argument(
+        "--tier-grid",
+        action="store_true",
+        help="run every policy with GPU only, + L1, + L1 + L2 (sizes: --capacity-blocks, "
+        "--cpu-offload-blocks, --l2-blocks) at each --rates multiplier; print both tier tables",
+    )
+    p.add_argument("--rates", default="1", help="tier grid: arrival-rate multipliers, comma-separated")
     p.add_argument("--policies", default=",".join(DEFAULT_POLICIES))
     p.add_argument(
         "--event-delay", type=float, default=0.005, help="seconds from engine step to router index"
@@ -100,6 +114,9 @@ def spec_from_args(a: argparse.Namespace) -> EvalSpec:
             instances=a.instances,
             profile=a.profile,
             capacity_blocks=a.capacity_blocks,
+            cpu_offload_blocks=a.cpu_offload_blocks,
+            shared_l2_blocks=a.l2_blocks,
+            shared_l2_gbps=a.l2_gbps,
             event_delay_s=a.event_delay,
             event_loss=a.event_loss,
             net_latency_s=a.net_latency,
@@ -134,6 +151,8 @@ def run(a: argparse.Namespace) -> int:
         for name in list_workloads():
             print(f"{name}: {describe(name).get('summary', '')}")
         return 0
+    if a.tier_grid:
+        return _tier_grid(a)
     try:
         spec = spec_from_args(a)
         if a.roles:
@@ -153,4 +172,35 @@ def run(a: argparse.Namespace) -> int:
     if a.csv_out and not a.roles:
         with open(a.csv_out, "w") as f:
             f.write(to_csv(result))
+    return 0
+
+
+def _tier_grid(a: argparse.Namespace) -> int:
+    from ..report.grid import run_grid
+    from ..report.tiers import TierSizes, hyperpod_table, tier_cases, tier_table
+
+    try:
+        spec = spec_from_args(a)
+        if not (a.cpu_offload_blocks and a.l2_blocks):
+            raise ValueError("--tier-grid needs --cpu-offload-blocks and --l2-blocks")
+        sizes = TierSizes(a.capacity_blocks, a.cpu_offload_blocks, a.l2_blocks, a.l2_gbps)
+        rates = [float(x) for x in a.rates.split(",") if x]
+        cases = tier_cases(spec, sizes, rates)
+
+        def progress(done: int, total: int) -> None:
+            if not a.no_progress:
+                print(f"\r{done}/{total} runs", end="", file=sys.stderr, flush=True)
+
+        results = run_grid(cases, jobs=a.jobs, progress=progress)
+    except (ValueError, OSError) as e:
+        print(f"kvrouter eval: {e}", file=sys.stderr)
+        return 2
+    if not a.no_progress:
+        print(file=sys.stderr)
+    print(tier_table(results))
+    print()
+    print(hyperpod_table(results))
+    if a.json_out:
+        with open(a.json_out, "wb") as f:
+            f.write(msgspec.json.format(msgspec.json.encode(results), indent=1))
     return 0

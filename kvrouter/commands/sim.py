@@ -75,6 +75,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--cpu-offload-blocks", type=int, default=0, help="CPU offload tier per rank (blocks)")
+    p.add_argument(
+        "--l2-blocks", type=int, default=0, help="a shared L2 every instance attaches (blocks; 0: none)"
+    )
+    p.add_argument("--l2-gbps", type=float, default=12.5, help="the L2's load bandwidth (GB/s)")
     p.add_argument("--answer-tokens", type=int, default=256, help="mean EOS answer length (0: run to max)")
     p.add_argument("--no-events", action="store_true", help="publish no KV events")
     p.add_argument("--no-replay", action="store_true", help="no replay ROUTER")
@@ -112,6 +116,8 @@ def config_from_args(a: argparse.Namespace) -> SimFleetConfig:
         capacity_blocks=a.capacity_blocks,
         block_size=a.block_size,
         cpu_offload_blocks=a.cpu_offload_blocks,
+        shared_l2_blocks=a.l2_blocks,
+        shared_l2_gbps=a.l2_gbps,
         max_num_seqs=a.max_num_seqs,
         max_num_batched_tokens=a.max_num_batched_tokens,
         max_model_len=a.max_model_len,

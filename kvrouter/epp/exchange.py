@@ -250,7 +250,7 @@ class Exchange:
             return {}
         return {
             "x-kvrouter-instance": served.target,
-            "x-kvrouter-cached-tokens": str(served.cached_tokens),
+            "x-kvrouter-cached-tokens": str(served.hit_tokens),
             "x-kvrouter-policy": d.policy,
             "x-kvrouter-reason": d.reason,
         }

@@ -65,7 +65,10 @@ class Gateway:
         self.cfg = cfg
         o = cfg.indexer
         self.indexer = Indexer(
-            cfg.block_size, max_blocks_per_source=o.max_blocks_per_source, speculative_ttl=o.speculative_ttl_s
+            cfg.block_size,
+            max_blocks_per_source=o.max_blocks_per_source,
+            speculative_ttl=o.speculative_ttl_s,
+            shared=cfg.tiers.shared,
         )
         # With a remote indexer, events are indexed there; this router keeps only its speculative entries.
         remote_index = cfg.gateway.indexer_url is not None

@@ -208,7 +208,7 @@ class DisaggProxy:
             out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP}
             out_headers.update(extra)
             out_headers["x-kvrouter-instance"] = d.target
-            out_headers["x-kvrouter-cached-tokens"] = str(pc.cached_tokens)
+            out_headers["x-kvrouter-cached-tokens"] = str(pc.hit_tokens)
             if not (p.req.stream and resp.status == 200):
                 data = await self.proxy._read_all(resp)
                 self.pool.record_success(d.instance)

@@ -27,7 +27,7 @@ import zmq.asyncio
 from indexer.config import InstanceConfig
 from indexer.errors import DecodeError
 from indexer.subscriber import END_SEQ, replay_reply
-from indexer.wire import BatchDecoder, stored_block_size
+from indexer.wire import BatchDecoder, offload_placeholders, stored_block_size
 
 from ..config import RouterFleetConfig
 from ..membership.errors import EventSourcesError
@@ -181,23 +181,33 @@ async def check_events(
     if not payloads:
         verdict: Verdict = "fail" if how.startswith("replay endpoint") else "warn"
         return Check("events", verdict, f"{where}: {how}")
-    decoder, got = BatchDecoder(), None
+    decoder, got, placeholders = BatchDecoder(), None, 0
     for payload in payloads:
         try:
-            got = stored_block_size(decoder.decode(payload))
+            batch = decoder.decode(payload)
         except DecodeError as e:
             return Check("events", "fail", f"{where}: undecodable batch ({e.reason})")
-        if got is not None:
-            break
-    if got is None:
-        return Check(
-            "events", "ok", f"{where}: {len(payloads)} batches arrived ({how}), no stored block in them"
-        )
-    if got != block_size:
+        placeholders += offload_placeholders(batch)
+        if got is None:
+            got = stored_block_size(batch)
+    if got is not None and got != block_size:
         return Check(
             "events", "fail", f"{where}: block size {got} on the engine, {block_size} in the fleet file"
         )
-    return Check("events", "ok", f"{where}: block size {got} ({how})")
+    seen = f"block size {got}" if got is not None else f"{len(payloads)} batches, no stored block in them"
+    if placeholders:
+        return Check(
+            "events", "warn", f"{where}: {seen} ({how}); {PLACEHOLDER_ADVICE.format(n=placeholders)}"
+        )
+    return Check("events", "ok", f"{where}: {seen} ({how})")
+
+
+PLACEHOLDER_ADVICE = (
+    "{n} offload events without token ids (vLLM's OffloadingConnector announcing its CPU/storage copies "
+    "as placeholders): they count only while the GPU copy is known, offloaded blocks that outlive it are "
+    'lost to routing. Fix: add "self_describing_kv_events": true to kv_connector_extra_config '
+    "(--kv-transfer-config)"
+)
 
 
 async def check_fleet(

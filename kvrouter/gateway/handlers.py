@@ -197,7 +197,8 @@ async def explain(request: web.Request) -> web.Response:
     p = await gw.pipeline.prepare(await request.read(), None, request.headers, operator=True)
     d = gw.pipeline.decide(p, dry_run=True)
     plan = gw.pipeline.plan(p, dry_run=True) if gw.pipeline.disaggregated(p) else None
-    return web.json_response(explain_body(p, d, time.perf_counter() - p.started, plan))
+    elapsed = time.perf_counter() - p.started
+    return web.json_response(explain_body(p, d, elapsed, plan, gw.router.tier_values))
 
 
 def build_gateway(gw: Gateway) -> web.Application:

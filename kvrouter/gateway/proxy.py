@@ -199,7 +199,7 @@ class Proxy:
             headers = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP}
             headers.update(extra_headers)
             headers["x-kvrouter-instance"] = chosen.target
-            headers["x-kvrouter-cached-tokens"] = str(chosen.cached_tokens)
+            headers["x-kvrouter-cached-tokens"] = str(chosen.hit_tokens)
             if not resp.headers.get("Content-Type", "").startswith("text/event-stream"):
                 data = await self._read_all(resp)
                 self.pipeline.first_token(p)

@@ -63,6 +63,19 @@ class PipelineMetrics:
             ["target"],
             registry=r,
         )
+        self.routed_blocks = CachedCounter(
+            "kvrouter_routed_cached_blocks",
+            "Cached prompt blocks credited to the chosen targets, by tier (GPU, speculative, CPU, STORAGE, "
+            "a shared store's name)",
+            ["tier"],
+            registry=r,
+        )
+        self.routed_credit = CachedCounter(
+            "kvrouter_routed_cached_block_value",
+            "The same blocks at their tier's worth (GPU blocks 1 each; slower tiers what loading saves)",
+            ["tier"],
+            registry=r,
+        )
         self.cached_error = Histogram(
             "kvrouter_cached_tokens_error",
             "Predicted minus reported cached tokens, per request with a usage report",

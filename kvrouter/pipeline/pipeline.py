@@ -46,6 +46,7 @@ from ..config import RouterFleetConfig
 from ..routing import Candidate, Decision, DisaggPlanner, PDPlan, RouteInput, Router, Target, route_input
 from ..routing.disagg import explain_plan
 from ..routing.response_affinity import Holder, ResponseAffinity
+from ..routing.tier_value import DEFAULT_TIER_VALUES, TierValues
 from ..types import RequestId, leg_id
 from .gate import CapacityGate, QueueFull
 from .metrics import PipelineMetrics
@@ -383,7 +384,7 @@ class RequestPipeline:
     def prefill_dispatched(self, p: Prepared, chosen: Candidate) -> None:
         """A split request's prefill leg is on its way to ``chosen`` (its own load, under ``leg_id``)."""
         self.router.dispatched(p.inp, chosen, time.monotonic(), request_id=leg_id(p.inp.request_id))
-        self.m.predicted_cached.labels(chosen.target).inc(chosen.cached_tokens)
+        self._predicted(chosen)
         self.m.pd.legs.labels("prefill", chosen.target).inc()
 
     def prefill_finished(self, p: Prepared, chosen: Candidate, usage: UsageReport | None = None) -> None:
@@ -412,7 +413,7 @@ class RequestPipeline:
 
     def _record_shadow(self, d: Decision) -> None:
         assert d.chosen is not None
-        self.m.shadow_cached.labels(d.policy).inc(d.chosen.cached_tokens)
+        self.m.shadow_cached.labels(d.policy).inc(d.chosen.hit_tokens)
         for name, sh in self.router.shadow(d).items():
             self.m.shadow_cached.labels(name).inc(sh.cached_tokens)
             if sh.target == d.chosen.target:
@@ -426,8 +427,15 @@ class RequestPipeline:
         if received:
             self.m.pd.legs.labels("decode", chosen.target).inc()
         else:
-            self.m.predicted_cached.labels(chosen.target).inc(chosen.cached_tokens)
+            self._predicted(chosen)
         self.parity.routed(p.req, p.tokens, chosen.instance)
+
+    def _predicted(self, chosen: Candidate) -> None:
+        """What the target computing the prompt is predicted to serve from cache, in all and by tier."""
+        self.m.predicted_cached.labels(chosen.target).inc(chosen.hit_tokens)
+        for tier, n in chosen.tiers.items():
+            self.m.routed_blocks.labels(tier).inc(n)
+            self.m.routed_credit.labels(tier).inc(n * self.router.tier_values.of(tier))
 
     def first_token(self, p: Prepared) -> None:
         self.router.first_token(p.inp.request_id)
@@ -444,12 +452,12 @@ class RequestPipeline:
     def _reported(self, p: Prepared, chosen: Candidate, usage: UsageReport | None) -> None:
         if usage is not None and usage.cached_tokens is not None:
             self.m.reported_cached.labels(chosen.target).inc(usage.cached_tokens)
-            self.m.cached_error.observe(chosen.cached_tokens - usage.cached_tokens)
+            self.m.cached_error.observe(chosen.hit_tokens - usage.cached_tokens)
             self.parity.shortfall(
                 p.req,
                 p.tokens,
                 chosen.instance,
-                chosen.cached_tokens,
+                chosen.hit_tokens,
                 usage.cached_tokens,
                 self.cfg.block_size,
             )
@@ -459,9 +467,21 @@ class RequestPipeline:
         self.gate.release()
 
 
-def explain(p: Prepared, d: Decision, elapsed_s: float, plan: PDPlan | None = None) -> dict[str, Any]:
+def explain(
+    p: Prepared,
+    d: Decision,
+    elapsed_s: float,
+    plan: PDPlan | None = None,
+    values: TierValues = DEFAULT_TIER_VALUES,
+) -> dict[str, Any]:
     """``/v1/route/explain``: every candidate's cache, tiers, load, trust and score (and, for a
-    disaggregated model, the plan: split or whole, why, and both pools' rankings)."""
+    disaggregated model, the plan: split or whole, why, and both pools' rankings).
+
+    Per candidate, ``tiers`` holds the credited blocks by tier (GPU and speculative always, CPU, STORAGE
+    and shared stores when it has some), ``tier_value`` each listed tier's worth per block, and
+    ``cached_tokens`` their sum in tokens (what kv-aware subtracts); ``hit_tokens`` counts every tier in
+    full (what vLLM is expected to report).  ``tier_costs``: the load and recompute times behind the
+    worths."""
     out: dict[str, Any] = {
         "policy": d.policy,
         "reason": d.reason,
@@ -475,11 +495,9 @@ def explain(p: Prepared, d: Decision, elapsed_s: float, plan: PDPlan | None = No
                 "instance": c.instance,
                 "dp_rank": c.dp_rank,
                 "cached_tokens": c.cached_tokens,
-                "tiers": {
-                    "GPU": c.gpu_blocks,
-                    "offload": c.offload_blocks,
-                    "speculative": c.speculative_blocks,
-                },
+                "hit_tokens": c.hit_tokens,
+                "tiers": {"GPU": c.gpu_blocks, "speculative": c.speculative_blocks, **c.tiers},
+                "tier_value": {t: round(values.of(t), 4) for t in ("GPU", "speculative", *c.tiers)},
                 "matched_blocks": c.matched_blocks,
                 "trust": c.trust,
                 "in_flight": c.in_flight,
@@ -491,6 +509,11 @@ def explain(p: Prepared, d: Decision, elapsed_s: float, plan: PDPlan | None = No
             for c in d.ranked
         ],
         "shadow": {k: {"target": v.target, "cached_tokens": v.cached_tokens} for k, v in d.shadow.items()},
+        "tier_costs": {
+            "recompute_ms_per_1k_tokens": round(values.recompute_ms_per_1k_tokens, 3),
+            "load_ms_per_1k_tokens": {t: round(v, 3) for t, v in values.load_ms_per_1k_tokens.items()},
+            "value": {"GPU": 1.0, "CPU": values.cpu, "STORAGE": values.storage, **values.shared},
+        },
         "decision_ms": round(elapsed_s * 1e3, 3),
     }
     if plan is not None:

@@ -5,6 +5,7 @@ Sources, as summarised in the project's ``shared/reference/anchors.md`` and ``sh
 * Amazon SageMaker PREFIX_AWARE routing vs RANDOM: Llama 3.1 70B on 7 x p5.48xlarge, vLLM with prefix
   caching, 1 h, one 8k-token shared prefix; and short ShareGPT-like chats (vendor-reported).
 * Mooncake (FAST'25) paper, conversation trace, 16 nodes of 8 x A800: average TTFT per scheduler.
+* SageMaker HyperPod, KV-aware routing with its managed tiered KV cache (L1 CPU, L2 shared).
 """
 
 from __future__ import annotations
@@ -56,3 +57,15 @@ MOONCAKE_PAPER_MEAN_TTFT_S = MappingProxyType(
     {"random": 19.65, "load-balancing": 5.27, "local cache-aware": 3.58, "global cache-aware": 3.07}
 )
 """Mooncake paper, conversation trace: average TTFT per scheduler (their Fig. / text)."""
+
+HYPERPOD_TIERED: Mapping[str, Reported] = MappingProxyType(
+    {
+        "ttft": Reported(-0.40, -0.40),
+        "throughput": Reported(0.25, 0.25),
+        "cost": Reported(-0.25, -0.25),
+    }
+)
+"""SageMaker HyperPod's KV-aware routing with its managed tiered KV cache (L1 in each instance's CPU
+memory, L2 shared), "up to" figures for long-context prompts and multi-turn chat, measured with AWS's
+internal tools (AWS Machine Learning blog, "Managed Tiered KV Cache and Intelligent Routing for Amazon
+SageMaker HyperPod", Nov 2025; anchors.md).  Baseline, fleet and load are not published."""

@@ -2,8 +2,9 @@
 
     kv-aware      cost = queued prefill + (1 + compute_weight) x prefill still to compute here
                          + load_weight x requests in flight,
-                  where "still to compute" = prompt tokens minus the prefix this target really caches
-                  (GPU worth 1, CPU/STORAGE tiers worth `offload_value`, speculative entries worth 1);
+                  where "still to compute" = prompt tokens minus the prefix this target really caches,
+                  each block at its tier's worth (GPU and speculative entries 1; CPU, STORAGE and
+                  shared stores what loading saves over recomputing: ``tier_value``);
                   targets whose index is not trusted get no credit for cache (load-based for them alone)
     prefix-hash   consistent hashing with bounded load over the first `prefix_length` characters (plus the
                   affinity id), SageMaker PREFIX_AWARE style
@@ -57,8 +58,13 @@ class Candidate(msgspec.Struct):
     gpu_blocks: int = 0
     offload_blocks: int = 0
     speculative_blocks: int = 0
+    tiers: dict[str, int] = {}
+    """Credited blocks by tier (GPU, speculative, CPU, STORAGE, a shared store's name; 0s left out)."""
     cached_tokens: int = 0
-    """Prompt tokens the target is predicted to serve from cache (0 when its index is not trusted)."""
+    """Prompt tokens the target is credited with: each cached block at its tier's worth (``tier_value``),
+    0 when its index is not trusted.  What kv-aware subtracts from the prefill to compute."""
+    hit_tokens: int = 0
+    """Prompt tokens vLLM is predicted to report as cached there (every tier in full)."""
     in_flight: int = 0
     pending_prefill_tokens: int = 0
     decoding: int = 0
@@ -103,8 +109,10 @@ class KvAwareSettings(msgspec.Struct, frozen=True):
     load_slack: float = 8.0
     """Requests in flight a target may hold above ``load_bound`` x mean: a burst of one new prefix up to
     this size stays together on an idle fleet (its later requests hit what the first computes)."""
-    offload_value: float = 0.8
-    """Worth of a CPU/STORAGE-tier hit relative to a GPU hit (it must be copied back first)."""
+    offload_value: float | None = None
+    """Worth of a hit in any tier below the GPU relative to a GPU hit, for every such tier alike.  None
+    (the default): each tier's worth follows from its load bandwidth (the fleet file's ``tiers:``,
+    ``kvrouter.routing.tier_value``)."""
 
 
 class KvAware:

@@ -23,6 +23,7 @@ from ..types import InstanceId, RequestId, Role, TargetKey, target_key
 from .load import LoadTracker
 from .policies import Candidate, Policy, PolicyName, PolicySettings, RouteView, SessionTable
 from .registry import ALL_POLICIES, make_policy
+from .tier_value import DEFAULT_TIER_VALUES, OWN_TIERS, TierValues, credited_split
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 
@@ -41,6 +42,9 @@ class RouterConfig(msgspec.Struct, frozen=True):
     shadow: bool = True
     """Ask every other policy what it would have chosen (metrics only)."""
     settings: PolicySettings = PolicySettings()
+    tiers: TierValues = DEFAULT_TIER_VALUES
+    """Worth of a cached block per tier (``tier_value``: from load bandwidths in the fleet file's
+    ``tiers:``); ``settings.kv_aware.offload_value``, when set, overrides every tier below the GPU."""
 
 
 class Target(msgspec.Struct):
@@ -106,6 +110,7 @@ class Decision(msgspec.Struct):
     """cache (a cached prefix decided), load, affinity, session, spill, no_target, at_capacity"""
     ranked: list[Candidate]
     predicted_cached_tokens: int = 0
+    """Prompt tokens vLLM is expected to report as cached on the chosen target (every tier in full)."""
     shadow: dict[str, ShadowChoice] = {}
     shadow_basis: tuple[RouteView, list[Candidate]] | None = None
     """What ``Router.shadow`` ranks when the caller deferred shadow scoring (``route(shadow=False)``)."""
@@ -118,6 +123,8 @@ class Router:
         self.load = LoadTracker()
         self.sessions = SessionTable(self.config.settings.session)
         self._policies: dict[str, Policy] = {}
+        flat = self.config.settings.kv_aware.offload_value
+        self.tier_values = self.config.tiers if flat is None else self.config.tiers.flat(flat)
         self.policy(self.config.policy)  # validates the name now
         for name in self.config.model_policies.values():
             self.policy(name)
@@ -145,16 +152,20 @@ class Router:
         bs = self.indexer.block_size
         max_hit = max(0, (inp.num_tokens - 1) // bs)  # vLLM always recomputes the last prompt token
         matches: dict[tuple[str, int], InstanceMatch] = {}
+        stores: dict[str, str] = {}
         if inp.chains is not None and len(inp.chains):
             res = self.indexer.lookup_chains(inp.chains, inp.num_tokens, now=now)
             matches = {(m.instance, m.dp_rank): m for m in res.instances}
+            stores = res.stores
         if remote is not None:
             local = matches
             matches = {
                 (m.instance, m.dp_rank): _merge_remote(m, local.get((m.instance, m.dp_rank)))
                 for m in remote.instances
             }
-        offload_value = self.config.settings.kv_aware.offload_value
+            stores = remote.stores
+        unusable = frozenset(n for n, t in stores.items() if t not in _USABLE)
+        values = self.tier_values
         out: list[Candidate] = []
         for t in targets:
             if not t.healthy:
@@ -173,20 +184,24 @@ class Router:
             if t.has_events:
                 c.trust = m.trust if m else self.indexer.trust(SourceKey(t.instance, t.dp_rank)).value
             if m and t.has_events and c.trust in _USABLE:
-                gpu = min(m.tiers.get("GPU", 0), max_hit)
-                spec = min(m.speculative_blocks, max_hit - gpu)
-                off = min(
-                    m.matched_blocks - m.tiers.get("GPU", 0) - m.speculative_blocks, max_hit - gpu - spec
-                )
-                c.matched_blocks = min(m.matched_blocks, max_hit)
-                c.gpu_blocks, c.speculative_blocks, c.offload_blocks = gpu, spec, max(0, off)
-                c.cached_tokens = int((gpu + spec + offload_value * max(0, off)) * bs)
+                split = credited_split(m.tiers, m.speculative_blocks, max_hit, unusable)
             elif m:
-                # An untrusted index earns no credit; the router's own speculative entries (requests it
-                # sent there itself) still do, so a burst sticks together even on a fleet still cold.
-                spec = min(m.speculative_blocks, max_hit)
-                c.speculative_blocks = c.matched_blocks = spec
-                c.cached_tokens = spec * bs
+                # An untrusted index earns no credit for the target's own tiers; the router's own
+                # speculative entries (requests it sent there itself) still do, so a burst sticks together
+                # even on a fleet still cold, and so do shared stores (their trust is their own: a cold
+                # instance attached to a store can load what the others wrote there).
+                shared = {k: n for k, n in m.tiers.items() if k not in OWN_TIERS}
+                split = credited_split(shared, m.speculative_blocks, max_hit, unusable)
+            else:
+                split = {}
+            if split:
+                c.tiers = split
+                c.gpu_blocks = split.get("GPU", 0)
+                c.speculative_blocks = split.get("speculative", 0)
+                c.matched_blocks = sum(split.values())
+                c.offload_blocks = c.matched_blocks - c.gpu_blocks - c.speculative_blocks
+                c.hit_tokens = c.matched_blocks * bs
+                c.cached_tokens = round(sum(values.of(k) * n for k, n in split.items()) * bs)
             limit = self.config.concurrency_threshold
             c.saturated = bool(limit) and c.in_flight >= limit
             out.append(c)
@@ -236,7 +251,7 @@ class Router:
         ranked = policy.rank(view, open_, dry_run=dry_run)
         chosen = next((c for c in ranked if not c.saturated), ranked[0])
         reason = self._reason(policy.name, chosen, ranked)
-        d = Decision(chosen, policy.name, reason, ranked, predicted_cached_tokens=chosen.cached_tokens)
+        d = Decision(chosen, policy.name, reason, ranked, predicted_cached_tokens=chosen.hit_tokens)
         if self.config.shadow:
             if shadow:
                 d.shadow = self._shadow(view, open_, policy.name)
@@ -278,7 +293,7 @@ class Router:
                 continue
             ranked = self.policy(name).rank(view, list(cands), dry_run=True)
             pick = next((c for c in ranked if not c.saturated), ranked[0])
-            out[name] = ShadowChoice(pick.target, pick.cached_tokens)
+            out[name] = ShadowChoice(pick.target, pick.hit_tokens)
         for c, sc in zip(cands, scores):
             c.score = sc
         return out
@@ -299,6 +314,8 @@ class Router:
         request's prefill leg has its own, ``types.leg_id``).  ``prefill_tokens``: what it computes there
         (default: the prompt minus what ``chosen`` caches; a decode leg receives its prompt instead)."""
         if prefill_tokens is None:
+            # The valued credit, not the hit: a block loaded from a slower tier still costs its load time,
+            # counted in prefill-token equivalents (``tier_value``).
             prefill_tokens = max(0, inp.num_tokens - chosen.cached_tokens)
         self.load.dispatch(request_id or inp.request_id, chosen.target, prefill_tokens)
         if inp.session is not None:

@@ -7,7 +7,9 @@ skip reason), answer every lookup alike and report the same blocks per source.  
 release's shape, sources in three groups of 64, stored events chained to held, unknown and absent parents,
 offload placeholders, removals of held, unknown and repeated hashes, duplicates (further references),
 clears, LoRA and salted events (declined by the fast path), wrong block sizes and token counts, batches
-naming another rank than the caller's, and payloads with a byte changed or cut short.
+naming another rank than the caller's, and payloads with a byte changed or cut short.  A second stream
+adds the tiers' wire fields (``locality``, ``ownership``) and offload children sent before their parents,
+with and without shared stores configured (the fast path may decline all of it; the results must agree).
 """
 
 from __future__ import annotations
@@ -23,16 +25,22 @@ from hypothesis import strategies as st
 from indexer import Indexer, SourceKey
 from indexer.encode import RELEASES, PayloadEncoder
 from indexer.index import BlockIndex
+from indexer.tiers import SharedStoreConfig
 
 BS = 4
 # slots 0, 1, 70 and 140: three groups (fillers take the slots between)
 SOURCES = [SourceKey("a", 0), SourceKey("a", 1), SourceKey("b", 0), SourceKey("c", 3)]
 FILLERS = {2: 68, 3: 69}  # before SOURCES[i], this many filler slots
 MEDIA = ["GPU", "GPU", "CPU", "STORAGE", None]
+STORES = [
+    SharedStoreConfig("l2", medium="STORAGE", instances=["a", "b"], capacity_blocks=6),
+    SharedStoreConfig("lmc", medium="CPU", ownership="lmcache", announces_removals=True, max_age_s=30.0),
+    SharedStoreConfig("far", medium="CPU", locality="REMOTE", capacity_blocks=4),
+]
 
 
-def make(fast: bool) -> Indexer:
-    ix = Indexer(BS, fast_ingest=fast, max_blocks_per_source=60)
+def make(fast: bool, shared: list[SharedStoreConfig] | None = None) -> Indexer:
+    ix = Indexer(BS, fast_ingest=fast, max_blocks_per_source=60, shared=shared)
     assert isinstance(ix.index, BlockIndex)
     if fast:  # tables sized ahead on one side only: what they hold never depends on it
         ix.reserve(150, 20)
@@ -46,8 +54,9 @@ def make(fast: bool) -> Indexer:
 class Stream:
     """Random payloads for the sources: mostly well-formed, continuing what each source holds."""
 
-    def __init__(self, rnd: random.Random, release: str) -> None:
+    def __init__(self, rnd: random.Random, release: str, *, tiers: bool = False) -> None:
         self.rnd = rnd
+        self.tiers = tiers
         self.enc = PayloadEncoder(release)
         self.trunk = [
             rnd.randrange(2**32) if rnd.random() < 0.1 else rnd.randrange(60) for _ in range(BS * 12)
@@ -64,10 +73,20 @@ class Stream:
             out.append(e.to_bytes(8, "big") if r < 0.15 else (e - (1 << 64) if r < 0.3 and e >> 63 else e))
         return out
 
+    def _tier_fields(self) -> dict[str, Any]:
+        """With ``tiers``: locality and ownership, sometimes (what the shared stores above route by)."""
+        rnd = self.rnd
+        kw: dict[str, Any] = {}
+        if self.tiers and rnd.random() < 0.6:
+            kw["locality"] = rnd.choice(["LOCAL", "REMOTE", None])
+            kw["ownership"] = rnd.choice(["lmcache", "fs", None])
+        return kw
+
     def event(self, src: SourceKey) -> Any:
         rnd, enc, held = self.rnd, self.enc, self.held[src]
         r = rnd.random()
         medium = rnd.choice(MEDIA)
+        tier = self._tier_fields()
         if r < 0.45:
             lo = rnd.randrange(0, 10)
             n = rnd.randint(0, 4)
@@ -93,19 +112,22 @@ class Stream:
             elif q < 0.23:
                 kw["group_idx"] = 1
             held.extend(e for e in engines)
-            return enc.stored(engines, parent, toks, bs, medium=medium, **kw)
+            return enc.stored(engines, parent, toks, bs, medium=medium, **kw, **tier)
         if r < 0.55:
             engines = rnd.sample(held, min(len(held), rnd.randint(1, 4))) if held else [99]
-            return enc.stored(engines + ([31337] if rnd.random() < 0.2 else []), None, [], 0, medium=medium)
+            extra = [31337] if rnd.random() < 0.2 else []
+            return enc.stored(engines + extra, None, [], 0, medium=medium, **tier)
         if r < 0.95:
             k = rnd.randint(1, 5)
             hs = [rnd.choice(held) if held and rnd.random() < 0.85 else 555 for _ in range(k)]
-            return enc.removed(hs, medium=medium, group_idx=1 if rnd.random() < 0.03 else None)
+            return enc.removed(hs, medium=medium, group_idx=1 if rnd.random() < 0.03 else None, **tier)
         return enc.cleared()
 
     def payload(self, src: SourceKey) -> bytes:
         rnd = self.rnd
         events = [self.event(src) for _ in range(rnd.randint(1, 5))]
+        if self.tiers and rnd.random() < 0.3:
+            events.reverse()  # offload tiers announce a batch's chunks in any order: children first
         rank = src.dp_rank if rnd.random() < 0.9 else src.dp_rank + 1
         data = self.enc.batch(events, ts=float(rnd.randrange(100)), dp_rank=rank)
         r = rnd.random()
@@ -125,6 +147,8 @@ def state(ix: Indexer, queries: list[list[int]]) -> tuple[object, ...]:
         sorted((str(s), sorted(ix.index.blocks(s).items())) for s in ix.sources()),
         sorted((str(s), ts) for s, ts in ix.last_event_ts.items()),
         ix.index.total_entries(),
+        msgspec.to_builtins(ix.lookup(queries[-1]).stores),
+        None if ix.stores is None else sorted(ix.stores.drops.items()),
     )
 
 
@@ -139,6 +163,28 @@ def test_fast_path_equals_reference_path(seed: int, release: str, steps: int) ->
         src = rnd.choice(SOURCES)
         data = stream.payload(src)
         # the subscriber's call (the source given) or direct use (the batch's rank decides)
+        kw: dict[str, Any] = {"_source": src} if rnd.random() < 0.5 else {"dp_rank": src.dp_rank}
+        got = fast.apply_payload(src.instance, data, **kw)
+        want = ref.apply_payload(src.instance, data, **kw)
+        assert got == want, step
+        assert state(fast, queries) == state(ref, queries), step
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 2**32 - 1), st.sampled_from(RELEASES), st.integers(5, 60), st.booleans())
+def test_fast_path_equals_reference_path_with_tier_fields(
+    seed: int, release: str, steps: int, with_stores: bool
+) -> None:
+    """Events carrying locality / ownership, offload children before their parents, and (``with_stores``)
+    shared stores that route offload events: the fast path on and off end in the same state."""
+    rnd = random.Random(seed)
+    stream = Stream(rnd, release, tiers=True)
+    shared = STORES if with_stores else None
+    fast, ref = make(True, shared), make(False, shared)
+    queries = [[*stream.trunk[: BS * k], 1] for k in (1, 3, 6, 12)]
+    for step in range(steps):
+        src = rnd.choice(SOURCES)
+        data = stream.payload(src)
         kw: dict[str, Any] = {"_source": src} if rnd.random() < 0.5 else {"dp_rank": src.dp_rank}
         got = fast.apply_payload(src.instance, data, **kw)
         want = ref.apply_payload(src.instance, data, **kw)

@@ -31,6 +31,7 @@ from .kvcache import KVCacheManager
 from .offload import CpuOffloadTier
 from .request import Request
 from .scheduler import BatchStats, KvLoad, RequestOutput, Scheduler, SchedulerConfig
+from .shared_store import SharedStore, StoreClient
 from .timing import TimingModel, get_profile
 from .types import BlockHash, BlockId
 
@@ -95,6 +96,8 @@ class StepResult(msgspec.Struct, gc=False):
     loaded_tokens: int
     """Tokens loaded from the CPU tier."""
     preempted: list[RequestId]
+    shared_loaded_tokens: int = 0
+    """Tokens loaded from the shared store."""
 
 
 class EngineMetrics(msgspec.Struct):
@@ -133,12 +136,18 @@ class EngineMetrics(msgspec.Struct):
 class Engine:
     """A simulated vLLM engine.  Single-threaded: one owner calls every method."""
 
-    def __init__(self, config: EngineConfig | None = None) -> None:
+    def __init__(self, config: EngineConfig | None = None, *, shared: SharedStore | None = None) -> None:
+        """``shared``: a store this engine attaches with others (``shared_store``), below its CPU tier."""
         config = config or EngineConfig()
         config.validate()
         self.config = config
         self.profile = get_profile(config.profile)
-        self.timing = TimingModel(self.profile, config.speed)
+        self.shared_store = shared
+        self.timing = (
+            TimingModel(self.profile, config.speed, shared_load_bytes_per_s=shared.load_bytes_per_s)
+            if shared is not None
+            else TimingModel(self.profile, config.speed)
+        )
         bs = self.block_size = config.cache.block_size
         self.num_gpu_blocks = config.cache.num_gpu_blocks or self.profile.kv_capacity_blocks(bs)
         if self.num_gpu_blocks < 1:
@@ -166,7 +175,12 @@ class Engine:
             if cc.cpu_offload_blocks and caching
             else None
         )
-        self.kv = KVCacheManager(self.pool, self.block_size, offload)
+        shared = (
+            StoreClient(self.shared_store, self.pool.emit)
+            if self.shared_store is not None and caching
+            else None
+        )
+        self.kv = KVCacheManager(self.pool, self.block_size, offload, shared)
         self.scheduler = Scheduler(self.config.scheduler, self.kv, self.max_model_len)
         self._lora_ids: dict[str, int] = {}
         self.steps = 0
@@ -250,6 +264,7 @@ class Engine:
             stats.decode_tokens,
             stats.loaded_tokens,
             preempted,
+            stats.shared_loaded_tokens,
         )
 
     def step_many(self, max_steps: int, max_duration_s: float) -> StepResult:

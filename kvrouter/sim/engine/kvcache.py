@@ -26,16 +26,25 @@ from .blockpool import BlockPool
 from .events import BlockStored
 from .offload import CpuOffloadTier
 from .request import Request
+from .shared_store import StoreClient
 from .types import BlockHash, BlockId
 
 
 class KVCacheManager:
     """Block tables of running requests, prefix-cache lookups and allocation.  Pure."""
 
-    def __init__(self, pool: BlockPool, block_size: int, offload: CpuOffloadTier | None = None) -> None:
+    def __init__(
+        self,
+        pool: BlockPool,
+        block_size: int,
+        offload: CpuOffloadTier | None = None,
+        shared: StoreClient | None = None,
+    ) -> None:
         self.pool = pool
         self.block_size = block_size
         self.offload = offload
+        self.shared = shared
+        """A shared store below the CPU tier (``shared_store``): written through, read after the CPU."""
         self._tables: dict[RequestId, list[BlockId]] = {}
         self._num_cached: dict[RequestId, int] = {}  # leading blocks of the table already cached
 
@@ -56,12 +65,25 @@ class KVCacheManager:
             return []
         return self.pool.longest_hit(req.block_hashes, (req.num_tokens - 1) // self.block_size)
 
+    @property
+    def has_external(self) -> bool:
+        return self.offload is not None or self.shared is not None
+
     def external_tokens(self, req: Request, num_local_blocks: int) -> int:
-        """Tokens the CPU tier can supply right after the GPU hit (block-aligned, same last-token cap)."""
-        if self.offload is None or not self.caching:
-            return 0
-        stop = (req.num_tokens - 1) // self.block_size
-        return self.offload.lookup(req.block_hashes, num_local_blocks, stop) * self.block_size
+        """Tokens the tiers below the GPU can supply right after the GPU hit (block-aligned, same
+        last-token cap)."""
+        return sum(self.external_split(req, num_local_blocks))
+
+    def external_split(self, req: Request, num_local_blocks: int) -> tuple[int, int]:
+        """(tokens from the CPU tier, tokens from the shared store) continuing the GPU hit: the CPU tier's
+        contiguous run first, then the store's from where it ends."""
+        if not self.has_external or not self.caching:
+            return 0, 0
+        bs = self.block_size
+        stop = (req.num_tokens - 1) // bs
+        cpu = self.offload.lookup(req.block_hashes, num_local_blocks, stop) if self.offload else 0
+        shared = self.shared.lookup(req.block_hashes, num_local_blocks + cpu, stop) if self.shared else 0
+        return cpu * bs, shared * bs
 
     # ------------------------------------------------------------------ allocation
     def whole_sequence_fits(self, req: Request, hits: Sequence[BlockId], max_len: int) -> bool:
@@ -106,8 +128,7 @@ class KVCacheManager:
             pool.touch(new_hits)
             table.extend(new_hits)
             self._num_cached[req.request_id] = len(table)
-            if self.offload is not None:
-                self.offload.queue_store(req.block_hashes[: len(table)])
+            self._offer(req.block_hashes[: len(table)])
         if need > 0:
             table.extend(pool.get_new_blocks(need))
         if self.caching and cache:
@@ -143,8 +164,13 @@ class KVCacheManager:
                     extra_keys=req.extra_keys(done, full),
                 )
             )
+        self._offer(hashes)
+
+    def _offer(self, hashes: list[BlockHash]) -> None:
         if self.offload is not None:
             self.offload.queue_store(hashes)
+        if self.shared is not None:
+            self.shared.queue_store(hashes)
 
     def free(self, req: Request) -> None:
         """Release a finished, aborted or preempted request's blocks, tail first."""
@@ -157,6 +183,8 @@ class KVCacheManager:
         """Complete this step's offload stores (their events follow the step's GPU events)."""
         if self.offload is not None:
             self.offload.flush()
+        if self.shared is not None:
+            self.shared.flush()
 
     def reset(self) -> bool:
         """``reset_prefix_cache``: only with no request holding blocks."""
@@ -164,4 +192,6 @@ class KVCacheManager:
             return False
         if self.offload is not None:
             self.offload.reset()
+        if self.shared is not None:
+            self.shared.reset()
         return True

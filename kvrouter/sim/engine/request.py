@@ -50,6 +50,7 @@ class Request:
         "block_hashes",
         "block_size",
         "cache_salt",
+        "cpu_loaded_tokens",
         "hold",
         "loaded",
         "lora_id",
@@ -65,6 +66,7 @@ class Request:
         "remote_tokens",
         "request_id",
         "seed",
+        "shared_loaded_tokens",
         "status",
         "vocab_size",
     )
@@ -101,6 +103,8 @@ class Request:
         self.status = Status.WAITING
         self.num_computed_tokens = 0
         self.num_cached_tokens = -1  # set once, at first scheduling (vLLM's ``num_cached_tokens``)
+        self.cpu_loaded_tokens = 0  # of those, loaded from the CPU tier ...
+        self.shared_loaded_tokens = 0  # ... and from a shared store
         self.num_preemptions = 0
         self.hold = hold
         """A prefill leg: when finished, its blocks stay allocated until released (a decode instance

@@ -78,6 +78,10 @@ class RequestOutput(msgspec.Struct, gc=False):
     num_output_tokens: int
     cached_tokens: int
     """Prompt tokens served from the prefix cache (``usage.prompt_tokens_details.cached_tokens``)."""
+    cpu_loaded_tokens: int = 0
+    """Of ``cached_tokens``, loaded from the CPU tier (the rest from GPU or ``shared_loaded_tokens``)."""
+    shared_loaded_tokens: int = 0
+    """Of ``cached_tokens``, loaded from a shared store."""
 
 
 class KvLoad(msgspec.Struct, frozen=True, gc=False):
@@ -104,6 +108,8 @@ class BatchStats(msgspec.Struct, gc=False):
     """(query token, context token) pairs attention computes: its FLOPs grow with context."""
     loaded_tokens: int = 0
     """Tokens loaded from the CPU tier."""
+    shared_loaded_tokens: int = 0
+    """Tokens loaded from a shared store (``shared_store``)."""
 
 
 class Counters(msgspec.Struct):
@@ -225,7 +231,8 @@ class Scheduler:
                     continue
                 if went == "blocked":
                     break
-            ext = kv.external_tokens(req, len(hits))
+            ext_cpu, ext_shared = kv.external_split(req, len(hits))
+            ext = ext_cpu + ext_shared
             computed = len(hits) * bs + ext
             n = min(req.num_tokens - computed, budget)
             if self.config.reserve_full_sequence and not kv.whole_sequence_fits(
@@ -242,14 +249,16 @@ class Scheduler:
             else:
                 c.prefix_cache_queries += req.num_tokens
                 c.prefix_cache_hits += len(hits) * bs
-                if kv.offload is not None:
+                if kv.has_external:
                     c.external_queries += req.num_tokens - len(hits) * bs
                     c.external_hits += ext
             req.status = Status.RUNNING
             req.num_computed_tokens = computed
             if req.num_cached_tokens < 0:
                 req.num_cached_tokens = computed
-            stats.loaded_tokens += ext
+                req.cpu_loaded_tokens, req.shared_loaded_tokens = ext_cpu, ext_shared
+            stats.loaded_tokens += ext_cpu
+            stats.shared_loaded_tokens += ext_shared
             scheduled.append((req, n))
             budget -= n
 
@@ -351,6 +360,8 @@ class Scheduler:
                     req.num_prompt_tokens,
                     n_out,
                     req.num_cached_tokens,
+                    req.cpu_loaded_tokens,
+                    req.shared_loaded_tokens,
                 )
             )
             if done:
@@ -425,6 +436,8 @@ class Scheduler:
                     req.num_prompt_tokens,
                     n_out,
                     req.num_cached_tokens,
+                    req.cpu_loaded_tokens,
+                    req.shared_loaded_tokens,
                 )
             )
         c.generation_tokens += k * n

@@ -8,6 +8,7 @@
                memory:  weights + context_tokens * kv_bytes_per_token
                         / (num_gpus * hbm_bandwidth * mbu) )
         + loaded_tokens * kv_bytes_per_token / cpu_load_bandwidth
+        + shared_loaded_tokens * kv_bytes_per_token / shared_load_bandwidth
     then divided by ``speed``.
 
 A decode-heavy step is memory-bound (every weight is read once per step, plus each request's KV), a
@@ -309,9 +310,13 @@ def get_profile(name: str) -> TimingProfile:
 class TimingModel:
     """Step durations for one profile; ``speed`` > 1 runs faster than real time (durations / speed)."""
 
-    def __init__(self, profile: TimingProfile, speed: float = 1.0) -> None:
-        if speed <= 0:
-            raise SimConfigError("speed must be positive")
+    def __init__(
+        self, profile: TimingProfile, speed: float = 1.0, *, shared_load_bytes_per_s: float = 12.5e9
+    ) -> None:
+        """``shared_load_bytes_per_s``: the bandwidth of loads from a shared store (``shared_store``)."""
+        if speed <= 0 or shared_load_bytes_per_s <= 0:
+            raise SimConfigError("speed and shared_load_bytes_per_s must be positive")
+        self.shared_load_bytes_per_s = shared_load_bytes_per_s
         profile.validate()
         self.profile = profile
         self.speed = speed
@@ -332,6 +337,8 @@ class TimingModel:
         t = p.step_overhead_s + stats.num_scheduled * p.per_seq_overhead_s + max(compute, memory)
         if stats.loaded_tokens:
             t += stats.loaded_tokens * p.kv_bytes_per_token / p.cpu_load_bytes_per_s
+        if stats.shared_loaded_tokens:
+            t += stats.shared_loaded_tokens * p.kv_bytes_per_token / self.shared_load_bytes_per_s
         return t / self.speed
 
     def decode_run_time(self, batch: int, base_context: int, k: int) -> float:

@@ -16,7 +16,7 @@ BlockHash = NewType("BlockHash", int)
 BlockId = NewType("BlockId", int)
 """A physical block of the KV pool, 0 <= id < capacity."""
 
-MediumName = Literal["GPU", "CPU"]
+MediumName = Literal["GPU", "CPU", "STORAGE"]
 """Where a block lives, as vLLM names it in events."""
 
 FinishReason = Literal["length", "abort"]

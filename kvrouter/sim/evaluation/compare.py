@@ -77,6 +77,8 @@ def summarize(
     e2e = [r.finish_s - r.arrival_s for r in done if r.finish_s is not None]
     prompt = sum(r.prompt_tokens for r in done)
     cached = sum(r.cached_tokens for r in done)
+    cpu = sum(r.cpu_tokens for r in done)
+    l2 = sum(r.l2_tokens for r in done)
     out_tok = sum(r.output_tokens for r in done)
     start = min((r.arrival_s for r in run.records), default=0.0)
     span = max(run.makespan_s - start, 1e-9)
@@ -98,6 +100,11 @@ def summarize(
         "completed": len(done),
         "rejected": sum(1 for r in run.records if r.rejected),
         "hit_rate": cached / prompt if prompt else 0.0,
+        "hit_rate_by_tier": {
+            "GPU": (cached - cpu - l2) / prompt if prompt else 0.0,
+            "CPU": cpu / prompt if prompt else 0.0,
+            "L2": l2 / prompt if prompt else 0.0,
+        },
         "ttft_mean_s": statistics.fmean(ttft) if ttft else float("nan"),
         "ttft_p50_s": quantile(ttft, 0.5),
         "ttft_p90_s": quantile(ttft, 0.9),
@@ -106,6 +113,7 @@ def summarize(
         "e2e_p90_s": quantile(e2e, 0.9),
         "throughput_tok_s": out_tok / span,
         "prompt_throughput_tok_s": prompt / span,
+        "gpu_s_per_request": sum(run.busy_s) / len(done) if done else float("nan"),
         "makespan_s": span,
         "max_over_mean_load": max(work) / mean_work if mean_work else 1.0,
         "max_over_mean_in_flight": max(inflight) / statistics.fmean(inflight)

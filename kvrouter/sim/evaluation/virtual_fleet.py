@@ -43,6 +43,7 @@ from indexer.hashing import I64Array
 from ...api.requests import prefix_text as api_prefix_text
 from ...routing import READS_INDEX, DisaggPlanner, DisaggSettings, RouteInput, Router, RouterConfig
 from ...routing.router import Target, route_input
+from ...routing.tier_value import tier_values
 from ...types import InstanceId, RequestId, Role, TargetKey, leg_id
 from ...workloads.blocks import BlockContentCache
 from ...workloads.spec import Request, Segment, TokenSpace, Workload
@@ -51,6 +52,8 @@ from ..engine.engine import CacheConfig, Engine, EngineConfig
 from ..engine.frontend import FrontEnd
 from ..engine.payload import PayloadWriter
 from ..engine.scheduler import SchedulerConfig
+from ..engine.shared_store import SharedStore
+from ..engine.tiers import tiers_config
 from ..engine.timing import NO_FRONTEND, PROMPT_APIS, PromptApi, get_profile
 from ..errors import RequestRejected, SimConfigError
 
@@ -64,6 +67,12 @@ class FleetSimConfig(msgspec.Struct, frozen=True):
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     cpu_offload_blocks: int = 0
+    """Each instance's own CPU tier (L1), in blocks (0: none)."""
+    shared_l2_blocks: int = 0
+    """A store every instance attaches (L2: HyperPod's Redis/tiered storage, an LMCache server), in blocks
+    (0: none).  Written through from the instances' offloads; announces no removals (``shared_store``)."""
+    shared_l2_gbps: float = 12.5
+    """Load bandwidth from the L2 into an instance, GB/s (the router's fleet file says the same)."""
     event_delay_s: float = 0.005
     """Engine step end -> the router's index has the step's events (ZeroMQ + decode)."""
     event_loss: float = 0.0
@@ -95,6 +104,8 @@ class FleetSimConfig(msgspec.Struct, frozen=True):
     """Fixed cost of one KV transfer (handshake, notification)."""
 
     def validate(self) -> None:
+        if self.shared_l2_blocks < 0 or self.shared_l2_gbps <= 0:
+            raise SimConfigError("shared_l2_blocks must be >= 0 and shared_l2_gbps positive")
         if self.prompt_api not in PROMPT_APIS:
             raise SimConfigError(f"prompt_api must be one of {', '.join(PROMPT_APIS)}")
 
@@ -109,6 +120,10 @@ class RequestRecord(msgspec.Struct, gc=False):
     first_token_s: float | None = None
     finish_s: float | None = None
     cached_tokens: int = 0
+    cpu_tokens: int = 0
+    """Of ``cached_tokens``, loaded from the instance's CPU tier ..."""
+    l2_tokens: int = 0
+    """... and from the shared L2 (the rest were GPU hits)."""
     predicted_cached_tokens: int = 0
     rejected: bool = False
     prefill_instance: str | None = None
@@ -132,6 +147,8 @@ class FleetRun(msgspec.Struct):
     """Tokens each instance computed (prefill + decode)."""
     index_errors: dict[str, int]
     makespan_s: float
+    busy_s: list[float] = []
+    """Seconds each instance spent in engine steps (its GPUs busy): the fleet's compute cost."""
 
 
 class _Clock:
@@ -173,7 +190,12 @@ class VirtualFleet:
         self.w = workload
         self.cfg = cfg
         self.clock = _Clock()
-        self.indexer = Indexer(cfg.block_size)
+        profile = get_profile(cfg.profile)
+        # The router's view of the tiers is the fleet file's: the L2 declared as a shared store, every
+        # tier valued from the simulated hardware's own figures.
+        self.tiers = tiers_config(profile, cfg.shared_l2_blocks, cfg.shared_l2_gbps)
+        self.indexer = Indexer(cfg.block_size, shared=self.tiers.shared)
+        router_cfg = msgspec.structs.replace(router_cfg, tiers=tier_values(self.tiers))
         self.router = Router(self.indexer, router_cfg)
         self.prefix_length = router_cfg.settings.prefix_hash.prefix_length
         # Without events the index holds only speculative entries, which no policy outside READS_INDEX
@@ -186,7 +208,6 @@ class VirtualFleet:
         self.progress = progress
         self.rng = random.Random(cfg.seed)
         capacity = cfg.capacity_blocks
-        profile = get_profile(cfg.profile)
         if capacity is None and pooled_of > 1:
             capacity = profile.kv_capacity_blocks(cfg.block_size) * pooled_of
         ecfg = EngineConfig(
@@ -204,7 +225,12 @@ class VirtualFleet:
             seed=cfg.seed,
         )
         self.names = [f"sim-{i}" for i in range(cfg.instances)]
-        self.engines = [Engine(ecfg) for _ in self.names]
+        self.l2 = (
+            SharedStore(cfg.shared_l2_blocks, cfg.block_size, cfg.shared_l2_gbps * 1e9)
+            if cfg.shared_l2_blocks and pooled_of == 1
+            else None
+        )
+        self.engines = [Engine(ecfg, shared=self.l2) for _ in self.names]
         # A pooled engine stands for pooled_of instances: as many API servers, each as fast as one (its
         # engine's speed-up is throughput, not a shorter path for each request).
         costs = profile.frontend if cfg.frontend else NO_FRONTEND
@@ -215,6 +241,7 @@ class VirtualFleet:
         self.seqs = [0] * cfg.instances
         self.busy = [False] * cfg.instances
         self.work = [0] * cfg.instances
+        self.busy_s = [0.0] * cfg.instances
         if cfg.roles and len(cfg.roles) != cfg.instances:
             raise ValueError(f"{len(cfg.roles)} roles for {cfg.instances} instances")
         roles = cfg.roles or ["both"] * cfg.instances
@@ -269,6 +296,7 @@ class VirtualFleet:
             dict(self.indexer.counters.event_errors)
             | {f"decode:{k}": v for k, v in self.indexer.counters.decode_errors.items()},
             self._last_finish,
+            self.busy_s,
         )
 
     def _sample(self) -> None:
@@ -323,7 +351,7 @@ class VirtualFleet:
             return False
         rec = self.records[rid]
         rec.instance, rec.dispatch_s = d.chosen.target, now
-        rec.predicted_cached_tokens = d.chosen.cached_tokens
+        rec.predicted_cached_tokens = d.chosen.hit_tokens
         self.router.dispatched(inp, d.chosen, now)
         i = self.index[d.chosen.instance]
         self._to_engine(i, rid, now)
@@ -369,12 +397,12 @@ class VirtualFleet:
         rec.instance, rec.dispatch_s, rec.pd_reason = d.target, now, plan.reason
         pc = plan.prefill_target
         if pc is None:
-            rec.predicted_cached_tokens = d.cached_tokens
+            rec.predicted_cached_tokens = d.hit_tokens
             self.router.dispatched(inp, d, now)
             self._to_engine(self.index[d.instance], rid, now)
             return True
         rec.prefill_instance = pc.target
-        rec.predicted_cached_tokens = pc.cached_tokens
+        rec.predicted_cached_tokens = pc.hit_tokens
         self.router.dispatched(inp, pc, now, request_id=leg_id(RequestId(rid)))
         self.router.dispatched(inp, d, now, prefill_tokens=0)
         ip = self.index[pc.instance]
@@ -403,11 +431,12 @@ class VirtualFleet:
         self.records[rid].first_token_s = t
         self.router.first_token(RequestId(rid))
 
-    def _finish(self, rid: str, cached: int, out_tokens: int) -> None:
+    def _finish(self, rid: str, cached: tuple[int, int, int], out_tokens: int) -> None:
         rec = self.records[rid]
         rec.finish_s = self.clock.now
         if self.pulls.pop(rid, None) is None:
-            rec.cached_tokens = cached  # a split request reports its prefill instance's hit (vLLM 0.33)
+            # a split request reports its prefill instance's hit (vLLM 0.33), set by _prefill_done
+            rec.cached_tokens, rec.cpu_tokens, rec.l2_tokens = cached
         rec.output_tokens = out_tokens
         self.last_out.pop(rid, None)
         self.router.finished(RequestId(rid))
@@ -486,6 +515,7 @@ class VirtualFleet:
         res = eng.step_many(100_000, self._next_activity() - self.clock.now)
         end = self.clock.now + res.duration_s
         self.work[i] += res.prefill_tokens + res.decode_tokens
+        self.busy_s[i] += res.duration_s
         events = eng.take_events()
         if events:
             seq = self.seqs[i]
@@ -514,7 +544,8 @@ class VirtualFleet:
                 rec.itl_max_s = max(rec.itl_max_s, (end - last) / max(1, len(o.new_token_ids)))
             self.last_out[rid] = end
             if o.finished:
-                cached, n_out = o.cached_tokens, o.num_output_tokens
+                cached = (o.cached_tokens, o.cpu_loaded_tokens, o.shared_loaded_tokens)
+                n_out = o.num_output_tokens
                 # The API server handles a request's outputs in order: the last never overtakes the first.
                 t = max(end + lat + fe.output_delay(), self._first_out.pop(rid, 0.0))
                 self._at_activity(t, partial(self._finish, rid, cached, n_out))

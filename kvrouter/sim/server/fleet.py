@@ -42,6 +42,9 @@ from ...routing import disagg
 from ...types import Role
 from ..engine.engine import CacheConfig, EngineConfig
 from ..engine.scheduler import SchedulerConfig
+from ..engine.shared_store import SharedStore
+from ..engine.tiers import tiers_config
+from ..engine.timing import get_profile
 from ..errors import SimConfigError, SimError
 from .answers import AnswerVocab
 from .faults import FaultConfig
@@ -95,6 +98,11 @@ class SimFleetConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Tokens per KV block."""
     cpu_offload_blocks: int = 0
     """CPU offload tier per rank, in blocks (0: none)."""
+    shared_l2_blocks: int = 0
+    """A store every rank of every instance attaches (``sim.engine.shared_store``), in blocks (0: none);
+    the fleet file declares it (``tiers.shared``)."""
+    shared_l2_gbps: float = 12.5
+    """Its load bandwidth into a rank, GB/s."""
     max_num_seqs: int = 256
     """vLLM ``--max-num-seqs``."""
     max_num_batched_tokens: int = 8192
@@ -139,6 +147,8 @@ class SimFleetConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise SimConfigError("the port layout does not fit below 65536")
         if self.replay and not self.events:
             raise SimConfigError("replay needs events")
+        if self.shared_l2_blocks < 0 or self.shared_l2_gbps <= 0:
+            raise SimConfigError("shared_l2_blocks must be >= 0 and shared_l2_gbps positive")
         for cfg in self.instance_configs(self.base_port or _PORT_RANGE[0]):
             cfg.validate()
 
@@ -240,6 +250,13 @@ class SimFleet:
         """The chat template the instances apply beyond the tokenizer's own (written to the fleet file)."""
         self.servers: list[SimServer] = []
         self._zmq: zmq.asyncio.Context | None = None
+        c = self.config
+        self.shared_store = (
+            SharedStore(c.shared_l2_blocks, c.block_size, c.shared_l2_gbps * 1e9)
+            if c.shared_l2_blocks
+            else None
+        )
+        """The L2 every instance attaches (None without one); it outlives restarts of instances."""
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -257,7 +274,12 @@ class SimFleet:
         try:
             for icfg in cfg.instance_configs(base):
                 inst = SimInstance(
-                    icfg, tok, vocab=vocab, zmq_ctx=self._zmq, chat_template=self.chat_template
+                    icfg,
+                    tok,
+                    vocab=vocab,
+                    zmq_ctx=self._zmq,
+                    chat_template=self.chat_template,
+                    shared=self.shared_store,
                 )
                 server = SimServer(inst)
                 self.servers.append(server)
@@ -352,6 +374,9 @@ class SimFleet:
         }
         if cfg.bind is not None:
             out["bind"] = cfg.bind
+        if cfg.shared_l2_blocks:
+            tiers = tiers_config(get_profile(cfg.profile), cfg.shared_l2_blocks, cfg.shared_l2_gbps)
+            out["tiers"] = msgspec.to_builtins(tiers)
         if self.chat_template is not None:
             out["models"] = {cfg.model: {"chat_template": self.chat_template}}
         return out

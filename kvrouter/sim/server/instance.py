@@ -43,6 +43,7 @@ from ...types import Role
 from ..engine.engine import Engine, EngineConfig
 from ..engine.frontend import FrontEnd
 from ..engine.scheduler import RequestOutput
+from ..engine.shared_store import SharedStore
 from ..engine.timing import PromptApi
 from ..errors import RequestRejected, SimConfigError, SimError
 from . import env
@@ -270,9 +271,11 @@ class SimInstance:
         vocab: AnswerVocab | None = None,
         zmq_ctx: zmq.asyncio.Context | None = None,
         chat_template: str | None = None,
+        shared: SharedStore | None = None,
     ) -> None:
         """``chat_template``: the template the tokenizer applies beyond its own (its facts decide how
-        Anthropic requests are converted, as vLLM probes them)."""
+        Anthropic requests are converted, as vLLM probes them).  ``shared``: a store the ranks attach with
+        other instances' (``sim.engine.shared_store``)."""
         config.validate()
         self.config = config
         self.tokenizer = tokenizer
@@ -296,7 +299,7 @@ class SimInstance:
         for r in range(config.dp_size):
             pcfg = config.publisher_config(r)
             pub = None if pcfg is None else EventPublisher(pcfg, ctx=zmq_ctx)
-            self.ranks.append(EngineRank(r, Engine(config.engine), pub, self.faults))
+            self.ranks.append(EngineRank(r, Engine(config.engine, shared=shared), pub, self.faults))
         self.stats = [RequestStats() for _ in self.ranks]
         self.max_model_len = self.ranks[0].engine.max_model_len
         # vLLM runs one API server per data-parallel rank by default, all taking requests for any rank.

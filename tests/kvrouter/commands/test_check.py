@@ -103,3 +103,18 @@ async def test_unreachable_mismatched_and_misrendering_instances_fail(
         finally:
             async with s.post(f"{victim.url}/sim/faults", json={"render_fault": False}):
                 pass
+
+
+async def test_offload_placeholders_are_explained_with_the_setting_that_fixes_them(tmp_path: Path) -> None:
+    # The simulator's CPU tier announces its copies as vLLM's OffloadingConnector does by default:
+    # BlockStored placeholders without token ids.
+    async with sim_fleet(1, cpu_offload_blocks=256) as f, aiohttp.ClientSession() as s:
+        body = {"model": MODEL, "prompt": "delta epsilon zeta " * 40, "max_tokens": 2}
+        async with s.post(f"{f.servers[0].url}/v1/completions", json=body) as r:
+            assert r.status == 200
+        code, rep = await run_check(tmp_path, f.fleet_dict())
+        name = f.servers[0].instance.config.name
+        check = next(c for c in rep["instances"][name] if c["name"] == "events")
+        assert code == 0 and check["verdict"] == "warn", rep
+        assert "block size 16" in check["detail"] and "offload events without token ids" in check["detail"]
+        assert '"self_describing_kv_events": true' in check["detail"]
