@@ -50,6 +50,9 @@ CHAIN_GROWTH = 1.5
 """The fleet's table is fuller than ``probing.MAX_LOAD`` at most ``CHAIN_LOAD`` (a new chain's probe run is
 scanned to its end) and grows by half (each growth rehashes every entry)."""
 
+PRESIZED_LOAD = 0.7
+"""The load a table sized ahead (``presize``) reaches when it holds the entries it was sized for."""
+
 I64 = npt.NDArray[np.int64]
 _P = np.uint64(0x9E3779B97F4A7C15)  # the chain multiplier of ``indexer.hashing``
 
@@ -307,24 +310,28 @@ def ct_clear(R: Any, SP: Any, st: Any, chains: Any, g: Any, bit: Any, kind: Any)
     return out
 
 
+@njit(inline="always")
+def kinds_of(R: Any, SP: Any, c: Any, g: Any, bit: Any) -> Any:
+    """The kinds in which the slot holds chain ``c``: bit k set for kind k."""
+    e = _locate(R, c, g)[1]
+    if e < 0 or (R[e].m & bit) == 0:
+        return 0
+    if (R[e].g & 1) == 0:
+        return 1
+    idx = R[find(R, c, SIDE + g)].m
+    f = 0
+    for k in range(KINDS):
+        if SP[idx, k] & bit:
+            f |= 1 << k
+    return f
+
+
 @njit(cache=True)
 def ct_kinds(R: Any, SP: Any, chains: Any, g: Any, bit: Any) -> Any:
     """Per chain, the kinds in which the slot holds it: bit k set for kind k."""
     out = np.zeros(len(chains), dtype=np.uint8)
     for i in range(len(chains)):
-        c = chains[i]
-        e = _locate(R, c, g)[1]
-        if e < 0 or (R[e].m & bit) == 0:
-            continue
-        if (R[e].g & 1) == 0:
-            out[i] = 1
-            continue
-        idx = R[find(R, c, SIDE + g)].m
-        f = 0
-        for k in range(KINDS):
-            if SP[idx, k] & bit:
-                f |= 1 << k
-        out[i] = f
+        out[i] = kinds_of(R, SP, chains[i], g, bit)
     return out
 
 
@@ -410,6 +417,14 @@ class ChainTable:
             SP2 = np.zeros((rows, KINDS), dtype=np.int64)
             SP2[: len(self.SP)] = self.SP
             self.SP = SP2
+
+    def presize(self, entries: int) -> None:
+        """Capacity for ``entries`` (about one per chain held) at ``PRESIZED_LOAD``, if it has less."""
+        cap = int(entries / PRESIZED_LOAD) + 1024
+        if cap > len(self.R):
+            R2 = np.zeros(cap, dtype=BUCKET)
+            ct_rehash(self.R, R2)
+            self.R = R2
 
     def set(self, chains: I64, g: int, bit: int, kind: int) -> npt.NDArray[np.bool_]:
         self.reserve(len(chains))

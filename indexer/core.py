@@ -16,6 +16,8 @@ from collections.abc import Collection, Sequence
 import msgspec
 import numpy as np
 
+from . import fast_apply as fa
+from . import fast_wire as fw
 from . import snapshot as _snapshot
 from .answers import AnswerCache, InstanceMatch, LookupResult
 from .backend import IndexBackend
@@ -27,6 +29,7 @@ from .errors import (
     OffloadParentUnknown,
     UnknownParent,
 )
+from .fast_ingest import IngestScratch
 from .hashing import (
     I64Array,
     TokenEncodingError,
@@ -45,7 +48,7 @@ from .sources import Action, Apply, Replay, Reset, SourceSync
 from .store_writer import StoreWriter
 from .tiers import SharedStoreConfig, SharedStores
 from .types import Medium, SourceKey, Trust
-from .wire import BatchDecoder, BlockRemoved, BlockStored, engine_hash_i64, peek_ts
+from .wire import BatchDecoder, BlockRemoved, BlockStored, Event, engine_hash_i64, peek_ts
 
 _U64_MAX = (1 << 64) - 1
 _NO_CHAINS: I64Array = np.zeros(0, dtype=np.int64)
@@ -98,9 +101,14 @@ class Indexer:
         speculative_ttl: float = 5.0,
         index: IndexBackend | None = None,
         shared: list[SharedStoreConfig] | None = None,
+        fast_ingest: bool = True,
     ) -> None:
         """``index``: another backend (e.g. ``indexer.redis_index.RedisBlockIndex``); default in process.
-        ``shared``: the fleet file's shared stores (``indexer.tiers``; in-process index only)."""
+        ``shared``: the fleet file's shared stores (``indexer.tiers``; in-process index only).
+        ``fast_ingest``: payloads of the common shapes parsed and applied in compiled code
+        (``indexer.fast_ingest``; the in-process index only, and only without shared stores: their routing
+        of offload events is the reference path's alone); off, every payload takes the reference path
+        (same results)."""
         if block_size <= 0:
             raise ValueError("block_size must be positive")
         self.block_size = block_size
@@ -114,6 +122,13 @@ class Indexer:
             if not isinstance(self.index, BlockIndex):
                 raise ValueError("shared stores need the in-process index")
             self.stores = StoreWriter(self.index, SharedStores(shared))
+        # The fast path never runs with shared stores (offload events may feed a store there, and stores
+        # age per batch): every payload then takes the reference path.
+        self._fast = (
+            IngestScratch(block_size)
+            if fast_ingest and isinstance(self.index, BlockIndex) and self.stores is None
+            else None
+        )
         self.speculative_outbox: list[SpeculativeEntry] | None = None
         """When a list, every ``add_speculative`` is also appended here for a shell to deliver (shared
         router state); the shell drains it.  None (the default): nothing is kept."""
@@ -128,6 +143,13 @@ class Indexer:
         self.last_event_ts: dict[SourceKey, float] = {}
 
     # ------------------------------------------------------------------ sources
+    def reserve(self, sources: int, blocks_per_source: int) -> None:
+        """Size the tables ahead for a fleet of ``sources`` holding about ``blocks_per_source`` blocks each
+        (their KV capacity): the in-process index then does not grow (each growth rehashes a whole table
+        and holds the old and new arrays at once) until the fleet holds more.  Other backends ignore it."""
+        if isinstance(self.index, BlockIndex) and sources > 0 and blocks_per_source > 0:
+            self.index.reserve(sources * blocks_per_source, per_source=blocks_per_source)
+
     def register(self, source: SourceKey, *, has_replay: bool = False) -> SourceSync:
         """Declare a publisher (from the fleet file) so it is reported, as cold, before it sends anything."""
         if source not in self._known:
@@ -232,6 +254,26 @@ class Indexer:
         """
         c = self.counters
         c.batches += 1
+        fast = self._fast
+        if fast is not None:
+            src = _source or SourceKey(instance, dp_rank)
+            ix = self.index
+            assert isinstance(ix, BlockIndex)
+            slot = ix.slot_id(src)
+            if slot is not None:  # (a source's first blocks take the reference path)
+                status, n_ev, ts, rank, nb, done = ix.ingest(slot, fast, payload, -2 if _source else dp_rank)
+                if status == fa.WRONG_SOURCE:  # direct use: the batch names its rank
+                    src = SourceKey(instance, rank)
+                    slot = ix.slot_id(src)
+                    if slot is not None:
+                        status, done = fw.ACCEPTED, ix.apply_parsed(slot, fast, n_ev, nb)
+                if status == fw.ACCEPTED:
+                    self._begin(src, ts, direct=_source is None)
+                    if done:
+                        self._count_fast(fast, done)
+                    if done == n_ev:
+                        return done
+                    return done + self._apply_events(src, self._decoder.decode(payload).events, done, ts)
         try:
             batch = self._decoder.decode(payload)
         except DecodeError as e:
@@ -240,20 +282,57 @@ class Indexer:
         if batch.skipped:
             c.skipped_events.update(batch.skipped)
         src = _source or SourceKey(instance, dp_rank if batch.dp_rank is None else batch.dp_rank)
+        self._begin(src, batch.ts, direct=_source is None)
+        return self._apply_events(src, batch.events, 0, batch.ts)
+
+    def _begin(self, src: SourceKey, ts: float, *, direct: bool) -> None:
         if src not in self._known:
             self.register(src)
-        if _source is None:
+        if direct:
             # Direct library use: the caller owns ordering, so the stream is taken as complete.
             sync = self.sync(src)
             if sync.trust is Trust.COLD:
                 sync.trust = Trust.EXACT
-        self.last_event_ts[src] = batch.ts
+        self.last_event_ts[src] = ts
         if self.stores is not None:
-            self.stores.age(batch.ts)
+            self.stores.age(ts)
+
+    def _count_fast(self, fast: IngestScratch, done: int) -> None:
+        """Counters for the ``done`` events the fast path applied (as ``_stored`` / ``_removed`` count
+        them)."""
+        c = self.counters
+        o = fast.out.tolist()
+        c.events += done
+        c.blocks_stored += o[fa.NEW] + o[fa.NEW + 1] + o[fa.NEW + 2] + o[fa.HELD]
+        c.blocks_removed += o[fa.CLEARED] + o[fa.CLEARED + 1] + o[fa.CLEARED + 2]
+        if o[fa.UNKNOWN_REMOVED]:
+            c.event_errors["unknown_removed_block"] += o[fa.UNKNOWN_REMOVED]
+        if o[fa.UNKNOWN_LINKED]:
+            c.event_errors["unknown_offload_block"] += o[fa.UNKNOWN_LINKED]
+        rows = fast.rows[:done]
+        kinds, media = rows[:, 0], rows[:, 1]
+        if not ((kinds == fw.LINK) | ((kinds == fw.STORED) & (media != 0))).any():
+            return
+        # Offload rows (no shared stores here: each feeds the instance's own tier), counted per event in
+        # order as ``_stored`` / ``_link_offload`` count them.
+        for kind, m, nb, _, _, _, bo, _ in rows.tolist():
+            name = Medium(m).name
+            if kind == fw.LINK:
+                linked = nb - int(np.count_nonzero(fast.flags[bo : bo + nb] == fa.UNKNOWN))
+                c.placeholder_events += 1
+                c.placeholder_blocks += linked
+                c.offload_blocks[name] += linked
+            elif kind == fw.STORED and m != 0:
+                c.offload_blocks[name] += nb
+
+    def _apply_events(self, src: SourceKey, events: list[Event], start: int, ts: float) -> int:
+        """The reference path: events ``start ..`` of a decoded batch, one by one (runs of removals as one
+        call; offload copies whose parent is not yet known retried after the rest).  Returns how many were
+        applied."""
+        c = self.counters
         applied = 0
         deferred: list[BlockStored] = []
-        events = batch.events
-        i, n = 0, len(events)
+        i, n = start, len(events)
         while i < n:
             ev = events[i]
             if isinstance(ev, BlockRemoved):
@@ -283,7 +362,7 @@ class Indexer:
             c.events += 1
             try:
                 if isinstance(ev, BlockStored):
-                    self._stored(src, ev, batch.ts)
+                    self._stored(src, ev, ts)
                 else:
                     self.index.clear_source(src)
                     c.clears += 1
@@ -304,7 +383,7 @@ class Indexer:
                 c.event_errors["too_deep"] += 1
         for ev in deferred:
             try:
-                self._stored(src, ev, batch.ts)
+                self._stored(src, ev, ts)
                 applied += 1
             except EventError as e:
                 # An offload copy whose parent is known nowhere: the tier holds a block no prompt can

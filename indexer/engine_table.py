@@ -18,7 +18,7 @@ BUCKET = np.dtype([("k", "<i8"), ("v", "<i8"), ("o", "u1")])
 
 
 @njit(inline="always")
-def _efind(E: Any, k: Any) -> Any:
+def efind(E: Any, k: Any) -> Any:
     """The key's bucket, or -(bucket it would take + 1)."""
     cap = len(E)
     i = home(k, cap)
@@ -36,7 +36,7 @@ def et_put_inline(E: Any, keys: Any, vals: Any) -> Any:
     """Map each key to its value (a later one wins); returns how many keys were new."""
     added = 0
     for n in range(len(keys)):
-        i = _efind(E, keys[n])
+        i = efind(E, keys[n])
         if i < 0:
             i = -i - 1
             E[i].k = keys[n]
@@ -53,7 +53,7 @@ def et_put(E: Any, keys: Any, vals: Any) -> Any:
 
 @njit(cache=True)
 def et_get_one(E: Any, key: Any) -> tuple[bool, Any]:
-    i = _efind(E, key)
+    i = efind(E, key)
     return (True, E[i].v) if i >= 0 else (False, 0)
 
 
@@ -62,35 +62,40 @@ def et_get(E: Any, keys: Any, out: Any) -> Any:
     """``out[i]`` = value of ``keys[i]``; returns a mask of the keys found."""
     found = np.zeros(len(keys), dtype=np.bool_)
     for n in range(len(keys)):
-        i = _efind(E, keys[n])
+        i = efind(E, keys[n])
         if i >= 0:
             out[n] = E[i].v
             found[n] = True
     return found
 
 
+@njit(inline="always")
+def et_del_at(E: Any, i: Any) -> None:
+    """Empty bucket ``i`` (moves later entries of its probe run back)."""
+    cap = len(E)
+    j = i
+    while True:
+        j += 1
+        if j == cap:
+            j = 0
+        if not E[j].o:
+            break
+        if not stays(i, home(E[j].k, cap), j):
+            E[i].k = E[j].k
+            E[i].v = E[j].v
+            i = j
+    E[i].o = 0
+
+
 @njit(cache=True)
 def et_del(E: Any, keys: Any) -> Any:
     """Remove the keys; returns how many were present."""
-    cap = len(E)
     gone = 0
     for n in range(len(keys)):
-        i = _efind(E, keys[n])
-        if i < 0:
-            continue
-        gone += 1
-        j = i
-        while True:
-            j += 1
-            if j == cap:
-                j = 0
-            if not E[j].o:
-                break
-            if not stays(i, home(E[j].k, cap), j):
-                E[i].k = E[j].k
-                E[i].v = E[j].v
-                i = j
-        E[i].o = 0
+        i = efind(E, keys[n])
+        if i >= 0:
+            et_del_at(E, i)
+            gone += 1
     return gone
 
 

@@ -35,20 +35,24 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
+from . import fast_apply as fa
+from . import fast_wire as fw
 from .chain_table import MAX_GROUPS, SPECULATIVE, ChainTable, ct_store_chained
 from .engine_table import EngineTable
 from .errors import SourceOverCapacity
+from .fast_ingest import IngestScratch
 from .hashing import I64Array, checked_tokens
 from .match_walk import Shared, match_chains, match_tokens, no_shared
+from .probing import grown
 from .types import ChainHash, Medium, SourceKey
 
 GROUP = 64
 _U64 = (1 << 64) - 1
-_MEDIA_KINDS = 0b111  # kind bits of GPU, CPU, STORAGE (speculative is bit 3)
 # Speculative updates of at most this many chains use per-key calls: for a short prompt they cost a
 # fifth of the vectorised path's temporary maps.
 _SMALL_BATCH = 16
 MEDIA = tuple(Medium)
+_NO_COUNTS = np.zeros(3, dtype=np.int64)
 
 
 def _bit(slot: int) -> int:
@@ -111,7 +115,8 @@ class BlockIndex:
         self._free: list[int] = []
         self._chains = ChainTable()
         self._engine: list[EngineTable | None] = []
-        self._counts: list[list[int]] = []
+        self._counts: list[I64Array] = []  # per slot: chains held per medium (numpy: kernels update it)
+        self._per_source = 0  # engine ids a new slot's table is sized for (``reserve``)
         self._extra_refs: dict[tuple[int, Medium, int], int] = {}
         # speculative entries: their bits live in the chain table (kind SPECULATIVE); per slot, the
         # expiry of each chain
@@ -142,12 +147,20 @@ class BlockIndex:
                 raise SourceOverCapacity(f"more than {MAX_GROUPS * GROUP} sources in one index")
             self._keys.append(source)
             self._engine.append(None)
-            self._counts.append([0, 0, 0])
-        self._engine[slot] = EngineTable()
-        self._counts[slot] = [0, 0, 0]
+            self._counts.append(_NO_COUNTS)
+        # (a tenth over the size asked for: a source's holdings overshoot it by an event or two)
+        self._engine[slot] = EngineTable(grown(16, self._per_source * 11 // 10) if self._per_source else 16)
+        self._counts[slot] = np.zeros(3, dtype=np.int64)
         self._slots[source] = slot
         self.slots_version += 1
         return slot
+
+    def reserve(self, blocks: int, *, per_source: int = 0) -> None:
+        """Size the tables for ``blocks`` more distinct blocks over the fleet and, for every source given a
+        slot from now on, ``per_source`` blocks: no growth (each rehashes its whole table and holds the old
+        and new arrays at once) until the fleet holds more."""
+        self._chains.presize(int(self._chains.st[0]) + blocks)
+        self._per_source = per_source
 
     def slot_id(self, source: SourceKey) -> int | None:
         return self._slots.get(source)
@@ -163,11 +176,11 @@ class BlockIndex:
         slot = self._slots.get(source)
         if slot is None:
             return {m: 0 for m in MEDIA}
-        return {m: self._counts[slot][m] for m in MEDIA}
+        return {m: int(self._counts[slot][m]) for m in MEDIA}
 
     def total_entries(self) -> int:
         """(source, block, medium) entries held."""
-        return sum(sum(c) for c, k in zip(self._counts, self._keys) if k is not None)
+        return sum(int(c.sum()) for c, k in zip(self._counts, self._keys) if k is not None)
 
     def nbytes(self) -> int:
         """Bytes of the tables' arrays (the index's bulk; Python bookkeeping per source not counted)."""
@@ -244,46 +257,97 @@ class BlockIndex:
         return content
 
     def remove(self, source: SourceKey, engine_hashes: I64Array, medium: Medium) -> int:
-        """Drop one reference per engine hash.  Returns how many hashes were unknown (already gone)."""
+        """Drop one reference per engine hash, in order.  Returns how many were unknown (already gone)."""
         n = len(engine_hashes)
         slot = self._slots.get(source)
         if slot is None or n == 0:
             return n
-        if n > 1 and len(np.unique(engine_hashes)) < n:
-            # The same hash twice in one call: each removal must see the previous one's effect.
-            return sum(self.remove(source, engine_hashes[i : i + 1], medium) for i in range(n))
         em = self._engine[slot]
         assert em is not None
-        g, bit = slot // GROUP, _bit(slot)
-        engine_hashes = np.ascontiguousarray(engine_hashes, dtype=np.int64)
-        chains, known = em.get(engine_hashes)
-        if not known.all():
-            engine_hashes, chains = engine_hashes[known], chains[known]
-        kinds = self._chains.kinds(chains, g, bit)
-        held = (kinds & (1 << medium)) != 0
-        if not held.all():
-            engine_hashes, chains, kinds = engine_hashes[held], chains[held], kinds[held]
-        unknown = n - len(chains)
-        if self._extra_refs:
-            keep = np.ones(len(chains), dtype=bool)
-            for i, c in enumerate(chains.tolist()):
-                key = (slot, medium, c)
-                extra = self._extra_refs.get(key)
-                if extra:
-                    keep[i] = False
-                    if extra == 1:
-                        del self._extra_refs[key]
-                    else:
-                        self._extra_refs[key] = extra - 1
-            engine_hashes, chains, kinds = engine_hashes[keep], chains[keep], kinds[keep]
-        if not len(chains):
-            return unknown
-        self._chains.clear(chains, g, bit, int(medium))
-        self._counts[slot][medium] -= len(chains)
-        # Engine ids go once the source holds the block in no medium at all.
-        elsewhere = (kinds & (_MEDIA_KINDS & ~(1 << medium))) != 0
-        em.discard(engine_hashes[~elsewhere])
-        return unknown
+        t, g, bit, m, counts = self._chains, slot // GROUP, _bit(slot), int(medium), self._counts[slot]
+        hashes = np.ascontiguousarray(engine_hashes, dtype=np.int64)
+        out = np.zeros(fa.OUT, dtype=np.int64)
+        k = 0
+        while k < n:
+            # One call for the run; it stops at a held block only while further references exist.
+            extra = bool(self._extra_refs)
+            k = fa.remove_hashes(t.R, t.SP, t.st, em.E, hashes, k, n, g, bit, m, extra, counts, out)
+            if k == n:
+                break
+            c = em.get_one(int(hashes[k]))
+            assert c is not None  # the call stopped at a block the slot holds
+            key = (slot, medium, c)
+            refs = self._extra_refs.get(key, 0)
+            if refs:
+                if refs == 1:
+                    del self._extra_refs[key]
+                else:
+                    self._extra_refs[key] = refs - 1
+            else:
+                fa.remove_hashes(t.R, t.SP, t.st, em.E, hashes, k, k + 1, g, bit, m, False, counts, out)
+            k += 1
+        em.n -= int(out[fa.ENGINES_REMOVED])
+        return int(out[fa.UNKNOWN_REMOVED])
+
+    # ------------------------------------------------------------------ the ingest's fast path
+    def ingest(
+        self, slot: int, s: IngestScratch, payload: bytes, rank: int
+    ) -> tuple[int, int, float, int, int, int]:
+        """Parse a payload and apply it to the source in ``slot`` (``indexer.fast_apply.ingest``), growing
+        the tables first if it needs room.  Returns (status, events, ts, the batch's rank, blocks, rows
+        applied):
+        ACCEPTED, or why nothing was applied (declined, or WRONG_SOURCE: the batch names another rank
+        than ``rank``; -2 takes any)."""
+        em = self._engine[slot]
+        assert em is not None
+        t = self._chains
+        buf = np.frombuffer(payload, dtype=np.uint8)
+        while True:
+            status, n_ev, ts, r, nb, done = fa.ingest(
+                buf, s.block_size, s.rows, s.engines, s.blocks, s.flags, t.R, t.SP, t.st, em.E, em.n,
+                slot // GROUP, _bit(slot), rank, bool(self._extra_refs), self._counts[slot],
+                self.max_blocks_per_source, s.out,
+            )  # fmt: skip
+            if status != fw.GROW:
+                break
+            s.grow(len(payload))
+        if status == fa.NEED_ROOM:
+            return fw.ACCEPTED, n_ev, ts, r, nb, self.apply_parsed(slot, s, n_ev, nb)
+        if status == fw.ACCEPTED:
+            self._after(slot, em, s, done)
+        return status, n_ev, ts, r, nb, done
+
+    def apply_parsed(self, slot: int, s: IngestScratch, n_rows: int, n_blocks: int) -> int:
+        """Apply rows ``s`` holds (parsed by ``ingest``) to the source in ``slot``; returns rows applied."""
+        em = self._engine[slot]
+        assert em is not None
+        t = self._chains
+        t.reserve(n_blocks)
+        em.reserve(n_blocks)
+        done: int = fa.apply_rows(
+            t.R, t.SP, t.st, em.E, s.rows, n_rows, s.engines, s.blocks, s.flags, slot // GROUP, _bit(slot),
+            bool(self._extra_refs), self._counts[slot], self.max_blocks_per_source, s.out,
+        )  # fmt: skip
+        self._after(slot, em, s, done)
+        return done
+
+    def _after(self, slot: int, em: EngineTable, s: IngestScratch, done: int) -> None:
+        """What the compiled call leaves to Python: the engine table's size, further references, the
+        speculative entries the stored blocks confirm."""
+        out = s.out
+        em.n += int(out[fa.ENGINES_ADDED] - out[fa.ENGINES_REMOVED])
+        exp = self._spec_expiry.get(slot)
+        if not out[fa.HELD] and (exp is None or not len(exp)):
+            return
+        for kind, m, nb, _, _, _, bo, _ in s.rows[:done].tolist():
+            if kind != fw.STORED and kind != fw.LINK:
+                continue
+            chains, f = s.blocks[bo : bo + nb], s.flags[bo : bo + nb]
+            for c in chains[f == fa.ALREADY_HELD].tolist():
+                key = (slot, Medium(m), c)
+                self._extra_refs[key] = self._extra_refs.get(key, 0) + 1
+            if exp is not None and len(exp):
+                self._confirm(slot, chains[f != fa.UNKNOWN])
 
     def clear_source(self, source: SourceKey) -> None:
         """Forget every block of the source (AllBlocksCleared, engine restart).  The slot stays allocated."""
@@ -298,7 +362,7 @@ class BlockIndex:
             if self._counts[slot][m]:
                 self._chains.clear(chains, g, bit, int(m))
         self._engine[slot] = EngineTable()
-        self._counts[slot] = [0, 0, 0]
+        self._counts[slot] = np.zeros(3, dtype=np.int64)
         self._extra_refs = {k: v for k, v in self._extra_refs.items() if k[0] != slot}
         self._drop_spec(slot)
 

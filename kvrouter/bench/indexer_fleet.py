@@ -7,8 +7,13 @@ vLLM 0.33-shaped payloads in this process, then Dynamo's RadixTree in a subproce
 Measured on each side: ingest blocks/s (stores and removals; payload building is not timed), lookup of
 ``queries`` 8k-token prompts whose first ``cached_blocks`` blocks are cached (kvrouter: ``lookup`` of a
 uint32 array, the gateway's input; Dynamo: ``compute_block_hash_for_seq`` + ``find_matches``), p50 and
-p99, and bytes of RSS per (instance, block) pair after the stores.  ``--scales 8x1250000,100x100000``
-runs each scale in its own process (RSS figures stay per scale) and reports them together.
+p99, and bytes of RSS per (instance, block) pair after the stores.  Ingest is given per second of wall
+time and per second of the process's CPU time (all its threads: Dynamo applies events on a thread of its
+own, so on a machine with more runnable threads than cores it gets a larger share of the CPU).
+``--reserve`` sizes kvrouter's index for the fleet ahead (``Indexer.reserve(instances, blocks)``, what a
+fleet file's declared KV capacity gives): no table growth during the stores.
+``--scales 8x1250000,100x100000`` runs each scale in its own process (RSS figures stay per scale) and
+reports them together.
 """
 
 from __future__ import annotations
@@ -64,7 +69,7 @@ def payloads(fleet: Fleet, enc: PayloadEncoder, lo: int, hi: int) -> list[tuple[
     return out
 
 
-def run_ours(spec: FleetSpec, release: str) -> dict[str, Any]:
+def run_ours(spec: FleetSpec, release: str, reserve: bool = False) -> dict[str, Any]:
     fleet = Fleet(spec)
     enc = PayloadEncoder(release)
     queries = []
@@ -74,22 +79,26 @@ def run_ours(spec: FleetSpec, release: str) -> dict[str, Any]:
     ix = Indexer(block_size=spec.block_size)
     gc.collect()
     rss0 = rss_bytes()
-    t_store = 0.0
+    if reserve:  # the fleet's declared capacity: instances x blocks each
+        ix.reserve(spec.instances, spec.blocks)
+    t_store = cpu_store = 0.0
     for lo in range(0, len(fleet), CHUNK):
         batch = payloads(fleet, enc, lo, min(lo + CHUNK, len(fleet)))
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for name, p in batch:
             ix.apply_payload(name, p)
         t_store += time.perf_counter() - t0
+        cpu_store += time.process_time() - c0
     del batch
     gc.collect()
     rss1 = rss_bytes()
     pairs = fleet.pairs()
     removals = [(f"vllm-{w}", enc.batch([enc.removed(hs)], ts=1.7e9)) for w, hs in fleet.removals()]
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for name, p in removals:
         ix.apply_payload(name, p)
     t_rm = time.perf_counter() - t0
+    cpu_rm = time.process_time() - c0
     if ix.counters.event_errors:
         raise RuntimeError(f"events not applied: {dict(ix.counters.event_errors)}")
     for _, qa in queries[:50]:
@@ -109,6 +118,8 @@ def run_ours(spec: FleetSpec, release: str) -> dict[str, Any]:
         "sequences": len(fleet),
         "ingest_store_blocks_per_s": round(pairs / t_store, 1),
         "ingest_total_blocks_per_s": round((pairs + n_rm) / (t_store + t_rm), 1),
+        "ingest_total_blocks_per_cpu_s": round((pairs + n_rm) / (cpu_store + cpu_rm), 1),
+        "reserved": reserve,
         "lookup_8k_uint32_array": summary_us(lat),
         "expected_match": f"{correct}/{len(queries)}",
         "rss_delta_mb": round((rss1 - rss0) / 2**20, 1),
@@ -129,7 +140,7 @@ def run_dynamo(spec: FleetSpec) -> dict[str, Any] | None:
 def run_scale(a: argparse.Namespace) -> dict[str, Any]:
     spec = spec_of(a)
     out: dict[str, Any] = {"bench": "indexer_fleet", "config": dataclasses.asdict(spec)}
-    out["kvrouter"] = ours = run_ours(spec, a.release)
+    out["kvrouter"] = ours = run_ours(spec, a.release, a.reserve)
     dyn = None if a.no_peer else run_dynamo(spec)
     if dyn is None:
         out["targets"] = {"lookup_p50_le_100us": ours["lookup_8k_uint32_array"]["p50_us"] <= 100}
@@ -137,10 +148,12 @@ def run_scale(a: argparse.Namespace) -> dict[str, Any]:
     out["dynamo"] = dyn
     lookup = ours["lookup_8k_uint32_array"]["p50_us"] / dyn["lookup_p50_us"]
     ingest = ours["ingest_total_blocks_per_s"] / dyn["ingest_total_blocks_per_s"]
+    cpu = dyn.get("ingest_total_blocks_per_cpu_s")
     mem = ours["bytes_per_pair"] / dyn["bytes_per_pair"]
     out["ratios"] = {
         "lookup_p50_vs_dynamo": round(lookup, 3),
         "ingest_vs_dynamo": round(ingest, 3),
+        "ingest_per_cpu_s_vs_dynamo": round(ours["ingest_total_blocks_per_cpu_s"] / cpu, 3) if cpu else None,
         "bytes_per_pair_vs_dynamo": round(mem, 3),
     }
     out["targets"] = {
@@ -163,6 +176,8 @@ def run_scales(a: argparse.Namespace) -> dict[str, Any]:
             argv += [f"--{k.replace('_', '-')}", str(getattr(a, k))]
         if a.no_peer:
             argv.append("--no-peer")
+        if a.reserve:
+            argv.append("--reserve")
         done = subprocess.run(argv, check=True, capture_output=True, text=True, timeout=6 * 3600)
         runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
     return {"bench": "indexer_fleet_scales", "runs": runs}
@@ -175,6 +190,9 @@ def add_fleet_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--fleet-prefix-blocks", type=int, default=64)
     ap.add_argument("--cached-blocks", type=int, default=100, help="fleet queries: leading blocks cached")
     ap.add_argument("--fleet-remove-frac", type=float, default=0.1)
+    ap.add_argument(
+        "--reserve", action="store_true", help="fleet mode: size kvrouter's index ahead (Indexer.reserve)"
+    )
 
 
 def main() -> None:

@@ -6,14 +6,37 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from hypothesis.stateful import initialize
 
 from indexer import Indexer, SourceKey
-from indexer.encode import PayloadEncoder
+from indexer.encode import RELEASES, PayloadEncoder
+from indexer.index import BlockIndex
 from tests.support.index_model import BS, SOURCES, IndexMachine
 
 TestIndexAgainstReference = IndexMachine.TestCase
 TestIndexAgainstReference.settings = settings(
     max_examples=80, stateful_step_count=40, deadline=None, suppress_health_check=list(HealthCheck)
+)
+
+
+class ManyGroupsMachine(IndexMachine):
+    """The same histories with the three sources in three groups of 64 (filler slots between them), so
+    payloads take the ingest's fast path into groups other than the first."""
+
+    @initialize(seed=st.integers(0, 2**32 - 1), release=st.sampled_from(RELEASES[RELEASES.index("0.20.0") :]))
+    def setup(self, seed: int, release: str) -> None:
+        IndexMachine.setup(self, seed, release)
+        ix = self.ix.index
+        assert isinstance(ix, BlockIndex)
+        for i, s in enumerate(SOURCES):
+            for f in range(70 * i):
+                ix.slot_of(SourceKey(f"filler{i}", f))
+            ix.slot_of(s)
+
+
+TestManyGroupsAgainstReference = ManyGroupsMachine.TestCase
+TestManyGroupsAgainstReference.settings = settings(
+    max_examples=30, stateful_step_count=30, deadline=None, suppress_health_check=list(HealthCheck)
 )
 
 
