@@ -209,7 +209,7 @@ def test_every_plan_respects_the_roles(
 ) -> None:
     """Whatever the state: a split request's legs are on two healthy instances that may take them; a whole
     request is on a healthy instance, a decode-capable one unless none is up; conditional splits only
-    requests whose decode instance lacks more than the threshold."""
+    requests whose decode instance lacks more than the threshold, or would make them wait longer."""
     ix = Indexer(BS)
     targets = [Target(InstanceId(f"i{k}"), role=r, healthy=healthy[k]) for k, r in enumerate(roles)]
     pl = planner(ix, mode=mode)
@@ -234,6 +234,10 @@ def test_every_plan_respects_the_roles(
         p = plan.prefill_target
         assert p is not None and p.target in up and up[p.target].role != "decode" and p.target != d.target
         if mode == DisaggMode.CONDITIONAL:
-            assert plan.uncached_tokens > pl.settings.local_prefill_tokens
+            # A short remainder is split only when it would wait longer on its decode instance than on
+            # the prefill instance (queued prefill there plus its own).
+            local_wait = d.pending_prefill_tokens + plan.uncached_tokens
+            remote_wait = p.pending_prefill_tokens + max(0, len(tokens) - p.cached_tokens)
+            assert plan.uncached_tokens > pl.settings.local_prefill_tokens or local_wait > remote_wait
     else:
         assert plan.prefill is None or plan.reason in ("no_prefill", "prefill_full", "prefill_busy")
