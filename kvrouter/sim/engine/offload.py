@@ -22,43 +22,20 @@ failed stores, LMCache/remote storage tiers, the connector's separate prefix-cac
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
+from .block_lru import BlockLru
 from .events import BlockRemoved, BlockStored, KVEvent
 from .types import BlockHash
 
 
-class CpuOffloadTier:
+class CpuOffloadTier(BlockLru):
     """LRU set of block hashes with a capacity.  Events go through ``emit`` (the GPU pool's: one order)."""
 
     def __init__(self, num_blocks: int, block_size: int, emit: Callable[[KVEvent], None]) -> None:
-        if num_blocks <= 0:
-            raise ValueError("num_blocks must be positive")
-        self.num_blocks = num_blocks
-        self.block_size = block_size
-        self._lru: OrderedDict[BlockHash, None] = OrderedDict()  # least recently used first
+        super().__init__(num_blocks, block_size)
         self._pending: list[list[BlockHash]] = []
         self._emit = emit
-
-    def __len__(self) -> int:
-        return len(self._lru)
-
-    def __contains__(self, block_hash: BlockHash) -> bool:
-        return block_hash in self._lru
-
-    def lookup(self, hashes: Sequence[BlockHash], start: int, stop: int) -> int:
-        """How many of ``hashes[start:stop]`` are on CPU, contiguously from ``start``; touches the hits."""
-        lru = self._lru
-        n = 0
-        for h in hashes[start:stop]:
-            if h not in lru:
-                break
-            n += 1
-        # vLLM touches in reverse so the first block ends most recently used.
-        for h in reversed(hashes[start : start + n]):
-            lru.move_to_end(h)
-        return n
 
     def queue_store(self, hashes: Sequence[BlockHash]) -> None:
         """One request's blocks to offload this step (done at ``flush``)."""
@@ -72,23 +49,13 @@ class CpuOffloadTier:
             self._store(batch)
 
     def _store(self, batch: list[BlockHash]) -> None:
-        lru = self._lru
-        todo = list(dict.fromkeys(h for h in batch if h not in lru))
-        if not todo:
-            return
-        if len(todo) > self.num_blocks:
-            return  # cannot make room: vLLM skips the store
-        overflow = len(lru) + len(todo) - self.num_blocks
-        evicted: list[BlockHash] = []
-        for _ in range(max(0, overflow)):
-            h, _none = lru.popitem(last=False)
-            evicted.append(h)
-        for h in todo:
-            lru[h] = None
+        stored, evicted = self.admit(batch)
+        if not stored:
+            return  # nothing new, or more than the tier holds: vLLM skips the store
         if evicted:
             self._emit(BlockRemoved(evicted, medium="CPU"))
-        self._emit(BlockStored(todo, None, [], self.block_size, medium="CPU"))
+        self._emit(BlockStored(stored, None, [], self.block_size, medium="CPU"))
 
     def reset(self) -> None:
-        self._lru.clear()
+        self.clear()
         self._pending.clear()

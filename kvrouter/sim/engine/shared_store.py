@@ -27,59 +27,30 @@ write costs (asynchronous in every such connector), failures of the store.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
+from .block_lru import BlockLru
 from .events import BlockStored, KVEvent
 from .types import BlockHash
 
 
-class SharedStore:
+class SharedStore(BlockLru):
     """An LRU set of block hashes with a capacity, shared by every attached engine."""
 
     def __init__(self, num_blocks: int, block_size: int, load_bytes_per_s: float) -> None:
-        if num_blocks <= 0:
-            raise ValueError("num_blocks must be positive")
+        super().__init__(num_blocks, block_size)
         if load_bytes_per_s <= 0:
             raise ValueError("load_bytes_per_s must be positive")
-        self.num_blocks = num_blocks
-        self.block_size = block_size
         self.load_bytes_per_s = load_bytes_per_s
-        self._lru: OrderedDict[BlockHash, None] = OrderedDict()  # least recently used first
         self.evicted = 0
         """Blocks dropped for capacity so far (silently: nobody is told)."""
-
-    def __len__(self) -> int:
-        return len(self._lru)
-
-    def __contains__(self, block_hash: BlockHash) -> bool:
-        return block_hash in self._lru
-
-    def lookup(self, hashes: Sequence[BlockHash], start: int, stop: int) -> int:
-        """How many of ``hashes[start:stop]`` the store holds, contiguously from ``start``; touches them."""
-        lru = self._lru
-        n = 0
-        for h in hashes[start:stop]:
-            if h not in lru:
-                break
-            n += 1
-        for h in reversed(hashes[start : start + n]):
-            lru.move_to_end(h)
-        return n
 
     def put(self, batch: Sequence[BlockHash]) -> list[BlockHash]:
         """Write the blocks the store does not hold yet; returns them (the writer announces these).  A
         batch larger than the store is not written at all (nothing could stay)."""
-        lru = self._lru
-        todo = list(dict.fromkeys(h for h in batch if h not in lru))
-        if not todo or len(todo) > self.num_blocks:
-            return []
-        for _ in range(max(0, len(lru) + len(todo) - self.num_blocks)):
-            lru.popitem(last=False)
-            self.evicted += 1
-        for h in todo:
-            lru[h] = None
-        return todo
+        written, evicted = self.admit(batch)
+        self.evicted += len(evicted)
+        return written
 
 
 class StoreClient:
