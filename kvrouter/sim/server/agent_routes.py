@@ -167,11 +167,7 @@ def _final(
 def _lease(inst: SimInstance, req: InFlight, final: dict[str, Any]) -> dict[str, Any]:
     """A prefill leg's answer names the blocks it holds (``kv_transfer_params``, as vLLM's Responses
     serving copies its output's); any other answer is returned as it was."""
-    if not req.hold:
-        return final
-    kv = inst.transfers.held(req.rank, req.request_id, req.cached_tokens)
-    req.leased = kv is not None
-    return {**final, "kv_transfer_params": kv}
+    return {**final, "kv_transfer_params": inst.lease(req)} if req.hold else final
 
 
 async def _collect(

@@ -465,6 +465,15 @@ class SimInstance:
             cached_override=cached,
         )
 
+    def lease(self, req: InFlight) -> dict[str, Any] | None:
+        """A finished prefill leg leases the blocks it holds: the ``kv_transfer_params`` its answer names
+        them by (None for any other request, or a leg that holds none)."""
+        if not req.hold:
+            return None
+        kv = self.transfers.held(req.rank, req.request_id, req.cached_tokens)
+        req.leased = kv is not None
+        return kv
+
     # ------------------------------------------------------------------ admin
     def reset_prefix_cache(self, *, reset_running_requests: bool = False) -> bool:
         ok = True

@@ -109,10 +109,7 @@ async def _collect(inst: SimInstance, req: InFlight, model: str, chat: bool) -> 
         if out.finished:
             break
     use = usage(req.num_prompt, out.num_output_tokens, req.cached_tokens)
-    kv = None
-    if req.hold:  # a prefill leg: lease its blocks and name them (no await since it finished)
-        kv = inst.transfers.held(req.rank, req.request_id, req.cached_tokens)
-        req.leased = kv is not None
+    kv = inst.lease(req)  # a prefill leg names its blocks (no await since it finished)
     build = chat_body if chat else completion_body
     return json_response(
         build(req.request_id, int(time.time()), model, inst.vocab.text(ids), req.finish_reason, use, kv)
