@@ -69,7 +69,10 @@ class DisaggProxy:
             "x-kvrouter-reason": decision.reason,
             "x-kvrouter-decision-ms": f"{(time.perf_counter() - p.started) * 1e3:.3f}",
         }
-        return await self.forward(request, p, plan, path, extra)
+        try:
+            return await self.forward(request, p, plan, path, extra)
+        finally:
+            self.pipeline.unclaim(p)  # the decode slot held through the prefill leg, if never taken
 
     async def forward(
         self, request: web.Request, p: Prepared, plan: PDPlan, path: str, extra_headers: dict[str, str]

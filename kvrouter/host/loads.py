@@ -52,6 +52,15 @@ class HostLoads:
         row[PREFILL_TOKENS] += prefill_tokens
         row[DECODING] += decoding
 
+    def claim(self, slot: int, cap: int) -> bool:
+        # Under the lock against the other workers' claims.  Their lock-free in-flight writes are finishes
+        # (which only lower the sum) and dispatches nothing capped them for.
+        with self.mem.lock:
+            if int(self._loads[:, slot, IN_FLIGHT].sum()) + int(self._external[slot, 0]) >= cap:
+                return False
+            self._own[slot, IN_FLIGHT] += 1
+            return True
+
     def clear_own(self, slot: int) -> None:
         self._own[slot] = 0
 

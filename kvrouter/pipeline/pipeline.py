@@ -317,7 +317,7 @@ class RequestPipeline:
         ``Overloaded`` (queue full or timed out), ``ServiceUnavailable`` (no healthy target)."""
 
         def attempt() -> Decision | None:
-            d = self.decide(p, only=only, shadow=False)
+            d = self._claimed(p, (), only)
             return None if d.reason == "at_capacity" else d
 
         d = await self._wait(attempt)
@@ -370,7 +370,12 @@ class RequestPipeline:
 
         def attempt() -> PDPlan | None:
             plan = self.plan(p, shadow=False)
-            return None if plan.reason == "at_capacity" else plan
+            if plan.reason == "at_capacity":
+                return None
+            d = plan.decode.chosen
+            if d is not None and not self.router.claim(p.inp.request_id, d):
+                return None  # another worker took its last slot: plan again when capacity frees
+            return plan
 
         plan = await self._wait(attempt)
         self.m.pd.plans.labels("disaggregated" if plan.split else "aggregated", plan.reason).inc()
@@ -411,8 +416,26 @@ class RequestPipeline:
         self._reported(p, chosen, usage)
 
     def reroute(self, p: Prepared, tried: Collection[str]) -> Candidate | None:
-        """The next-best target after failed attempts on ``tried`` (None: no other)."""
-        return self.decide(p, tried).chosen
+        """The next-best target after failed attempts on ``tried`` (None: no other, or all at their cap)."""
+        return self._claimed(p, tried, None, shadow=True).chosen
+
+    def _claimed(
+        self, p: Prepared, exclude: Collection[str], only: Collection[str] | None, *, shadow: bool = False
+    ) -> Decision:
+        """``decide``, with a slot claimed on the chosen target for the dispatch that follows.  A target
+        whose last slot another worker process took meanwhile is left out and the decision made again."""
+        lost: set[str] = set(exclude)
+        while True:
+            d = self.decide(p, lost, only=only, shadow=shadow)
+            if d.chosen is None and len(lost) > len(exclude):
+                return Decision(None, d.policy, "at_capacity", d.ranked)  # the rest are at their caps
+            if d.chosen is None or self.router.claim(p.inp.request_id, d.chosen):
+                return d
+            lost.add(d.chosen.target)
+
+    def unclaim(self, p: Prepared) -> None:
+        """Give back a slot claimed for ``p`` and not taken by a dispatch (a request that ended before)."""
+        self.router.load.unclaim(p.inp.request_id)
 
     def _record(self, d: Decision) -> None:
         self.m.decisions.labels(d.policy, d.reason).inc()

@@ -74,6 +74,10 @@ class SharedLoads(Protocol):
     def add(self, slot: int, in_flight: int, prefilling: int, prefill_tokens: int, decoding: int) -> None:
         """Add to this worker's own row."""
 
+    def claim(self, slot: int, cap: int) -> bool:
+        """Atomically for the host: if every worker's in-flight requests plus the external ones at
+        ``slot`` are below ``cap``, count one more in this worker's row and say True."""
+
     def clear_own(self, slot: int) -> None: ...
 
     def totals(self) -> np.ndarray:
@@ -100,6 +104,8 @@ class LoadTracker:
         self._reqs: dict[RequestId, _Req] = {}
         self.shared = shared
         self._slots: dict[TargetKey, int] = {}
+        self._claims: dict[RequestId, TargetKey] = {}
+        """Requests holding one of a target's capped slots (counted in ``in_flight``), not dispatched yet."""
 
     def _slot(self, inst: TargetKey) -> int:
         s = self._slots.get(inst)
@@ -131,17 +137,48 @@ class LoadTracker:
             load = self.loads[inst] = InstanceLoad()
         return load
 
+    def claim(self, rid: RequestId, inst: TargetKey, cap: int) -> bool:
+        """Take one of ``inst``'s ``cap`` request slots for ``rid``, whose ``dispatch`` there follows (or
+        ``finish`` gives it back); False when they are all taken.  One process decides and dispatches
+        without yielding, so the decision's own check holds; worker processes of one host decide at the
+        same time, and only this check, made under the host's lock, keeps their sum within ``cap``."""
+        self.unclaim(rid)
+        load = self.get(inst)
+        if self.shared is not None:
+            if not self.shared.claim(self._slot(inst), cap):
+                return False
+        elif load.in_flight + load.external_in_flight >= cap:
+            return False
+        load.in_flight += 1
+        self._claims[rid] = inst
+        return True
+
+    def unclaim(self, rid: RequestId) -> None:
+        """``rid`` gives back the slot it claimed, if it holds one."""
+        inst = self._claims.pop(rid, None)
+        if inst is None:
+            return
+        self.get(inst).in_flight -= 1
+        if self.shared is not None:
+            self.shared.add(self._slot(inst), -1, 0, 0, 0)
+
     def dispatch(self, rid: RequestId, inst: TargetKey, prefill_tokens: int) -> None:
-        """A request was sent to ``inst``; ``prefill_tokens`` is what it must compute (not cached)."""
-        if rid in self._reqs:
-            self.finish(rid)
+        """A request was sent to ``inst``; ``prefill_tokens`` is what it must compute (not cached).  A slot
+        ``rid`` claimed there is the one it takes (already counted in flight)."""
+        claimed = self._claims.get(rid) == inst
+        if claimed:
+            del self._claims[rid]
+        else:
+            self.unclaim(rid)
+        self._release(rid)
         self._reqs[rid] = _Req(inst, prefill_tokens)
         load = self.get(inst)
-        load.in_flight += 1
+        new = 0 if claimed else 1
+        load.in_flight += new
         load.prefilling += 1
         load.pending_prefill_tokens += prefill_tokens
         if self.shared is not None:
-            self.shared.add(self._slot(inst), 1, 1, prefill_tokens, 0)
+            self.shared.add(self._slot(inst), new, 1, prefill_tokens, 0)
 
     def first_token(self, rid: RequestId) -> None:
         r = self._reqs.get(rid)
@@ -156,7 +193,12 @@ class LoadTracker:
             self.shared.add(self._slot(r.instance), 0, -1, -r.prefill_tokens, 1)
 
     def finish(self, rid: RequestId) -> None:
-        """Finished, failed or cancelled: the request no longer loads its instance."""
+        """Finished, failed or cancelled: the request no longer loads its instance (nor holds a claim)."""
+        self.unclaim(rid)
+        self._release(rid)
+
+    def _release(self, rid: RequestId) -> None:
+        """The dispatched request's load goes (a claim it holds for a retry elsewhere stays)."""
         r = self._reqs.pop(rid, None)
         if r is None:
             return
@@ -202,7 +244,9 @@ class LoadTracker:
         """``inst`` left the fleet: this process's requests there no longer count (with shared loads, other
         workers forget theirs when they see it leave)."""
         for rid in [r for r, v in self._reqs.items() if v.instance == inst]:
-            self.finish(rid)
+            self._release(rid)
+        for rid in [r for r, i in self._claims.items() if i == inst]:
+            self.unclaim(rid)
         self.loads.pop(inst, None)
         if self.shared is not None:
             slot = self._slot(inst)

@@ -354,6 +354,13 @@ class Router:
                 if self.host is not None:
                     self.host.push()
 
+    def claim(self, rid: RequestId, chosen: Candidate) -> bool:
+        """Take a slot for ``rid`` on ``chosen`` before it is dispatched there, when ``max_in_flight``
+        caps the targets (always True without a cap).  False: another worker process of the host took
+        the last one since this decision read the loads."""
+        cap = self.config.max_in_flight
+        return not cap or self.load.claim(rid, chosen.target, cap)
+
     def first_token(self, rid: RequestId) -> None:
         self.load.first_token(rid)
 

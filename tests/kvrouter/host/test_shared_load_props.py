@@ -17,7 +17,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from kvrouter.host import HostLayout, HostLoads, HostMemory
 from kvrouter.routing.load import InstanceLoad, LoadTracker
 from kvrouter.types import RequestId, TargetKey
-from tests.support.load_model import LoadModel, ModelReq
+from tests.support.load_model import LoadModel
 
 WORKERS = 3
 TARGETS = [TargetKey("w0"), TargetKey("w1"), TargetKey("w2/0"), TargetKey("w2/1")]
@@ -62,7 +62,14 @@ class SharedLoadMachine(RuleBasedStateMachine):
     def dispatch(self, k: int, rid: RequestId, tk: TargetKey, tokens: int) -> None:
         self.workers[k].dispatch(rid, tk, tokens)
         self.reference.dispatch(self._rid(k, rid), tk, tokens)
-        self.model.reqs[self._rid(k, rid)] = ModelReq(tk, tokens)
+        self.model.dispatch(self._rid(k, rid), tk, tokens)
+
+    @rule(k=workers, rid=rids, tk=targets, cap=st.integers(1, 6))
+    def claim(self, k: int, rid: RequestId, tk: TargetKey, cap: int) -> None:
+        """Each worker checks the host's count (every row and the external load) under the lock."""
+        want = self.model.claim(self._rid(k, rid), tk, cap)
+        assert self.workers[k].claim(rid, tk, cap) == want
+        assert self.reference.claim(self._rid(k, rid), tk, cap) == want
 
     @rule(k=workers, rid=rids)
     def first_token(self, k: int, rid: RequestId) -> None:
@@ -76,7 +83,7 @@ class SharedLoadMachine(RuleBasedStateMachine):
     def finish(self, k: int, rid: RequestId) -> None:
         self.workers[k].finish(rid)
         self.reference.finish(self._rid(k, rid))
-        self.model.reqs.pop(self._rid(k, rid), None)
+        self.model.finish(self._rid(k, rid))
 
     @rule(k=workers, tk=targets, running=st.integers(0, 50), waiting=st.integers(0, 50))
     def observe_engine(self, k: int, tk: TargetKey, running: int, waiting: int) -> None:
@@ -99,9 +106,7 @@ class SharedLoadMachine(RuleBasedStateMachine):
         for w in self.workers:
             w.forget(tk)
         self.reference.forget(tk)
-        self.model.reqs = {k: r for k, r in self.model.reqs.items() if r.target != tk}
-        self.model.engine.pop(tk, None)
-        self.model.external.pop(tk, None)
+        self.model.forget(tk)
 
     @invariant()
     def every_worker_sees_one_process(self) -> None:
@@ -111,7 +116,7 @@ class SharedLoadMachine(RuleBasedStateMachine):
                 want = self.model.figures(t)
                 assert figures(self.reference.get(t)) == want, t
                 assert figures(w.get(t)) == want, (k, t)
-            assert w.total_in_flight() == self.reference.total_in_flight() == len(self.model.reqs)
+            assert w.total_in_flight() == self.reference.total_in_flight() == self.model.total_in_flight()
 
     @invariant()
     def a_worker_knows_only_its_own_requests(self) -> None:

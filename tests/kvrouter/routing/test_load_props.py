@@ -1,5 +1,5 @@
-"""The load tracker against a plain reference model, under random dispatch / first token / finish / engine
-observation / external load / forget sequences.
+"""The load tracker against a plain reference model, under random claim / dispatch / first token / finish /
+engine observation / external load / forget sequences.
 
 The model keeps only the requests (target, tokens to prefill, past the first token or not) and the last
 observations; every per-target figure the router reads is recomputed from them from scratch.
@@ -13,7 +13,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from kvrouter.routing.load import LoadTracker
 from kvrouter.types import RequestId, TargetKey
-from tests.support.load_model import LoadModel, ModelReq
+from tests.support.load_model import LoadModel
 
 TARGETS = [TargetKey("w0"), TargetKey("w1"), TargetKey("w2/0"), TargetKey("w2/1")]
 RIDS = [RequestId(f"r{i}") for i in range(8)]
@@ -32,7 +32,11 @@ class LoadMachine(RuleBasedStateMachine):
     @rule(rid=rids, tk=targets, tokens=st.integers(0, 5000))
     def dispatch(self, rid: RequestId, tk: TargetKey, tokens: int) -> None:
         self.tracker.dispatch(rid, tk, tokens)
-        self.model.reqs[rid] = ModelReq(tk, tokens)  # a re-sent id replaces its earlier dispatch
+        self.model.dispatch(rid, tk, tokens)
+
+    @rule(rid=rids, tk=targets, cap=st.integers(1, 6))
+    def claim(self, rid: RequestId, tk: TargetKey, cap: int) -> None:
+        assert self.tracker.claim(rid, tk, cap) == self.model.claim(rid, tk, cap)
 
     @rule(rid=rids)
     def first_token(self, rid: RequestId) -> None:
@@ -44,7 +48,7 @@ class LoadMachine(RuleBasedStateMachine):
     @rule(rid=rids)
     def finish(self, rid: RequestId) -> None:
         self.tracker.finish(rid)
-        self.model.reqs.pop(rid, None)
+        self.model.finish(rid)
 
     @rule(tk=targets, running=st.integers(0, 50), waiting=st.integers(0, 50))
     def observe_engine(self, tk: TargetKey, running: int, waiting: int) -> None:
@@ -60,9 +64,7 @@ class LoadMachine(RuleBasedStateMachine):
     @rule(tk=targets)
     def forget(self, tk: TargetKey) -> None:
         self.tracker.forget(tk)
-        self.model.reqs = {k: r for k, r in self.model.reqs.items() if r.target != tk}
-        self.model.engine.pop(tk, None)
-        self.model.external.pop(tk, None)
+        self.model.forget(tk)
 
     @invariant()
     def every_figure_matches(self) -> None:
@@ -81,7 +83,7 @@ class LoadMachine(RuleBasedStateMachine):
                 "effective_pending_prefill_tokens": load.effective_pending_prefill_tokens(),
             }
             assert got == self.model.figures(t), t
-        assert self.tracker.total_in_flight() == len(self.model.reqs)
+        assert self.tracker.total_in_flight() == self.model.total_in_flight()
         for rid in RIDS:
             r = self.model.reqs.get(rid)
             assert self.tracker.instance_of(rid) == (r.target if r else None)

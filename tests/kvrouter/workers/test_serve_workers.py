@@ -140,7 +140,12 @@ def children(pid: int) -> list[int]:
 async def fresh(method: str, url: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
     """One request on a connection of its own (so the kernel picks a worker for it)."""
     conn = aiohttp.TCPConnector(force_close=True)
-    async with aiohttp.ClientSession(connector=conn) as s, s.request(method, url, json=body) as r:
+    # Bounded: a request the gateway wrongly forwards to a held upstream fails the test, not hangs it.
+    timeout = aiohttp.ClientTimeout(total=90)
+    async with (
+        aiohttp.ClientSession(connector=conn, timeout=timeout) as s,
+        s.request(method, url, json=body) as r,
+    ):
         return r.status, await r.json(content_type=None)
 
 
