@@ -20,6 +20,7 @@ from typing import Any
 import cykhash
 import msgspec
 import numpy as np
+import numpy.typing as npt
 from numba import njit
 
 from .hashing import I64Array
@@ -36,7 +37,8 @@ _MIX = np.uint64(0x9E3779B97F4A7C15)
 def _survey(rows: Any, pos_of_slot: Any, pos: Any) -> Any:
     """Fill ``pos`` (each row's known-source position) and find the longest run of one depth (rows come
     by increasing depth).  Returns (0 if a row's source is unknown, else 1 if every row is GPU-only, 2 if
-    not; the run's depth; its start and end; two fingerprints of its positions)."""
+    not; the run's depth; its start and end; two fingerprints, independent of order, of the positions
+    from its start to the last row: every source that matched at least that deep)."""
     n = len(rows)
     plain = True
     for r in range(n):
@@ -55,7 +57,7 @@ def _survey(rows: Any, pos_of_slot: Any, pos: Any) -> Any:
             lo = r
     fa = np.uint64(0)
     fb = np.uint64(0)
-    for r in range(best_lo, best_lo + best_n):
+    for r in range(best_lo, n):
         x = np.uint64(pos[r]) * _MIX
         fa += x ^ (x >> np.uint64(29))
         fb += (x + _MIX) * (x | np.uint64(1))
@@ -63,8 +65,12 @@ def _survey(rows: Any, pos_of_slot: Any, pos: Any) -> Any:
 
 
 @njit(cache=True)
-def _same(a: Any, b: Any) -> bool:
-    return len(a) == len(b) and bool((a == b).all())
+def _members(mask: Any, pos: Any) -> bool:
+    """Every position in ``pos`` (distinct positions) is set in ``mask``."""
+    for p in pos:  # noqa: SIM110 - compiled by numba, which takes no generator here
+        if p >= len(mask) or not mask[p]:
+            return False
+    return True
 
 
 class InstanceMatch(msgspec.Struct, gc=False):
@@ -122,7 +128,9 @@ class AnswerCache:
         self.block_size = block_size
         self.max_kept = max_kept
         self.max_templates = max_templates
-        self._templates: dict[tuple[int, int, int, int], tuple[I64Array, list[InstanceMatch]]] = {}
+        self._templates: dict[
+            tuple[int, int, int, int], tuple[npt.NDArray[np.bool_], list[InstanceMatch]]
+        ] = {}
         self.version: Hashable = None
         self._known: list[SourceKey] = []
         self._trust: list[str] = []
@@ -184,7 +192,7 @@ class AnswerCache:
             self._kept = cykhash.Int64toInt64Map()
             self._templates.clear()
         if status == 1 and hi - lo >= _BULK_MIN:
-            return self._from_template(pos, rows, d, lo, hi, (d, hi - lo, fa, fb))
+            return self._from_template(pos, rows, d, lo, hi, (d, len(rows) - lo, fa, fb))
         sel = np.arange(n, dtype=np.int64)
         plain = ~rows[:, 2:].any(axis=1)
         ppos, depth = (pos, rows[:, 1]) if status == 1 else (pos[plain], rows[plain, 1])
@@ -217,17 +225,22 @@ class AnswerCache:
     def _from_template(
         self, pos: I64Array, rows: I64Array, d: int, lo: int, hi: int, key: tuple[int, int, int, int]
     ) -> list[InstanceMatch]:
-        """Many sources matched, most at one depth (the blocks of a shared prefix): rows ``lo:hi``.  The
-        answer for that bulk (known-source order, everyone else at 0) is kept as a list, keyed by the depth
-        and the bulk's positions; a lookup copies it and sets the few other sources."""
-        bpos = pos[lo:hi]
+        """Many sources matched, most at one depth ``d`` (the blocks of a shared prefix): rows ``lo:hi``.
+        The answer with every source that matched at least ``d`` blocks (rows ``lo:``) at ``d`` and
+        everyone else at 0 is kept as a list, keyed by ``d`` and those sources (the sources holding a
+        prefix, the same for every prompt that starts with it, whichever of them holds the prompt's
+        tail); a lookup copies it and sets the few sources at other depths."""
+        bpos = pos[lo:]
         tpl = self._templates.get(key)
-        if tpl is None or not _same(tpl[0], bpos):
-            sel = np.arange(len(self._known), dtype=np.int64)
-            sel[bpos] = self._kept_answers(bpos, rows[lo:hi, 1])
+        if tpl is None or not _members(tpl[0], bpos):  # (the key holds the count: same count, same set)
+            n = len(self._known)
+            sel = np.arange(n, dtype=np.int64)
+            sel[bpos] = self._kept_answers(bpos, np.full(len(bpos), d, dtype=np.int64))
             if len(self._templates) >= self.max_templates:
                 self._templates.clear()
-            tpl = self._templates[key] = (bpos.copy(), self._objs.take(sel).tolist())
+            mask = np.zeros(n, dtype=np.bool_)
+            mask[bpos] = True
+            tpl = self._templates[key] = (mask, self._objs.take(sel).tolist())
         out = tpl[1].copy()
         if lo or hi < len(rows):
             for part in (slice(0, lo), slice(hi, len(rows))):

@@ -309,13 +309,11 @@ class Indexer:
             c.event_errors["unknown_removed_block"] += o[fa.UNKNOWN_REMOVED]
         if o[fa.UNKNOWN_LINKED]:
             c.event_errors["unknown_offload_block"] += o[fa.UNKNOWN_LINKED]
-        rows = fast.rows[:done]
-        kinds, media = rows[:, 0], rows[:, 1]
-        if not ((kinds == fw.LINK) | ((kinds == fw.STORED) & (media != 0))).any():
+        if not o[fa.OFFLOAD_ROWS]:
             return
         # Offload rows (no shared stores here: each feeds the instance's own tier), counted per event in
         # order as ``_stored`` / ``_link_offload`` count them.
-        for kind, m, nb, _, _, _, bo, _ in rows.tolist():
+        for kind, m, nb, _, _, _, bo, _ in fast.rows[:done].tolist():
             name = Medium(m).name
             if kind == fw.LINK:
                 linked = nb - int(np.count_nonzero(fast.flags[bo : bo + nb] == fa.UNKNOWN))

@@ -41,7 +41,8 @@ CLEARED = 5  # 5, 6, 7: chains no longer held per medium
 UNKNOWN_REMOVED = 8
 UNKNOWN_LINKED = 9
 HELD = 10  # blocks stored again (a further reference: the caller records it)
-OUT = 11
+OFFLOAD_ROWS = 11  # rows applied that feed an offload tier (stored in CPU/disk, or linked): counted apart
+OUT = 12
 
 # ingest's status, beside fast_wire's ACCEPTED / DECLINED / GROW
 NEED_ROOM = 2  # parsed, nothing applied: grow the tables, then ``apply_rows``
@@ -141,9 +142,11 @@ def apply_rows(
                 out[HELD if was else NEW + m] += 1
                 counts[m] += 0 if was else 1
             out[ENGINES_ADDED] += et_put_inline(E, engines[eo : eo + nb], blocks[bo : bo + nb])
+            out[OFFLOAD_ROWS] += m != 0
             if acc < 0:  # never (tags and flags are >= 0): keeps the touching loads
                 return -1
         elif kind == LINK:
+            out[OFFLOAD_ROWS] += 1
             for k in range(nb):
                 j = efind(E, engines[eo + k])
                 if j < 0:
