@@ -95,6 +95,10 @@ class InstanceConfig(msgspec.Struct, frozen=True):
 class IndexerOptions(msgspec.Struct, frozen=True):
     max_blocks_per_source: int = 8_000_000
     """Cap on blocks held per (instance, rank); beyond it stores are refused and counted."""
+    reserve_blocks_per_source: int = 0
+    """Blocks each listed (instance, rank) is expected to hold (vLLM's GPU blocks plus its offload tiers):
+    the index sizes its tables for the whole fleet at start, so it never stops to grow them (each growth
+    rehashes a whole table and briefly holds it twice).  The memory is taken up front; 0: grown as needed."""
     speculative_ttl_s: float = 5.0
     """How long a speculative entry counts if no event confirms it."""
     replay_timeout_s: float = 2.0
@@ -157,6 +161,11 @@ class FleetConfig(msgspec.Struct, frozen=True):
             raise ConfigError(f"bad bind endpoint {self.bind!r}")
         if self.indexer.max_bind_sources < 0:
             raise ConfigError("indexer.max_bind_sources must be >= 0")
+        if not 0 <= self.indexer.reserve_blocks_per_source <= self.indexer.max_blocks_per_source:
+            raise ConfigError(
+                "indexer.reserve_blocks_per_source must be >= 0 and <= indexer.max_blocks_per_source "
+                f"({self.indexer.max_blocks_per_source}), got {self.indexer.reserve_blocks_per_source}"
+            )
         self.tiers.validate(names)
 
     def instance(self, name: str) -> InstanceConfig | None:

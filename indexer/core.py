@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Collection, Sequence
+from typing import TYPE_CHECKING
 
 import msgspec
 import numpy as np
@@ -49,6 +50,9 @@ from .store_writer import StoreWriter
 from .tiers import SharedStoreConfig, SharedStores
 from .types import Medium, SourceKey, Trust
 from .wire import BatchDecoder, BlockRemoved, BlockStored, Event, engine_hash_i64, peek_ts
+
+if TYPE_CHECKING:
+    from .config import FleetConfig
 
 _U64_MAX = (1 << 64) - 1
 _NO_CHAINS: I64Array = np.zeros(0, dtype=np.int64)
@@ -143,6 +147,23 @@ class Indexer:
         self.last_event_ts: dict[SourceKey, float] = {}
 
     # ------------------------------------------------------------------ sources
+    @classmethod
+    def for_fleet(cls, fleet: FleetConfig, *, reserve: bool = True) -> Indexer:
+        """The in-process index a fleet file describes: its block size, the indexer's options and shared
+        stores, and (with ``reserve``, when ``indexer.reserve_blocks_per_source`` is set) tables sized for
+        every listed (instance, rank).  ``reserve=False``: a router whose index holds only its speculative
+        entries (the events are indexed elsewhere)."""
+        o = fleet.indexer
+        ix = cls(
+            fleet.block_size,
+            max_blocks_per_source=o.max_blocks_per_source,
+            speculative_ttl=o.speculative_ttl_s,
+            shared=fleet.tiers.shared,
+        )
+        if reserve and o.reserve_blocks_per_source:
+            ix.reserve(sum(i.dp_size for i in fleet.instances), o.reserve_blocks_per_source)
+        return ix
+
     def reserve(self, sources: int, blocks_per_source: int) -> None:
         """Size the tables ahead for a fleet of ``sources`` holding about ``blocks_per_source`` blocks each
         (their KV capacity): the in-process index then does not grow (each growth rehashes a whole table

@@ -229,11 +229,5 @@ def make_indexer_app(
 
 def build(fleet_cfg: FleetConfig, *, encoder: PromptEncoder | None = None) -> web.Application:
     """Indexer + subscriber + app for a fleet file."""
-    o = fleet_cfg.indexer
-    ix = Indexer(
-        fleet_cfg.block_size,
-        max_blocks_per_source=o.max_blocks_per_source,
-        speculative_ttl=o.speculative_ttl_s,
-        shared=fleet_cfg.tiers.shared,
-    )
+    ix = Indexer.for_fleet(fleet_cfg)
     return make_indexer_app(ix, EventSubscriber(ix, fleet_cfg), encoder=encoder)

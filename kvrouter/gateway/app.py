@@ -65,15 +65,9 @@ class Gateway:
         fleet_path: str | None = None,
     ) -> None:
         self.cfg = cfg
-        o = cfg.indexer
-        self.indexer = Indexer(
-            cfg.block_size,
-            max_blocks_per_source=o.max_blocks_per_source,
-            speculative_ttl=o.speculative_ttl_s,
-            shared=cfg.tiers.shared,
-        )
         # With a remote indexer, events are indexed there; this router keeps only its speculative entries.
         remote_index = cfg.gateway.indexer_url is not None
+        self.indexer = Indexer.for_fleet(cfg, reserve=not remote_index)
         self.subscriber = EventSubscriber(self.indexer, cfg) if subscribe and not remote_index else None
         self.router = Router(self.indexer, cfg.router_config(policy))
         self.metrics = GatewayMetrics()
