@@ -86,7 +86,10 @@ def discovery(api: FakeApiServer, **over: Any) -> dict[str, Any]:
 
 
 def members(gw: Gateway) -> list[str]:
-    return sorted(gw.pool.upstreams)
+    """The pool's members, once each is in rotation (a new member takes traffic only after its first
+    health check passes: before that, a request finding no other member is answered 503)."""
+    ups = gw.pool.upstreams
+    return sorted(ups) if all(u.healthy for u in ups.values()) else []
 
 
 async def test_the_picker_and_serve_follow_the_pool(tmp_path: Path) -> None:
