@@ -152,12 +152,9 @@ def state(ix: Indexer, queries: list[list[int]]) -> tuple[object, ...]:
     )
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.integers(0, 2**32 - 1), st.sampled_from(RELEASES), st.integers(5, 60))
-def test_fast_path_equals_reference_path(seed: int, release: str, steps: int) -> None:
-    rnd = random.Random(seed)
-    stream = Stream(rnd, release)
-    fast, ref = make(True), make(False)
+def same_steps(rnd: random.Random, stream: Stream, fast: Indexer, ref: Indexer, steps: int) -> None:
+    """``steps`` payloads of ``stream`` to both indexers: each applies as many events and ends in the same
+    state after every payload."""
     queries = [[*stream.trunk[: BS * k], 1] for k in (1, 3, 6, 12)]
     for step in range(steps):
         src = rnd.choice(SOURCES)
@@ -168,6 +165,15 @@ def test_fast_path_equals_reference_path(seed: int, release: str, steps: int) ->
         want = ref.apply_payload(src.instance, data, **kw)
         assert got == want, step
         assert state(fast, queries) == state(ref, queries), step
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 2**32 - 1), st.sampled_from(RELEASES), st.integers(5, 60))
+def test_fast_path_equals_reference_path(seed: int, release: str, steps: int) -> None:
+    rnd = random.Random(seed)
+    stream = Stream(rnd, release)
+    fast, ref = make(True), make(False)
+    same_steps(rnd, stream, fast, ref, steps)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -181,15 +187,7 @@ def test_fast_path_equals_reference_path_with_tier_fields(
     stream = Stream(rnd, release, tiers=True)
     shared = STORES if with_stores else None
     fast, ref = make(True, shared), make(False, shared)
-    queries = [[*stream.trunk[: BS * k], 1] for k in (1, 3, 6, 12)]
-    for step in range(steps):
-        src = rnd.choice(SOURCES)
-        data = stream.payload(src)
-        kw: dict[str, Any] = {"_source": src} if rnd.random() < 0.5 else {"dp_rank": src.dp_rank}
-        got = fast.apply_payload(src.instance, data, **kw)
-        want = ref.apply_payload(src.instance, data, **kw)
-        assert got == want, step
-        assert state(fast, queries) == state(ref, queries), step
+    same_steps(rnd, stream, fast, ref, steps)
 
 
 def test_a_bad_event_inside_a_batch_is_counted_and_the_rest_applied() -> None:
