@@ -1,7 +1,10 @@
 """The ``kvrouter`` console script.  Each subcommand lives in its own module, imported only when it runs:
-``kvrouter serve`` never loads the simulator, the evaluator or the reliability suite.
+``kvrouter serve`` never loads the lab (simulator, evaluator, benchmarks, reliability suite).
 
-A command module exposes ``add_arguments(parser)`` and ``run(args) -> int``.
+A command module exposes ``add_arguments(parser)`` and ``run(args) -> int``.  The router's own commands
+are listed here; other distributions (the lab, ``kvrouter.lab``) add theirs through the
+``kvrouter.commands`` entry-point group, each entry naming a table ``{name: (module, help)}``.  The router
+never names a lab module: the dependency points from the lab to the router only.
 """
 
 from __future__ import annotations
@@ -10,22 +13,27 @@ import argparse
 import importlib
 import logging
 import sys
+from importlib.metadata import entry_points
 
-COMMANDS: dict[str, tuple[str, str]] = {
+CommandTable = dict[str, tuple[str, str]]
+
+COMMANDS: CommandTable = {
     "indexer": ("kvrouter.commands.indexer", "run the KV-cache indexer service for a fleet"),
     "serve": ("kvrouter.commands.serve", "run the OpenAI-compatible KV-aware gateway"),
     "epp": ("kvrouter.commands.epp", "run as the Endpoint Picker of an inference gateway (Envoy ext_proc)"),
     "check": ("kvrouter.commands.check", "verify a fleet file and every instance before traffic"),
-    "sim": ("kvrouter.commands.sim", "start a simulated vLLM fleet on 127.0.0.1"),
-    "demo": ("kvrouter.commands.demo", "simulated fleet + gateway + workload, every policy, one table"),
-    "eval": ("kvrouter.commands.eval", "trace-driven evaluation of routing policies in virtual time"),
-    "bench": ("kvrouter.commands.bench", "benchmarks (JSON out)"),
-    "agreement": (
-        "kvrouter.commands.agreement",
-        "the live path (demo) against the simulation (eval) on one workload",
-    ),
-    "reliability": ("kvrouter.commands.reliability", "fault, fuzz and load suite with a table of figures"),
 }
+
+ENTRY_POINT_GROUP = "kvrouter.commands"
+
+
+def plugin_commands() -> CommandTable:
+    """The commands other installed distributions register (the lab's: sim, demo, eval, bench, ...)."""
+    out: CommandTable = {}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        table = ep.load()
+        out.update({k: v for k, v in table.items() if k not in COMMANDS})
+    return out
 
 
 def _command_of(argv: list[str]) -> str | None:
@@ -43,12 +51,14 @@ def _command_of(argv: list[str]) -> str | None:
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The parser; only the module of the command ``argv`` names is imported (all of them when
-    ``argv`` is None, e.g. to check every command's arguments)."""
+    ``argv`` is None, e.g. to check every command's arguments).  Registered tables are read only when
+    the command is not the router's own."""
     ap = argparse.ArgumentParser(prog="kvrouter", description="KV-cache-aware routing for vLLM fleets")
     ap.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND")
     wanted = None if argv is None else _command_of(argv)
-    for name, (module, helptext) in COMMANDS.items():
+    commands = COMMANDS if wanted in COMMANDS else {**COMMANDS, **plugin_commands()}
+    for name, (module, helptext) in commands.items():
         p = sub.add_parser(name, help=helptext, description=helptext)
         if argv is not None and name != wanted:
             continue

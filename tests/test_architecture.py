@@ -5,7 +5,9 @@
 - Between kvrouter's subpackages (``sim`` counted as its three parts), the import graph has no cycle.
 - Pure cores import no I/O library: routing, the engine model, the request/response shapes.
 - No product module imports a test module or fake.
-- ``kvrouter serve`` loads neither the simulator nor the reliability suite.
+- The lab (``kvrouter.lab``: simulator, evaluation, workloads, benchmarks, reliability, reports, demo)
+  depends on the router, never the other way: no module outside it imports it, and ``kvrouter serve``
+  loads none of it.
 """
 
 from __future__ import annotations
@@ -49,7 +51,10 @@ def _unit(mod: str) -> str:
     p = mod.split(".")
     if p[0] != "kvrouter" or len(p) == 1:
         return p[0]
-    if p[1] == "sim" and len(p) > 2 and p[2] in ("engine", "server", "evaluation"):
+    if p[1] == "lab" and len(p) > 2:
+        # the lab's parts are units of their own (the simulator's engine and server apart)
+        if p[2] == "sim" and len(p) > 3 and p[3] in ("engine", "server"):
+            return ".".join(p[:4])
         return ".".join(p[:3])
     return ".".join(p[:2])
 
@@ -83,7 +88,7 @@ def test_no_cycle_between_kvrouter_subpackages() -> None:
 def test_pure_parts_do_no_io() -> None:
     pure = (
         "kvrouter.routing",
-        "kvrouter.sim.engine",
+        "kvrouter.lab.sim.engine",
         "kvrouter.api",
         "kvrouter.types",
         "kvrouter.epp.protocol",
@@ -105,10 +110,21 @@ def test_no_product_module_imports_tests() -> None:
         assert not any(t.split(".")[0] == "tests" for t in targets), mod
 
 
-def test_serve_loads_neither_simulator_nor_reliability_suite() -> None:
+def test_the_router_never_imports_the_lab() -> None:
+    imports = _imports()
+    lab = [m for m in imports if m.startswith("kvrouter.lab")]
+    assert len(lab) > 50, "the lab's modules were not found where this test looks"
+    for mod, targets in imports.items():
+        if mod == "kvrouter.lab" or mod.startswith("kvrouter.lab."):
+            continue
+        bad = {t for t in targets if t == "kvrouter.lab" or t.startswith("kvrouter.lab.")}
+        assert not bad, (mod, bad)
+
+
+def test_serve_loads_nothing_of_the_lab() -> None:
     code = (
         "import sys; from kvrouter.cli import build_parser; build_parser(['serve', '--fleet', 'f']);"
-        "print(sorted(m for m in sys.modules if m.startswith(('kvrouter.sim', 'kvrouter.reliability'))))"
+        "print(sorted(m for m in sys.modules if m.startswith('kvrouter.lab')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]", out.stdout

@@ -247,7 +247,7 @@ PIECES = (
     "output_next_token",
 )
 
-# The simulator's stages (kvrouter/sim/engine/timing.py, FrontendCosts), each a sum of measured pieces:
+# The simulator's stages (kvrouter/lab/sim/engine/timing.py, FrontendCosts), each a sum of measured pieces:
 # CPU time of the pieces run by Python, wall time of the ZeroMQ hops (latency, not work).
 STAGES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # on the renderer's one worker thread, requests one after the other

@@ -21,6 +21,8 @@ from indexer.config import FleetConfig, IndexerOptions, InstanceConfig
 from indexer.encode import PayloadEncoder
 from indexer.snapshot import SnapshotCorrupt, SnapshotError, SnapshotMismatch
 from indexer.subscriber import EventSubscriber
+from kvrouter.lab.sim.engine.events import BlockRemoved
+from kvrouter.lab.sim.server.publisher import EventPublisher, PublisherConfig
 from kvrouter.replicas.warm import (
     FileSnapshotStore,
     RedisSnapshotStore,
@@ -28,8 +30,6 @@ from kvrouter.replicas.warm import (
     WarmRestart,
     mark_restored,
 )
-from kvrouter.sim.engine.events import BlockRemoved
-from kvrouter.sim.server.publisher import EventPublisher, PublisherConfig
 from tests.support.index_fleet import BS, fleet, held, seq_event
 from tests.support.index_model import SALTS, IndexMachine
 from tests.support.net import free_port

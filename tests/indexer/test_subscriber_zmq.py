@@ -12,8 +12,8 @@ import pytest
 from indexer import Indexer, SourceKey, Trust
 from indexer.config import FleetConfig, IndexerOptions, InstanceConfig
 from indexer.subscriber import EventSubscriber
-from kvrouter.sim.engine.events import AllBlocksCleared
-from kvrouter.sim.server.publisher import EventPublisher, PublisherConfig, topic_for
+from kvrouter.lab.sim.engine.events import AllBlocksCleared
+from kvrouter.lab.sim.server.publisher import EventPublisher, PublisherConfig, topic_for
 from tests.support.index_fleet import BS, fleet, held, seq_event
 from tests.support.net import free_port
 from tests.support.wait import until

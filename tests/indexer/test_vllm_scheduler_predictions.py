@@ -24,9 +24,10 @@ import pytest
 
 from indexer import Indexer, SourceKey
 from indexer.wire import engine_hash_i64
+from tests.support.recorded import VLLM_SCHEDULER, scenarios
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "vllm_scheduler"
-SCENARIOS = sorted(p.stem for p in FIXTURES.glob("*.json"))
+SCENARIOS = scenarios(FIXTURES, VLLM_SCHEDULER)
 SRC = SourceKey("vllm", 0)
 
 

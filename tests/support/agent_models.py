@@ -16,7 +16,7 @@ import json
 import shutil
 from pathlib import Path
 
-from kvrouter.sim.server.tokenizer import SIM_CHAT_TEMPLATE
+from kvrouter.lab.sim.server.tokenizer import SIM_CHAT_TEMPLATE
 from tokenizer_cache import default_tokenizer_path
 
 MAX_MODEL_LEN = 16384

@@ -21,8 +21,8 @@ from indexer.config import parse_fleet
 from kvrouter.config import RouterFleetConfig
 from kvrouter.epp import Picker, PickerOptions, PickerServer
 from kvrouter.gateway import Gateway
+from kvrouter.lab.sim.server.fleet import SimFleet
 from kvrouter.pipeline import FleetTokens
-from kvrouter.sim.server.fleet import SimFleet
 from tests.support.gateway import merge
 from tests.support.net import free_port
 

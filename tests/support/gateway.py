@@ -12,8 +12,8 @@ from aiohttp.test_utils import TestServer
 from indexer.config import parse_fleet
 from kvrouter.config import RouterFleetConfig
 from kvrouter.gateway import Gateway, build_gateway
+from kvrouter.lab.sim.server.fleet import SimFleet, SimFleetConfig
 from kvrouter.pipeline import FleetTokens
-from kvrouter.sim.server.fleet import SimFleet, SimFleetConfig
 
 MODEL = "sim-model"
 

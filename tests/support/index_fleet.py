@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from indexer import Indexer
 from indexer.config import FleetConfig, IndexerOptions, InstanceConfig
-from kvrouter.sim.engine.events import BlockStored
+from kvrouter.lab.sim.engine.events import BlockStored
 
 BS = 16
 

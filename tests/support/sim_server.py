@@ -11,13 +11,13 @@ from typing import Any
 
 import aiohttp
 
-from kvrouter.sim.engine import CacheConfig, EngineConfig, SchedulerConfig
-from kvrouter.sim.server.answers import AnswerVocab
-from kvrouter.sim.server.faults import FaultConfig
-from kvrouter.sim.server.fleet import free_port_block
-from kvrouter.sim.server.instance import SimInstance, SimInstanceConfig
-from kvrouter.sim.server.server import SimServer
-from kvrouter.sim.server.tokenizer import load_sim_tokenizer
+from kvrouter.lab.sim.engine import CacheConfig, EngineConfig, SchedulerConfig
+from kvrouter.lab.sim.server.answers import AnswerVocab
+from kvrouter.lab.sim.server.faults import FaultConfig
+from kvrouter.lab.sim.server.fleet import free_port_block
+from kvrouter.lab.sim.server.instance import SimInstance, SimInstanceConfig
+from kvrouter.lab.sim.server.server import SimServer
+from kvrouter.lab.sim.server.tokenizer import load_sim_tokenizer
 from tokenizer_cache import CachedTokenizer, default_tokenizer_path
 
 BS = 16

@@ -14,7 +14,7 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from kvrouter.sim.server.fleet import SimFleet
+from kvrouter.lab.sim.server.fleet import SimFleet
 from tests.support.gateway import MODEL, sim_fleet
 from tests.support.net import free_port
 

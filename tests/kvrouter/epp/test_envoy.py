@@ -21,7 +21,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvrouter.epp import Picker, PickerServer
-from kvrouter.sim.server.fleet import SimFleet
+from kvrouter.lab.sim.server.fleet import SimFleet
 from tests.support.envoy import envoy_binary, envoy_config, picker, running_envoy, served_counts
 from tests.support.gateway import MODEL, gateway, sim_fleet
 from tests.support.net import free_port

@@ -23,7 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kvrouter.epp import Picker, PickerOptions
 from kvrouter.epp import protocol as pr
-from kvrouter.sim.server.fleet import SimFleet
+from kvrouter.lab.sim.server.fleet import SimFleet
 from tests.support.envoy import picker
 from tests.support.gateway import MODEL, sim_fleet
 from tests.support.net import free_port

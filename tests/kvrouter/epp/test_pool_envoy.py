@@ -21,7 +21,7 @@ import aiohttp
 import pytest
 
 from kvrouter.gateway import Gateway
-from kvrouter.sim.server.fleet import SimFleet, SimFleetConfig
+from kvrouter.lab.sim.server.fleet import SimFleet, SimFleetConfig
 from tests.support.envoy import envoy_binary, envoy_config, picker, running_envoy, served_counts
 from tests.support.fake_apiserver import FakeApiServer, make_pod, make_pool
 from tests.support.gateway import MODEL, gateway

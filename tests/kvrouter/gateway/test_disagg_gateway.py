@@ -18,8 +18,8 @@ import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvrouter.gateway import Gateway
-from kvrouter.sim.server.fleet import SimFleet, SimFleetConfig, parse_roles
-from kvrouter.sim.server.kv_transfer import KvTransferConfig
+from kvrouter.lab.sim.server.fleet import SimFleet, SimFleetConfig, parse_roles
+from kvrouter.lab.sim.server.kv_transfer import KvTransferConfig
 from tests.support.gateway import MODEL, gateway
 from tests.support.wait import until
 

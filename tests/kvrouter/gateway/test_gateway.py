@@ -17,8 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from indexer.config import parse_fleet
 from kvrouter.api import parse_body
 from kvrouter.config import RouterFleetConfig
+from kvrouter.lab.sim.server.fleet import SimFleet
 from kvrouter.pipeline import FleetTokens
-from kvrouter.sim.server.fleet import SimFleet
 from tests.support.gateway import MODEL, gateway, sim_fleet
 from tests.support.wait import until
 

@@ -15,7 +15,7 @@ import pytest
 import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvrouter.sim.server.fleet import SimFleet
+from kvrouter.lab.sim.server.fleet import SimFleet
 from tests.support.gateway import MODEL, gateway, sim_fleet
 from tests.support.wait import until
 

@@ -14,7 +14,7 @@ import openai
 import pytest
 import pytest_asyncio
 
-from kvrouter.sim.server.fleet import SimFleet
+from kvrouter.lab.sim.server.fleet import SimFleet
 from tests.support.gateway import MODEL, gateway, sim_fleet
 from tests.support.sim_server import BS, long_text
 from tests.support.wait import until

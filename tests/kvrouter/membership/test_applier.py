@@ -18,11 +18,11 @@ from indexer.config import FleetConfig, IndexerOptions, InstanceConfig
 from indexer.subscriber import EventSubscriber
 from kvrouter.gateway.fleet_membership import FleetMembership
 from kvrouter.gateway.upstream import UpstreamPool
+from kvrouter.lab.sim.engine.events import BlockStored
+from kvrouter.lab.sim.engine.types import BlockHash
+from kvrouter.lab.sim.server.publisher import EventPublisher, PublisherConfig
 from kvrouter.membership import Reconciler
 from kvrouter.routing import LoadTracker
-from kvrouter.sim.engine.events import BlockStored
-from kvrouter.sim.engine.types import BlockHash
-from kvrouter.sim.server.publisher import EventPublisher, PublisherConfig
 from kvrouter.types import InstanceId, RequestId
 from tests.support.net import free_port
 from tests.support.wait import until

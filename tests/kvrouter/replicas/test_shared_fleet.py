@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from kvrouter.lab.evaluation.compare import EvalSpec, load_workload, summarize
+from kvrouter.lab.evaluation.replicas import ReplicaSimConfig, ReplicatedFleet
+from kvrouter.lab.evaluation.virtual_fleet import FleetSimConfig, VirtualFleet
+from kvrouter.lab.workloads.blocks import BlockContentCache
+from kvrouter.lab.workloads.spec import Workload
 from kvrouter.routing import RouterConfig
-from kvrouter.sim.evaluation.compare import EvalSpec, load_workload, summarize
-from kvrouter.sim.evaluation.replicas import ReplicaSimConfig, ReplicatedFleet
-from kvrouter.sim.evaluation.virtual_fleet import FleetSimConfig, VirtualFleet
-from kvrouter.workloads.blocks import BlockContentCache
-from kvrouter.workloads.spec import Workload
 
 SPEC = EvalSpec(
     workload="sglang-gsp",

@@ -1,0 +1,224 @@
+"""The gateway against sglang-router in front of the same fake workers, in the same run.
+
+Every run uses ``shared/peerbench/router_bench.py`` (sequential added latency, added time to the first
+streamed chunk, requests/s at concurrency 32, prefix stickiness), so all figures come from one harness and
+one machine state.  kvrouter runs as ``kvrouter serve --workers W`` (subprocess) for each W of
+``--workers`` (default 1, 2 and the machine's cores), with the fleet file the harness writes, the kv-aware
+policy and the fleet's tokenizer (the deepseek tokenizer), i.e. it tokenizes and hashes every prompt, as
+in production.
+
+The harness reads CPU from the one process it started; a kvrouter with workers is a process tree, so each
+router's tree is also sampled here (``proctree.TreeSampler``): CPU of every process from the moment it is
+ready to the end of the run over every request the harness sent it (``cpu_ms_per_req_run``, the same
+measure for sglang), and memory as PSS summed over the tree (shared pages counted once).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from kvrouter.lab.bench.common import peer_python, peerbench_dir
+from kvrouter.lab.bench.proctree import TreeSampler
+from tokenizer_cache import default_tokenizer_path
+
+RATIO_KEYS = (
+    "rps_small",
+    "rps_big",
+    "added_p50_small_ms",
+    "added_p50_big_ms",
+    "cpu_ms_per_req_run",
+    "cpu_ms_per_req_small_harness",
+    "cpu_ms_per_req_big_harness",
+)
+
+
+def add_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--seq-n", type=int, default=600)
+    ap.add_argument("--thr-n", type=int, default=1000)
+    ap.add_argument("--thr-reps", type=int, default=2)
+    ap.add_argument(
+        "--workers", default="1,2,cores", help="kvrouter worker counts to run, comma-separated ('cores')"
+    )
+    ap.add_argument("--no-peer", action="store_true", help="skip sglang-router")
+    ap.add_argument(
+        "--baseline-src",
+        default=None,
+        help="also run the kvrouter whose source tree is here (one process: e.g. `git archive` of an older "
+        "commit), as kvrouter_baseline",
+    )
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b in (None, 0) else round(a / b, 3)
+
+
+def worker_counts(spec: str) -> list[int]:
+    cores = len(os.sched_getaffinity(0))
+    out: list[int] = []
+    for w in spec.split(","):
+        n = cores if w.strip() == "cores" else int(w)
+        if n not in out:
+            out.append(n)
+    return out
+
+
+def free_ports(offsets: range | tuple[int, ...]) -> int:
+    """A port ``base`` such that every ``base + offset`` is free on 127.0.0.1 now (other engineers'
+    benchmarks run on this machine too: the harness's default ports may be taken)."""
+    for _ in range(200):
+        base = random.randrange(20000, 60000 - max(offsets))
+        socks = []
+        try:
+            for p in (base + o for o in offsets):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free port range")
+
+
+def requests_sent(params: dict[str, Any]) -> int:
+    """Requests the harness sends its router in one run (readiness pings aside): warm-up, stickiness,
+    sequential blocks, throughput reps (each with its warm-up)."""
+    seq = 3 * (params["seq_n"] // params["blocks"]) * params["blocks"]
+    sticky = 2 * params["groups"] * params["per_group"]
+    thr = params["thr_reps"] * 2 * (min(200, params["thr_n"]) + params["thr_n"])
+    return 200 + sticky + seq + thr
+
+
+def run_sampled(cmd: list[str], marker: str, ready_url: str, processes: int) -> dict[str, Any] | None:
+    """One harness run, the router's process tree sampled meanwhile."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sampler = TreeSampler(proc.pid, marker, ready_url=ready_url, processes=processes)
+    sampler.start()
+    try:
+        out, err = proc.communicate(timeout=1800)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+    tree = sampler.stop()
+    try:
+        res: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        print(f"peer benchmark unavailable: {err[-2000:]}", file=sys.stderr)
+        return None
+    n = requests_sent(res["params"])
+    tree["requests"] = n
+    tree["cpu_ms_per_req_run"] = round(tree["cpu_s"] * 1e3 / n, 3) if tree["cpu_s"] else None
+    res["tree"] = tree
+    return res
+
+
+def _g(r: dict[str, Any] | None, *path: str) -> float | None:
+    v: Any = r
+    for p in path:
+        v = v.get(p) if isinstance(v, dict) else None
+    return v if isinstance(v, int | float) else None
+
+
+def summary(r: dict[str, Any] | None) -> dict[str, Any]:
+    """The figures the README's table shows, from one harness run."""
+    one = _g(r, "tree", "processes") == 1
+    return {
+        "rps_small": _g(r, "throughput", "router_small", "rps"),
+        "rps_big": _g(r, "throughput", "router_big", "rps"),
+        "added_p50_small_ms": _g(r, "sequential", "added_small", "p50_ms"),
+        "added_p50_big_ms": _g(r, "sequential", "added_big", "p50_ms"),
+        "added_first_chunk_ms": _ttfb_added(r or {}),
+        # The harness reads the process it started: a supervisor's workers are not in it.
+        "cpu_ms_per_req_small_harness": _g(r, "throughput", "router_small", "router_cpu_ms_per_req")
+        if one
+        else None,
+        "cpu_ms_per_req_big_harness": _g(r, "throughput", "router_big", "router_cpu_ms_per_req")
+        if one
+        else None,
+        "cpu_ms_per_req_run": _g(r, "tree", "cpu_ms_per_req_run"),
+        "pss_mb_end": _g(r, "tree", "pss_mb_end"),
+        "pss_mb_median": _g(r, "tree", "pss_mb_median"),
+        "rss_sum_mb_end": _g(r, "tree", "rss_sum_mb_end"),
+        "tree_mb_end": _g(r, "tree", "tree_mb_end"),
+        "processes": _g(r, "tree", "processes"),
+    }
+
+
+def main(a: argparse.Namespace) -> dict[str, Any]:
+    d, py = peerbench_dir(), peer_python("bench")
+    if d is None or py is None:
+        return {
+            "skipped": "shared/peerbench or its venvs ($PEER_VENVS, see shared/peerbench/setup.sh) missing"
+        }
+    common = ["--seq-n", str(a.seq_n), "--thr-n", str(a.thr_n), "--thr-reps", str(a.thr_reps)]
+    os.environ["PEERBENCH_TOKENIZER"] = default_tokenizer_path()
+    harness = [str(py), str(Path(d) / "router_bench.py")]
+    ports = free_ports(range(4))  # the fake workers
+    common += ["--worker-base-port", str(ports)]
+    out: dict[str, Any] = {"runs": {}}
+    for w in worker_counts(a.workers):
+        kv_cmd = (
+            f"{sys.executable} -m kvrouter.cli --log-level WARNING serve --fleet {{fleet}} --port {{port}}"
+            f" --workers {w}"
+        )
+        port = free_ports((0, 1000))  # the router and its prometheus port (+1000, sglang's)
+        out["runs"][f"kvrouter_w{w}"] = run_sampled(
+            [*harness, "--router", "custom", "--router-cmd", kv_cmd, *common, "--router-port", str(port)],
+            "kvrouter.cli",
+            f"http://127.0.0.1:{port}/livez",
+            w + (w > 1),
+        )
+    if a.baseline_src:
+        port = free_ports((0, 1000))
+        # Run from the baseline tree (``-m`` puts the working directory first on the path: from here it
+        # would import this tree's kvrouter)
+        src = Path(a.baseline_src).resolve()
+        cmd = f"env -C {src} PYTHONPATH={src} {sys.executable} -m kvrouter.cli"
+        cmd += " --log-level WARNING serve --fleet {fleet} --port {port}"
+        out["runs"]["kvrouter_baseline"] = run_sampled(
+            [*harness, "--router", "custom", "--router-cmd", cmd, *common, "--router-port", str(port)],
+            "kvrouter.cli",
+            f"http://127.0.0.1:{port}/livez",
+            1,
+        )
+    if not a.no_peer:
+        port = free_ports((0, 1000))
+        out["runs"]["sglang"] = run_sampled(
+            [*harness, "--router", "sglang", "--policy", "cache_aware", *common, "--router-port", str(port)],
+            "sglang_router",
+            f"http://127.0.0.1:{port}/health",
+            1,
+        )
+    out["summary"] = {name: summary(r) for name, r in out["runs"].items()}
+    s = out["summary"].get("sglang")
+    if s and s["rps_small"]:
+        out["ratios_over_sglang"] = {
+            name: {k: _ratio(v.get(k), s.get(k)) for k in RATIO_KEYS}
+            for name, v in out["summary"].items()
+            if name != "sglang"
+        }
+    return out
+
+
+def _ttfb_added(r: dict[str, Any]) -> float | None:
+    seq = r.get("sequential", {})
+    rt, dt = seq.get("router_chat_stream_ttfb"), seq.get("direct_chat_stream_ttfb")
+    if not rt or not dt:
+        return None
+    return round(rt["p50_ms"] - dt["p50_ms"], 3)
+
+
+if __name__ == "__main__":  # ``python -m kvrouter.lab.bench.gateway_bench --workers 1,2 ...``: other settings
+    ap = argparse.ArgumentParser()
+    add_args(ap)
+    print(json.dumps(main(ap.parse_args()), indent=1))

@@ -1,0 +1,135 @@
+"""Routing-decision time for an 8k-token chat prompt, as the gateway computes it per request:
+render the chat template, tokenize with a warm tokenizer cache, hash the blocks, look them up in the
+index, score every candidate.  The index holds the fleet's state (8 instances; the system prompt cached
+on one of them) so the lookup walks a real match.
+
+Reported: p50/p99 of the whole decision and of each stage, sync (one thread) and through the async path
+the gateway uses (tokenization on the tokenizer cache's thread pool).  Shadow scoring (what the other
+policies would have chosen) runs after the decision, as in the gateway, once the request is on its way
+upstream; its time is reported on its own (``shadow_after_dispatch``), not in the decision's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import time
+from typing import Any
+
+import msgspec
+
+from indexer import Indexer, SourceKey
+from indexer.encode import PayloadEncoder
+from indexer.hashing import TokenIds, request_chains
+from kvrouter.api.requests import prefix_text
+from kvrouter.lab.sim.server.tokenizer import SIM_CHAT_TEMPLATE
+from kvrouter.lab.workloads.text import WORDS
+from kvrouter.percentiles import summary_us
+from kvrouter.routing import RouteInput, Router, route_input
+from kvrouter.routing.policies import PrefixHashSettings
+from kvrouter.routing.router import Target
+from kvrouter.types import InstanceId, RequestId
+from tokenizer_cache import CachedTokenizer, Encoded, default_tokenizer_path
+
+
+def _words(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+def _as_gateway_hashes_them(res: Encoded) -> TokenIds:
+    """What ``FleetTokens.tokens`` hands the gateway: the cache's uint32 array when it had one."""
+    return res.tokens if res.array is None else res.array
+
+
+def add_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--system-words", type=int, default=8000, help="~8k tokens with the default tokenizer")
+    ap.add_argument("--question-words", type=int, default=60)
+    ap.add_argument("--instances", type=int, default=8)
+    ap.add_argument("--iters", type=int, default=300)
+    ap.add_argument("--seed", type=int, default=3)
+
+
+def main(a: argparse.Namespace) -> dict[str, Any]:
+    rng = random.Random(a.seed)
+    tok = CachedTokenizer.from_pretrained(default_tokenizer_path(), chat_template=SIM_CHAT_TEMPLATE)
+    system = _words(rng, a.system_words)
+    ix = Indexer(16)
+    router = Router(ix)
+    targets = [Target(InstanceId(f"vllm-{i}")) for i in range(a.instances)]
+    enc = PayloadEncoder()
+    # the system prompt (and an earlier question) cached on vllm-3, as its events would say
+    warm = tok.encode_chat([{"role": "system", "content": system}, {"role": "user", "content": "warm up"}])
+    n = len(warm) // 16
+    ix.apply_payload(
+        "vllm-3", enc.batch([enc.stored(list(range(1, n + 1)), None, warm[: n * 16], 16)], ts=1.0)
+    )
+    for t in targets:
+        ix.register(SourceKey(t.instance, 0))
+    stages: dict[str, list[float]] = {
+        k: [] for k in ("render_tokenize", "hash", "lookup_score", "total", "shadow_after_dispatch")
+    }
+
+    def route_input_of(i: str, ids: TokenIds, msgs: list[dict[str, str]]) -> RouteInput:
+        """As the gateway builds it (``route_input``): chains in the request's namespace, the prefix key."""
+        return route_input(
+            RequestId(i),
+            chains=request_chains(ids, 16),
+            num_tokens=len(ids),
+            prefix_text=prefix_text(msgs),
+            affinity=None,
+            model=None,
+            prefix_length=PrefixHashSettings().prefix_length,
+        )
+
+    chosen = set()
+    for i in range(a.iters):
+        msgs = [
+            {"role": "system", "content": system},
+            {"role": "user", "content": _words(rng, a.question_words)},
+        ]
+        t0 = time.perf_counter()
+        ids = _as_gateway_hashes_them(tok.encode_chat_ex(msgs))
+        t1 = time.perf_counter()
+        inp = route_input_of(str(i), ids, msgs)
+        t2 = time.perf_counter()
+        d = router.route(inp, targets, now=float(i), shadow=False)
+        t3 = time.perf_counter()
+        assert d.chosen is not None
+        chosen.add(d.chosen.instance)
+        router.shadow(d)  # as the gateway does once the request is on its way: off the decision's path
+        t4 = time.perf_counter()
+        for k, v in (
+            ("render_tokenize", t1 - t0),
+            ("hash", t2 - t1),
+            ("lookup_score", t3 - t2),
+            ("total", t3 - t0),
+            ("shadow_after_dispatch", t4 - t3),
+        ):
+            stages[k].append(v)
+
+    async def async_path() -> list[float]:
+        out = []
+        for i in range(a.iters):
+            msgs = [
+                {"role": "system", "content": system},
+                {"role": "user", "content": _words(rng, a.question_words)},
+            ]
+            t0 = time.perf_counter()
+            ids = _as_gateway_hashes_them(await tok.aencode_chat_ex(msgs))
+            d = router.route(route_input_of(f"a{i}", ids, msgs), targets, now=float(i), shadow=False)
+            out.append(time.perf_counter() - t0)
+            router.shadow(d)
+        return out
+
+    asyn = asyncio.run(async_path())
+    tok.close()
+    res = {
+        "prompt_tokens": len(warm),
+        "decision_sync": {k: summary_us(v) for k, v in stages.items()},
+        "decision_async_total": summary_us(asyn),
+        "chosen_instances": sorted(chosen),
+        "tokenizer_stats": msgspec.to_builtins(tok.stats()),
+    }
+    res["target_decision_p50_le_500us"] = res["decision_sync"]["total"]["p50_us"] <= 500
+    return res
