@@ -4,7 +4,7 @@ the simulation of one router does, and both workers routed part of the workload.
 
 from __future__ import annotations
 
-from kvrouter import agreement
+from kvrouter.lab import agreement
 
 
 def test_two_workers_cache_as_one_router_does() -> None:

@@ -7,7 +7,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from kvrouter import report
+from kvrouter.lab import report
 from kvrouter.lab.evaluation.compare import EvalSpec, load_workload, run_one
 from kvrouter.lab.evaluation.virtual_fleet import FleetSimConfig
 from kvrouter.lab.report import comparison, grid, seeds, sensitivity

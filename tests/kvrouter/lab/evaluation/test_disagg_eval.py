@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from kvrouter.commands import eval as eval_cmd
-from kvrouter.commands import sim as sim_cmd
+from kvrouter.lab.commands import eval as eval_cmd
+from kvrouter.lab.commands import sim as sim_cmd
 from kvrouter.lab.evaluation.compare import EvalSpec, load_workload, run_one
 from kvrouter.lab.evaluation.virtual_fleet import FleetSimConfig, VirtualFleet
 from kvrouter.lab.workloads.spec import OpenLoop, Request, Segment, TokenSpace, Workload

@@ -8,7 +8,7 @@ import argparse
 
 import pytest
 
-from kvrouter.commands import eval as eval_command
+from kvrouter.lab.commands import eval as eval_command
 from kvrouter.lab.evaluation.virtual_fleet import FleetSimConfig, RequestRecord, VirtualFleet
 from kvrouter.lab.sim.engine import SimConfigError, get_profile
 from kvrouter.lab.sim.engine.timing import PromptApi

@@ -9,9 +9,9 @@ import argparse
 import msgspec
 import pytest
 
-from kvrouter import agreement
+from kvrouter.lab import agreement
 from kvrouter.api import parse_body
-from kvrouter.commands import agreement as command
+from kvrouter.lab.commands import agreement as command
 from kvrouter.lab.evaluation.virtual_fleet import prefix_text
 from kvrouter.lab.workloads import http_call, make_workload, materialize
 
