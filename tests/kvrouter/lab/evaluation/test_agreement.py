@@ -9,8 +9,8 @@ import argparse
 import msgspec
 import pytest
 
-from kvrouter.lab import agreement
 from kvrouter.api import parse_body
+from kvrouter.lab import agreement
 from kvrouter.lab.commands import agreement as command
 from kvrouter.lab.evaluation.virtual_fleet import prefix_text
 from kvrouter.lab.workloads import http_call, make_workload, materialize
