@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test lint typecheck unit bench demo reliability parity-fixtures clean
+.PHONY: install test lint typecheck kernels unit bench demo reliability parity-fixtures clean
 
 # Envoy (for the endpoint-picker tests) goes in a directory of its own: see pyproject's `envoy` extra.
 $(STAMP): pyproject.toml
@@ -24,7 +24,13 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-unit: $(STAMP)
+# Numba's kernels compiled (or loaded from its cache) before the tests: a cold compile takes minutes on a
+# busy machine, which no test's deadline should have to absorb.
+kernels: $(STAMP)
+	$(BIN)/python -m indexer.kernels
+	$(BIN)/python -c "from kvrouter.lab.sim.engine.hashing import warmup; warmup()"
+
+unit: kernels
 	$(BIN)/pytest -q -x -m "not slow"
 
 test: lint typecheck unit

@@ -281,7 +281,7 @@ async def test_a_restored_source_that_never_returns_goes_stale() -> None:
     await sub.start()
     try:
         mark_restored(sub, fresh.sources(), time.monotonic())
-        await until(lambda: held(fresh, "v", prompts[0]) == 0, timeout=5.0)
+        await until(lambda: held(fresh, "v", prompts[0]) == 0)
         assert fresh.trust(SourceKey("v", 0)) is Trust.COLD and sub.counters["stale_drops"] == 1
     finally:
         await sub.stop()

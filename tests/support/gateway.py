@@ -14,6 +14,7 @@ from kvrouter.config import RouterFleetConfig
 from kvrouter.gateway import Gateway, build_gateway
 from kvrouter.lab.sim.server.fleet import SimFleet, SimFleetConfig
 from kvrouter.pipeline import FleetTokens
+from tests.support.wait import until
 
 MODEL = "sim-model"
 
@@ -26,8 +27,11 @@ def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 @asynccontextmanager
-async def gateway(fleet: SimFleet, **over: Any) -> AsyncIterator[tuple[Gateway, str]]:
-    """A gateway for the fleet (fleet file + ``over``), serving at the yielded base URL."""
+async def gateway(
+    fleet: SimFleet, *, in_rotation: bool = True, **over: Any
+) -> AsyncIterator[tuple[Gateway, str]]:
+    """A gateway for the fleet (fleet file + ``over``), serving at the yielded base URL once every instance
+    is in rotation (``in_rotation=False``: at once, for tests that start with an instance down)."""
     fast = {"gateway": {"health_interval_s": 0.2, "metrics_interval_s": 0.2}}
     cfg = parse_fleet(merge(merge(fleet.fleet_dict(), fast), over), RouterFleetConfig)
     gw = Gateway(cfg, tokens=FleetTokens.from_config(cfg))
@@ -35,6 +39,10 @@ async def gateway(fleet: SimFleet, **over: Any) -> AsyncIterator[tuple[Gateway, 
     server = TestServer(app, host="127.0.0.1", handler_cancellation=True)
     await server.start_server()
     try:
+        if in_rotation:
+            await until(
+                lambda: all(u.healthy for u in gw.pool.upstreams.values()), 30, "every instance in rotation"
+            )
         yield gw, str(server.make_url("")).rstrip("/")
     finally:
         await server.close()

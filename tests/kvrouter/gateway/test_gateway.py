@@ -229,11 +229,11 @@ async def test_failover_retries_a_dead_instance_and_takes_it_out(fleet: SimFleet
             ]
             assert all(st == 200 for st, _, _ in res)
             assert all(h["x-kvrouter-instance"] != dead.name for _, h, _ in res)
-            await until(lambda: not gw.pool.upstreams[dead.name].healthy, timeout=2.0)
+            await until(lambda: not gw.pool.upstreams[dead.name].healthy)
         finally:
             async with s.post(f"{dead.url}/sim/faults", json={"dead": False}) as r:
                 assert r.status == 200
-        await until(lambda: gw.pool.upstreams[dead.name].healthy, timeout=3.0)
+        await until(lambda: gw.pool.upstreams[dead.name].healthy)
 
 
 async def test_a_hung_engine_behind_a_live_health_check_is_ejected_with_backoff(fleet: SimFleet) -> None:
@@ -317,7 +317,7 @@ async def test_a_client_that_disconnects_frees_its_slot(fleet: SimFleet) -> None
             await r.content.readany()
             assert gw.router.load.total_in_flight() == 1
             r.close()  # the client goes away mid-stream
-        await until(lambda: gw.router.load.total_in_flight() == 0, timeout=3.0)
+        await until(lambda: gw.router.load.total_in_flight() == 0)
         # and the engine was told: nothing keeps generating for it
         await until(
             lambda: all(
