@@ -274,6 +274,10 @@ def plan_chat(
     if assigned:
         tools = assigned.get("tools", tools)
         choice = assigned.get("tool_choice", choice)
+        named = choice.get("function", {}).get("name") if isinstance(choice, Mapping) else None
+        if named is not None and tools is not None and not any(t["function"]["name"] == named for t in tools):
+            # not checked by the request model, then refused by the tool parser (which reads given tools)
+            raise RequestValidationError(f"Tool {named!r} has not been passed in `tools`.")
     add_generation_prompt = _field(body, "add_generation_prompt", lax_bool, True)
     continue_final_message = _field(body, "continue_final_message", lax_bool, False)
     echo = _field(body, "echo", lax_bool, False)

@@ -212,6 +212,9 @@ def plan_responses(
         raise AgentInputError("the request body must be a JSON object", "body")
     if body.get("prompt") is not None:
         raise AgentInputError("prompt template is not supported", "prompt")
+    if body.get("previous_response_id") is not None and previous_messages is None and previous_output is None:
+        # the conversation is stored on one instance (vLLM's stateless render endpoint refuses it too)
+        raise AgentInputError("previous_response_id needs the stored conversation", "previous_response_id")
     if "input" not in body or not isinstance(body["input"], (str, list)):
         raise AgentInputError("'input' must be a string or a list of items")
     salt = body.get("cache_salt")
