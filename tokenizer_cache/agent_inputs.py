@@ -1,37 +1,41 @@
-"""A Responses API request as the chat request vLLM 0.33 renders for it (text-only, non-Harmony models).
+"""A Responses API request's input items and tools as the chat messages and tools vLLM 0.33 renders
+(text-only, non-Harmony models).
 
-vLLM does not template ``/v1/responses`` bodies itself: it turns ``instructions``, the conversation of a
-``previous_response_id`` and the ``input`` items into chat messages and renders those with the chat
-template, like a ``/v1/chat/completions`` request.  ``responses_chat_body`` builds that chat request, so
-the one chat-encoding path (the tokenizer cache) computes the tokens::
+vLLM does not template ``/v1/responses`` bodies itself: it validates the body against its request model
+(``entrypoints/openai/responses/protocol.py``), turns ``instructions``, a stored conversation and the
+``input`` items into chat messages (``responses/utils.py`` ``construct_input_messages``) and renders those
+with the chat template, as it renders a chat request's messages, but without the chat request model's
+validation (``responses_request.plan_responses`` does the rest)::
 
     instructions ──▶ {"role": "system"}                                   (when non-empty)
     stored conversation of previous_response_id ──▶ its messages minus system ones, then one assistant
-                                                    message per text part of its output messages
+                                                    message per part of its output messages
     input: a string ──▶ one user message
-           items ──▶ function_call ─┐ merged into the previous assistant message when there is one:
-                     reasoning    ──┤ its tool_calls / reasoning / content (if it has none yet)
-                     assistant out ─┘
+           items ──▶ function_call, custom_tool_call ─┐ merged into the previous message when it is an
+                     reasoning                       ├─ assistant one: its tool_calls / reasoning /
+                     assistant output message ───────┘ content (if it has none yet)
                      function_call_output, custom_tool_call_output ──▶ {"role": "tool"}
-                     any other item with a role ──▶ itself (the keys its input type declares)
-    tools: function tools (namespace members flattened to ``<namespace>__<name>``, custom tools as a
-           one-string function); the others are never shown to the model
-    template arguments: the request's chat_template_kwargs, then add_generation_prompt /
-           continue_final_message (a last assistant or reasoning item "in_progress"/"incomplete" is
-           continued), reasoning_effort and enable_thinking from ``reasoning.effort``
+                     a message item with a role ──▶ itself, as its input type keeps it
+    tools: function tools; namespace members as ``<namespace>__<name>``; custom tools as a one-string
+           function; built-in tools are never shown to the model
 
-Facts read from vLLM 0.33 (``entrypoints/openai/responses/{utils,protocol}.py``,
-``renderers/online_renderer.py``) and checked against its render server (``tools/agent_fixtures.py``).
-``previous_input_messages`` is read only by the Harmony (gpt-oss) path: for other models vLLM ignores it,
-and so does this.  Harmony models are rendered by a different engine: route them without tokens.
+What vLLM's request model does to an item before that (pydantic, over OpenAI's item types):
 
-Whatever vLLM would refuse (an item type it does not take, encrypted reasoning, a malformed item) raises
-``AgentInputError`` with vLLM's reason.
+- ``function_call``, ``reasoning`` and assistant messages with list content are parsed into OpenAI's
+  output models first (an assistant message without ``status`` gets "completed");
+- an assistant output message keeps only its *first* part's text (a first part that is a refusal, or no
+  part at all, makes vLLM fail: refused here);
+- every other item is validated against OpenAI's input item types (TypedDicts: undeclared keys such as a
+  message's ``name`` or a part's ``cache_control`` are kept, and reach the template as on chat); an
+  input image part without ``detail`` gets "auto";
+- ``status`` of the last item decides whether it is continued (``continues_final``).
+
+Whatever vLLM refuses (an item type it does not render, encrypted reasoning, an item no type accepts)
+raises ``AgentInputError`` with vLLM's reason.
 """
 
 from __future__ import annotations
 
-import copy
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -40,19 +44,22 @@ from .errors import TokenizerCacheError
 
 __all__ = [
     "AgentInputError",
-    "RenderedResponses",
+    "continues_final",
     "merge_template_kwargs",
     "response_output_messages",
-    "responses_chat_body",
+    "responses_messages",
     "responses_tools",
 ]
 
 Message = dict[str, Any]
 
-# The keys pydantic keeps when it validates a plain message item against the input-message TypedDicts
-# (EasyInputMessageParam / Message): every other key of the item is dropped before vLLM sees it.
-_MESSAGE_KEYS = ("content", "role", "type", "phase", "status")
 _CONTINUED = ("in_progress", "incomplete")
+_STATUSES = ("in_progress", "completed", "incomplete")
+_INPUT_ROLES = ("user", "system", "developer")
+_EASY_ROLES = ("user", "assistant", "system", "developer")
+_PHASES = ("commentary", "final_answer")
+# Items vLLM's request model accepts but its conversion does not render (a 400 either way).
+_UNRENDERED = "Unsupported input item type: {}"
 
 
 class AgentInputError(TokenizerCacheError, ValueError):
@@ -63,90 +70,152 @@ class AgentInputError(TokenizerCacheError, ValueError):
         self.param = param
 
 
-class RenderedResponses:
-    """What one Responses request renders to: its chat messages (what vLLM stores for a later
-    ``previous_response_id``) and the whole chat request."""
-
-    __slots__ = ("chat", "messages")
-
-    def __init__(self, messages: list[Message], chat: dict[str, Any]) -> None:
-        self.messages = messages
-        self.chat = chat
-
-
 def merge_template_kwargs(user: Mapping[str, Any] | None, extra: Mapping[str, Any]) -> dict[str, Any]:
     """vLLM's shallow merge of template arguments: ``extra`` wins where it is set (not None, not "auto")."""
     out = dict(user or {})
-    out.update({k: v for k, v in extra.items() if v is not None and v != "auto"})
+    out.update({k: v for k, v in extra.items() if v is not None and not (isinstance(v, str) and v == "auto")})
     return out
 
 
-def _text(v: object) -> str | None:
-    return v if isinstance(v, str) else None
+def _is_str(v: object) -> bool:
+    return isinstance(v, str)
 
 
-def _function_call(item: Mapping[str, Any]) -> dict[str, Any]:
-    """A ``function_call`` item as the chat tool call vLLM builds (400 unless it is a valid call)."""
-    args, call_id, name = item.get("arguments"), item.get("call_id"), item.get("name")
-    if not (isinstance(args, str) and isinstance(call_id, str) and isinstance(name, str)):
-        raise AgentInputError("function_call items need string 'arguments', 'call_id' and 'name'")
-    ns = item.get("namespace")
-    if ns is not None and not isinstance(ns, str):
-        raise AgentInputError("a function_call's 'namespace' must be a string")
-    full = f"{ns}__{name}" if ns else name
-    return {"id": call_id, "function": {"name": full, "arguments": args}, "type": "function"}
+def _opt_str(v: object) -> bool:
+    return v is None or isinstance(v, str)
 
 
-def _custom_call(item: Mapping[str, Any]) -> dict[str, Any]:
-    call_id, name = item.get("call_id"), item.get("name")
-    if not (isinstance(call_id, str) and isinstance(name, str)):
-        raise AgentInputError("custom_tool_call items need string 'call_id' and 'name'")
-    payload = json.dumps({"input": item.get("input") or ""}, ensure_ascii=False)
-    return {"id": call_id, "function": {"name": name, "arguments": payload}, "type": "function"}
+# -- OpenAI's item types, as far as they decide what vLLM renders ------------------------------------------
 
 
-def _reasoning_text(item: Mapping[str, Any]) -> str:
-    summary, content = item.get("summary"), item.get("content")
-    if not isinstance(summary, list) or not all(
-        isinstance(s, dict) and isinstance(s.get("text"), str) for s in summary
-    ):
-        raise AgentInputError("reasoning items need a 'summary' list of {type: summary_text, text}")
-    if content is not None and not (
-        isinstance(content, list)
-        and all(isinstance(c, dict) and isinstance(c.get("text"), str) for c in content)
-    ):
-        raise AgentInputError("a reasoning item's 'content' must be a list of {type: reasoning_text, text}")
-    if item.get("encrypted_content"):
-        raise AgentInputError("Encrypted content is not supported.")
-    if content:
-        return str(content[0]["text"])
-    return str(summary[0]["text"]) if summary else ""
+def _input_part(part: object) -> dict[str, Any] | None:
+    """An input content part (input_text / input_image / input_file) as OpenAI's types accept it (their
+    undeclared keys kept; an image without ``detail`` gets "auto"), or None when it is none of them."""
+    if not isinstance(part, dict):
+        return None
+    kind = part.get("type")
+    if kind == "input_text":
+        return part if _is_str(part.get("text")) else None
+    if kind == "input_image":
+        if "detail" not in part:
+            part = {**part, "detail": "auto"}
+        if part["detail"] not in ("low", "high", "auto", "original") or not all(
+            _opt_str(part.get(k)) for k in ("file_id", "image_url")
+        ):
+            return None
+        return part
+    if kind == "input_file":
+        keys = ("file_data", "file_id", "file_url", "filename", "detail")
+        return part if all(_opt_str(part.get(k)) for k in keys) else None
+    return None
 
 
-def _output_message(item: Mapping[str, Any]) -> str | None:
-    """The text vLLM keeps of an assistant message item with list content (the first part's), or None
-    when the item is not a valid output message (then it is validated as a plain message)."""
+def _input_parts(content: object) -> list[dict[str, Any]] | None:
+    if not isinstance(content, list):
+        return None
+    parts = [_input_part(p) for p in content]
+    return None if any(p is None for p in parts) else [p for p in parts if p is not None]
+
+
+def _message_item(item: dict[str, Any]) -> dict[str, Any] | None:
+    """A message item as OpenAI's input message types accept it (every key kept), or None when none
+    does."""
+    if item.get("type", "message") != "message" or item.get("role") not in _EASY_ROLES:
+        return None
+    if item.get("phase") is not None and item["phase"] not in _PHASES:
+        return None
+    if item.get("status") is not None and item["status"] not in _STATUSES:
+        return None
     content = item.get("content")
-    if not isinstance(content, list) or not content:
+    if isinstance(content, str):
+        return dict(item)
+    parts = _input_parts(content)
+    return None if parts is None else {**item, "content": parts}
+
+
+def _output_message(item: dict[str, Any]) -> str | None:
+    """The text vLLM keeps of an assistant message with list content that OpenAI's output message model
+    accepts (its first part's), or None when the model refuses it (it is then read as an input message)."""
+    content = item.get("content")
+    if not isinstance(content, list) or item.get("status", "completed") not in _STATUSES:
+        return None
+    if not _is_str(item.get("id", "")) or item.get("phase") not in (None, *_PHASES):
         return None
     for part in content:
         if not isinstance(part, dict):
             return None
         kind = part.get("type")
-        if kind == "output_text" and isinstance(part.get("text"), str):
-            continue
-        if kind == "refusal" and isinstance(part.get("refusal"), str):
-            continue
-        return None
-    first = content[0]
-    if first.get("type") != "output_text":
-        raise AgentInputError("an assistant message whose first part is a refusal cannot be rendered")
-    return str(first["text"])
+        if kind == "output_text":
+            if not _is_str(part.get("text")) or not isinstance(part.get("annotations", []), list):
+                return None
+        elif kind != "refusal" or not _is_str(part.get("refusal")):
+            return None
+    if not content or content[0].get("type") != "output_text":
+        raise AgentInputError("an assistant message whose first part is not output_text cannot be rendered")
+    return str(content[0]["text"])
 
 
-def _attach(prev: Message | None, key: str, value: Any) -> bool:
-    """Put ``value`` under ``key`` of the previous assistant message if it has none yet (tool calls are
-    appended); False when a new assistant message is needed."""
+def _function_call(item: Mapping[str, Any]) -> dict[str, Any]:
+    args, call_id, name, ns = (
+        item.get("arguments"),
+        item.get("call_id"),
+        item.get("name"),
+        item.get("namespace"),
+    )
+    if not (
+        _is_str(args) and _is_str(call_id) and _is_str(name) and _opt_str(ns) and _opt_str(item.get("id"))
+    ):
+        raise AgentInputError("function_call items need string 'arguments', 'call_id' and 'name'")
+    if item.get("status") not in (None, *_STATUSES):
+        raise AgentInputError("a function_call's status must be in_progress, completed or incomplete")
+    full = f"{ns}__{name}" if ns else name
+    return {"id": call_id, "function": {"name": full, "arguments": args}, "type": "function"}
+
+
+def _custom_call(item: Mapping[str, Any]) -> dict[str, Any]:
+    call_id, name, payload = item.get("call_id"), item.get("name"), item.get("input")
+    if not (_is_str(call_id) and _is_str(name) and _is_str(payload) and _opt_str(item.get("id"))):
+        raise AgentInputError("custom_tool_call items need string 'call_id', 'name' and 'input'")
+    arguments = json.dumps({"input": payload or ""}, ensure_ascii=False)
+    return {"id": call_id, "function": {"name": name, "arguments": arguments}, "type": "function"}
+
+
+def _texts(v: object, kind: str) -> bool:
+    return isinstance(v, list) and all(
+        isinstance(s, dict) and _is_str(s.get("text")) and s.get("type") == kind for s in v
+    )
+
+
+def _reasoning(item: Mapping[str, Any]) -> str:
+    summary, content = item.get("summary"), item.get("content")
+    if not _texts(summary, "summary_text") or not (content is None or _texts(content, "reasoning_text")):
+        raise AgentInputError("reasoning items need a 'summary' list of {type: summary_text, text}")
+    if not _opt_str(item.get("encrypted_content")) or item.get("status") not in (None, *_STATUSES):
+        raise AgentInputError("a reasoning item's encrypted_content must be a string, its status valid")
+    if item.get("encrypted_content"):
+        raise AgentInputError("Encrypted content is not supported.")
+    assert isinstance(summary, list)
+    if content:
+        return str(content[0]["text"])
+    return str(summary[0]["text"]) if summary else ""
+
+
+def _tool_output(item: Mapping[str, Any]) -> Message:
+    output = item.get("output")
+    parts = output if isinstance(output, str) else _input_parts(output)
+    if parts is None or not _opt_str(item.get("call_id")) or not _opt_str(item.get("id")):
+        raise AgentInputError(
+            f"{item.get('type')} items need a string 'call_id' and a string or parts 'output'"
+        )
+    return {"role": "tool", "content": parts, "tool_call_id": item.get("call_id")}
+
+
+# -- the conversion (construct_input_messages) -------------------------------------------------------------
+
+
+def _merge(prev: Message | None, key: str, value: Any) -> bool:
+    """Put ``value`` under ``key`` of the previous message when it is an assistant message without one
+    (tool calls are appended); False when a new message is needed."""
     if prev is None or prev.get("role") != "assistant":
         return False
     if key == "tool_calls":
@@ -154,127 +223,54 @@ def _attach(prev: Message | None, key: str, value: Any) -> bool:
         if calls is None:
             prev["tool_calls"] = [value]
             return True
-        if isinstance(calls, list):
-            calls.append(value)
-            return True
-        return False
+        calls.append(value)
+        return True
     if prev.get(key) is None:
         prev[key] = value
         return True
     return False
 
 
-def _item_message(item: Any, prev: Message | None) -> Message | None:
+def _item_message(item: object, prev: Message | None) -> Message | None:
     """One input item as a new chat message, or None when it was merged into ``prev``."""
     if not isinstance(item, dict):
         raise AgentInputError("every input item must be an object")
     kind = item.get("type")
     if kind in ("function_call", "custom_tool_call"):
         call = _function_call(item) if kind == "function_call" else _custom_call(item)
-        if _attach(prev, "tool_calls", call):
-            return None
-        return {"role": "assistant", "tool_calls": [call]}
+        return None if _merge(prev, "tool_calls", call) else {"role": "assistant", "tool_calls": [call]}
     if kind == "reasoning":
-        text = _reasoning_text(item)
-        return None if _attach(prev, "reasoning", text) else {"role": "assistant", "reasoning": text}
+        thought = _reasoning(item)
+        return None if _merge(prev, "reasoning", thought) else {"role": "assistant", "reasoning": thought}
     if kind in ("function_call_output", "custom_tool_call_output"):
-        return {"role": "tool", "content": item.get("output"), "tool_call_id": item.get("call_id")}
-    role = item.get("role")
-    if role == "assistant":
-        out = _output_message(item) if kind == "message" else None
-        content = item.get("content")
-        if out is None:
-            if isinstance(content, str):
-                out = content
-            elif isinstance(content, list) and content and isinstance(content[0], dict):
-                out = _text(content[0].get("text"))
-        if out is not None:
-            return None if _attach(prev, "content", out) else {"role": "assistant", "content": out}
-    if isinstance(role, str) and kind in (None, "message"):
-        return {k: copy.deepcopy(item[k]) for k in _MESSAGE_KEYS if k in item}
-    raise AgentInputError(f"Unsupported input item type: {kind}")
+        return _tool_output(item)
+    if kind in (None, "message") and item.get("role") == "assistant":
+        text = _output_message(item) if kind == "message" else None
+        if text is None:
+            easy = _message_item(item)
+            if easy is None:
+                raise AgentInputError("an assistant message item needs string or input-part content")
+            content = easy["content"]
+            text = content if isinstance(content, str) else content[0].get("text") if content else None
+            if text is None:
+                return easy
+        return None if _merge(prev, "content", text) else {"role": "assistant", "content": text}
+    if kind in (None, "message"):
+        msg = _message_item(item)
+        if msg is None:
+            raise AgentInputError("a message item needs a known role and string or input-part content")
+        return msg
+    raise AgentInputError(_UNRENDERED.format(kind))
 
 
 def continues_final(items: object) -> bool:
-    """vLLM continues the last input item instead of starting a new answer when it is an assistant
-    message or a reasoning item whose status is in_progress or incomplete."""
+    """vLLM continues the last input item instead of starting a new answer when it is a message (an
+    assistant output message defaults to "completed") or a reasoning item whose status is in_progress or
+    incomplete."""
     if not isinstance(items, list) or not items or not isinstance(items[-1], dict):
         return False
     last = items[-1]
-    kind = last.get("type", "message")
-    if kind not in ("message", "reasoning"):
-        return False
-    # A message with string content is validated as an easy input message, which has no status field:
-    # its status is dropped before vLLM looks.
-    if kind == "message" and not isinstance(last.get("content"), list):
-        return False
-    return last.get("status") in _CONTINUED
-
-
-def responses_tools(tools: object) -> list[dict[str, Any]] | None:
-    """The request's tools as chat-completions tools (what the chat template is shown)."""
-    if not isinstance(tools, list) or not tools:
-        return None
-    out: list[dict[str, Any]] = []
-    for tool in tools:
-        if not isinstance(tool, dict):
-            raise AgentInputError("every tool must be an object", "tools")
-        kind = tool.get("type")
-        if kind == "function":
-            out.append(_function_tool(tool, tool.get("name")))
-        elif kind == "namespace":
-            subs = tool.get("tools")
-            if not isinstance(subs, list):
-                raise AgentInputError("a namespace tool needs a 'tools' list", "tools")
-            for sub in subs:
-                if isinstance(sub, dict) and sub.get("type") == "function":
-                    out.append(_function_tool(sub, f"{tool.get('name')}__{sub.get('name')}"))
-        elif kind == "custom":
-            params = {
-                "type": "object",
-                "properties": {
-                    "input": {"type": "string", "description": "The freeform text payload for this tool."}
-                },
-                "required": ["input"],
-                "additionalProperties": False,
-            }
-            fn = {"name": tool.get("name"), "description": tool.get("description"), "parameters": params}
-            out.append({"type": "function", "function": fn})
-    return out
-
-
-def _function_tool(tool: Mapping[str, Any], name: object) -> dict[str, Any]:
-    if not isinstance(name, str):
-        raise AgentInputError("a function tool needs a string 'name'", "tools")
-    fn: dict[str, Any] = {
-        "name": name,
-        "description": tool.get("description"),
-        "parameters": tool.get("parameters"),
-    }
-    for key in ("strict", "defer_loading"):
-        if tool.get(key) is not None:
-            fn[key] = tool[key]
-    return {"type": "function", "function": fn}
-
-
-_TEXT_PARTS = frozenset({"input_text", "output_text"})
-_RENDERED_KEYS = ("role", "content", "name", "tool_calls", "tool_call_id", "reasoning")
-
-
-def _as_chat_message(m: Message) -> Message:
-    """A converted message in the chat API's own vocabulary, rendering the same: vLLM hands the Responses
-    path's messages straight to its chat parser, which reads ``input_text`` / ``output_text`` parts as text
-    parts and ignores item keys (``type``, ``status``, ``phase``); a chat request must spell them so."""
-    out = {k: m[k] for k in _RENDERED_KEYS if k in m}
-    content = out.get("content")
-    if isinstance(content, list):
-        out["content"] = [
-            {"type": "text", "text": p.get("text")}
-            if isinstance(p, dict) and p.get("type") in _TEXT_PARTS
-            else p
-            for p in content
-        ]
-    return out
+    return last.get("type", "message") in ("message", "reasoning") and last.get("status") in _CONTINUED
 
 
 def response_output_messages(output: Sequence[Mapping[str, Any]]) -> list[Message]:
@@ -290,63 +286,78 @@ def response_output_messages(output: Sequence[Mapping[str, Any]]) -> list[Messag
     return out
 
 
-def responses_chat_body(
-    body: Mapping[str, Any],
+def responses_messages(
+    instructions: object,
+    items: object,
     *,
     previous_messages: Sequence[Mapping[str, Any]] | None = None,
     previous_output: Sequence[Mapping[str, Any]] | None = None,
-    reasoning_effort_map: Mapping[str, str] | None = None,
-) -> RenderedResponses:
-    """The chat request vLLM renders for the Responses ``body``.  ``previous_messages`` and
-    ``previous_output``: what the instance stored for ``previous_response_id`` (its messages, its output
-    items).  Raises ``AgentInputError``."""
-    if body.get("prompt") is not None:
-        raise AgentInputError("prompt template is not supported", "prompt")
-    if "input" not in body:
-        raise AgentInputError("'input' is required")
-    items = body["input"]
+) -> list[Message]:
+    """The chat messages vLLM builds for ``instructions`` and the ``input`` items, after the stored
+    conversation of a ``previous_response_id`` (its messages, its output items) when there is one."""
     messages: list[Message] = []
-    instructions = body.get("instructions")
     if instructions:
         messages.append({"role": "system", "content": instructions})
     if previous_messages is not None:
-        messages.extend(copy.deepcopy(dict(m)) for m in previous_messages if m.get("role") != "system")
+        messages.extend(dict(m) for m in previous_messages if m.get("role") != "system")
     if previous_output is not None:
         messages.extend(response_output_messages(previous_output))
     if isinstance(items, str):
         messages.append({"role": "user", "content": items})
-    elif isinstance(items, list):
-        new: list[Message] = []
-        for item in items:
-            msg = _item_message(item, new[-1] if new else None)
-            if msg is not None:
-                new.append(msg)
-        messages.extend(new)
-    else:
+        return messages
+    if not isinstance(items, list):
         raise AgentInputError("'input' must be a string or a list of items")
-    cont = continues_final(items)
-    reasoning = body.get("reasoning")
-    effort = reasoning.get("effort") if isinstance(reasoning, dict) else None
-    if isinstance(effort, str) and reasoning_effort_map:
-        effort = reasoning_effort_map.get(effort, effort)
-    user_kwargs = body.get("chat_template_kwargs")
-    if user_kwargs is not None and not isinstance(user_kwargs, dict):
-        raise AgentInputError("'chat_template_kwargs' must be an object", "chat_template_kwargs")
-    extra: dict[str, Any] = {
-        "add_generation_prompt": not cont,
-        "continue_final_message": cont,
-        "reasoning_effort": effort,
+    new: list[Message] = []
+    for item in items:
+        msg = _item_message(item, new[-1] if new else None)
+        if msg is not None:
+            new.append(msg)
+    messages.extend(new)
+    return messages
+
+
+# -- tools (construct_tool_dicts) --------------------------------------------------------------------------
+
+_CUSTOM_PARAMETERS = {
+    "type": "object",
+    "properties": {"input": {"type": "string", "description": "The freeform text payload for this tool."}},
+    "required": ["input"],
+    "additionalProperties": False,
+}
+
+
+def responses_tools(tools: object) -> list[dict[str, Any]] | None:
+    """The function tools the chat template is shown for the request's (already checked) tools, as vLLM
+    dumps them: ``{"type": "function", "function": {name, description, parameters[, strict]
+    [, defer_loading]}}``; None for no tools at all (built-in tools only give an empty list)."""
+    if not isinstance(tools, list) or not tools:
+        return None
+    out: list[dict[str, Any]] = []
+    for tool in tools:
+        kind = tool.get("type")
+        if kind == "function":
+            out.append(_function_tool(tool, tool["name"]))
+        elif kind == "namespace":
+            for sub in tool["tools"]:
+                if sub.get("type") == "function":
+                    out.append(_function_tool(sub, f"{tool['name']}__{sub['name']}"))
+        elif kind == "custom":
+            fn = {
+                "name": tool["name"],
+                "description": tool.get("description"),
+                "parameters": _CUSTOM_PARAMETERS,
+            }
+            out.append({"type": "function", "function": json.loads(json.dumps(fn))})
+    return out
+
+
+def _function_tool(tool: Mapping[str, Any], name: str) -> dict[str, Any]:
+    fn: dict[str, Any] = {
+        "name": name,
+        "description": tool.get("description"),
+        "parameters": tool.get("parameters"),
     }
-    if effort is not None and "enable_thinking" not in (user_kwargs or {}):
-        extra["enable_thinking"] = effort != "none"
-    kwargs = merge_template_kwargs(user_kwargs, extra)
-    chat: dict[str, Any] = {
-        "messages": [_as_chat_message(m) for m in messages],
-        "add_generation_prompt": kwargs.get("add_generation_prompt", not cont),
-        "continue_final_message": kwargs.get("continue_final_message", cont),
-        "chat_template_kwargs": kwargs,
-    }
-    tools = responses_tools(body.get("tools"))
-    if tools:  # none of them a function (built-in tools only): the template sees an empty list, as no tools
-        chat["tools"] = tools
-    return RenderedResponses(messages, chat)
+    for key in ("strict", "defer_loading"):
+        if tool.get(key) is not None:
+            fn[key] = tool[key]
+    return {"type": "function", "function": fn}

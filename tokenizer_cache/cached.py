@@ -34,8 +34,9 @@ from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
+from .anthropic_inputs import disabled_thinking_effort, messages_request
 from .chat import ChatRenderer, ContentFormat, RenderedChat, request_body
-from .chat_request import TokenizeSpec
+from .chat_request import ChatPlan, TokenizeSpec
 from .config import CacheConfig, CacheStats, RenderOptions
 from .errors import InvalidPromptError, RequestValidationError
 from .loading import HFTokenizer, load_chat_template, load_hf_tokenizer, raw_backend, special_wrap
@@ -141,6 +142,7 @@ class CachedTokenizer:
         )
         self.render_options = self._renderer.options
         self._max_chars_per_token = 0
+        self._disabled_effort: str | None = None
         self._hf_left: HFTokenizer | None = None
         self.vocab_size = max(self._raw.get_vocab(with_added_tokens=True).values(), default=-1) + 1
         self._stats_lock = threading.Lock()
@@ -277,7 +279,54 @@ class CachedTokenizer:
         Every field vLLM reads is honoured (``docs/parity.md``); what vLLM answers with a 400 raises
         ``ChatTemplateError`` (``RequestValidationError`` for the request's shape), media content raises
         ``UnsupportedContentError``, a missing template ``NoChatTemplateError``."""
-        plan = self._renderer.plan(body)
+        return self._encode_planned(self._renderer.plan(body))
+
+    def encode_responses_request(
+        self,
+        body: Mapping[str, Any],
+        *,
+        previous_messages: Sequence[Mapping[str, Any]] | None = None,
+        previous_output: Sequence[Mapping[str, Any]] | None = None,
+    ) -> Encoded:
+        """The prompt tokens vLLM computes for a ``/v1/responses`` body (``responses_request``): raises
+        ``AgentInputError`` / ``ChatTemplateError`` where vLLM answers 400.  ``previous_messages`` and
+        ``previous_output``: what an instance stored for the body's ``previous_response_id``."""
+        return self._encode_planned(
+            self._renderer.plan_responses(
+                body, previous_messages=previous_messages, previous_output=previous_output
+            )
+        )
+
+    def encode_messages_request(self, body: Mapping[str, Any], *, count_tokens: bool = False) -> Encoded:
+        """The prompt tokens vLLM computes for an Anthropic ``/v1/messages`` body (``anthropic_inputs``;
+        ``count_tokens``: a ``/v1/messages/count_tokens`` body)."""
+        return self._encode_planned(self._messages_plan(body, count_tokens))
+
+    def _messages_plan(self, body: Mapping[str, Any], count_tokens: bool) -> ChatPlan:
+        converted = messages_request(
+            body,
+            merge_inline_system=self._renderer.merges_inline_system(),
+            disabled_effort=self.disabled_thinking_effort(),
+            count_tokens=count_tokens,
+        )
+        return self._renderer.plan(converted.body, converted.assigned)
+
+    def disabled_thinking_effort(self) -> str:
+        """The reasoning effort vLLM gives Anthropic's ``thinking: {type: disabled}`` for this model: "none",
+        or "low" when the template fails on "none" or renders it like a thinking effort (probed once)."""
+        if self._disabled_effort is None:
+
+            def render(kwargs: dict[str, Any]) -> object:
+                probe = {
+                    "messages": [{"role": "user", "content": "Hi"}],
+                    "reasoning_effort": kwargs["reasoning_effort"],
+                }
+                return self.encode_chat_request(probe).tokens
+
+            self._disabled_effort = disabled_thinking_effort(render)
+        return self._disabled_effort
+
+    def _encode_planned(self, plan: ChatPlan) -> Encoded:
         if plan.reuse_ids is not None:
             return Encoded(self._reused(plan.reuse_ids, plan.tokenize), 0)
         rendered = self._renderer.render_plan(plan)
@@ -291,11 +340,34 @@ class CachedTokenizer:
     async def aencode_chat_request(self, body: Mapping[str, Any]) -> Encoded:
         """``encode_chat_request`` from the event loop: short plain conversations are rendered here, others on
         the executor; tokenization as in ``aencode_prompt``."""
-        plan = self._renderer.plan(body)
+        return await self._aencode_planned(self._renderer.plan(body), self._plain_chat(body))
+
+    async def aencode_responses_request(
+        self,
+        body: Mapping[str, Any],
+        *,
+        previous_messages: Sequence[Mapping[str, Any]] | None = None,
+        previous_output: Sequence[Mapping[str, Any]] | None = None,
+    ) -> Encoded:
+        """``encode_responses_request`` from the event loop (rendered on the executor)."""
+        plan = self._renderer.plan_responses(
+            body, previous_messages=previous_messages, previous_output=previous_output
+        )
+        return await self._aencode_planned(plan, False)
+
+    async def aencode_messages_request(
+        self, body: Mapping[str, Any], *, count_tokens: bool = False
+    ) -> Encoded:
+        """``encode_messages_request`` from the event loop (rendered on the executor)."""
+        if self._disabled_effort is None:
+            await self._run(self.disabled_thinking_effort, False)
+        return await self._aencode_planned(self._messages_plan(body, count_tokens), False)
+
+    async def _aencode_planned(self, plan: ChatPlan, inline: bool) -> Encoded:
         if plan.reuse_ids is not None:
             return Encoded(self._reused(plan.reuse_ids, plan.tokenize), 0)
         render = functools.partial(self._renderer.render_plan, plan)
-        rendered = await self._run(render, self._plain_chat(body))
+        rendered = await self._run(render, inline)
         spec = plan.tokenize
         if self._truncates_in_tokenizer(rendered, spec):
             ids = await self._run(functools.partial(self._truncated, rendered, spec), False)

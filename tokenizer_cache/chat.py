@@ -28,11 +28,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from .anthropic_inputs import requires_system_first
 from .chat_request import ChatPlan, plan_chat
 from .config import RenderOptions
 from .errors import ChatTemplateError, NoChatTemplateError
 from .loading import HFTokenizer
 from .messages import UnsupportedContentError, conversation, developer_to_system, postprocess
+from .responses_request import plan_responses
 from .template import TemplateCache, detect_content_format
 
 __all__ = [
@@ -102,9 +104,32 @@ class ChatRenderer:
 
     # -- whole requests ----------------------------------------------------------------------------
 
-    def plan(self, body: Mapping[str, Any]) -> ChatPlan:
+    def plan(self, body: Mapping[str, Any], assigned: Mapping[str, Any] | None = None) -> ChatPlan:
         """Read a chat request body (see ``chat_request``)."""
-        return plan_chat(body, self.options, self._template)
+        return plan_chat(body, self.options, self._template, assigned)
+
+    def plan_responses(
+        self,
+        body: Mapping[str, Any],
+        *,
+        previous_messages: Sequence[Mapping[str, Any]] | None = None,
+        previous_output: Sequence[Mapping[str, Any]] | None = None,
+    ) -> ChatPlan:
+        """Read a Responses body (see ``responses_request``)."""
+        return plan_responses(
+            body,
+            self.options,
+            self._template,
+            previous_messages=previous_messages,
+            previous_output=previous_output,
+        )
+
+    def merges_inline_system(self) -> bool:
+        """Whether vLLM merges an Anthropic request's inline system messages into the first one for this
+        model: one of the templates it resolves (without tools, with an empty tool list) fails on a system
+        message after the first (``anthropic_inputs.requires_system_first``)."""
+        variants: tuple[list[Any] | None, ...] = (None, [])
+        return any(requires_system_first(self._resolve(self._template, tools)) for tools in variants)
 
     def render_plan(self, plan: ChatPlan) -> RenderedChat:
         """The prompt vLLM renders for a planned request (raises ``ChatTemplateError`` and subclasses)."""

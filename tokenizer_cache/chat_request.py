@@ -249,8 +249,15 @@ def _tool_choice(body: Mapping[str, Any], tools: list[dict[str, Any]] | None) ->
     return choice
 
 
-def plan_chat(body: Mapping[str, Any], options: RenderOptions, server_template: str | None) -> ChatPlan:
-    """Read a chat request body (raises ``RequestValidationError``, ``ChatTemplateError``)."""
+def plan_chat(
+    body: Mapping[str, Any],
+    options: RenderOptions,
+    server_template: str | None,
+    assigned: Mapping[str, Any] | None = None,
+) -> ChatPlan:
+    """Read a chat request body (raises ``RequestValidationError``, ``ChatTemplateError``).  ``assigned``:
+    ``tools`` (dumped), ``tool_choice`` and ``reasoning_effort`` set on the validated request afterwards,
+    unchecked (vLLM's Messages conversion does so)."""
     if not isinstance(body, Mapping):
         raise RequestValidationError("the request body must be a JSON object")
     raw_messages = body.get("messages")
@@ -264,6 +271,13 @@ def plan_chat(body: Mapping[str, Any], options: RenderOptions, server_template: 
     messages = validate_messages(raw_messages)
     tools = _tools(body.get("tools"))
     choice = _tool_choice(body, tools)
+    if assigned:
+        tools = assigned.get("tools", tools)
+        choice = assigned.get("tool_choice", choice)
+        named = choice.get("function", {}).get("name") if isinstance(choice, Mapping) else None
+        if named is not None and tools is not None and not any(t["function"]["name"] == named for t in tools):
+            # not checked by the request model, then refused by the tool parser (which reads given tools)
+            raise RequestValidationError(f"Tool {named!r} has not been passed in `tools`.")
     add_generation_prompt = _field(body, "add_generation_prompt", lax_bool, True)
     continue_final_message = _field(body, "continue_final_message", lax_bool, False)
     echo = _field(body, "echo", lax_bool, False)
@@ -273,6 +287,8 @@ def plan_chat(body: Mapping[str, Any], options: RenderOptions, server_template: 
     effort = _field(body, "reasoning_effort", _optional(_string), None)
     if effort is not None and effort not in _EFFORTS:
         raise RequestValidationError(f"reasoning_effort must be one of {list(_EFFORTS)}")
+    if assigned and "reasoning_effort" in assigned:
+        effort = assigned["reasoning_effort"]
     tok = tokenize_spec(body, add_special_default=False)
 
     if options.tool_parser is False and choice not in (None, "none"):

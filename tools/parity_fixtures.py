@@ -4,12 +4,14 @@ For every parity model (``tests/support/parity_models.py``) this starts vLLM's G
 (``vllm launch render``, ``VLLM_TARGET_DEVICE=cpu``) from a separate virtualenv that has the pinned vLLM
 release, posts every body of the corpus (``tests/support/parity_corpus.py``) to
 ``/v1/chat/completions/render`` or ``/v1/completions/render``, and writes what vLLM answered to
-``tests/fixtures/parity/``:
+``tests/fixtures/parity/``; the Responses and Messages bodies (``tests/support/agent_parity_corpus.py``) go
+to ``/v1/responses/render`` and ``/v1/messages/render``:
 
 - ``corpus.json``: the request bodies (so the tests do not depend on the generator);
-- ``<model>.json``: per case, the token ids (chat: ``[k, *tail]``, the first ``k`` ids shared with the
-  previous chat case's, then the rest) or ``{"error": status, "message": ...}``; with the model directory's
-  fingerprint, the vLLM and transformers versions and the server flags.
+- ``<model>.json``: per route and case, the token ids (chat, responses, messages: ``[k, *tail]``, the first
+  ``k`` ids shared with the previous case's of that route, then the rest) or ``{"error": status,
+  "message": ...}``; with the model directory's fingerprint, the vLLM and transformers versions and the
+  server flags.
 
 The virtualenv: ``--venv`` or ``$PARITY_VLLM_VENV``; else ``/work/vllm/venv`` when it exists; else one is
 created under ``~/.cache/kvrouter/`` with ``pip install vllm==VERSION`` (several GB; no GPU needed).
@@ -38,11 +40,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tests.support.agent_parity_corpus import build_agent_corpus  # noqa: E402
 from tests.support.parity_corpus import build_corpus  # noqa: E402
 from tests.support.parity_models import MAX_MODEL_LEN, SPECS, build_model, fingerprint  # noqa: E402
 
 OUT = ROOT / "tests" / "fixtures" / "parity"
 SERVED = "parity"
+AGENT_SEED = 20261203
 # The flags the fixtures are recorded with (the tests build the matching RenderOptions): every model with
 # FLAGS, and three more server configurations on one model each.
 FLAGS = ["--trust-request-chat-template", "--enable-auto-tool-choice", "--tool-call-parser", "pythonic"]
@@ -153,31 +157,42 @@ def _error(status: int, answer: Any) -> dict[str, Any]:
     return {"error": status, "message": str(message)[:300]}
 
 
-def record(server: RenderServer, corpus: dict[str, list[Any]], workers: int) -> dict[str, Any]:
-    def chat(case: Any) -> Any:
-        status, answer = server.post("/v1/chat/completions/render", case.body)
-        return list(answer["token_ids"]) if status == 200 else _error(status, answer)
+# The render route of each corpus section; sections whose ids are stored as a shared prefix and a tail.
+ROUTES = {
+    "chat": "/v1/chat/completions/render",
+    "completion": "/v1/completions/render",
+    "responses": "/v1/responses/render",
+    "messages": "/v1/messages/render",
+}
+PREFIXED = ("chat", "responses", "messages")
 
-    def completion(case: Any) -> Any:
-        status, answer = server.post("/v1/completions/render", case.body)
-        return [list(r["token_ids"]) for r in answer] if status == 200 else _error(status, answer)
 
+def record(
+    server: RenderServer, corpus: dict[str, list[Any]], workers: int, sections: list[str]
+) -> dict[str, Any]:
+    def post(section: str, case: Any) -> Any:
+        status, answer = server.post(ROUTES[section], case.body)
+        if status != 200:
+            return _error(status, answer)
+        if section == "completion":
+            return [list(r["token_ids"]) for r in answer]
+        return list(answer["token_ids"])
+
+    out: dict[str, Any] = {}
     with ThreadPoolExecutor(workers) as pool:
-        chats = list(pool.map(chat, corpus["chat"]))
-        completions = list(pool.map(completion, corpus["completion"]))
-    out: dict[str, Any] = {"chat": {}, "completion": {}}
-    prev: list[int] = []
-    for case, got in zip(corpus["chat"], chats, strict=True):
-        if isinstance(got, dict):
-            out["chat"][case.id] = got
-            continue
-        k = 0
-        while k < min(len(prev), len(got)) and prev[k] == got[k]:
-            k += 1
-        out["chat"][case.id] = {"ids": [k, *got[k:]]}
-        prev = got
-    for case, got in zip(corpus["completion"], completions, strict=True):
-        out["completion"][case.id] = got if isinstance(got, dict) else {"ids": got}
+        for section in sections:
+            got_all = list(pool.map(lambda c, s=section: post(s, c), corpus[section]))
+            out[section] = {}
+            prev: list[int] = []
+            for case, got in zip(corpus[section], got_all, strict=True):
+                if isinstance(got, dict) or section not in PREFIXED:
+                    out[section][case.id] = got if isinstance(got, dict) else {"ids": got}
+                    continue
+                k = 0
+                while k < min(len(prev), len(got)) and prev[k] == got[k]:
+                    k += 1
+                out[section][case.id] = {"ids": [k, *got[k:]]}
+                prev = got
     return out
 
 
@@ -190,18 +205,22 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=20261201)
     ap.add_argument("--workers", type=int, default=4, help="requests in flight per server")
     ap.add_argument("--start-timeout", type=float, default=600.0)
+    ap.add_argument(
+        "--routes",
+        nargs="*",
+        default=list(ROUTES),
+        choices=list(ROUTES),
+        help="corpus sections to record (default: all); the others are kept from the existing fixtures",
+    )
     args = ap.parse_args()
 
     python = venv_python(args)
     ver = versions(python)
     print(f"vLLM {ver['vllm']}, transformers {ver['transformers']} ({python})", flush=True)
-    corpus = build_corpus(args.seed)
+    corpus = {**build_corpus(args.seed), **build_agent_corpus(AGENT_SEED)}
     OUT.mkdir(parents=True, exist_ok=True)
-    corpus_json = {
-        "seed": args.seed,
-        "chat": [c.to_json() for c in corpus["chat"]],
-        "completion": [c.to_json() for c in corpus["completion"]],
-    }
+    corpus_json = {"seed": args.seed, "agent_seed": AGENT_SEED}
+    corpus_json.update({section: [c.to_json() for c in corpus[section]] for section in ROUTES})
     _write(OUT / "corpus.json", corpus_json)
     with tempfile.TemporaryDirectory(prefix="parity-") as tmp:
         for name in args.only:
@@ -211,20 +230,22 @@ def main() -> None:
             try:
                 t0 = time.monotonic()
                 server.wait_ready(args.start_timeout)
-                results = record(server, corpus, args.workers)
+                results = record(server, corpus, args.workers, args.routes)
             except Exception:
                 print(Path(server.log.name).read_text()[-4000:], file=sys.stderr)
                 raise
             finally:
                 server.stop()
-            errors = sum("error" in r for r in results["chat"].values())
-            print(
-                f"{name}: {len(results['chat'])} chat cases ({errors} refused by vLLM), "
-                f"{len(results['completion'])} completion cases, {time.monotonic() - t0:.0f} s",
-                flush=True,
+            counts = ", ".join(
+                f"{len(r)} {section} ({sum('error' in x for x in r.values())} refused)"
+                for section, r in results.items()
             )
+            print(f"{name}: {counts}, {time.monotonic() - t0:.0f} s", flush=True)
+            path = OUT / f"{name}.json"
+            kept = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+            kept = {s: kept[s] for s in ROUTES if s in kept and s not in results}
             _write(
-                OUT / f"{name}.json",
+                path,
                 {
                     "model": model,
                     "fingerprint": fingerprint(model_dir),
@@ -232,6 +253,8 @@ def main() -> None:
                     "flags": flags,
                     "max_model_len": MAX_MODEL_LEN,
                     "seed": args.seed,
+                    "agent_seed": AGENT_SEED,
+                    **kept,
                     **results,
                 },
             )

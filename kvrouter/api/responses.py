@@ -3,7 +3,7 @@ simulated vLLM's strict one, and vLLM's answers (a response object, its SSE even
 
 ::
 
-    POST /v1/responses            body ──▶ ParsedRequest(kind="responses", chat=<its chat request>)
+    POST /v1/responses            body ──▶ ParsedRequest(kind="responses", messages=<its chat messages>)
     GET  /v1/responses/{id}       the stored response (404 "Response with id '...' not found.")
     POST /v1/responses/{id}/cancel  only a background response still queued or in progress
 
@@ -21,7 +21,7 @@ from typing import Any
 
 import msgspec
 
-from tokenizer_cache.agent_inputs import AgentInputError, responses_chat_body
+from tokenizer_cache.agent_inputs import AgentInputError, responses_messages
 
 from .errors import ApiError, BadRequest, NotFound
 from .fields import opt, salt
@@ -32,9 +32,10 @@ _encode = msgspec.json.Encoder().encode
 
 # ---------------------------------------------------------------------------------------------- gateway
 def parse_responses(body: dict[str, Any], raw: bytes, affinity_header: str | None) -> ParsedRequest:
-    """What the gateway reads of a Responses body.  The chat request it renders to is built here when the
-    body is complete in itself; a continuation (``previous_response_id``) renders with a history only its
-    instance holds, so it carries no chat request (it is routed to that instance anyway)."""
+    """What the gateway reads of a Responses body; its tokens are computed from the body itself
+    (``CachedTokenizer.aencode_responses_request``); ``messages`` (the chat messages vLLM builds) give the
+    prefix text.  A continuation (``previous_response_id``) renders with a history only its instance
+    holds: it is routed to that instance without tokens."""
     affinity = body.get("prompt_cache_key") or affinity_header
     if affinity is not None and not isinstance(affinity, str):
         raise BadRequest("'prompt_cache_key' must be a string", param="prompt_cache_key")
@@ -52,14 +53,9 @@ def parse_responses(body: dict[str, Any], raw: bytes, affinity_header: str | Non
         store=bool(body.get("store", True)),
     )
     try:
-        rendered = responses_chat_body(body)
+        req.messages = responses_messages(body.get("instructions"), body.get("input"))
     except AgentInputError:
-        return req  # vLLM answers it (a 400): routed without tokens, never refused here
-    req.messages = rendered.messages
-    if req.previous_response_id is None:
-        req.chat = rendered.chat
-        if req.cache_salt is not None:
-            req.chat["cache_salt"] = req.cache_salt
+        pass  # vLLM answers it (a 400): routed without tokens, never refused here
     return req
 
 

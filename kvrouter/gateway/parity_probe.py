@@ -1,4 +1,7 @@
-"""Asking the fleet's own ``POST /tokenize`` whether it computes the token ids the router computes.
+"""Asking the fleet whether it computes the token ids the router computes: ``POST /tokenize`` for chat and
+completions, vLLM's render routes (``/v1/responses/render``, ``/v1/messages/render``) for Responses and
+Messages requests, sent as the client sent them (answered 403 by `vllm serve` without --enable-scale-out:
+"unsupported", then the cached tokens reported on those requests are compared instead).
 
 The verdicts live in ``pipeline.parity.ParityTracker`` (pure); this shell makes the calls:
 
@@ -26,12 +29,15 @@ import msgspec
 from ..api.errors import ApiError
 from ..api.requests import Kind, parse_body
 from ..pipeline import RequestPipeline
-from ..pipeline.parity import ProbeCase, Reason, tokenize_body
+from ..pipeline.parity import RENDER_PATHS, ProbeCase, Reason, probe_request
 from .upstream import UpstreamPool
 
 log = logging.getLogger("kvrouter.gateway.parity")
+# A render route an instance does not serve: 403 (`vllm serve` without --enable-scale-out), 404, 405.
+_NOT_SERVED = (403, 404, 405)
+_UNSUPPORTED = object()
 
-_TOOL = {
+_TOOL: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "get_weather",
@@ -68,6 +74,32 @@ PROBE_SET: list[tuple[Kind, dict[str, Any]]] = [
         },
     ),
     ("completions", {"prompt": "The capital of France is"}),
+    (
+        "responses",
+        {
+            "instructions": "You are terse.",
+            "input": [
+                {"role": "user", "content": "Weather in Oslo?"},
+                {
+                    "type": "function_call",
+                    "call_id": "c1",
+                    "name": "get_weather",
+                    "arguments": '{"city": "Oslo"}',
+                },
+                {"type": "function_call_output", "call_id": "c1", "output": "-3 C, snow"},
+            ],
+            "tools": [{"type": "function", **_TOOL["function"]}],
+        },
+    ),
+    (
+        "messages",
+        {
+            "system": "You are terse.",
+            "max_tokens": 16,
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "Weather in Paris?"}]}],
+            "tools": [{"name": "get_weather", "input_schema": {"properties": {"city": {"type": "string"}}}}],
+        },
+    ),
 ]
 """What each model is checked with: plain chat, tools, a tool call with its result, and a completion."""
 
@@ -142,10 +174,11 @@ class ParityProber:
                 ours = await self.pipeline.tokens.tokens(req)
             except ApiError:
                 continue  # the model cannot render this probe (e.g. no tools in its template): skip it
-            tb = tokenize_body(req)
-            if ours is None or tb is None:
+            probe = probe_request(req)
+            if ours is None or probe is None:
                 continue
-            out.append(ProbeCase(model, tb, [int(t) for t in ours], reason, instance))
+            path, body = probe
+            out.append(ProbeCase(model, body, [int(t) for t in ours], reason, instance, path, kind))
         return out
 
     async def check_instance(
@@ -173,9 +206,16 @@ class ParityProber:
             )
         if name is None:
             return "skipped"
-        theirs = await self.tokenize(name, case.body)
-        result = self.tracker.record(case, theirs, name, time.monotonic())
-        self.pipeline.m.parity_checks.labels(str(case.model), result).inc()
+        theirs = await self.tokenize(name, case.body, case.path)
+        method = "tokenize" if case.path == "/tokenize" else "render"
+        if theirs is _UNSUPPORTED:
+            self.tracker.unsupported(case)
+            self.pipeline.m.parity_checks.labels(str(case.model), case.route, method, "unsupported").inc()
+            return "unsupported"
+        result = self.tracker.record(
+            case, theirs if isinstance(theirs, list) else None, name, time.monotonic()
+        )
+        self.pipeline.m.parity_checks.labels(str(case.model), case.route, method, result).inc()
         if result == "mismatch":
             mm = self.tracker.of(case.model).last_mismatch
             assert mm is not None
@@ -192,22 +232,26 @@ class ParityProber:
             )
         return result
 
-    async def tokenize(self, name: str, body: dict[str, Any]) -> list[int] | None:
-        """The instance's token ids for ``body`` (None when it could not answer)."""
+    async def tokenize(self, name: str, body: dict[str, Any], path: str = "/tokenize") -> list[int] | object:
+        """The instance's token ids for ``body`` at ``path`` (None when it could not answer;
+        ``_UNSUPPORTED`` when it does not serve that render route)."""
         if self.session is None:
             return None
         try:
             async with self.session.post(
-                self.pool.url(name) + "/tokenize",
+                self.pool.url(name) + path,
                 json=body,
                 timeout=aiohttp.ClientTimeout(total=self.cfg.timeout_s),
             ) as r:
+                if r.status in _NOT_SERVED and path in RENDER_PATHS.values():
+                    return _UNSUPPORTED
                 if r.status != 200:
                     return None
                 got = msgspec.json.decode(await r.read())
         except (aiohttp.ClientError, TimeoutError, msgspec.DecodeError, KeyError):
             return None
-        tokens = got.get("tokens") if isinstance(got, dict) else None
+        key = "tokens" if path == "/tokenize" else "token_ids"
+        tokens = got.get(key) if isinstance(got, dict) else None
         if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
             return None
         return tokens

@@ -1,8 +1,9 @@
 """The gateway's token source: the tokenizer cache, one tokenizer per served model (an adapter: its base's).
 
-Responses and Messages requests are first converted to the chat request vLLM renders for them
-(``tokenizer_cache.agent_inputs`` / ``anthropic_inputs``).  Chat requests are rendered with the model's
-chat template exactly as vLLM renders them (the whole body: ``tokenizer_cache``'s
+Responses and Messages requests are rendered the way vLLM's own Responses and Messages paths render them
+(``CachedTokenizer.aencode_responses_request`` / ``aencode_messages_request``: their conversion, their
+template arguments and tokenization; what vLLM refuses is routed without ids).  Chat requests are
+rendered with the model's chat template exactly as vLLM renders them (the whole body: ``tokenizer_cache``'s
 ``aencode_chat_request``, see docs/parity.md); completions text (and a pooling request's text input) is
 tokenized with special tokens; token-id prompts pass through.  Long tokenizations run on the tokenizer
 cache's thread pool, off the event loop.  A template error is the client's: a 400 with the reason.
@@ -19,21 +20,14 @@ import msgspec
 from indexer.hashing import TokenIds, id_list
 from indexer.service import LookupRequest, PromptError
 from tokenizer_cache import (
-    CachedTokenizer,
     ChatTemplateError,
     InvalidPromptError,
     NoChatTemplateError,
     TokenizerCacheError,
     TokenizerRegistry,
     UnsupportedContentError,
-    load_chat_template,
 )
 from tokenizer_cache.agent_inputs import AgentInputError
-from tokenizer_cache.anthropic_inputs import (
-    disabled_thinking_effort,
-    messages_chat_body,
-    requires_system_first,
-)
 
 from ..api.errors import ApiError, BadRequest
 from ..api.requests import Kind, ParsedRequest, parse_body
@@ -49,7 +43,6 @@ class FleetTokens:
         self.registry = registry
         self.untokenized: Counter[str] = Counter()
         """Chat requests routed without token ids because no chat template is configured, by model."""
-        self._facts: dict[str | None, tuple[bool, str]] = {}
 
     @classmethod
     def from_config(cls, cfg: RouterFleetConfig) -> FleetTokens:
@@ -60,30 +53,25 @@ class FleetTokens:
 
     async def tokens(self, req: ParsedRequest) -> TokenIds | None:
         """The request's token ids: chat and completions as vLLM renders them; a Responses or Messages
-        request through the chat request it converts to; a pooling request's single text input.  None when
-        they cannot be known here (no tokenizer, media content, a continued Responses conversation whose
-        history only its instance holds, any other route)."""
+        request as vLLM's own Responses / Messages path renders it; a pooling request's single text input.
+        None when they cannot be known here (no tokenizer, media content, a request vLLM refuses on those
+        routes, a continued Responses conversation whose history only its instance holds, other routes)."""
         if req.kind in ("completions", "chat") and isinstance(req.prompt, list):
             return req.prompt
         if self.registry is None or req.kind == "other":
             return None
-        if req.kind == "responses" and req.chat is None:
-            return None
+        if req.kind == "responses" and req.previous_response_id is not None:
+            return None  # its history is held by one instance only
         try:
             tok = self.registry.get(req.base_model or req.model)
         except TokenizerCacheError:
             return None  # this model has no tokenizer: route it by load and prefix text
         b = req.body
         try:
-            if req.kind in ("messages", "count_tokens"):
-                merge, effort = self._anthropic_facts(req.base_model or req.model, tok)
-                try:
-                    req.chat = messages_chat_body(b, merge_inline_system=merge, disabled_effort=effort)
-                except AgentInputError:
-                    return None  # vLLM answers it (a 400)
-            if req.kind in ("messages", "count_tokens", "responses"):
-                assert req.chat is not None
-                enc = await tok.aencode_chat_request(req.chat)  # the chat request vLLM renders for it
+            if req.kind == "responses":
+                enc = await tok.aencode_responses_request(b)
+            elif req.kind in ("messages", "count_tokens"):
+                enc = await tok.aencode_messages_request(b, count_tokens=req.kind == "count_tokens")
             elif req.kind == "chat":
                 enc = await tok.aencode_chat_request(b)  # every field vLLM reads, as vLLM reads it
             elif isinstance(req.prompt, str):
@@ -95,6 +83,8 @@ class FleetTokens:
             # The array when the cache had it at hand (a reused prefix): hashing it skips converting
             # thousands of Python ints, the largest part of hashing a long prompt.
             return enc.tokens if enc.array is None else enc.array
+        except AgentInputError:
+            return None  # vLLM answers it (a 400): routed without ids, never refused here
         except UnsupportedContentError:
             return None  # images/audio: their tokens depend on the model's processor; route untokenized
         except NoChatTemplateError:
@@ -111,25 +101,6 @@ class FleetTokens:
             return None
         except (ChatTemplateError, InvalidPromptError) as e:
             raise BadRequest(str(e)) from None
-
-    def _anthropic_facts(self, model: str | None, tok: CachedTokenizer) -> tuple[bool, str]:
-        """How vLLM converts Anthropic requests for this model's template: whether inline system messages
-        are merged into the first one, and the reasoning effort of disabled thinking (probed once, as vLLM
-        probes at start)."""
-        facts = self._facts.get(model)
-        if facts is None:
-            assert self.registry is not None
-            _, configured = self.registry.resolve(model)
-            template = load_chat_template(configured) if configured else tok.hf_tokenizer.chat_template
-            if isinstance(template, dict):
-                template = template.get("default")
-
-            def render(kwargs: dict[str, Any]) -> str:
-                return tok.render_chat([{"role": "user", "content": "Hi"}], None, kwargs)
-
-            text = template if isinstance(template, str) else None
-            facts = self._facts[model] = (requires_system_first(text), disabled_thinking_effort(render))
-        return facts
 
     async def encode_lookup(self, req: LookupRequest) -> list[int]:
         """The cache-hit API's ``prompt`` / ``messages`` (``indexer.service.PromptEncoder``)."""

@@ -97,8 +97,10 @@ class PipelineMetrics:
         )
         self.parity_checks = CachedCounter(
             "kvrouter_token_parity_checks",
-            "Token-parity checks against the fleet's /tokenize, by model and result (match, mismatch, error)",
-            ["model", "result"],
+            "Token-parity checks against the fleet, by model, route (chat, completions, pooling, responses, "
+            "messages), method (tokenize, render, cached_tokens) and result (match, mismatch, error, "
+            "unsupported, shortfall)",
+            ["model", "route", "method", "result"],
             registry=r,
         )
         self.shadow_agree = CachedCounter(

@@ -12,7 +12,15 @@ balancing.  This module decides what to check and keeps the verdict per model:
     shortfall         vLLM reported a block or more fewer cached tokens than predicted
     recheck           while a model fails: its probe set again, every ``recheck_interval_s``
         │
-        ▼  take() ──▶ ParityProber: POST /tokenize on an instance ──▶ record(case, their ids)
+        ▼  take() ──▶ ParityProber: POST to an instance ──▶ record(case, their ids)
+
+    chat, completions, pooling   POST /tokenize (the same fields)
+    responses, messages          POST /v1/responses/render, /v1/messages/render: the body as sent, so
+                                 vLLM's own conversion is what is compared.  /tokenize cannot carry these
+                                 shapes, and `vllm serve` answers the render routes only with
+                                 --enable-scale-out (else 403): the check is then "unsupported", and the
+                                 cached tokens vLLM reports on those requests are compared with the
+                                 router's prediction instead (``cached_tokens_check``).
     per model: unknown ──match──▶ ok ──mismatch──▶ failing ──every probe of a recheck matches──▶ ok
 
 While a model fails, ``trusted(model)`` is False: the pipeline routes it without token-based
@@ -48,7 +56,8 @@ class ParityStatus(enum.StrEnum):
 
 
 class ProbeCase(msgspec.Struct):
-    """One check: what to send to ``POST /tokenize`` and the ids the router computed for it."""
+    """One check: what to send to the instance (``path``: /tokenize or a render route) and the ids the
+    router computed for it."""
 
     model: str | None
     body: dict[str, Any]
@@ -56,6 +65,9 @@ class ProbeCase(msgspec.Struct):
     reason: Reason
     instance: str | None = None
     """Ask this instance (the one the request went to); None: any healthy instance serving the model."""
+    path: str = "/tokenize"
+    route: str = "chat"
+    """The request's kind (chat, completions, pooling, responses, messages): the metric's label."""
 
 
 class Mismatch(msgspec.Struct):
@@ -78,16 +90,30 @@ class ModelParity(msgspec.Struct):
     """Matches in a row since the model failed (a recheck passes when its whole probe set matched)."""
 
 
+RENDER_PATHS = {"responses": "/v1/responses/render", "messages": "/v1/messages/render"}
+
+
+def probe_request(req: ParsedRequest) -> tuple[str, dict[str, Any]] | None:
+    """Where to ask an instance for ``req``'s ids and what to send: ``/tokenize`` for chat, completions
+    and pooling text; the render route of a Responses or Messages request with the body as the client
+    sent it (never the router's own conversion: that would check the conversion against itself).  None
+    when nothing can express it (a continued Responses conversation, count_tokens, other routes)."""
+    if req.kind in RENDER_PATHS:
+        if req.kind == "responses" and req.previous_response_id is not None:
+            return None
+        return RENDER_PATHS[req.kind], {**req.body, "model": req.model}
+    body = tokenize_body(req)
+    return None if body is None else ("/tokenize", body)
+
+
 def tokenize_body(req: ParsedRequest) -> dict[str, Any] | None:
     """The ``/tokenize`` request that renders ``req`` exactly as its own route does, or None when
-    /tokenize cannot express it (token-id prompts need no check; some chat fields have no equivalent).
-    Responses and Messages requests are checked through the chat request they convert to."""
-    if req.kind == "other":
+    /tokenize cannot express it (token-id prompts need no check; some chat fields have no equivalent;
+    Responses and Messages shapes: see ``probe_request``)."""
+    if req.kind not in ("chat", "completions", "pooling"):
         return None
-    b = req.chat if req.kind in ("responses", "messages", "count_tokens") else req.body
-    if b is None:
-        return None
-    messages = b.get("messages") if b is req.chat else req.messages
+    b = req.body
+    messages = req.messages
     if isinstance(messages, list):
         if any(b.get(k) is not None for k in _UNPROBEABLE):
             return None
@@ -124,6 +150,9 @@ class ParityTracker:
         self.dropped = 0
         self.skipped: Counter[str] = Counter()
         """Sampled requests not checked, by reason (unprobeable, untokenized)."""
+        self.render_unavailable: set[str] = set()
+        """Routes (responses, messages) whose render route some instance does not serve: their answers'
+        cached tokens are compared with the predictions instead."""
         self._rng = rng or random.Random()
 
     def of(self, model: str | None) -> ModelParity:
@@ -171,11 +200,37 @@ class ParityTracker:
     def _check_request(
         self, req: ParsedRequest, ours: TokenIds | None, instance: str, reason: Reason
     ) -> None:
-        body = tokenize_body(req)
-        if body is None or ours is None:
+        probe = probe_request(req)
+        if probe is None or ours is None:
             self.skipped["unprobeable" if ours is not None else "untokenized"] += 1
             return
-        self.enqueue(ProbeCase(req.model, body, id_list(ours), reason, instance))
+        path, body = probe
+        self.enqueue(ProbeCase(req.model, body, id_list(ours), reason, instance, path, req.kind))
+
+    def cached_tokens_check(
+        self, req: ParsedRequest, ours: TokenIds | None, predicted: int, reported: int, block_size: int
+    ) -> str | None:
+        """The parity evidence of a Responses or Messages answer whose render route the fleet does not
+        serve: vLLM found at least the predicted cached blocks ("match"), or ``shortfall_blocks`` blocks
+        fewer ("shortfall": counted, not failing the model, since an eviction the router has not heard of
+        yet looks the same).  None when there is nothing to compare (no prediction of a whole block)."""
+        if not self.cfg.enabled or req.kind not in RENDER_PATHS or ours is None or predicted < block_size:
+            return None
+        if reported >= predicted:
+            result = "match"
+        elif predicted - reported >= self.cfg.shortfall_blocks * block_size:
+            result = "shortfall"
+        else:
+            return None
+        m = self.of(req.model)
+        key = f"cached_tokens_{result}"
+        m.checks[key] = m.checks.get(key, 0) + 1
+        return result
+
+    def unsupported(self, case: ProbeCase) -> None:
+        """The instance does not serve ``case.path`` (a render route without --enable-scale-out)."""
+        self.skipped[f"{case.route}_render_unavailable"] += 1
+        self.render_unavailable.add(case.route)
 
     def record(self, case: ProbeCase, theirs: list[int] | None, instance: str, now: float) -> str:
         """The fleet's answer to ``case`` (None: the call failed).  Returns the result: match, mismatch

@@ -498,6 +498,13 @@ class RequestPipeline:
                 usage.cached_tokens,
                 self.cfg.block_size,
             )
+            if p.req.kind in self.parity.render_unavailable:
+                verdict = self.parity.cached_tokens_check(
+                    p.req, p.tokens, chosen.hit_tokens, usage.cached_tokens, self.cfg.block_size
+                )
+                if verdict is not None:
+                    labels = (str(p.req.model), p.req.kind, "cached_tokens", verdict)
+                    self.m.parity_checks.labels(*labels).inc()
 
     def released(self) -> None:
         """Capacity was freed outside a request (an instance became healthy): wake a waiting request."""

@@ -21,7 +21,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "parity"
 @dataclass(frozen=True)
 class Expected:
     case_id: str
-    kind: str  # "chat" or "completion"
+    kind: str  # "chat", "completion", "responses" or "messages"
     body: dict[str, Any]
     ids: list[Any] | None  # chat: list[int]; completion: list[list[int]]; None: vLLM refused it
     error: str | None
@@ -48,17 +48,29 @@ def recorded_models() -> list[str]:
     return sorted(p.stem for p in FIXTURES.glob("*.json") if p.stem != "corpus")
 
 
-def expected_cases(corpus: dict[str, Any], recorded: dict[str, Any]) -> Iterator[Expected]:
-    """Every case with vLLM's answer, chat ids decoded from their shared-prefix form."""
-    prev: list[int] = []
-    for case in corpus["chat"]:
-        answer = recorded["chat"][case["id"]]
-        if "error" in answer:
-            yield Expected(case["id"], "chat", case["body"], None, f"{answer['error']}: {answer['message']}")
+AGENT_ROUTES = ("responses", "messages")
+
+
+def expected_cases(
+    corpus: dict[str, Any], recorded: dict[str, Any], kinds: tuple[str, ...] = ("chat", "completion")
+) -> Iterator[Expected]:
+    """Every case of these kinds with vLLM's answer, ids decoded from their shared-prefix form."""
+    for kind in ("chat", *AGENT_ROUTES):
+        if kind not in kinds:
             continue
-        k, *tail = answer["ids"]
-        prev = prev[:k] + tail
-        yield Expected(case["id"], "chat", case["body"], prev, None)
+        prev: list[int] = []
+        for case in corpus[kind]:
+            answer = recorded[kind][case["id"]]
+            if "error" in answer:
+                yield Expected(
+                    case["id"], kind, case["body"], None, f"{answer['error']}: {answer['message']}"
+                )
+                continue
+            k, *tail = answer["ids"]
+            prev = prev[:k] + tail
+            yield Expected(case["id"], kind, case["body"], prev, None)
+    if "completion" not in kinds:
+        return
     for case in corpus["completion"]:
         answer = recorded["completion"][case["id"]]
         if "error" in answer:
@@ -105,12 +117,28 @@ def compare(exp: Expected, got: list[Encoded] | Encoded | Exception) -> Mismatch
     return None
 
 
+def _sync_call(tok: CachedTokenizer, kind: str) -> Callable[[dict[str, Any]], Any]:
+    return {
+        "chat": tok.encode_chat_request,
+        "completion": tok.encode_completion_request,
+        "responses": tok.encode_responses_request,
+        "messages": tok.encode_messages_request,
+    }[kind]
+
+
+def _async_call(tok: CachedTokenizer, kind: str) -> Callable[[dict[str, Any]], Awaitable[Any]]:
+    return {
+        "chat": tok.aencode_chat_request,
+        "completion": tok.aencode_completion_request,
+        "responses": tok.aencode_responses_request,
+        "messages": tok.aencode_messages_request,
+    }[kind]
+
+
 def run_sync(tok: CachedTokenizer, cases: list[Expected]) -> list[Mismatch]:
     out = []
     for exp in cases:
-        call: Callable[[dict[str, Any]], Any] = (
-            tok.encode_chat_request if exp.kind == "chat" else tok.encode_completion_request
-        )
+        call = _sync_call(tok, exp.kind)
         try:
             got = call({"model": "parity", **exp.body})
         except Exception as e:  # compared as a refusal
@@ -123,9 +151,7 @@ def run_sync(tok: CachedTokenizer, cases: list[Expected]) -> list[Mismatch]:
 async def run_async(tok: CachedTokenizer, cases: list[Expected]) -> list[Mismatch]:
     out = []
     for exp in cases:
-        call: Callable[[dict[str, Any]], Awaitable[Any]] = (
-            tok.aencode_chat_request if exp.kind == "chat" else tok.aencode_completion_request
-        )
+        call = _async_call(tok, exp.kind)
         try:
             got = await call({"model": "parity", **exp.body})
         except Exception as e:

@@ -1,5 +1,6 @@
-"""Responses and Messages requests render to vLLM 0.33's own token ids (fixtures recorded from its render
-server by ``tools/agent_fixtures.py``), through the conversion to a chat request and the tokenizer cache."""
+"""Responses and Messages requests render to vLLM 0.33's own token ids on the simulator's two templates
+(fixtures recorded from its render server by ``tools/agent_fixtures.py``; the five parity templates are in
+``test_agent_parity``), and the conversions' rules checked directly."""
 
 from __future__ import annotations
 
@@ -13,20 +14,16 @@ from hypothesis import strategies as st
 
 from tests.support.agent_corpus import messages_cases, responses_cases
 from tests.support.agent_models import TEMPLATES, build_model, fingerprint
-from tokenizer_cache import CachedTokenizer, TokenizerCacheError
-from tokenizer_cache.agent_inputs import AgentInputError, responses_chat_body
+from tokenizer_cache import CachedTokenizer, RenderOptions, TokenizerCacheError
+from tokenizer_cache.agent_inputs import AgentInputError, responses_messages
 from tokenizer_cache.anthropic_inputs import (
     disabled_thinking_effort,
-    messages_chat_body,
+    messages_request,
     requires_system_first,
 )
+from tokenizer_cache.responses_request import plan_responses
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "agent_inputs"
-
-
-def _encode(tok: CachedTokenizer, chat: dict[str, Any]) -> list[int]:
-    """The converted request through the one chat path (what the gateway and the simulator use)."""
-    return tok.encode_chat_request(chat).tokens
 
 
 @pytest.fixture(scope="module", params=sorted(TEMPLATES))
@@ -62,7 +59,7 @@ def test_responses_render_as_vllm(model: tuple[str, CachedTokenizer, dict[str, A
     for cid, body in responses_cases():
         got: list[int] | Exception
         try:
-            got = _encode(tok, responses_chat_body(body).chat)
+            got = tok.encode_responses_request(body).tokens
         except (AgentInputError, TokenizerCacheError) as e:
             got = e
         err = _check(cid, recorded["responses"][cid], got)
@@ -72,18 +69,12 @@ def test_responses_render_as_vllm(model: tuple[str, CachedTokenizer, dict[str, A
 
 
 def test_messages_render_as_vllm(model: tuple[str, CachedTokenizer, dict[str, Any]]) -> None:
-    name, tok, recorded = model
-    merge = requires_system_first(TEMPLATES[name])
-
-    def render(kwargs: dict[str, Any]) -> str:
-        return tok.render_chat([{"role": "user", "content": "Hi"}], None, kwargs)
-
-    effort = disabled_thinking_effort(render)
+    _name, tok, recorded = model
     bad = []
     for cid, body in messages_cases():
         got: list[int] | Exception
         try:
-            got = _encode(tok, messages_chat_body(body, merge_inline_system=merge, disabled_effort=effort))
+            got = tok.encode_messages_request(body).tokens
         except (AgentInputError, TokenizerCacheError) as e:
             got = e
         err = _check(cid, recorded["messages"][cid], got)
@@ -111,15 +102,13 @@ def test_template_facts() -> None:
 def test_previous_response_history() -> None:
     """A continued conversation: the stored messages minus system ones, then the stored output's text
     parts as assistant messages, then the new input; this turn's instructions only."""
-    first = responses_chat_body({"input": "Q1", "instructions": "old"})
+    first = responses_messages("old", "Q1")
     output = [
         {"type": "reasoning", "summary": []},
         {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "A1"}]},
     ]
-    second = responses_chat_body(
-        {"input": "Q2", "instructions": "new"}, previous_messages=first.messages, previous_output=output
-    )
-    assert second.messages == [
+    second = responses_messages("new", "Q2", previous_messages=first, previous_output=output)
+    assert second == [
         {"role": "system", "content": "new"},
         {"role": "user", "content": "Q1"},
         {"role": "assistant", "content": "A1"},
@@ -129,18 +118,17 @@ def test_previous_response_history() -> None:
 
 def test_items_merge_into_the_previous_assistant_message() -> None:
     call = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
-    out = responses_chat_body(
-        {
-            "input": [
-                {"role": "user", "content": "q"},
-                {"type": "reasoning", "summary": [{"type": "summary_text", "text": "r"}]},
-                {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "a"}]},
-                call,
-                {**call, "call_id": "c2"},
-            ]
-        }
+    out = responses_messages(
+        None,
+        [
+            {"role": "user", "content": "q"},
+            {"type": "reasoning", "summary": [{"type": "summary_text", "text": "r"}]},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "a"}]},
+            call,
+            {**call, "call_id": "c2"},
+        ],
     )
-    assert out.messages[1] == {
+    assert out[1] == {
         "role": "assistant",
         "reasoning": "r",
         "content": "a",
@@ -149,18 +137,18 @@ def test_items_merge_into_the_previous_assistant_message() -> None:
             {"id": "c2", "function": {"name": "f", "arguments": "{}"}, "type": "function"},
         ],
     }
-    assert len(out.messages) == 2
+    assert len(out) == 2
 
 
 def test_refusals() -> None:
     with pytest.raises(AgentInputError, match="Unsupported input item type"):
-        responses_chat_body({"input": [{"type": "item_reference", "id": "x"}]})
+        responses_messages(None, [{"type": "item_reference", "id": "x"}])
     with pytest.raises(AgentInputError, match="Encrypted"):
-        responses_chat_body({"input": [{"type": "reasoning", "summary": [], "encrypted_content": "z"}]})
+        responses_messages(None, [{"type": "reasoning", "summary": [], "encrypted_content": "z"}])
     with pytest.raises(AgentInputError, match="prompt template"):
-        responses_chat_body({"input": "x", "prompt": {"id": "p"}})
+        plan_responses({"input": "x", "prompt": {"id": "p"}}, RenderOptions(), None)
     with pytest.raises(AgentInputError, match="unknown content block"):
-        messages_chat_body({"messages": [{"role": "user", "content": [{"type": "video"}]}]})
+        messages_request({"messages": [{"role": "user", "content": [{"type": "video"}]}], "max_tokens": 5})
 
 
 _leaf = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8)
@@ -195,12 +183,12 @@ _item = st.fixed_dictionaries(
     )
 )
 def test_any_responses_body_converts_or_is_refused(body: dict[str, Any]) -> None:
-    """Whatever a client sends, the conversion answers a chat request or vLLM's 400, never a crash."""
+    """Whatever a client sends, the conversion answers a plan or vLLM's 400, never a crash."""
     try:
-        out = responses_chat_body(body)
-    except AgentInputError:
+        out = plan_responses(body, RenderOptions(), None)
+    except TokenizerCacheError:
         return
-    assert isinstance(out.chat["messages"], list)
+    assert isinstance(out.messages, list)
 
 
 @settings(max_examples=400, deadline=None)
@@ -219,7 +207,7 @@ def test_any_responses_body_converts_or_is_refused(body: dict[str, Any]) -> None
 )
 def test_any_messages_body_converts_or_is_refused(body: dict[str, Any], merge: bool) -> None:
     try:
-        out = messages_chat_body(body, merge_inline_system=merge)
+        out = messages_request({**body, "max_tokens": 8}, merge_inline_system=merge)
     except AgentInputError:
         return
-    assert isinstance(out["messages"], list)
+    assert isinstance(out.body["messages"], list)

@@ -9,7 +9,14 @@ from hypothesis import strategies as st
 
 from kvrouter.api import parse_body
 from kvrouter.config import ParityConfig
-from kvrouter.pipeline.parity import ParityStatus, ParityTracker, ProbeCase, first_difference, tokenize_body
+from kvrouter.pipeline.parity import (
+    ParityStatus,
+    ParityTracker,
+    ProbeCase,
+    first_difference,
+    probe_request,
+    tokenize_body,
+)
 
 MODELS = ["a", "b"]
 
@@ -129,3 +136,39 @@ def test_tokenize_body_carries_what_renders_and_refuses_what_tokenize_cannot_exp
     assert tokenize_body(docs) is None
     ids = parse_body(b'{"prompt": [1, 2, 3]}', "completions")
     assert tokenize_body(ids) is None
+
+
+def test_responses_and_messages_are_probed_on_their_render_routes_as_sent() -> None:
+    """Never the router's own conversion: the body as the client sent it, to vLLM's render route."""
+    body = b'{"model": "m", "input": [{"role": "user", "content": "x"}], "instructions": "s"}'
+    resp = parse_body(body, "responses")
+    assert probe_request(resp) == (
+        "/v1/responses/render",
+        {"model": "m", "input": [{"role": "user", "content": "x"}], "instructions": "s"},
+    )
+    assert tokenize_body(resp) is None
+    cont = parse_body(b'{"model": "m", "input": "x", "previous_response_id": "resp_1"}', "responses")
+    assert probe_request(cont) is None
+    msgs = parse_body(
+        b'{"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}]}', "messages"
+    )
+    path, sent = probe_request(msgs) or ("", {})
+    assert path == "/v1/messages/render" and sent["messages"] == [{"role": "user", "content": "x"}]
+    t = ParityTracker(ParityConfig(sample_rate=1.0))
+    t.routed(msgs, [1, 2], "i")
+    (case,) = t.take()
+    assert (case.path, case.route, case.instance) == ("/v1/messages/render", "messages", "i")
+
+
+def test_cached_tokens_verdicts_for_routes_without_render() -> None:
+    msgs = parse_body(
+        b'{"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}]}', "messages"
+    )
+    chat = parse_body(b'{"model": "m", "messages": [{"role": "user", "content": "x"}]}', "chat")
+    t = ParityTracker(ParityConfig(sample_rate=0.0, shortfall_blocks=1))
+    assert t.cached_tokens_check(msgs, [1], predicted=32, reported=32, block_size=16) == "match"
+    assert t.cached_tokens_check(msgs, [1], predicted=32, reported=16, block_size=16) == "shortfall"
+    assert t.cached_tokens_check(msgs, [1], predicted=8, reported=0, block_size=16) is None
+    assert t.cached_tokens_check(chat, [1], predicted=32, reported=0, block_size=16) is None
+    assert t.of("m").checks == {"cached_tokens_match": 1, "cached_tokens_shortfall": 1}
+    assert t.trusted("m"), "a shortfall alone does not fail the model"

@@ -3,13 +3,13 @@ vLLM 0.33 serves them for a text model.
 
 ::
 
-    POST /v1/responses ──▶ [previous_response_id: the stored conversation, 404 if not held] ──▶ the chat
-        request it renders to (``tokenizer_cache.agent_inputs``) ──▶ engine ──▶ a response object, or its
-        SSE events; stored when asked and VLLM_ENABLE_RESPONSES_API_STORE is on (``background``: answered
-        "queued" at once, run in a task, read with GET)
+    POST /v1/responses ──▶ [previous_response_id: the stored conversation, 404 if not held] ──▶ the
+        tokens vLLM's Responses path renders (``CachedTokenizer.aencode_responses_request``) ──▶ engine
+        ──▶ a response object, or its SSE events; stored when asked and VLLM_ENABLE_RESPONSES_API_STORE is
+        on (``background``: answered "queued" at once, run in a task, read with GET)
     GET  /v1/responses/{id}          the stored response (404 when not held)
     POST /v1/responses/{id}/cancel   a background response still queued or in progress
-    POST /v1/messages                the chat request it renders to (``anthropic_inputs``) ──▶ engine
+    POST /v1/messages                the tokens vLLM's Messages path renders (``aencode_messages_request``)
     POST /v1/messages/count_tokens   its prompt length
 
 A continued conversation re-sends its whole history to the engine, which finds the earlier turns in its
@@ -42,19 +42,20 @@ from kvrouter.api.responses import (
 from kvrouter.lab.sim.server.instance import EngineCrashed, InFlight, SimInstance
 from kvrouter.lab.sim.server.routes import INSTANCE, check_alive, drop_connection, json_response, read_json
 from tokenizer_cache import TokenizerCacheError
-from tokenizer_cache.agent_inputs import AgentInputError, RenderedResponses, responses_chat_body
-from tokenizer_cache.anthropic_inputs import (
-    disabled_thinking_effort,
-    messages_chat_body,
-    requires_system_first,
-)
+from tokenizer_cache.agent_inputs import AgentInputError, responses_messages
 
 _encode_json = msgspec.json.Encoder().encode
 
 
-async def _encode(inst: SimInstance, chat: dict[str, Any]) -> list[int]:
-    """The converted chat request's tokens, rendered as this instance renders any chat request."""
-    return await inst.encode_chat(chat)
+class RenderedResponses:
+    """A Responses request as this instance renders it: its prompt tokens, and the chat messages stored
+    for a later ``previous_response_id``."""
+
+    __slots__ = ("messages", "tokens")
+
+    def __init__(self, messages: list[dict[str, Any]], tokens: list[int]) -> None:
+        self.messages = messages
+        self.tokens = tokens
 
 
 def _submit(
@@ -64,17 +65,34 @@ def _submit(
 
 
 # ---------------------------------------------------------------------------------------------- Responses
-def _render(inst: SimInstance, args: ResponsesArgs) -> RenderedResponses:
+async def _render(inst: SimInstance, args: ResponsesArgs) -> RenderedResponses:
     prev_messages = prev_output = None
     if args.previous_response_id is not None:
         held = inst.responses.get(args.previous_response_id) if inst.store_responses else None
         if held is None:
             raise ResponseNotFound(args.previous_response_id)
         prev_messages, prev_output = held.messages, held.response["output"]
+    body = args.body
+    if inst.faults.render_fault:  # rendered as by an instance with another template: a system line first
+        body = {
+            **body,
+            "instructions": "[rendered by another template]" + str(body.get("instructions") or ""),
+        }
     try:
-        return responses_chat_body(args.body, previous_messages=prev_messages, previous_output=prev_output)
+        messages = responses_messages(
+            args.body.get("instructions"),
+            args.body.get("input"),
+            previous_messages=prev_messages,
+            previous_output=prev_output,
+        )
+        enc = await inst.tokenizer.aencode_responses_request(
+            body, previous_messages=prev_messages, previous_output=prev_output
+        )
     except AgentInputError as e:
         raise BadRequest(str(e), param=e.param) from None
+    except TokenizerCacheError as e:
+        raise BadRequest(str(e)) from None
+    return RenderedResponses(messages, enc.tokens)
 
 
 async def create_response(request: web.Request) -> web.StreamResponse:
@@ -91,8 +109,8 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         )
     if args.background and args.stream:
         raise BadRequest("the simulated vLLM instance does not stream background responses", param="stream")
-    rendered = _render(inst, args)
-    tokens = await _encode(inst, rendered.chat)
+    rendered = await _render(inst, args)
+    tokens = rendered.tokens
     if len(tokens) >= inst.max_model_len:
         raise BadRequest(
             f"The engine prompt length {len(tokens)} exceeds the max_model_len {inst.max_model_len}. "
@@ -234,24 +252,18 @@ async def cancel_response(request: web.Request) -> web.Response:
 
 
 # ---------------------------------------------------------------------------------------------- Messages
-def _template_facts(inst: SimInstance) -> tuple[bool, str]:
-    """(merge inline system messages, reasoning effort of disabled thinking), probed once per template."""
-    if inst.anthropic_facts is None:
-
-        def render(kwargs: dict[str, Any]) -> str:
-            return inst.tokenizer.render_chat([{"role": "user", "content": "Hi"}], None, kwargs)
-
-        inst.anthropic_facts = (requires_system_first(inst.chat_template), disabled_thinking_effort(render))
-    return inst.anthropic_facts
-
-
-async def _messages_tokens(inst: SimInstance, body: dict[str, Any]) -> list[int]:
-    merge, effort = _template_facts(inst)
+async def _messages_tokens(inst: SimInstance, body: dict[str, Any], count_tokens: bool = False) -> list[int]:
+    if inst.faults.render_fault:
+        msgs = body.get("messages")
+        extra = [{"role": "user", "content": "[rendered by another template]"}]
+        body = {**body, "messages": extra + (msgs if isinstance(msgs, list) else [])}
     try:
-        chat = messages_chat_body(body, merge_inline_system=merge, disabled_effort=effort)
+        enc = await inst.tokenizer.aencode_messages_request(body, count_tokens=count_tokens)
     except AgentInputError as e:
         raise BadRequest(str(e), param=e.param) from None
-    return await _encode(inst, chat)
+    except TokenizerCacheError as e:
+        raise BadRequest(str(e)) from None
+    return enc.tokens
 
 
 async def messages(request: web.Request) -> web.StreamResponse:
@@ -315,7 +327,7 @@ async def count_tokens(request: web.Request) -> web.Response:
     inst = request.app[INSTANCE]
     args = anth.parse_messages_args(await read_json(request), count=True)
     inst.lora_for(args.model)
-    return json_response(anth.count_body(len(await _messages_tokens(inst, args.body))))
+    return json_response(anth.count_body(len(await _messages_tokens(inst, args.body, count_tokens=True))))
 
 
 @web.middleware
