@@ -158,9 +158,10 @@ class ParityProber:
         n = 0
         for name, u in list(self.pool.upstreams.items()):
             if u.healthy and u.serves(model):
-                n += sum(
-                    1 for r in await self.check_instance(name, "recheck", models=[model]) if r != "skipped"
-                )
+                # A probe the instance cannot answer (no instance left, a render route it does not serve)
+                # is no evidence either way: the recheck passes on the probes it could check.
+                results = await self.check_instance(name, "recheck", models=[model])
+                n += sum(1 for r in results if r not in ("skipped", "unsupported"))
         self.tracker.recheck_done(model, n)
 
     # ------------------------------------------------------------------ checks

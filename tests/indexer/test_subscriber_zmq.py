@@ -267,7 +267,7 @@ async def test_gap_older_than_the_replay_buffer_degrades_on_the_replays_answer()
             pub.publish([seq_event(k)[0]])
         pub.set_drop_rate(0.0)
         pub.publish([seq_event(6)[0]])
-        await until(lambda: ix.trust(SourceKey("v0", 0)) is Trust.DEGRADED, timeout=15.0)
+        await until(lambda: ix.trust(SourceKey("v0", 0)) is Trust.DEGRADED)
         # degraded on the replay's own answer (it ended, short of the gap), not after a replay timeout
         assert sub.counters["replay_timeouts"] == 0 and sub.counters["replayed_batches"] >= 1
         pub.publish([AllBlocksCleared()])  # the engine clears: exact again

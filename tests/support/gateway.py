@@ -41,7 +41,7 @@ async def gateway(
     try:
         if in_rotation:
             await until(
-                lambda: all(u.healthy for u in gw.pool.upstreams.values()), 30, "every instance in rotation"
+                lambda: all(u.healthy for u in gw.pool.upstreams.values()), what="every instance in rotation"
             )
         yield gw, str(server.make_url("")).rstrip("/")
     finally:

@@ -75,7 +75,9 @@ async def whole_fleet(fleet: SimFleet, always: GW) -> AsyncIterator[None]:
             async with s.post(f"{srv.url}/sim/faults", json=healthy) as r:
                 assert r.status == 200
     gw, _ = always
-    await until(lambda: all(u.healthy for u in gw.pool.upstreams.values()), 30, "the whole fleet in rotation")
+    await until(
+        lambda: all(u.healthy for u in gw.pool.upstreams.values()), what="the whole fleet in rotation"
+    )
     yield
 
 
@@ -289,7 +291,7 @@ async def test_a_killed_prefill_instance_costs_no_request(fleet: SimFleet, alway
             s, f"{base}/v1/completions", {"model": MODEL, "prompt": prefix, "max_tokens": 2}
         )
         assert st == 200 and h.get("x-kvrouter-prefill-instance") == other, h.get("x-kvrouter-pd-reason")
-        await until(lambda: gw.pool.upstreams[victim].healthy, timeout=15, what="back")
+        await until(lambda: gw.pool.upstreams[victim].healthy, what="back")
         await (await s.post(f"{fleet.server(victim).url}/sim/faults", json={"slowdown": 1.0})).release()
         assert all(load.in_flight == 0 for load in gw.router.load.loads.values())
 
@@ -328,5 +330,5 @@ async def test_a_killed_decode_instance_costs_no_request(fleet: SimFleet, always
         )
         for name in DECODE:
             await (await s.post(f"{fleet.server(name).url}/sim/faults", json={"latency_s": 0.0})).release()
-        await until(lambda: gw.pool.upstreams[victim].healthy, timeout=15, what="back")
+        await until(lambda: gw.pool.upstreams[victim].healthy, what="back")
         assert all(load.in_flight == 0 for load in gw.router.load.loads.values())

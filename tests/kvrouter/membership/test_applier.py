@@ -139,7 +139,7 @@ async def test_a_new_instance_is_subscribed_replayed_and_checked(
     assert u.healthy and u.served_models == ["m"] and world.added == ["v0"]
     assert [t.key for t in world.pool.targets(None)] == ["v0"]
     assert [i.name for i in world.subscriber.fleet.instances] == ["v0"]
-    await until(lambda: all(held(world.indexer, "v0", t) == 2 for t in before), 30, "replayed batches")
+    await until(lambda: all(held(world.indexer, "v0", t) == 2 for t in before), what="replayed batches")
     ev, toks = batch(50)
     pubs[0].publish([ev])
     await until(lambda: held(world.indexer, "v0", toks) == 2)
