@@ -22,6 +22,7 @@ from indexer.service import LookupRequest, PromptError
 from tokenizer_cache import (
     ChatTemplateError,
     InvalidPromptError,
+    Loader,
     NoChatTemplateError,
     TokenizerCacheError,
     TokenizerRegistry,
@@ -45,11 +46,12 @@ class FleetTokens:
         """Chat requests routed without token ids because no chat template is configured, by model."""
 
     @classmethod
-    def from_config(cls, cfg: RouterFleetConfig) -> FleetTokens:
+    def from_config(cls, cfg: RouterFleetConfig, *, loader: Loader | None = None) -> FleetTokens:
+        """The fleet file's tokenizers (``loader``: how each is built; default: from its files)."""
         raw = msgspec.to_builtins(cfg)
         if not raw.get("tokenizer") and not any(m.get("tokenizer") for m in raw.get("models", {}).values()):
             return cls(None)
-        return cls(TokenizerRegistry.from_fleet(raw))
+        return cls(TokenizerRegistry.from_fleet(raw, loader=loader))
 
     async def tokens(self, req: ParsedRequest) -> TokenIds | None:
         """The request's token ids: chat and completions as vLLM renders them; a Responses or Messages

@@ -14,6 +14,8 @@ from kvrouter.config import RouterFleetConfig
 from kvrouter.gateway import Gateway, build_gateway
 from kvrouter.lab.sim.server.fleet import SimFleet, SimFleetConfig
 from kvrouter.pipeline import FleetTokens
+from tests.support.sim_server import shared_sim_tokenizer
+from tests.support.tokenizers import SHARED
 from tests.support.wait import until
 
 MODEL = "sim-model"
@@ -34,7 +36,7 @@ async def gateway(
     is in rotation (``in_rotation=False``: at once, for tests that start with an instance down)."""
     fast = {"gateway": {"health_interval_s": 0.2, "metrics_interval_s": 0.2}}
     cfg = parse_fleet(merge(merge(fleet.fleet_dict(), fast), over), RouterFleetConfig)
-    gw = Gateway(cfg, tokens=FleetTokens.from_config(cfg))
+    gw = Gateway(cfg, tokens=FleetTokens.from_config(cfg, loader=SHARED))
     app = build_gateway(gw)
     server = TestServer(app, host="127.0.0.1", handler_cancellation=True)
     await server.start_server()
@@ -52,9 +54,12 @@ async def gateway(
 
 
 def sim_fleet(n: int = 3, **kw: Any) -> SimFleet:
-    return SimFleet(
-        SimFleetConfig(instances=n, profile="test", capacity_blocks=kw.pop("capacity_blocks", 2048), **kw)
-    )
+    """A simulated fleet of the test profile; on the default tokenizer, the test process's shared one."""
+    cfg = SimFleetConfig(instances=n, profile="test", capacity_blocks=kw.pop("capacity_blocks", 2048), **kw)
+    if cfg.tokenizer is None and cfg.chat_template is None:
+        tok, template = shared_sim_tokenizer()
+        return SimFleet(cfg, tokenizer=tok, chat_template=template)
+    return SimFleet(cfg)
 
 
 def app_of(gw: Gateway) -> web.Application:  # pragma: no cover - helper for debugging

@@ -21,6 +21,7 @@ from kvrouter.gateway import Gateway
 from kvrouter.lab.sim.server.fleet import SimFleet, SimFleetConfig, parse_roles
 from kvrouter.lab.sim.server.kv_transfer import KvTransferConfig
 from tests.support.gateway import MODEL, gateway
+from tests.support.sim_server import shared_sim_tokenizer
 from tests.support.wait import until
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -44,7 +45,8 @@ async def fleet() -> AsyncIterator[SimFleet]:
         kv_transfer=KvTransferConfig(lease_s=5.0),
         responses_store=True,
     )
-    async with SimFleet(cfg) as f:  # its own tokenizer: the fleet file then names its chat template
+    tok, template = shared_sim_tokenizer()  # the fleet file then names the simulator's chat template
+    async with SimFleet(cfg, tokenizer=tok, chat_template=template) as f:
         yield f
 
 
