@@ -130,7 +130,7 @@ def _g(r: dict[str, Any] | None, *path: str) -> float | None:
 
 
 def summary(r: dict[str, Any] | None) -> dict[str, Any]:
-    """The figures the README's table shows, from one harness run."""
+    """The figures docs/results.md shows, from one harness run."""
     one = _g(r, "tree", "processes") == 1
     return {
         "rps_small": _g(r, "throughput", "router_small", "rps"),
