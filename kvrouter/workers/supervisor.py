@@ -9,8 +9,8 @@
         └── wait: a worker that dies is replaced (its rows cleared: its requests died with it); SIGTERM /
                   SIGINT go to every worker, which drain as one process would
 
-Every worker subscribes to the KV events itself (docs/gateway.md, "Every core": a shared index would put an IPC
-round trip or a lock on every request to save the index's memory, small next to the tokenizers').
+Every worker subscribes to the KV events itself (docs/gateway.md, "Every core": a shared index would put an
+IPC round trip or a lock on every request to save the index's memory, small next to the tokenizers').
 """
 
 from __future__ import annotations
