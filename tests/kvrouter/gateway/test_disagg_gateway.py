@@ -22,7 +22,7 @@ from kvrouter.lab.sim.server.fleet import SimFleet, SimFleetConfig, parse_roles
 from kvrouter.lab.sim.server.kv_transfer import KvTransferConfig
 from tests.support.gateway import MODEL, gateway
 from tests.support.sim_server import shared_sim_tokenizer
-from tests.support.wait import until
+from tests.support.wait import answering, until
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -74,6 +74,7 @@ async def whole_fleet(fleet: SimFleet, always: GW) -> AsyncIterator[None]:
     healthy = {"dead": False, "latency_s": 0.0, "slowdown": 1.0, "render_fault": False, "drop_rate": 0.0}
     async with aiohttp.ClientSession() as s:
         for srv in fleet.servers:
+            await answering(f"{srv.url}/sim/faults")  # (up, if a test crashed it: restarted)
             async with s.post(f"{srv.url}/sim/faults", json=healthy) as r:
                 assert r.status == 200
     gw, _ = always
