@@ -191,3 +191,50 @@ async def reset_caches(session: aiohttp.ClientSession, servers: list[RealVllm]) 
     for s in servers:
         async with session.post(s.spec.url + "/reset_prefix_cache") as r:
             assert r.status == 200, (s.spec.name, r.status, await r.text())
+
+
+class Tally(msgspec.Struct):
+    """Predicted against reported cached tokens over a run."""
+
+    requests: int = 0
+    exact: int = 0
+    prompt_tokens: int = 0
+    reported_cached: int = 0
+    misses: list[dict[str, Any]] = []
+
+    def add(self, i: int, o: Outcome) -> None:
+        assert o.status == 200, (i, o.route, o.body)
+        assert o.predicted is not None and o.reported is not None, (i, o.route, o.predicted, o.reported)
+        self.requests += 1
+        self.prompt_tokens += o.prompt_tokens or 0
+        self.reported_cached += o.reported
+        if o.predicted == o.reported:
+            self.exact += 1
+        else:
+            self.misses.append(
+                {
+                    "i": i,
+                    "route": o.route,
+                    "instance": o.instance,
+                    "predicted": o.predicted,
+                    "reported": o.reported,
+                }
+            )
+
+    @property
+    def hit_rate(self) -> float:
+        return self.reported_cached / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def summary(self) -> str:
+        return f"{self.exact}/{self.requests} exact, hit rate {self.hit_rate:.3f}" + (
+            f", misses {self.misses}" if self.misses else ""
+        )
+
+
+async def run_calls(base: str, calls: list[tuple[str, dict[str, Any]]], tally: Tally | None = None) -> Tally:
+    """Each call in turn (sequential: every prediction sees the events of the requests before it)."""
+    tally = tally or Tally()
+    async with aiohttp.ClientSession() as s:
+        for route, body in calls:
+            tally.add(tally.requests, await send(s, base, route, body))
+    return tally
