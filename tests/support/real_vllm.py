@@ -124,6 +124,7 @@ class RealVllm:
             "--kv-events-config",
             json.dumps(kv_events),
             "--disable-log-stats",
+            "-O0",  # no torch.compile warm-up: starts in well under a minute instead of two or three
         ]
         if s.lora:
             cmd += ["--enable-lora", "--max-loras", "2", "--max-lora-rank", "8"]
@@ -135,6 +136,7 @@ class RealVllm:
             OMP_NUM_THREADS="1",
             VLLM_CPU_KVCACHE_SPACE="1",
             VLLM_ENABLE_RESPONSES_API_STORE="1",
+            VLLM_SERVER_DEV_MODE="1",  # serves /reset_prefix_cache
             VLLM_ALLOW_RUNTIME_LORA_UPDATING="1",
             VLLM_CPU_OMP_THREADS_BIND="nobind",
             PYTHONHASHSEED="0",
