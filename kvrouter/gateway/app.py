@@ -298,7 +298,15 @@ class Gateway:
     async def _startup_checks(self) -> None:
         """``kvrouter check`` at start-up, logged (token parity is the prober's: not checked twice)."""
         assert self.session is not None
-        reports = await check_fleet(self.cfg, self.pipeline, self.session, pool=self.pool, parity=False)
+        await self.event_sources.settled(timeout_s=10.0)
+        held = (
+            {st.endpoint for st in self.subscriber.status.values() if st.mode == "bind" and st.endpoint}
+            if self.subscriber is not None
+            else set()
+        )
+        reports = await check_fleet(
+            self.cfg, self.pipeline, self.session, pool=self.pool, parity=False, held=held
+        )
         for r in reports:
             for c in r.checks:
                 level = logging.INFO if c.verdict in ("ok", "skip") else logging.WARNING

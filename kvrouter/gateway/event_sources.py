@@ -86,6 +86,13 @@ class EventSourceResolver:
             old.cancel()
         self._tasks[inst.name] = asyncio.create_task(self._resolve(inst), name=f"kv-sources-{inst.name}")
 
+    async def settled(self, timeout_s: float) -> None:
+        """Until the questions asked so far are answered (or ``timeout_s``): the start-up check then sees
+        the publishers as the subscriber does."""
+        tasks = list(self._tasks.values())
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout_s)
+
     def forget(self, name: str) -> None:
         t = self._tasks.pop(name, None)
         if t is not None:

@@ -214,6 +214,8 @@ async def check_events(
     inst: InstanceConfig,
     block_size: int,
     timeout_s: float,
+    *,
+    held: set[str] | frozenset[str] = frozenset(),
 ) -> Check:
     if inst.events is None and inst.url is None:
         return Check("events", "skip", "no url and no events")
@@ -223,7 +225,9 @@ async def check_events(
     if inst.events is None:
         assert announced is not None
         try:
-            inst = await settle_mode(announced, ctx, timeout_s)
+            if not (announced.events_mode == "bind" and announced.events in held):
+                announced = await settle_mode(announced, ctx, timeout_s)
+            inst = announced
         except EventSourcesError as e:
             return Check("events", "fail", str(e))
     elif announced is not None and announced.events_mode == "bind" and inst.events_mode == "connect":
@@ -237,7 +241,10 @@ async def check_events(
         )
     mode = "router binds, vLLM connects" if inst.events_mode == "bind" else "router connects"
     where = f"{inst.events} x{inst.dp_size} ({mode})" + (f", replay {inst.replay}" if inst.replay else "")
-    live, live_detail = await live_stream(ctx, inst, timeout_s)
+    if inst.events_mode == "bind" and inst.events in held:
+        live, live_detail = "ok", "live: bound by this router's subscriber"
+    else:
+        live, live_detail = await live_stream(ctx, inst, timeout_s)
     if live == "fail":
         return Check("events", "fail", f"{where}: {live_detail}")
     payloads, how = await first_batches(ctx, inst, timeout_s)
@@ -283,9 +290,10 @@ async def check_fleet(
     timeout_s: float = 3.0,
     pool: UpstreamPool | None = None,
     parity: bool = True,
+    held: set[str] | frozenset[str] = frozenset(),
 ) -> list[InstanceReport]:
     """Every instance of ``cfg`` checked, concurrently (``parity`` False: a running gateway's prober does
-    that part)."""
+    that part; ``held``: endpoints the caller's own subscriber has bound, where vLLM connects to it)."""
     pool = pool or UpstreamPool(cfg.instances, pipeline.router.load)
     prober = ParityProber(pipeline, pool)
     prober.session = session
@@ -312,7 +320,7 @@ async def check_fleet(
                     u.served_models = list(ids)
                 if parity:
                     checks.append(await check_parity(prober, inst.name))
-        checks.append(await check_events(session, ctx, inst, cfg.block_size, timeout_s))
+        checks.append(await check_events(session, ctx, inst, cfg.block_size, timeout_s, held=held))
         return InstanceReport(inst.name, checks)
 
     try:

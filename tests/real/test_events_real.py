@@ -39,7 +39,8 @@ async def test_check_tells_a_stream_it_cannot_receive(fleet: RealFleet, tmp_path
             async with s.post(srv.spec.url + "/v1/completions", json=body) as r:
                 assert r.status == 200, await r.text()
     rc, report = check(fleet_file(tmp_path / "urls.yaml", fleet.servers))
-    assert rc == 0, report
+    bad = {n: [c for c in cs if c["verdict"] != "ok"] for n, cs in report["instances"].items()}
+    assert rc == 0, bad
     for s in fleet.servers:
         checks = {c["name"]: c for c in report["instances"][s.spec.name]}
         assert checks["events"]["verdict"] == "ok", checks
@@ -70,7 +71,7 @@ async def test_predicted_equals_reported_on_an_agent_workload(fleet: RealFleet, 
         tally = await run_calls(gw.url, AgentWorkload(seed=1).calls(120))
         FIGURES["agent workload, kv-aware"] = tally.summary()
         text = await gw.metrics()
-        removed = metric(text, "kvrouter_indexer_blocks_removed") or 0
+        removed = metric(text, "kvrouter_indexer_blocks_removed_total") or 0
         FIGURES["agent workload, blocks removed (evictions)"] = removed
         health = await gw.health()
     finally:
@@ -193,8 +194,8 @@ async def test_a_deaf_source_is_loud(fleet: RealFleet, tmp_path: Path) -> None:
         text = await gw.metrics()
     finally:
         gw.stop()
-    assert "vllm-2" in health["events"]["deaf"], health["events"]
-    assert metric(text, "kvrouter_event_source_deaf", source="vllm-2") == 1.0
+    assert "vllm-2/0" in health["events"]["deaf"], health["events"]
+    assert metric(text, "kvrouter_event_source_deaf", source="vllm-2/0") == 1.0
     assert "source deaf" in gw.log_path.read_text()
 
 
