@@ -19,7 +19,7 @@ import yaml
 
 from kvrouter.api.usage import read_usage
 from tests.support.net import free_port
-from tests.support.real_vllm import BLOCK_SIZE, RealVllm, models_dir
+from tests.support.real_vllm import BLOCK_SIZE, MODEL, RealVllm, models_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -136,7 +136,7 @@ def metric(text: str, name: str, **labels: str) -> float | None:
     return None
 
 
-def check(fleet: Path, timeout_s: float = 5.0) -> tuple[int, dict[str, Any]]:
+def check(fleet: Path, timeout_s: float = 15.0) -> tuple[int, dict[str, Any]]:
     """``kvrouter check --json``: (exit status, report)."""
     r = subprocess.run(
         _kvrouter("check", "--fleet", str(fleet), "--json", "--timeout", str(timeout_s)),
@@ -187,9 +187,15 @@ async def send(session: aiohttp.ClientSession, base: str, route: str, body: dict
 
 
 async def reset_caches(session: aiohttp.ClientSession, servers: list[RealVllm]) -> None:
-    """vLLM's ``/reset_prefix_cache`` on each server (it emits AllBlocksCleared); fails loudly if refused."""
+    """vLLM's ``/reset_prefix_cache`` on each server; fails loudly if refused.  vLLM queues the reset's
+    AllBlocksCleared and publishes it only with its next engine step (an idle engine runs none), so each
+    server then gets a prompt shorter than a block: the clear is published, nothing is stored."""
     for s in servers:
         async with session.post(s.spec.url + "/reset_prefix_cache") as r:
+            assert r.status == 200, (s.spec.name, r.status, await r.text())
+        async with session.post(
+            s.spec.url + "/v1/completions", json={"model": MODEL, "prompt": "reset", "max_tokens": 1}
+        ) as r:
             assert r.status == 200, (s.spec.name, r.status, await r.text())
 
 
