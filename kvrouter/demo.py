@@ -272,6 +272,10 @@ async def run_demo(cfg: DemoConfig, *, out: Any = sys.stdout) -> dict[str, dict[
                 for u in urls:  # every policy starts from empty caches
                     async with s.post(f"{u}/reset_prefix_cache") as r:
                         await r.read()
+                    # vLLM publishes the reset's AllBlocksCleared with its next step: a sub-block request
+                    flush = {"model": model, "prompt": "reset", "max_tokens": 1}
+                    async with s.post(f"{u}/v1/completions", json=flush) as r:
+                        await r.read()
             # One gateway at a time: an idle one would still ingest every event of the others' runs.
             port = _port()
             args: tuple[str, ...] = ("--log-level", "WARNING", "serve", "--fleet", str(fleet_file))
