@@ -10,12 +10,14 @@ template in ``tokenizer_config.json`` (vLLM refuses chats without one); and ``OU
 two PEFT LoRA adapters (rank 8 on q_proj and v_proj) for the run-time LoRA test.  Nothing is downloaded.
 The answers of such a model are noise; its prefix cache, KV events and token accounting are vLLM's own.
 
-A build is complete when ``OUT/.built`` holds this script's recipe version: anything less is rebuilt.
+A build is complete when ``OUT/.built`` holds this script's recipe version and the digest of the
+tokenizer and template it was built from: anything else is rebuilt.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -98,7 +100,9 @@ def main() -> int:
     ap.add_argument("--out", required=True, type=Path)
     a = ap.parse_args()
     stamp = a.out / ".built"
-    if stamp.exists() and stamp.read_text().strip() == RECIPE:
+    digest = hashlib.sha256((a.tokenizer / "tokenizer.json").read_bytes() + a.chat_template.read_bytes())
+    recipe = f"{RECIPE} {digest.hexdigest()[:16]}"
+    if stamp.exists() and stamp.read_text().strip() == recipe:
         print(f"model up to date: {a.out}")
         return 0
     if a.out.exists():
@@ -106,7 +110,7 @@ def main() -> int:
     vocab = build_base(a.out / "base", a.tokenizer, a.chat_template.read_text(encoding="utf-8"))
     build_lora(a.out / "lora-a", a.out / "base", seed=1)
     build_lora(a.out / "lora-b", a.out / "base", seed=2)
-    stamp.write_text(RECIPE + "\n")
+    stamp.write_text(recipe + "\n")
     print(f"model built: {a.out} (vocabulary {vocab})")
     return 0
 
