@@ -8,6 +8,7 @@
       - name: vllm-0
         url: http://vllm-0:8000             # its OpenAI server (the router proxies here)
         events: tcp://vllm-0:5557           # vLLM's --kv-events-config endpoint, as seen from kvrouter
+        events_mode: connect                # bind: vLLM connects out to events (its endpoint names a host)
         replay: tcp://vllm-0:5558           # optional: its replay_endpoint
         topic: ""                           # optional subscription prefix
         dp_size: 1                          # ranks 1.. use port+rank, as vLLM does

@@ -116,6 +116,7 @@ async def settle_mode(
         raise EventSourcesError(
             "taken",
             f"{inst.name}: vLLM connects its KV-event PUB out to {inst.events}, an address of this host, "
-            "but another process holds it (another kvrouter serve?): only one router can bind there",
+            "but another process holds it (another kvrouter serve, or another worker of this one: only "
+            "one process can bind there; run --workers 1, or give vLLM a wildcard endpoint so it binds)",
         )
     raise EventSourcesError("elsewhere", connect_fix(inst.name, inst.events))
