@@ -97,7 +97,7 @@ async def test_late_start_and_gateway_restart(fleet: RealFleet, tmp_path: Path) 
     gw = await Served(path, fleet.log_dir).start()
     try:
         await _all_heard(gw, ["vllm-0", "vllm-1", "vllm-2"])
-        first = await run_calls(gw.url, wl.calls(30))
+        first = await run_calls(gw.url, wl.calls(24))
         gw.kill()
         async with aiohttp.ClientSession() as s:  # traffic the router never sees
             for i, (route, body) in enumerate(wl.calls(6)):
@@ -105,7 +105,7 @@ async def test_late_start_and_gateway_restart(fleet: RealFleet, tmp_path: Path) 
                     assert r.status == 200
         gw = await Served(path, fleet.log_dir, port=gw.port).start()
         await _all_heard(gw, ["vllm-0", "vllm-1", "vllm-2"])
-        second = await run_calls(gw.url, wl.calls(30))
+        second = await run_calls(gw.url, wl.calls(24))
     finally:
         gw.stop()
     FIGURES["late start"] = first.summary()
@@ -142,7 +142,7 @@ async def test_engine_killed_mid_stream_and_restarted(fleet: RealFleet, tmp_path
         victim.start()
         await victim.wait_ready()
         await until_restart_seen(gw, "vllm-1")
-        after = await run_calls(gw.url, wl.calls(30))
+        after = await run_calls(gw.url, wl.calls(24))
         by = {s["instance"]: s for s in (await gw.health())["index"]}
     finally:
         gw.stop()
