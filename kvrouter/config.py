@@ -109,6 +109,10 @@ class GatewayConfig(msgspec.Struct, frozen=True):
     max_retries: int = 2
     """Retries on the next-best instance for connection errors and 5xx before the first byte."""
     health_interval_s: float = 1.0
+    health_timeouts: int = 2
+    """/health checks in a row that get no answer within twice ``health_interval_s`` (0.5 s at least)
+    before an instance leaves rotation.  One slow answer from a busy API server is not a verdict; an
+    instance that refuses the connection or answers non-200 (down, or saying so) leaves at once."""
     metrics_interval_s: float = 1.0
     failure_threshold: int = 3
     """Failed requests in a row (no success between them, no failing health check) that take an instance

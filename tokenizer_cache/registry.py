@@ -17,7 +17,7 @@ share one ``CachedTokenizer`` and therefore one prefix cache.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from typing import Any
 
@@ -25,7 +25,12 @@ from .cached import CachedTokenizer
 from .config import CacheConfig, RenderOptions
 from .errors import TokenizerLoadError
 
-__all__ = ["TokenizerRegistry"]
+__all__ = ["Loader", "TokenizerRegistry"]
+
+Loader = Callable[[str, "str | None", "TokenizerRegistry"], CachedTokenizer]
+"""Builds the tokenizer for a (tokenizer path, chat template) pair with the registry's settings.  The
+default loads it from files; a caller that runs many registries in one process (a test session) may
+hand out tokenizers it keeps itself, which the registry then never closes."""
 
 
 class TokenizerRegistry:
@@ -42,6 +47,7 @@ class TokenizerRegistry:
         allow_download: bool = False,
         executor: Executor | None = None,
         render_options: RenderOptions | None = None,
+        loader: Loader | None = None,
     ) -> None:
         self.default = default
         self.render_options = render_options
@@ -51,6 +57,7 @@ class TokenizerRegistry:
         self.config = (config or CacheConfig()).validate()
         self.allow_download = allow_download
         self._executor = executor
+        self._loader = loader
         self._lock = threading.Lock()
         self._loaded: dict[tuple[str, str | None], CachedTokenizer] = {}
         self._loading: dict[tuple[str, str | None], threading.Lock] = {}
@@ -101,17 +108,21 @@ class TokenizerRegistry:
             with self._lock:
                 tok = self._loaded.get(key)
             if tok is None:
-                tok = CachedTokenizer.from_pretrained(
-                    key[0],
-                    allow_download=self.allow_download,
-                    chat_template=key[1],
-                    config=self.config,
-                    executor=self._executor,
-                    render_options=self.render_options,
-                )
+                tok = self._loader(*key, self) if self._loader is not None else self.load(*key)
                 with self._lock:
                     self._loaded[key] = tok
             return tok
+
+    def load(self, path: str, chat_template: str | None) -> CachedTokenizer:
+        """A new tokenizer from ``path``'s files with this registry's settings (the default loader)."""
+        return CachedTokenizer.from_pretrained(
+            path,
+            allow_download=self.allow_download,
+            chat_template=chat_template,
+            config=self.config,
+            executor=self._executor,
+            render_options=self.render_options,
+        )
 
     def loaded(self) -> dict[str, CachedTokenizer]:
         """Tokenizers loaded so far, by tokenizer path (and template, when one is set)."""
@@ -119,7 +130,10 @@ class TokenizerRegistry:
             return {p if t is None else f"{p} [{t[:32]}]": tok for (p, t), tok in self._loaded.items()}
 
     def close(self) -> None:
-        """Close every loaded tokenizer (their executors)."""
+        """Close every tokenizer this registry loaded itself (their executors); a custom loader's are its
+        own to close."""
+        if self._loader is not None:
+            return
         with self._lock:
             toks = list(self._loaded.values())
         for tok in toks:

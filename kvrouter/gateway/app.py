@@ -79,6 +79,7 @@ class Gateway:
             health_interval_s=g.health_interval_s,
             metrics_interval_s=g.metrics_interval_s,
             failure_threshold=g.failure_threshold,
+            health_timeouts=g.health_timeouts,
             ejection_s=g.ejection_s,
             ejection_max_s=g.ejection_max_s,
             on_change=self._health_transition,

@@ -3,6 +3,8 @@
 ::
 
     active checks   GET /health every health_interval_s  ──▶ healthy / unhealthy
+                    (refused or non-200: out at once; no answer in time: out after health_timeouts
+                    such checks in a row)
     passive checks  connection error           ──▶ out of rotation at once, until /health passes
                     failure_threshold failures ──▶ ejected: out of rotation for ejection_s at least
                     (5xx, no first byte in time)   while /health passes, doubling with each ejection that
@@ -63,6 +65,8 @@ class Upstream(msgspec.Struct):
     adapters: dict[str, str] = {}
     """Loaded LoRA adapters: name -> the model it adapts (cards with a ``parent``)."""
     last_check: float | None = None
+    check_timeouts: int = 0
+    """/health checks in a row that got no answer in time (this process's own checks)."""
     draining: bool = False
     """Leaving the fleet: no new requests (it is not a candidate); requests in flight run to the end."""
 
@@ -100,6 +104,7 @@ class UpstreamPool:
         health_interval_s: float = 1.0,
         metrics_interval_s: float = 1.0,
         failure_threshold: int = 3,
+        health_timeouts: int = 2,
         ejection_s: float = 0.0,
         ejection_max_s: float = 300.0,
         on_change: Callable[[str, bool], None] | None = None,
@@ -117,6 +122,7 @@ class UpstreamPool:
         self.health_interval_s = health_interval_s
         self.metrics_interval_s = metrics_interval_s
         self.failure_threshold = failure_threshold
+        self.health_timeouts = max(1, health_timeouts)
         self.ejection_s = ejection_s
         self.ejection_max_s = ejection_max_s
         self.on_change = on_change
@@ -324,12 +330,20 @@ class UpstreamPool:
         assert self._session is not None
         url = (u.cfg.url or "").rstrip("/")
         timeout = aiohttp.ClientTimeout(total=max(0.5, self.health_interval_s * 2))
-        ok = False
+        ok = timed_out = False
         try:
             async with self._session.get(f"{url}/health", timeout=timeout) as r:
                 ok = r.status == 200
-        except (aiohttp.ClientError, TimeoutError):
+        except TimeoutError:  # (before ClientError: aiohttp's ServerTimeoutError is both)
+            timed_out = True
+        except aiohttp.ClientError:
             ok = False
+        u.check_timeouts = u.check_timeouts + 1 if timed_out else 0
+        if timed_out and u.healthy and u.check_timeouts < self.health_timeouts:
+            # No answer yet is not "down": a busy API server answers late.  The next check decides,
+            # and a request that fails meanwhile takes the instance out through the passive checks.
+            u.last_check = time.monotonic()
+            return
         if ok:
             # /health decides rotation; the model list is refreshed when it can be.  A slow or failing
             # /v1/models (a busy API server) keeps the models learnt last rather than taking a healthy

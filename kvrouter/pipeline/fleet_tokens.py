@@ -22,6 +22,7 @@ from tokenizer_cache import (
     CachedTokenizer,
     ChatTemplateError,
     InvalidPromptError,
+    Loader,
     NoChatTemplateError,
     TokenizerCacheError,
     TokenizerRegistry,
@@ -52,11 +53,12 @@ class FleetTokens:
         self._facts: dict[str | None, tuple[bool, str]] = {}
 
     @classmethod
-    def from_config(cls, cfg: RouterFleetConfig) -> FleetTokens:
+    def from_config(cls, cfg: RouterFleetConfig, *, loader: Loader | None = None) -> FleetTokens:
+        """The fleet file's tokenizers (``loader``: how each is built; default: from its files)."""
         raw = msgspec.to_builtins(cfg)
         if not raw.get("tokenizer") and not any(m.get("tokenizer") for m in raw.get("models", {}).values()):
             return cls(None)
-        return cls(TokenizerRegistry.from_fleet(raw))
+        return cls(TokenizerRegistry.from_fleet(raw, loader=loader))
 
     async def tokens(self, req: ParsedRequest) -> TokenIds | None:
         """The request's token ids: chat and completions as vLLM renders them; a Responses or Messages

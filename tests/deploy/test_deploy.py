@@ -630,11 +630,13 @@ def test_k8s_vllm_event_ports_only_for_kvrouter(rendered: tuple[str, list[dict[s
     _, docs = rendered
     pol = _one(docs, "NetworkPolicy", "vllm-kv-events")
     router_labels = _one(docs, "Deployment", "kvrouter")["spec"]["template"]["metadata"]["labels"]
-    for rule in pol["spec"]["ingress"]:
-        ports = {p["port"] for p in rule["ports"]}
-        if ports & {"kv-events", "kv-replay"}:
-            assert rule.get("from"), "the event ports are not open to every pod"
-            assert any(_matches(p["podSelector"]["matchLabels"], router_labels) for p in rule["from"])
+    event_rules = [
+        r for r in pol["spec"]["ingress"] if {p["port"] for p in r["ports"]} & {"kv-events", "kv-replay"}
+    ]
+    assert event_rules, "no ingress rule names the event ports"
+    for rule in event_rules:
+        assert rule.get("from"), "the event ports are not open to every pod"
+        assert any(_matches(p["podSelector"]["matchLabels"], router_labels) for p in rule["from"])
 
 
 def test_k8s_optional_components(rendered: tuple[str, list[dict[str, Any]]]) -> None:

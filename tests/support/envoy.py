@@ -25,6 +25,7 @@ from kvrouter.pipeline import FleetTokens
 from kvrouter.sim.server.fleet import SimFleet
 from tests.support.gateway import merge
 from tests.support.net import free_port
+from tests.support.tokenizers import SHARED
 
 ROOT = Path(__file__).resolve().parents[2]
 ENVOY_YAML = ROOT / "deploy" / "envoy" / "envoy.yaml"
@@ -150,7 +151,7 @@ async def picker(
     """An endpoint picker for ``fleet`` (its fleet file + ``over``) serving ext_proc on a free port."""
     fast = {"gateway": {"health_interval_s": 0.2, "metrics_interval_s": 0.2}}
     cfg = parse_fleet(merge(merge(fleet.fleet_dict(), fast), over), RouterFleetConfig)
-    gw = Gateway(cfg, tokens=FleetTokens.from_config(cfg))
+    gw = Gateway(cfg, tokens=FleetTokens.from_config(cfg, loader=SHARED))
     pk = Picker(gw, options or PickerOptions(grpc_port=free_port()))
     server = PickerServer(pk)
     await gw.start()

@@ -14,6 +14,9 @@ from kvrouter.config import RouterFleetConfig
 from kvrouter.gateway import Gateway, build_gateway
 from kvrouter.pipeline import FleetTokens
 from kvrouter.sim.server.fleet import SimFleet, SimFleetConfig
+from tests.support.sim_server import shared_sim_tokenizer
+from tests.support.tokenizers import SHARED
+from tests.support.wait import until
 
 MODEL = "sim-model"
 
@@ -26,15 +29,22 @@ def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 @asynccontextmanager
-async def gateway(fleet: SimFleet, **over: Any) -> AsyncIterator[tuple[Gateway, str]]:
-    """A gateway for the fleet (fleet file + ``over``), serving at the yielded base URL."""
+async def gateway(
+    fleet: SimFleet, *, in_rotation: bool = True, **over: Any
+) -> AsyncIterator[tuple[Gateway, str]]:
+    """A gateway for the fleet (fleet file + ``over``), serving at the yielded base URL once every instance
+    is in rotation (``in_rotation=False``: at once, for tests that start with an instance down)."""
     fast = {"gateway": {"health_interval_s": 0.2, "metrics_interval_s": 0.2}}
     cfg = parse_fleet(merge(merge(fleet.fleet_dict(), fast), over), RouterFleetConfig)
-    gw = Gateway(cfg, tokens=FleetTokens.from_config(cfg))
+    gw = Gateway(cfg, tokens=FleetTokens.from_config(cfg, loader=SHARED))
     app = build_gateway(gw)
     server = TestServer(app, host="127.0.0.1", handler_cancellation=True)
     await server.start_server()
     try:
+        if in_rotation:
+            await until(
+                lambda: all(u.healthy for u in gw.pool.upstreams.values()), 30, "every instance in rotation"
+            )
         yield gw, str(server.make_url("")).rstrip("/")
     finally:
         await server.close()
@@ -44,9 +54,12 @@ async def gateway(fleet: SimFleet, **over: Any) -> AsyncIterator[tuple[Gateway, 
 
 
 def sim_fleet(n: int = 3, **kw: Any) -> SimFleet:
-    return SimFleet(
-        SimFleetConfig(instances=n, profile="test", capacity_blocks=kw.pop("capacity_blocks", 2048), **kw)
-    )
+    """A simulated fleet of the test profile; on the default tokenizer, the test process's shared one."""
+    cfg = SimFleetConfig(instances=n, profile="test", capacity_blocks=kw.pop("capacity_blocks", 2048), **kw)
+    if cfg.tokenizer is None and cfg.chat_template is None:
+        tok, template = shared_sim_tokenizer()
+        return SimFleet(cfg, tokenizer=tok, chat_template=template)
+    return SimFleet(cfg)
 
 
 def app_of(gw: Gateway) -> web.Application:  # pragma: no cover - helper for debugging

@@ -21,6 +21,7 @@ from kvrouter.gateway import Gateway
 from kvrouter.sim.server.fleet import SimFleet, SimFleetConfig, parse_roles
 from kvrouter.sim.server.kv_transfer import KvTransferConfig
 from tests.support.gateway import MODEL, gateway
+from tests.support.sim_server import shared_sim_tokenizer
 from tests.support.wait import until
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -44,7 +45,8 @@ async def fleet() -> AsyncIterator[SimFleet]:
         kv_transfer=KvTransferConfig(lease_s=5.0),
         responses_store=True,
     )
-    async with SimFleet(cfg) as f:  # its own tokenizer: the fleet file then names its chat template
+    tok, template = shared_sim_tokenizer()  # the fleet file then names the simulator's chat template
+    async with SimFleet(cfg, tokenizer=tok, chat_template=template) as f:
         yield f
 
 
@@ -63,6 +65,20 @@ async def conditional(fleet: SimFleet) -> AsyncIterator[GW]:
     """Conditional disaggregation, with a threshold the tests' short prompts cross."""
     async with gateway(fleet, routing={"disaggregation": {"local_prefill_tokens": 256}}) as g:
         yield g
+
+
+@pytest_asyncio.fixture(autouse=True, loop_scope="module")
+async def whole_fleet(fleet: SimFleet, always: GW) -> AsyncIterator[None]:
+    """Every test starts from the whole fleet: no fault left on, every instance back in the shared
+    gateway's rotation (a test that kills an instance, or fails halfway, cannot degrade the next one)."""
+    healthy = {"dead": False, "latency_s": 0.0, "slowdown": 1.0, "render_fault": False, "drop_rate": 0.0}
+    async with aiohttp.ClientSession() as s:
+        for srv in fleet.servers:
+            async with s.post(f"{srv.url}/sim/faults", json=healthy) as r:
+                assert r.status == 200
+    gw, _ = always
+    await until(lambda: all(u.healthy for u in gw.pool.upstreams.values()), 30, "the whole fleet in rotation")
+    yield
 
 
 async def metrics(
@@ -251,6 +267,7 @@ async def test_a_killed_prefill_instance_costs_no_request(fleet: SimFleet, alway
         st, h, _ = await post(
             s, f"{base}/v1/completions", {"model": MODEL, "prompt": prefix, "max_tokens": 2}
         )
+        assert st == 200 and h.get("x-kvrouter-pd") == "split", (st, h.get("x-kvrouter-pd-reason"))
         victim = h["x-kvrouter-prefill-instance"]
         other = next(n for n in PREFILL if n != victim)
         await indexed(gw, victim)
@@ -263,7 +280,7 @@ async def test_a_killed_prefill_instance_costs_no_request(fleet: SimFleet, alway
         await fleet.server(victim).crash(down_s=1.5)
         st, h, events = await task
         assert st == 200 and events[-1] == "[DONE]"
-        assert h["x-kvrouter-prefill-instance"] == other
+        assert h.get("x-kvrouter-prefill-instance") == other, h.get("x-kvrouter-pd-reason")
         after = await metrics(s, base)
         assert total(after, "kvrouter_pd_leg_failures_total", leg="prefill") > total(
             before, "kvrouter_pd_leg_failures_total", leg="prefill"
@@ -273,7 +290,7 @@ async def test_a_killed_prefill_instance_costs_no_request(fleet: SimFleet, alway
         st, h, _ = await post(
             s, f"{base}/v1/completions", {"model": MODEL, "prompt": prefix, "max_tokens": 2}
         )
-        assert st == 200 and h["x-kvrouter-prefill-instance"] == other
+        assert st == 200 and h.get("x-kvrouter-prefill-instance") == other, h.get("x-kvrouter-pd-reason")
         await until(lambda: gw.pool.upstreams[victim].healthy, timeout=15, what="back")
         await (await s.post(f"{fleet.server(victim).url}/sim/faults", json={"slowdown": 1.0})).release()
         assert all(load.in_flight == 0 for load in gw.router.load.loads.values())

@@ -116,7 +116,7 @@ async def test_a_lost_last_batch_is_found_by_the_idle_probe() -> None:
         last = list(range(500, 500 + BS))
         pub.publish([BlockStored([BlockHash(22)], None, last, BS)])  # lost, and nothing follows it
         t0 = time.monotonic()
-        await until(lambda: held(ix, last) == 1, timeout=3.0)
+        await until(lambda: held(ix, last) == 1)
         assert time.monotonic() - t0 >= 0.25  # found by the probe, not by a later batch
         assert sub.counters["idle_probes"] >= 1 and ix.trust(src) is Trust.EXACT
     finally:
