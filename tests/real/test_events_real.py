@@ -4,6 +4,7 @@ replay, across a late start, a gateway restart and an engine killed mid-stream; 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
@@ -199,8 +200,7 @@ async def test_a_deaf_source_is_loud(fleet: RealFleet, tmp_path: Path) -> None:
     assert "source deaf" in gw.log_path.read_text()
 
 
-async def until_async(cond: object, timeout: float, what: str) -> None:
-    assert callable(cond)
+async def until_async(cond: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while not await cond():
         if asyncio.get_running_loop().time() > deadline:
