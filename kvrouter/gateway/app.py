@@ -133,6 +133,7 @@ class Gateway:
         self.proxy: Proxy | None = None
         self.disagg: DisaggProxy | None = None
         self._checks: asyncio.Task[None] | None = None
+        self._watch: asyncio.Task[None] | None = None
         self.leader = True
         """False in a worker of several on one host (``kvrouter.workers``): the leader alone writes index
         snapshots, syncs with other hosts' replicas and runs the start-up fleet check."""
@@ -254,11 +255,59 @@ class Gateway:
         await self.parity.start(self.session)
         if self.leader:
             self._checks = asyncio.create_task(self._startup_checks(), name="fleet-check")
+        if self.subscriber is not None:
+            self._watch = asyncio.create_task(self._watch_events(), name="event-watch")
+
+    async def _watch_events(self, interval_s: float = 1.0) -> None:
+        """Every second: is a source deaf (its instance computes prompts, its live stream brings nothing)?
+        Said loudly: an error log line when it starts, ``kvrouter_event_source_deaf``, ``/health``."""
+        assert self.subscriber is not None
+        watch, sub = self.pipeline.event_watch, self.subscriber
+        while True:
+            await asyncio.sleep(interval_s)
+            live = {src: st.messages for src, st in sub.status.items() if st.endpoint is not None}
+            newly, heard = watch.check(live, time.monotonic())
+            for src in newly:
+                st = sub.status.get(src)
+                d = watch.deaf[src]
+                log.error(
+                    "kv events: source deaf while its instance computes prompts; routing on it approximate",
+                    extra={
+                        "source": d.source,
+                        "owed_requests": d.owed_requests,
+                        "endpoint": st.endpoint if st else None,
+                        "mode": st.mode if st else None,
+                        "connected": st.connected if st else None,
+                        "hint": "vLLM connects its PUB out when its endpoint names a host: kvrouter check "
+                        "tells which side must bind",
+                    },
+                )
+                self.metrics.events_deaf.labels(d.source).set(1)
+            for src in heard:
+                log.warning("kv events: source heard again", extra={"source": src.label()})
+                self.metrics.events_deaf.labels(src.label()).set(0)
+            for name in self.event_sources.refused:
+                self.metrics.events_refused.labels(name).set(1)
+
+    def events_state(self) -> dict[str, object]:
+        """For ``/health``: deaf sources and refused instances (empty when events are fine)."""
+        return {
+            "deaf": {d.source: msgspec.to_builtins(d) for d in self.pipeline.event_watch.deaf.values()},
+            "refused": dict(self.event_sources.refused),
+        }
 
     async def _startup_checks(self) -> None:
         """``kvrouter check`` at start-up, logged (token parity is the prober's: not checked twice)."""
         assert self.session is not None
-        reports = await check_fleet(self.cfg, self.pipeline, self.session, pool=self.pool, parity=False)
+        await self.event_sources.settled(timeout_s=10.0)
+        held = (
+            {st.endpoint for st in self.subscriber.status.values() if st.mode == "bind" and st.endpoint}
+            if self.subscriber is not None
+            else set()
+        )
+        reports = await check_fleet(
+            self.cfg, self.pipeline, self.session, pool=self.pool, parity=False, held=held
+        )
         for r in reports:
             for c in r.checks:
                 level = logging.INFO if c.verdict in ("ok", "skip") else logging.WARNING
@@ -269,10 +318,11 @@ class Gateway:
                 )
 
     async def stop(self) -> None:
-        if self._checks is not None:
-            self._checks.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._checks
+        for task in (self._checks, self._watch):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self.parity.stop()
         await self.event_sources.stop()
         await self.membership.stop()

@@ -154,9 +154,13 @@ async def health(request: web.Request) -> web.Response:
         for u in gw.pool.upstreams.values()
     }
     healthy = sum(1 for u in gw.pool.upstreams.values() if u.healthy)
+    events = gw.events_state()
+    # Deaf or refused event sources leave the gateway serving (200), but never quietly: "events_degraded".
+    degraded = bool(events["deaf"] or events["refused"])
     body = {
-        "status": "ok" if healthy else "no_healthy_instance",
+        "status": ("events_degraded" if degraded else "ok") if healthy else "no_healthy_instance",
         "instances": ups,
+        "events": events,
         "index": ixs.source_state(gw.indexer, gw.subscriber),
         "block_size_mismatch": {k.label(): v for k, v in gw.indexer.block_size_mismatch.items()},
         "membership": gw.membership.state(),

@@ -36,6 +36,7 @@ import msgspec
 
 from indexer import LookupResult
 from indexer.hashing import TokenIds, request_chains
+from indexer.types import SourceKey
 
 from ..api.errors import NotFound, Overloaded, ServiceUnavailable, Unauthorized
 from ..api.kv_transfer import leg_kind
@@ -48,6 +49,7 @@ from ..routing.disagg import explain_plan
 from ..routing.response_affinity import Holder, ResponseAffinity
 from ..routing.tier_value import DEFAULT_TIER_VALUES, TierValues
 from ..types import RequestId, leg_id
+from .event_watch import EventWatch
 from .gate import CapacityGate, QueueFull
 from .metrics import PipelineMetrics
 from .parity import ParityTracker
@@ -131,6 +133,8 @@ class RequestPipeline:
         self.m = metrics
         self.remote = remote
         self.parity = parity or ParityTracker(cfg.parity)
+        self.event_watch = EventWatch(cfg.block_size)
+        """Requests that must have made their instance publish, against what its live stream brought."""
         self.affinity = ResponseAffinity(cfg.responses.affinity_ttl_s, cfg.responses.max_entries)
         self.find_response = find_response if cfg.responses.probe else None
         self.gate = CapacityGate(
@@ -487,6 +491,9 @@ class RequestPipeline:
         self._reported(p, chosen, usage)
 
     def _reported(self, p: Prepared, chosen: Candidate, usage: UsageReport | None) -> None:
+        if usage is not None:
+            src = SourceKey(chosen.instance, chosen.dp_rank)
+            self.event_watch.served(src, usage.prompt_tokens, usage.cached_tokens, time.monotonic())
         if usage is not None and usage.cached_tokens is not None:
             self.m.reported_cached.labels(chosen.target).inc(usage.cached_tokens)
             self.m.cached_error.observe(chosen.hit_tokens - usage.cached_tokens)

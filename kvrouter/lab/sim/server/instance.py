@@ -477,8 +477,8 @@ class SimInstance:
     def reset_prefix_cache(self, *, reset_running_requests: bool = False) -> bool:
         ok = True
         for rank in self.ranks:
+            # AllBlocksCleared goes out with the next step's batch (vLLM publishes only from a step)
             ok = rank.engine.reset_prefix_cache(reset_running_requests=reset_running_requests) and ok
-            rank.wake()  # the loop publishes AllBlocksCleared after any step in flight, even when idle
         return ok
 
     async def encode_chat(self, body: Mapping[str, Any]) -> list[int]:

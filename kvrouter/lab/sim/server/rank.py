@@ -152,11 +152,10 @@ class EngineRank:
         loop = asyncio.get_running_loop()
         engine, faults = self.engine, self.faults
         while True:
-            # Events queued between steps (reset_prefix_cache's AllBlocksCleared) go out here: after the
-            # previous step's batch, before the next one, so subscribers see them in engine order.
-            pending = engine.take_events()
-            if pending and self.publisher is not None:
-                self.publisher.publish(pending)
+            # Events queued between steps (reset_prefix_cache's AllBlocksCleared) stay queued and go out
+            # first in the next step's batch, as in vLLM, whose idle engine runs no step and so publishes
+            # nothing (EngineCore.step returns early without requests): a router that starts after a
+            # reset and before traffic still holds the blocks the engine dropped.
             if not engine.has_work():
                 self._wake.clear()
                 await self._wake.wait()
