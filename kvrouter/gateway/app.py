@@ -22,9 +22,11 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import aiohttp
 import msgspec
+from prometheus_client.exposition import choose_encoder
 
 from indexer import Indexer, LookupResult
 from indexer.config import InstanceConfig
@@ -34,6 +36,7 @@ from indexer.subscriber import EventSubscriber
 
 from ..api.requests import ParsedRequest
 from ..config import RouterFleetConfig
+from ..host.metric_merge import Merged
 from ..pipeline import PassThroughTokens, RequestPipeline, TokenSource
 from ..replicas import SharedState, WarmRestart, mark_restored, store_for
 from ..routing import Router
@@ -48,6 +51,9 @@ from .parity_probe import ParityProber
 from .proxy import Proxy
 from .upstream import UpstreamPool
 from .upstream_http import UpstreamHttp
+
+if TYPE_CHECKING:
+    from ..workers.scrape import HostScrape
 
 log = logging.getLogger("kvrouter.gateway")
 
@@ -137,6 +143,27 @@ class Gateway:
         snapshots, syncs with other hosts' replicas and runs the start-up fleet check."""
         self.host_state: Callable[[], dict[str, object]] | None = None
         """This worker's place on its host, for /health (None: one process)."""
+        self.host_scrape: HostScrape | None = None
+        """The host's /metrics over every worker (None: one process, its own registry)."""
+
+    def refresh_gauges(self) -> None:
+        """Gauges read at scrape time: in flight per target (the host's, with workers), the queue, tasks."""
+        load = self.router.load
+        load.refresh()
+        for key, tl in load.loads.items():
+            self.metrics.in_flight.labels(key).set(tl.effective_in_flight())
+        self.metrics.pipeline.queue_depth.set(self.pipeline.gate.waiting)
+        with contextlib.suppress(RuntimeError):  # no running loop (a snapshot taken off the loop)
+            self.metrics.loop_tasks.set(len(asyncio.all_tasks()))
+
+    async def exposition(self, accept: str | None) -> tuple[bytes, str]:
+        """``/metrics``: this process's registry, or with workers the host's merged families; OpenMetrics
+        (with exemplars) when the scraper asks for it."""
+        encoder, content_type = choose_encoder(accept or "")
+        if self.host_scrape is None:
+            self.refresh_gauges()
+            return encoder(self.metrics.registry), content_type
+        return encoder(Merged(await self.host_scrape.families())), content_type
 
     def _health_changed(self, name: str, healthy: bool) -> None:
         for t in self.pool.upstreams[name].targets():
@@ -253,6 +280,8 @@ class Gateway:
         await self.parity.start(self.session)
         if self.leader:
             self._checks = asyncio.create_task(self._startup_checks(), name="fleet-check")
+        if self.host_scrape is not None:
+            self.host_scrape.start()
 
     async def _startup_checks(self) -> None:
         """``kvrouter check`` at start-up, logged (token parity is the prober's: not checked twice)."""
@@ -268,6 +297,8 @@ class Gateway:
                 )
 
     async def stop(self) -> None:
+        if self.host_scrape is not None:
+            self.host_scrape.stop()
         if self._checks is not None:
             self._checks.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -27,7 +27,6 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from indexer import service as ixs
 
@@ -174,13 +173,9 @@ async def models(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    gw = request.app[GATEWAY]
-    for key, load in gw.router.load.loads.items():
-        gw.metrics.in_flight.labels(key).set(load.effective_in_flight())
-    gw.metrics.loop_tasks.set(len(asyncio.all_tasks()))
-    return web.Response(
-        body=generate_latest(gw.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
-    )
+    """Prometheus: one process's registry, or the host's (every worker's, merged: ``kvrouter.host``)."""
+    body, content_type = await request.app[GATEWAY].exposition(request.headers.get("Accept"))
+    return web.Response(body=body, headers={"Content-Type": content_type})
 
 
 async def fleet(request: web.Request) -> web.Response:
