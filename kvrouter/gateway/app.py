@@ -40,6 +40,7 @@ from ..host.metric_merge import Merged
 from ..pipeline import PassThroughTokens, RequestPipeline, TokenSource
 from ..replicas import SharedState, WarmRestart, mark_restored, store_for
 from ..routing import Router
+from ..telemetry import Telemetry
 from .adapters import AdapterManager
 from .disagg_proxy import DisaggProxy
 from .event_sources import EventSourceResolver
@@ -91,6 +92,7 @@ class Gateway:
             on_eject=lambda name, _span: self.metrics.ejections.labels(name).inc(),
         )
         self.tokens = tokens or PassThroughTokens()
+        self.telemetry = Telemetry(cfg.tracing, cfg.access_log)
         self.pipeline = RequestPipeline(
             cfg,
             self.router,
@@ -99,6 +101,7 @@ class Gateway:
             self.metrics.pipeline,
             remote=self.remote_lookup if remote_index else None,
             find_response=self.find_response,
+            telemetry=self.telemetry,
         )
         self.adapters = AdapterManager(self.pool, self.pipeline, cfg.lora)
         rep = cfg.replicas
@@ -316,3 +319,4 @@ class Gateway:
         self.http.close()
         if self.session:
             await self.session.close()
+        await asyncio.get_running_loop().run_in_executor(None, self.telemetry.shutdown)  # flush spans
