@@ -22,10 +22,11 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import aiohttp
 import msgspec
+from prometheus_client.core import Metric
 from prometheus_client.exposition import choose_encoder
 
 from indexer import Indexer, LookupResult
@@ -53,8 +54,16 @@ from .proxy import Proxy
 from .upstream import UpstreamPool
 from .upstream_http import UpstreamHttp
 
-if TYPE_CHECKING:
-    from ..workers.scrape import HostScrape
+
+class HostScrape(Protocol):
+    """The host's /metrics over every worker (``kvrouter.workers.scrape.HostScrape``)."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    async def families(self) -> list[Metric]: ...
+
 
 log = logging.getLogger("kvrouter.gateway")
 
