@@ -50,6 +50,14 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     )
     ap.add_argument("--no-peer", action="store_true", help="skip sglang-router")
     ap.add_argument(
+        "--tracing",
+        type=int,
+        default=0,
+        metavar="REPS",
+        help="also run one worker REPS times each with tracing off, on but not sampled, and every request "
+        "sampled (spans exported to an OTLP receiver here), interleaved: the CPU tracing adds per request",
+    )
+    ap.add_argument(
         "--baseline-src",
         default=None,
         help="also run the kvrouter whose source tree is here (one process: e.g. `git archive` of an older "
@@ -192,6 +200,8 @@ def main(a: argparse.Namespace) -> dict[str, Any]:
             f"http://127.0.0.1:{port}/livez",
             1,
         )
+    if a.tracing:
+        out["tracing"] = tracing_runs(a.tracing, harness, common)
     if not a.no_peer:
         port = free_ports((0, 1000))
         out["runs"]["sglang"] = run_sampled(
@@ -209,6 +219,74 @@ def main(a: argparse.Namespace) -> dict[str, Any]:
             if name != "sglang"
         }
     return out
+
+
+TRACING_MODES = {
+    "off": {},
+    "unsampled": {
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_TRACES_SAMPLER": "traceidratio",
+        "OTEL_TRACES_SAMPLER_ARG": "0",
+    },
+    "sampled": {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_TRACES_SAMPLER": "always_on"},
+}
+"""How each tracing run's router is configured (the standard variables, as an operator would)."""
+
+
+def tracing_runs(reps: int, harness: list[str], common: list[str]) -> dict[str, Any]:
+    """One worker with tracing off, on and unsampled, on and sampled, ``reps`` times each in turn: CPU per
+    request (the router's process tree over the whole run), medians, and the medians' differences from
+    tracing off, in microseconds."""
+    import statistics
+
+    from .otlp_sink import OtlpSink
+
+    sink = OtlpSink()
+    endpoint = sink.start()
+    cpu: dict[str, list[float]] = {m: [] for m in TRACING_MODES}
+    sent: dict[str, int] = dict.fromkeys(TRACING_MODES, 0)
+    try:
+        for _ in range(reps):
+            for mode, env in TRACING_MODES.items():
+                port = free_ports((0, 1000))
+                env = {**env, "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint} if env else env
+                prefix = "env " + " ".join(f"{k}={v}" for k, v in env.items()) + " " if env else ""
+                cmd = f"{prefix}{sys.executable} -m kvrouter.cli --log-level WARNING serve --fleet {{fleet}}"
+                cmd += " --port {port} --workers 1"
+                r = run_sampled(
+                    [
+                        *harness,
+                        "--router",
+                        "custom",
+                        "--router-cmd",
+                        cmd,
+                        *common,
+                        "--router-port",
+                        str(port),
+                    ],
+                    "kvrouter.cli",
+                    f"http://127.0.0.1:{port}/livez",
+                    1,
+                )
+                v = _g(r, "tree", "cpu_ms_per_req_run")
+                if v is not None:
+                    cpu[mode].append(v)
+                    sent[mode] += int(_g(r, "tree", "requests") or 0)
+    finally:
+        sink.stop()
+    med = {m: round(statistics.median(v), 4) if v else None for m, v in cpu.items()}
+    off = med["off"]
+    return {
+        "cpu_ms_per_req_run": cpu,
+        "median_cpu_ms_per_req": med,
+        "added_cpu_us_per_req": {
+            m: None if v is None or off is None else round((v - off) * 1e3, 1)
+            for m, v in med.items()
+            if m != "off"
+        },
+        "spans_received": sink.spans,
+        "requests_sampled_runs": sent["sampled"],
+    }
 
 
 def _ttfb_added(r: dict[str, Any]) -> float | None:

@@ -45,12 +45,22 @@ class TracingConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """``http/protobuf`` (default) or ``grpc``."""
     service_name: str = "kvrouter"
     export_timeout_s: float = 10.0
+    schedule_delay_s: float = 5.0
+    """Spans wait this long at most before they are sent (``OTEL_BSP_SCHEDULE_DELAY``, in ms there)."""
+    max_queue_size: int = 2048
+    """Spans queued at most; past it a request's spans are dropped (``OTEL_BSP_MAX_QUEUE_SIZE``)."""
+    max_export_batch_size: int = 512
+    """Spans per export request (``OTEL_BSP_MAX_EXPORT_BATCH_SIZE``)."""
 
     def validate(self) -> None:
         if not 0.0 <= self.sample_rate <= 1.0:
             raise ConfigError("tracing.sample_rate must be between 0 and 1")
         if self.protocol is not None and self.protocol not in PROTOCOLS:
             raise ConfigError(f"tracing.protocol must be one of {', '.join(PROTOCOLS)}")
+        if self.schedule_delay_s <= 0 or self.max_export_batch_size < 1 or self.max_queue_size < 1:
+            raise ConfigError(
+                "tracing: schedule_delay_s, max_queue_size and max_export_batch_size must be > 0"
+            )
 
     def with_env(self, environ: Mapping[str, str] = os.environ) -> TracingConfig:
         """The standard ``OTEL_*`` variables applied over the file's values."""
@@ -85,6 +95,18 @@ class TracingConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                 out.setdefault("protocol", environ[var].strip().lower())
         if environ.get("OTEL_SERVICE_NAME"):
             out["service_name"] = environ["OTEL_SERVICE_NAME"]
+        for var, key, scale in (
+            ("OTEL_BSP_SCHEDULE_DELAY", "schedule_delay_s", 1e-3),
+            ("OTEL_BSP_MAX_QUEUE_SIZE", "max_queue_size", 1),
+            ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "max_export_batch_size", 1),
+            ("OTEL_EXPORTER_OTLP_TIMEOUT", "export_timeout_s", 1e-3),
+        ):
+            if environ.get(var):
+                try:
+                    n = float(environ[var]) * scale
+                except ValueError:
+                    raise ConfigError(f"{var} must be a number") from None
+                out[key] = n if scale != 1 else int(n)
         cfg = msgspec.structs.replace(self, **out) if out else self
         cfg.validate()
         return cfg

@@ -1,107 +1,147 @@
-"""Spans out through the OpenTelemetry SDK: a ``TracerProvider`` with a batching processor and an OTLP
-exporter (http/protobuf or gRPC), fed the phases a finished ``RequestRecord`` holds.
+"""Spans out over OTLP: a traced request's phases, encoded when it ends, batched, and sent by the
+OpenTelemetry SDK's exporter (http/protobuf or gRPC) from a thread of their own.
 
 ::
 
-    RequestRecord (ended) ──emit──▶ tracer.start_span(start_time=..., ids preset) ... span.end(end_time)
-                                      └── BatchSpanProcessor ──(its own thread)──▶ OTLP receiver
+    request ends ──SpanSink.emit──▶ OtlpEncoder.spans ──▶ queue (bounded: full ─▶ dropped, counted)
+    export thread: every schedule delay, or at a full batch ──▶ request bytes ──▶ SDK exporter ──▶ receiver
 
-The span ids were drawn while the request ran (vLLM was told its parent's id in ``traceparent`` before
-the span existed), so the provider's id generator hands out the ids of the span being made.  One
-provider per process (a worker of ``serve --workers N`` makes its own after the fork).
+The SDK supplies what an operator configures: the resource (``OTEL_RESOURCE_ATTRIBUTES``,
+``OTEL_SERVICE_NAME``), the exporters with their endpoint, headers, TLS, compression and timeout
+(``OTEL_EXPORTER_OTLP_*``); batching follows the batch processor's variables (``OTEL_BSP_*``, read in
+``config``).  The encoding is ``otlp_wire``'s (the SDK's costs several times more per span).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+import threading
+from typing import Any, Protocol
 
-from opentelemetry import trace as otel
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
-from opentelemetry.sdk.trace.id_generator import IdGenerator
-from opentelemetry.sdk.trace.sampling import ALWAYS_ON
-from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags, TraceState
 
 from .config import TracingConfig
+from .otlp_wire import OtlpEncoder
 from .record import RequestRecord
 
 log = logging.getLogger("kvrouter.telemetry")
 
-_KINDS = {"internal": SpanKind.INTERNAL, "server": SpanKind.SERVER, "client": SpanKind.CLIENT}
+
+class SpanSender(Protocol):
+    """Sends one encoded ``ExportTraceServiceRequest``; True when the receiver took it."""
+
+    def send(self, payload: bytes) -> bool: ...
+
+    def shutdown(self) -> None: ...
 
 
-class _PresetIds(IdGenerator):
-    """The ids of the span being made (set just before ``start_span``; one thread emits)."""
+class _HttpSender:
+    def __init__(self, cfg: TracingConfig) -> None:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    def __init__(self) -> None:
-        self.trace_id = 0
-        self.span_id = 0
+        self.exporter = OTLPSpanExporter(endpoint=cfg.traces_endpoint, timeout=cfg.export_timeout_s)
 
-    def generate_span_id(self) -> int:
-        return self.span_id
+    def send(self, payload: bytes) -> bool:
+        return bool(self.exporter._client.export(payload).success)
 
-    def generate_trace_id(self) -> int:
-        return self.trace_id
-
-
-def otlp_exporter(cfg: TracingConfig) -> SpanExporter:
-    """The OTLP exporter the configuration names (the SDK reads the other ``OTEL_EXPORTER_OTLP_*``)."""
-    if cfg.protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as Grpc
-
-        return Grpc(endpoint=cfg.endpoint, insecure=_insecure(cfg.endpoint), timeout=cfg.export_timeout_s)
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as Http
-
-    return Http(endpoint=cfg.traces_endpoint, timeout=cfg.export_timeout_s)
+    def shutdown(self) -> None:
+        self.exporter.shutdown()
 
 
-def _insecure(endpoint: str | None) -> bool | None:
-    if endpoint is None:
-        return None
-    return endpoint.startswith("http://") or "://" not in endpoint
+class _GrpcSender:
+    def __init__(self, cfg: TracingConfig) -> None:
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        class Exporter(OTLPSpanExporter):
+            def _translate_data(self, data: Any) -> ExportTraceServiceRequest:
+                return ExportTraceServiceRequest.FromString(data)  # already encoded (upb parses in C)
+
+        e = cfg.endpoint
+        insecure = None if e is None else e.startswith("http://") or "://" not in e
+        self.exporter = Exporter(endpoint=e, insecure=insecure, timeout=cfg.export_timeout_s)
+        self._ok = SpanExportResult.SUCCESS
+
+    def send(self, payload: bytes) -> bool:
+        return bool(self.exporter.export(payload) == self._ok)  # type: ignore[arg-type]
+
+    def shutdown(self) -> None:
+        self.exporter.shutdown()
+
+
+def otlp_sender(cfg: TracingConfig) -> SpanSender:
+    return _GrpcSender(cfg) if cfg.protocol == "grpc" else _HttpSender(cfg)
 
 
 class SpanSink:
-    """Turns finished records into SDK spans and exports them."""
-
-    def __init__(self, cfg: TracingConfig, exporter: SpanExporter | None = None) -> None:
-        self._ids = _PresetIds()
-        self.provider = TracerProvider(
-            resource=Resource.create({"service.name": cfg.service_name}),
-            id_generator=self._ids,
-            sampler=ALWAYS_ON,  # the request path already decided: only traced records come here
-        )
-        self.provider.add_span_processor(BatchSpanProcessor(exporter or otlp_exporter(cfg)))
-        self.tracer = self.provider.get_tracer("kvrouter")
+    def __init__(self, cfg: TracingConfig, sender: SpanSender | None = None) -> None:
+        self.cfg = cfg
+        resource = Resource.create({"service.name": cfg.service_name})
+        self.encoder = OtlpEncoder(dict(resource.attributes))
+        self.sender = sender or otlp_sender(cfg)
+        self._pending: list[bytes] = []
+        self._cv = threading.Condition()
+        self._flushing = 0
+        self._busy = False
+        self._stop = False
         self.emitted = 0
+        self.dropped = 0
+        self.sent = 0
+        self.failed = 0
+        self._thread = threading.Thread(target=self._run, name="kvrouter-otlp", daemon=True)
+        self._thread.start()
 
     def emit(self, rec: RequestRecord) -> None:
-        ids, tracer = self._ids, self.tracer
-        ids.trace_id = rec.trace_id
-        ctx: Any = None
-        if rec.parent is not None:
-            t, s, sampled = rec.parent
-            state = TraceState.from_header([rec.tracestate]) if rec.tracestate else None
-            remote = SpanContext(t, s, True, TraceFlags(TraceFlags.SAMPLED if sampled else 0), state)
-            ctx = otel.set_span_in_context(NonRecordingSpan(remote))
-        root = rec.root
-        ids.span_id = root.span_id
-        made = {
-            root.span_id: tracer.start_span(
-                root.name, ctx, _KINDS[root.kind], root.attrs, start_time=root.start_ns
-            )
-        }
-        for ph in rec.phases:
-            parent = made.get(ph.parent if ph.parent is not None else root.span_id, made[root.span_id])
-            ids.span_id = ph.span_id
-            made[ph.span_id] = span = tracer.start_span(
-                ph.name, otel.set_span_in_context(parent), _KINDS[ph.kind], ph.attrs, start_time=ph.start_ns
-            )
-            span.end(ph.end_ns or root.end_ns)
-        made[root.span_id].end(root.end_ns)
+        spans = self.encoder.spans(rec)
+        with self._cv:
+            if len(self._pending) + len(spans) > self.cfg.max_queue_size:
+                self.dropped += len(spans)
+                return
+            self._pending.extend(spans)
+            if len(self._pending) >= self.cfg.max_export_batch_size:
+                self._cv.notify()
         self.emitted += 1
 
+    def _run(self) -> None:
+        batch = self.cfg.max_export_batch_size
+        while True:
+            with self._cv:
+                if not self._stop and not self._flushing and len(self._pending) < batch:
+                    self._cv.wait(self.cfg.schedule_delay_s)
+                take, self._pending = self._pending[:batch], self._pending[batch:]
+                stop = self._stop and not self._pending
+                self._busy = bool(take)
+            if take:
+                try:
+                    ok = self.sender.send(self.encoder.request(take))
+                except Exception:  # the exporter's failure is never the request path's
+                    log.exception("span export failed")
+                    ok = False
+                if ok:
+                    self.sent += len(take)
+                else:
+                    self.failed += len(take)
+            with self._cv:
+                self._busy = False
+                if not self._pending and self._flushing:
+                    self._cv.notify_all()
+            if stop:
+                return
+
+    def force_flush(self, timeout_s: float = 30.0) -> bool:
+        """Send what is queued now (blocking: call off the event loop)."""
+        with self._cv:
+            self._flushing += 1
+            self._cv.notify_all()
+            try:
+                return self._cv.wait_for(lambda: not self._pending and not self._busy, timeout_s)
+            finally:
+                self._flushing -= 1
+
     def shutdown(self) -> None:
-        self.provider.shutdown()
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        self._thread.join(self.cfg.export_timeout_s + 5)
+        self.sender.shutdown()

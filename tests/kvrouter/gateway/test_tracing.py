@@ -51,7 +51,7 @@ async def fleet() -> AsyncIterator[SimFleet]:
 async def flushed(gw: Gateway, rx: OtlpReceiver, trace_id: str, at_least: int) -> list[Span]:
     sink = gw.telemetry.sink
     assert sink is not None
-    await asyncio.get_running_loop().run_in_executor(None, sink.provider.force_flush)
+    await asyncio.get_running_loop().run_in_executor(None, sink.force_flush)
     await until(lambda: len(rx.trace(trace_id)) >= at_least, 20, f"{at_least} spans of trace {trace_id}")
     return rx.trace(trace_id)
 
