@@ -42,6 +42,7 @@ from ..pipeline import PassThroughTokens, RequestPipeline, TokenSource
 from ..replicas import SharedState, WarmRestart, mark_restored, store_for
 from ..routing import Router
 from ..telemetry import Telemetry
+from ..telemetry.metrics import TelemetryCollector
 from .adapters import AdapterManager
 from .disagg_proxy import DisaggProxy
 from .event_sources import EventSourceResolver
@@ -102,6 +103,7 @@ class Gateway:
         )
         self.tokens = tokens or PassThroughTokens()
         self.telemetry = Telemetry(cfg.tracing, cfg.access_log)
+        self.metrics.registry.register(TelemetryCollector(self.telemetry))
         self.pipeline = RequestPipeline(
             cfg,
             self.router,

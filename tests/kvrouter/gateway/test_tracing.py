@@ -138,6 +138,10 @@ async def test_one_trace_from_the_client_through_the_router_into_vllm(fleet: Sim
             async with s.get(f"{base}/metrics", headers={"Accept": "application/openmetrics-text"}) as r:
                 assert r.status == 200
                 text = await r.text()
+            sent = [
+                ln for ln in text.splitlines() if ln.startswith('kvrouter_trace_spans_total{result="sent"}')
+            ]
+            assert sent and float(sent[0].split()[1]) >= 18
             for family in (
                 "kvrouter_upstream_ttft_seconds_bucket",
                 "kvrouter_routing_decision_seconds_bucket",
