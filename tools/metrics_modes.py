@@ -20,7 +20,7 @@ import tempfile
 import time
 
 
-def request_updates(m, target: str, i: int) -> None:  # noqa: ANN001 - GatewayMetrics, imported late
+def request_updates(m, target: str, i: int) -> None:
     """What one routed, streamed request records (``pipeline`` + ``proxy``)."""
     p = m.pipeline
     p.decisions.labels("kv-aware", "cache").inc()

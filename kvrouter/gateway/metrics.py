@@ -56,7 +56,7 @@ class GatewayMetrics:
         )
         self.worker = Gauge(
             "kvrouter_worker",
-            "1 per worker of the host, labelled with it (kvrouter serve --workers N: every scrape shows them all)",
+            "1 per worker of the host, labelled with it (serve --workers N: every scrape shows them all)",
             ["worker"],
             registry=r,
         )
