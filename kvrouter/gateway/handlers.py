@@ -162,7 +162,14 @@ async def health(request: web.Request) -> web.Response:
         "token_parity": gw.pipeline.parity.state(),
     }
     if gw.host_state is not None:
-        body["worker"] = gw.host_state()
+        # This worker's own answers (its /metrics shows the host's): how the kernel spread connections.
+        answered = {
+            f"{s.labels['route']} {s.labels['status']}": int(s.value)
+            for fam in gw.metrics.requests.collect()
+            for s in fam.samples
+            if s.name.endswith("_total")
+        }
+        body["worker"] = {**gw.host_state(), "answered": answered}
     return web.json_response(body, status=200 if healthy else 503)
 
 

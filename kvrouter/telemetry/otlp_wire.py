@@ -27,6 +27,8 @@ _KIND = {"internal": b"\x30\x01", "server": b"\x30\x02", "client": b"\x30\x03"}
 _FLAGS_LOCAL = b"\x85\x01" + struct.pack("<I", 0x100)  # flags (16): the parent's remoteness is known: local
 _FLAGS_REMOTE = b"\x85\x01" + struct.pack("<I", 0x300)  # ... and remote (the client's span)
 _EMPTY_STATUS = b"\x7a\x00"  # status (15), unset
+_SMALL = [bytes((i,)) for i in range(0x80)]
+"""One-byte varints."""
 
 
 def varint(n: int) -> bytes:
@@ -73,13 +75,30 @@ class OtlpEncoder:
         self._scope = field(0x0A, field(0x0A, scope.encode()))  # ScopeSpans.scope (1) . name (1)
 
     def attributes(self, tag: int, attrs: Mapping[str, Any]) -> bytes:
-        keys = self._keys
+        """Repeated KeyValue under field ``tag`` (the common scalar values written inline: this runs for
+        every attribute of every traced request)."""
+        keys, small = self._keys, _SMALL
+        head = small[tag]
         out = []
         for k, v in attrs.items():
             kb = keys.get(k)
             if kb is None:
                 kb = keys[k] = field(0x0A, k.encode())
-            out.append(field(tag, kb + field(0x12, any_value(v))))
+            t = type(v)
+            if t is str:
+                b = v.encode()
+                n = len(b)
+                inner = b"\x0a" + small[n] + b if n < 0x80 else any_value(v)
+            elif t is int:
+                inner = b"\x18" + (small[v] if 0 <= v < 0x80 else varint(v))
+            elif t is float:
+                inner = b"\x21" + _D64(v)
+            else:
+                inner = any_value(v)
+            n = len(inner)
+            kv = kb + b"\x12" + small[n] + inner if n < 0x80 else kb + field(0x12, inner)
+            n = len(kv)
+            out.append(head + small[n] + kv if n < 0x80 else field(tag, kv))
         return b"".join(out)
 
     def _span(self, ph: Phase, head: bytes, parent: int | None, remote: bool) -> bytes:

@@ -26,7 +26,7 @@ TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"
 
 Attrs = dict[str, Any]
-_OWN_KEYS = ("route", "status")
+_ROOT_FACTS = ("model", "tenant", "request_id", "instance", "prefill_instance", "attempts")
 
 
 class Phase:
@@ -166,15 +166,14 @@ class RequestRecord:
         self.root.end_ns = now
         self.facts["status"] = status
         self.facts["duration_ms"] = round((now - self.start_ns) / 1e6, 3)
-        self.root.attrs.update(
-            {
-                f"kvrouter.{k}": v
-                for k, v in self.facts.items()
-                if k not in ("route", "status") and v is not None
-            }
-        )
-        self.root.attrs["http.route"] = self.route
-        self.root.attrs["http.response.status_code"] = status
+        f = self.facts
+        attrs = self.root.attrs
+        attrs["http.route"] = self.route
+        attrs["http.response.status_code"] = status
+        for k in _ROOT_FACTS:  # the rest is on the steps' own spans
+            v = f.get(k)
+            if v is not None:
+                attrs[f"kvrouter.{k}"] = v
 
     @property
     def trace_hex(self) -> str:
