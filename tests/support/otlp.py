@@ -80,3 +80,34 @@ async def otlp_receiver() -> AsyncIterator[tuple[OtlpReceiver, str]]:
         yield rx, str(server.make_url("")).rstrip("/")
     finally:
         await server.close()
+
+
+@asynccontextmanager
+async def otlp_grpc_receiver() -> AsyncIterator[tuple[OtlpReceiver, str]]:
+    """The same receiver over OTLP/gRPC (``TraceService/Export``); yields it and ``127.0.0.1:PORT``."""
+    import grpc
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+
+    rx = OtlpReceiver()
+
+    class Service(trace_service_pb2_grpc.TraceServiceServicer):
+        async def Export(
+            self, request: ExportTraceServiceRequest, context: Any
+        ) -> ExportTraceServiceResponse:
+            rx.requests += 1
+            rx.bodies.append(request.SerializeToString())
+            for rs in request.resource_spans:
+                attrs = {a.key: value(a.value) for a in rs.resource.attributes}
+                for ss in rs.scope_spans:
+                    for s in ss.spans:
+                        rx.spans.append(Span(s, attrs.get("service.name", "")))
+            return ExportTraceServiceResponse()
+
+    server = grpc.aio.server()
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Service(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        yield rx, f"127.0.0.1:{port}"
+    finally:
+        await server.stop(1)

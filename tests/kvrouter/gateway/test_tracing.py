@@ -19,7 +19,7 @@ from kvrouter.gateway import Gateway
 from kvrouter.sim.server.fleet import SimFleet, SimFleetConfig, parse_roles
 from kvrouter.telemetry import parse_traceparent, traceparent
 from tests.support.gateway import MODEL, gateway, sim_fleet
-from tests.support.otlp import OtlpReceiver, Span, otlp_receiver
+from tests.support.otlp import OtlpReceiver, Span, otlp_grpc_receiver, otlp_receiver
 from tests.support.wait import until
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -251,3 +251,22 @@ async def test_each_leg_of_a_disaggregated_request_is_a_span(pd_fleet: SimFleet)
             assert {pre.span_id, dec.span_id} == {f"{x[1]:016x}" for x in legs}
             assert pre.end_ns <= dec.start_ns  # the decode leg follows its prefill leg
             assert pre.parent_id == dec.parent_id == names["kvrouter.request"][0].span_id
+
+
+async def test_export_over_grpc(fleet: SimFleet) -> None:
+    rng = random.Random(8)
+    async with otlp_grpc_receiver() as (rx, endpoint):
+        tracing = {"tracing": {"enabled": True, "sample_rate": 1.0, "endpoint": endpoint, "protocol": "grpc"}}
+        async with gateway(fleet, **tracing) as (gw, base), aiohttp.ClientSession() as s:
+            forget(fleet)
+            async with s.post(f"{base}/v1/chat/completions", json=chat(rng)) as r:
+                assert r.status == 200
+            (only,) = received(fleet)
+            tp = parse_traceparent(only)
+            assert tp is not None
+            spans = await flushed(gw, rx, f"{tp[0]:032x}", 9)
+            assert {x.name for x in spans} >= {
+                "kvrouter.request",
+                "kvrouter.decision",
+                "kvrouter.upstream.whole",
+            }
