@@ -5,13 +5,16 @@ and once the load is over the sums are the requests sent."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.kvrouter.workers.test_serve_workers import HeldFleet, body, fresh, serve
+from tests.kvrouter.workers.test_serve_workers import HeldFleet, body, children, fresh, serve
+from tests.support.wait import until
 
 REQUESTS = 240
 SCRAPES = 50
@@ -47,7 +50,7 @@ def total(text: str, name: str, **labels: str) -> float:
 
 
 async def test_scrapes_of_two_workers_add_up_and_never_go_down(tmp_path: Path) -> None:
-    async with HeldFleet(3) as fleet, serve(tmp_path, fleet.fleet()) as (base, _):
+    async with HeldFleet(3) as fleet, serve(tmp_path, fleet.fleet()) as (base, pid):
         fleet.release.set()  # the instances answer at once
         sem = asyncio.Semaphore(16)
 
@@ -91,3 +94,13 @@ async def test_scrapes_of_two_workers_add_up_and_never_go_down(tmp_path: Path) -
         # Each worker's own event loop is shown under its label.
         tasks = {dict(lab)["worker"] for _, n, lab, _ in samples(text) if n == "kvrouter_event_loop_tasks"}
         assert tasks == {"0", "1"}
+
+        # A worker killed: the host goes on showing what it counted (its replacement starts from it).
+        victim = children(pid)[1]
+        os.kill(victim, signal.SIGKILL)
+        await until(lambda: len(children(pid)) == 2 and victim not in children(pid), 30, "worker replaced")
+        for _ in range(10):
+            st, text = await scrape(base)
+            assert st == 200
+            assert total(text, "kvrouter_requests_total", route="/v1/completions", status="200") == REQUESTS
+            assert total(text, "kvrouter_upstream_ttft_seconds_count") == REQUESTS
