@@ -96,6 +96,7 @@ async def test_one_trace_from_the_client_through_the_router_into_vllm(fleet: Sim
             roots = names["kvrouter.request"]
             assert len(roots) == 2
             assert all(r.parent_id == f"{client_span:016x}" for r in roots)  # the client's span is its parent
+            assert all(x.raw.trace_state == "vendor=x1" for x in roots)  # the client's tracestate kept
             assert all(r.service == "kvrouter" and r.kind == 2 for r in roots)  # SERVER
             root_ids = {r.span_id for r in roots}
             for name in ("kvrouter.parse", "kvrouter.tokenize", "kvrouter.index_lookup", "kvrouter.decision"):
