@@ -233,17 +233,29 @@ TRACING_MODES = {
 """How each tracing run's router is configured (the standard variables, as an operator would)."""
 
 
+TRACING_MEASURES = {
+    "run": ("tree", "cpu_ms_per_req_run"),
+    "sequential": ("sequential", "router_cpu_ms_per_req_seq"),
+    "small_32": ("throughput", "router_small", "router_cpu_ms_per_req"),
+    "big_32": ("throughput", "router_big", "router_cpu_ms_per_req"),
+}
+"""CPU per request as the harness and the tree sampler read it: over the whole run (every process of the
+tree, background work included), the sequential phase, and the 32-concurrent phases (small, 9 KB)."""
+
+
 def tracing_runs(reps: int, harness: list[str], common: list[str]) -> dict[str, Any]:
     """One worker with tracing off, on and unsampled, on and sampled, ``reps`` times each in turn: CPU per
-    request (the router's process tree over the whole run), medians, and the medians' differences from
-    tracing off, in microseconds."""
+    request by each measure; the medians, and the median over reps of each mode's difference from the
+    tracing-off run of the same rep (paired: the machine's load drifts between reps), in microseconds."""
     import statistics
 
     from .otlp_sink import OtlpSink
 
     sink = OtlpSink()
     endpoint = sink.start()
-    cpu: dict[str, list[float]] = {m: [] for m in TRACING_MODES}
+    cpu: dict[str, dict[str, list[float | None]]] = {
+        m: {k: [] for k in TRACING_MEASURES} for m in TRACING_MODES
+    }
     sent: dict[str, int] = dict.fromkeys(TRACING_MODES, 0)
     try:
         for _ in range(reps):
@@ -268,22 +280,30 @@ def tracing_runs(reps: int, harness: list[str], common: list[str]) -> dict[str, 
                     f"http://127.0.0.1:{port}/livez",
                     1,
                 )
-                v = _g(r, "tree", "cpu_ms_per_req_run")
-                if v is not None:
-                    cpu[mode].append(v)
-                    sent[mode] += int(_g(r, "tree", "requests") or 0)
+                for k, path in TRACING_MEASURES.items():
+                    cpu[mode][k].append(_g(r, *path))
+                sent[mode] += int(_g(r, "tree", "requests") or 0)
     finally:
         sink.stop()
-    med = {m: round(statistics.median(v), 4) if v else None for m, v in cpu.items()}
-    off = med["off"]
+
+    def med(v: list[float | None]) -> float | None:
+        got = [x for x in v if x is not None]
+        return round(statistics.median(got), 4) if got else None
+
+    added: dict[str, dict[str, float | None]] = {}
+    for mode in ("unsampled", "sampled"):
+        added[mode] = {}
+        for k in TRACING_MEASURES:
+            pairs = [
+                (a - b) * 1e3
+                for a, b in zip(cpu[mode][k], cpu["off"][k], strict=True)
+                if a is not None and b is not None
+            ]
+            added[mode][k] = round(statistics.median(pairs), 1) if pairs else None
     return {
-        "cpu_ms_per_req_run": cpu,
-        "median_cpu_ms_per_req": med,
-        "added_cpu_us_per_req": {
-            m: None if v is None or off is None else round((v - off) * 1e3, 1)
-            for m, v in med.items()
-            if m != "off"
-        },
+        "cpu_ms_per_req": cpu,
+        "median_cpu_ms_per_req": {m: {k: med(v) for k, v in by.items()} for m, by in cpu.items()},
+        "added_cpu_us_per_req_paired_median": added,
         "spans_received": sink.spans,
         "requests_sampled_runs": sent["sampled"],
     }
