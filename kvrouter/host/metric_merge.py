@@ -50,7 +50,6 @@ GAUGES: dict[str, Merge] = {
     "kvrouter_shared_state_peers": Merge.LEADER,
     "kvrouter_index_snapshot_bytes": Merge.LEADER,
     "kvrouter_epp_open_streams": Merge.SUM,
-    "kvrouter_requests_held": Merge.HOST,
 }
 """Gauges with a host-wide meaning; any other gauge is per worker (labelled)."""
 

@@ -53,6 +53,7 @@ from .gate import CapacityGate, QueueFull
 from .metrics import PipelineMetrics
 from .parity import ParityTracker
 from .tokens import TokenSource
+from .trace_steps import trace_decision, trace_plan, usage_attrs
 
 SAGEMAKER_AFFINITY = "X-Amzn-SageMaker-Prefix-Aware-Id"
 _T = TypeVar("_T")
@@ -456,22 +457,7 @@ class RequestPipeline:
             shadow=shadow,
         )
         if rec is not None:
-            # The planner looks the prompt up once and ranks both pools: one span for the lookup and
-            # both decisions (the decode pool's below, the prefill pool's as ``kvrouter.prefill.*``).
-            trace_decision(rec, plan.decode, ns0, ns0, time.time_ns())
-            ph = rec.phases[-1]
-            ph.attrs.update(
-                {"kvrouter.pd": "split" if plan.split else "whole", "kvrouter.pd.reason": plan.reason}
-            )
-            pre = plan.prefill
-            if pre is not None and pre.chosen is not None:
-                ph.attrs.update(
-                    {
-                        "kvrouter.prefill.chosen": pre.chosen.target,
-                        "kvrouter.prefill.score": float(pre.chosen.score),
-                        "kvrouter.prefill.cached_tokens": pre.chosen.hit_tokens,
-                    }
-                )
+            trace_plan(rec, plan, ns0, time.time_ns())
         return plan
 
     async def admit_plan(self, p: Prepared) -> PDPlan:
@@ -533,7 +519,7 @@ class RequestPipeline:
         self.gate.release()  # (the gate keeps the queue-depth gauge)
         self._reported(p, chosen, usage)
         if p.rec is not None:
-            p.rec.upstream_ended(**_usage_attrs(usage))
+            p.rec.upstream_ended(**usage_attrs(usage))
 
     def reroute(self, p: Prepared, tried: Collection[str]) -> Candidate | None:
         """The next-best target after failed attempts on ``tried`` (None: no other, or all at their cap)."""
@@ -621,7 +607,7 @@ class RequestPipeline:
         self.gate.release()  # (the gate keeps the queue-depth gauge)
         self._reported(p, chosen, usage)
         if p.rec is not None:
-            p.rec.upstream_ended(**_usage_attrs(usage))
+            p.rec.upstream_ended(**usage_attrs(usage))
 
     def _reported(self, p: Prepared, chosen: Candidate, usage: UsageReport | None) -> None:
         if usage is not None and usage.cached_tokens is not None:
@@ -641,56 +627,6 @@ class RequestPipeline:
     def released(self) -> None:
         """Capacity was freed outside a request (an instance became healthy): wake a waiting request."""
         self.gate.release()
-
-
-def _usage_attrs(usage: UsageReport | None) -> dict[str, int]:
-    if usage is None:
-        return {}
-    out = {}
-    for key, v in (
-        ("gen_ai.usage.input_tokens", usage.prompt_tokens),
-        ("gen_ai.usage.output_tokens", usage.completion_tokens),
-        ("kvrouter.reported_cached_tokens", usage.cached_tokens),
-    ):
-        if v is not None:
-            out[key] = v
-    return out
-
-
-def trace_decision(rec: RequestRecord, d: Decision, ns0: int, ns1: int, ns2: int) -> None:
-    """The index lookup (``ns0``..``ns1``: matched blocks per tier, of the best-matching candidate and of
-    the chosen one) and the ranking (``ns1``..``ns2``: policy, choice, runner-up, their scores)."""
-    best = max(d.ranked, key=lambda c: c.matched_blocks, default=None)
-    look: dict[str, Any] = {"kvrouter.candidates": len(d.ranked)}
-    if best is not None:
-        look["kvrouter.matched_blocks"] = best.matched_blocks
-        look["kvrouter.matched_target"] = best.target
-        for tier, n in {"GPU": best.gpu_blocks, "speculative": best.speculative_blocks, **best.tiers}.items():
-            look[f"kvrouter.matched_blocks.{tier}"] = n
-    rec.phase("kvrouter.index_lookup", ns0, ns1, look)
-    attrs: dict[str, Any] = {"kvrouter.policy": d.policy, "kvrouter.reason": d.reason}
-    if d.chosen is not None:
-        c = d.chosen
-        attrs.update(
-            {
-                "kvrouter.chosen": c.target,
-                "kvrouter.chosen.score": float(c.score),
-                "kvrouter.chosen.cached_tokens": c.hit_tokens,
-                "kvrouter.chosen.in_flight": c.in_flight,
-            }
-        )
-        for tier, n in {"GPU": c.gpu_blocks, "speculative": c.speculative_blocks, **c.tiers}.items():
-            attrs[f"kvrouter.chosen.blocks.{tier}"] = n
-        runner = next((r for r in d.ranked if r is not c), None)
-        if runner is not None:
-            attrs.update(
-                {
-                    "kvrouter.runner_up": runner.target,
-                    "kvrouter.runner_up.score": float(runner.score),
-                    "kvrouter.runner_up.cached_tokens": runner.hit_tokens,
-                }
-            )
-    rec.phase("kvrouter.decision", ns1, ns2, attrs)
 
 
 def explain(
