@@ -50,6 +50,15 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     )
     ap.add_argument("--no-peer", action="store_true", help="skip sglang-router")
     ap.add_argument(
+        "--tracing-ab",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="CPU per request of tracing, A/B in running routers: ROUNDS rounds of a phase each on a router "
+        "with tracing off, and on a router with tracing on without and with a sampled traceparent",
+    )
+    ap.add_argument("--tracing-ab-requests", type=int, default=800, help="requests per phase")
+    ap.add_argument(
         "--tracing",
         type=int,
         default=0,
@@ -202,6 +211,10 @@ def main(a: argparse.Namespace) -> dict[str, Any]:
         )
     if a.tracing:
         out["tracing"] = tracing_runs(a.tracing, harness, common)
+    if a.tracing_ab:
+        from .tracing_ab import tracing_ab
+
+        out["tracing_ab"] = tracing_ab(a.tracing_ab, a.tracing_ab_requests, py, Path(d) / "fakeworker.py")
     if not a.no_peer:
         port = free_ports((0, 1000))
         out["runs"]["sglang"] = run_sampled(
