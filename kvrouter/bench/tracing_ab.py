@@ -8,12 +8,14 @@ cost looked for; phases of a few seconds, interleaved, see the same load.
     router OFF: kvrouter serve --workers 1, tracing off
     router ON:  kvrouter serve --workers 1, OTEL_TRACES_EXPORTER=otlp, sampler parentbased_always_off
                 (a request is traced when its traceparent is sampled), spans to an OTLP receiver here
-    each round: OFF (no traceparent) │ ON, unsampled (an unsampled traceparent) │ ON, sampled (a sampled one)
+    each round: OFF (no traceparent) │ ON, none (no traceparent: the path of a request tracing passes by)
+                │ ON, unsampled (an unsampled traceparent) │ ON, sampled (a sampled one)
                 each phase: N chat requests, 8 concurrent, on-CPU time of the router's every thread
                 (/proc/PID/task/*/schedstat, nanoseconds) over the phase / N
 
-Reported: the median over rounds of each phase's CPU per request, and of its difference from the OFF
-phase of the same round.
+Reported: the median over rounds of each phase's CPU per request, and of its difference from the same
+round's OFF phase (another process: its placement on the cores differs) and ON-none phase (the same
+process: what tracing adds to a request, the process's own costs cancelled).
 """
 
 from __future__ import annotations
@@ -82,7 +84,7 @@ async def _phase(base: str, pid: int, n: int, mode: str, rng: random.Random, sys
     async with aiohttp.ClientSession(connector=conn) as s:
 
         async def one(i: int) -> None:
-            h = {} if mode == "off" else {"traceparent": _traceparent(rng, mode == "sampled")}
+            h = {} if mode in ("off", "none") else {"traceparent": _traceparent(rng, mode == "sampled")}
             body = {
                 "model": _MODEL,
                 "max_tokens": 8,
@@ -149,9 +151,10 @@ def tracing_ab(rounds: int, n: int, peer_python: Path, fakeworker: Path) -> dict
                 await _ready(base + "/livez")
             rng = random.Random(7)
             system = " ".join(f"word{rng.randint(0, 5000)}" for _ in range(300))
-            got: dict[str, list[float]] = {"off": [], "unsampled": [], "sampled": []}
-            for _ in range(rounds):
-                for mode, router in (("off", "off"), ("unsampled", "on"), ("sampled", "on")):
+            got: dict[str, list[float]] = {"off": [], "none": [], "unsampled": [], "sampled": []}
+            order = [("off", "off"), ("none", "on"), ("unsampled", "on"), ("sampled", "on")]
+            for k in range(rounds):
+                for mode, router in order[k % 4 :] + order[: k % 4]:  # each mode first in turn
                     base, pid = routers[router]
                     got[mode].append(await _phase(base, pid, n, mode, rng, system))
             return got
@@ -174,8 +177,14 @@ def tracing_ab(rounds: int, n: int, peer_python: Path, fakeworker: Path) -> dict
         "cpu_us_per_req": us,
         "median_cpu_us_per_req": {m: round(statistics.median(v), 1) for m, v in us.items()},
         "added_cpu_us_per_req_paired_median": {
-            m: round(statistics.median(a - b for a, b in zip(us[m], us["off"], strict=True)), 1)
-            for m in ("unsampled", "sampled")
+            f"{m}-{base}": round(statistics.median(a - b for a, b in zip(us[m], us[base], strict=True)), 1)
+            for m, base in (
+                ("none", "off"),
+                ("unsampled", "off"),
+                ("sampled", "off"),
+                ("unsampled", "none"),
+                ("sampled", "none"),
+            )
         },
         "spans_received": sink.spans,
     }
