@@ -21,6 +21,8 @@
     gateway: {request_timeout_s: 600, first_byte_timeout_s: 60, max_retries: 2, admin_token: null}
     responses: {affinity_ttl_s: 86400, max_entries: 500000, probe: true}
     lora: {load_on_demand: false, adapters: {sql-lora: {path: /adapters/sql, base: llama}}}
+    tracing: {enabled: false, sample_rate: 0.01, endpoint: null}   # and the OTEL_* variables
+    access_log: {enabled: false, sample_rate: 1.0}
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from .routing import DisaggSettings, PolicyName, policy_name
 from .routing.policies import KvAwareSettings, PolicySettings, PrefixHashSettings, SessionSettings
 from .routing.router import RouterConfig
 from .routing.tier_value import tier_values
+from .telemetry.config import AccessLogConfig, TracingConfig
 
 
 class ModelConfig(msgspec.Struct, frozen=True):
@@ -215,6 +218,10 @@ class RouterFleetConfig(FleetConfig, frozen=True, forbid_unknown_fields=True):
     """Stored Responses API answers: which instance holds each id."""
     lora: LoraConfig = LoraConfig()
     """LoRA adapters the gateway may load on demand."""
+    tracing: TracingConfig = TracingConfig()
+    """OpenTelemetry traces of sampled requests, exported over OTLP (the ``OTEL_*`` variables apply)."""
+    access_log: AccessLogConfig = AccessLogConfig()
+    """One structured line per request (or per sampled request) on the ``kvrouter.access`` logger."""
 
     def served_models(self) -> list[str | None]:
         """Every model name the fleet serves, after None (the fleet's default tokenizer): what a gateway
@@ -234,6 +241,8 @@ class RouterFleetConfig(FleetConfig, frozen=True, forbid_unknown_fields=True):
         self.membership.validate()
         self.parity.validate()
         self.responses.validate()
+        self.tracing.validate()
+        self.access_log.validate()
         if self.discovery is not None:
             self.discovery.validate()
         for name in [self.routing.policy, *(m.policy for m in self.models.values() if m.policy)]:
@@ -280,4 +289,8 @@ class RouterFleetConfig(FleetConfig, frozen=True, forbid_unknown_fields=True):
 
 def load_router_fleet(path: str | Path) -> RouterFleetConfig:
     cfg = parse_fleet(load_yaml(path), RouterFleetConfig)
-    return msgspec.structs.replace(cfg, replicas=cfg.replicas.with_env())
+    try:
+        tracing = cfg.tracing.with_env()
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    return msgspec.structs.replace(cfg, replicas=cfg.replicas.with_env(), tracing=tracing)

@@ -75,6 +75,9 @@ class ParsedRequest(msgspec.Struct):
     store: bool = True
     """Responses: the client asks the instance to store the answer (vLLM's default)."""
     modified: bool = False
+    reused_tokens: int | None = None
+    """Leading tokens the tokenizer cache reused when the router tokenized it (None: not tokenized by
+    the tokenizer cache): what a trace shows as the tokenize step's cache hit."""
 
     def prefix_text(self) -> str:
         return prefix_text(self.messages, self.prompt)

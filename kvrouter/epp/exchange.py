@@ -29,6 +29,7 @@ from ..api.requests import Kind
 from ..api.usage import UsageWatcher
 from ..pipeline import Prepared
 from ..routing import Candidate, Decision
+from ..telemetry import RequestRecord
 from . import protocol as pr
 
 if TYPE_CHECKING:
@@ -87,6 +88,10 @@ class Exchange:
         self._watcher = UsageWatcher(self._response_id)
         self._dispatched_at = 0.0
         self.status: int | None = None
+        self.rec: RequestRecord | None = None
+        """This request's trace and access-log facts (None: neither traced nor logged)."""
+        self._refused: int | None = None
+        self._body_ns = 0
 
     # ------------------------------------------------------------------ the stream
     async def handle(self, msg: ProcessingRequest) -> list[ProcessingResponse]:
@@ -113,10 +118,15 @@ class Exchange:
             self.picker.pipeline.finished(self.prepared, self.serving, None)
             self.serving = None
         self._held.close()
+        status = self._refused or self.status or 499  # no answer at all: the client or Envoy went away
+        self.picker.pipeline.end(self.rec, status)
 
     # ------------------------------------------------------------------ request path
     async def _request_headers(self, msg: ProcessingRequest) -> list[ProcessingResponse]:
         self.headers = pr.header_map(msg.request_headers.headers)
+        self.rec = self.picker.pipeline.begin(self.headers.get(":path", "").split("?", 1)[0], self.headers)
+        if self.rec is not None:
+            self._body_ns = time.time_ns()
         try:
             self._held.enter_context(self.picker.pipeline.held())
         except (Overloaded, ServiceUnavailable) as e:
@@ -145,9 +155,14 @@ class Exchange:
         pl = self.picker.pipeline
         raw = b"".join(self._body)
         self._body = []
+        if self.rec is not None:
+            # The picker's side of the exchange: Envoy streamed the body from its headers to its end.
+            self.rec.phase(
+                "kvrouter.epp.request_body", self._body_ns, time.time_ns(), {"kvrouter.body_bytes": len(raw)}
+            )
         try:
             subset = pr.subset_of(msg.metadata_context)
-            p = self.prepared = await pl.prepare(raw, self.kind, self.headers)
+            p = self.prepared = await pl.prepare(raw, self.kind, self.headers, rec=self.rec)
             only = self.picker.endpoints().targets(subset) if subset is not None else None
             d = await pl.admit(p, only=only)
         except ApiError as e:
@@ -165,6 +180,7 @@ class Exchange:
         try:
             subset = pr.subset_of(msg.metadata_context)
             p = self.prepared = pl.prepare_bodyless()
+            p.rec = self.rec
             stored = _STORED.match(self.headers.get(":path", "").split("?", 1)[0])
             if stored is not None:
                 p.pinned = (await pl.holder(stored.group(1))).instance
@@ -191,13 +207,15 @@ class Exchange:
     def _route_headers(self, d: Decision) -> dict[str, str]:
         """Request headers for the model server: the rank pin of a data-parallel instance."""
         assert d.chosen is not None
+        out = {} if self.prepared is None else self.prepared.trace_headers()  # vLLM's parent span
         inst = self.picker.pool.upstreams.get(d.chosen.instance)
         if inst is not None and inst.cfg.dp_size > 1:
-            return {"x-data-parallel-rank": str(d.chosen.dp_rank)}
-        return {}
+            out["x-data-parallel-rank"] = str(d.chosen.dp_rank)
+        return out
 
     def _refuse(self, e: ApiError, status: int | None = None) -> ProcessingResponse:
         code = status or e.status
+        self._refused = code
         self.picker.m.immediate.labels(str(code), e.reason).inc()
         retry = self.picker.cfg.limits.retry_after_s
         headers = {"retry-after": str(retry)} if isinstance(e, (Overloaded, ServiceUnavailable)) else None
@@ -212,6 +230,8 @@ class Exchange:
             self.status = 0
         self._stream = self._stream or h.get("content-type", "").startswith("text/event-stream")
         served = self._served(pr.served_of(msg.metadata_context))
+        if self.prepared is not None and self.serving is not None:
+            self.picker.pipeline.answered(self.prepared, self.status)
         pool = self.picker.pool
         if served is not None and served.instance in pool.upstreams:
             if self.status >= 500:
@@ -286,7 +306,7 @@ class Exchange:
         self._first = False
         self.picker.pipeline.first_token(self.prepared)
         self.picker.m.upstream_ttft.labels(self.serving.target).observe(
-            time.monotonic() - self._dispatched_at
+            time.monotonic() - self._dispatched_at, self.prepared.exemplar()
         )
 
     def _end_of_response(self) -> None:

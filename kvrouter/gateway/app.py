@@ -22,9 +22,12 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 import aiohttp
 import msgspec
+from prometheus_client.core import Metric
+from prometheus_client.exposition import choose_encoder
 
 from indexer import Indexer, LookupResult
 from indexer.config import InstanceConfig
@@ -34,9 +37,12 @@ from indexer.subscriber import EventSubscriber
 
 from ..api.requests import ParsedRequest
 from ..config import RouterFleetConfig
+from ..host.metric_merge import Merged
 from ..pipeline import PassThroughTokens, RequestPipeline, TokenSource
 from ..replicas import SharedState, WarmRestart, mark_restored, store_for
 from ..routing import Router
+from ..telemetry import Telemetry
+from ..telemetry.metrics import TelemetryCollector
 from .adapters import AdapterManager
 from .disagg_proxy import DisaggProxy
 from .event_sources import EventSourceResolver
@@ -48,6 +54,17 @@ from .parity_probe import ParityProber
 from .proxy import Proxy
 from .upstream import UpstreamPool
 from .upstream_http import UpstreamHttp
+
+
+class HostScrape(Protocol):
+    """The host's /metrics over every worker (``kvrouter.workers.scrape.HostScrape``)."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    async def families(self) -> list[Metric]: ...
+
 
 log = logging.getLogger("kvrouter.gateway")
 
@@ -86,6 +103,8 @@ class Gateway:
             on_eject=lambda name, _span: self.metrics.ejections.labels(name).inc(),
         )
         self.tokens = tokens or PassThroughTokens()
+        self.telemetry = Telemetry(cfg.tracing, cfg.access_log)
+        self.metrics.registry.register(TelemetryCollector(self.telemetry))
         self.pipeline = RequestPipeline(
             cfg,
             self.router,
@@ -94,6 +113,7 @@ class Gateway:
             self.metrics.pipeline,
             remote=self.remote_lookup if remote_index else None,
             find_response=self.find_response,
+            telemetry=self.telemetry,
         )
         self.adapters = AdapterManager(self.pool, self.pipeline, cfg.lora)
         rep = cfg.replicas
@@ -139,6 +159,27 @@ class Gateway:
         snapshots, syncs with other hosts' replicas and runs the start-up fleet check."""
         self.host_state: Callable[[], dict[str, object]] | None = None
         """This worker's place on its host, for /health (None: one process)."""
+        self.host_scrape: HostScrape | None = None
+        """The host's /metrics over every worker (None: one process, its own registry)."""
+
+    def refresh_gauges(self) -> None:
+        """Gauges read at scrape time: in flight per target (the host's, with workers), the queue, tasks."""
+        load = self.router.load
+        load.refresh()
+        for key, tl in load.loads.items():
+            self.metrics.in_flight.labels(key).set(tl.effective_in_flight())
+        self.metrics.pipeline.queue_depth.set(self.pipeline.gate.waiting)
+        with contextlib.suppress(RuntimeError):  # no running loop (a snapshot taken off the loop)
+            self.metrics.loop_tasks.set(len(asyncio.all_tasks()))
+
+    async def exposition(self, accept: str | None) -> tuple[bytes, str]:
+        """``/metrics``: this process's registry, or with workers the host's merged families; OpenMetrics
+        (with exemplars) when the scraper asks for it."""
+        encoder, content_type = choose_encoder(accept or "")
+        if self.host_scrape is None:
+            self.refresh_gauges()
+            return encoder(self.metrics.registry), content_type
+        return encoder(Merged(await self.host_scrape.families())), content_type
 
     def _health_changed(self, name: str, healthy: bool) -> None:
         for t in self.pool.upstreams[name].targets():
@@ -257,6 +298,8 @@ class Gateway:
             self._checks = asyncio.create_task(self._startup_checks(), name="fleet-check")
         if self.subscriber is not None:
             self._watch = asyncio.create_task(self._watch_events(), name="event-watch")
+        if self.host_scrape is not None:
+            self.host_scrape.start()
 
     async def _watch_events(self, interval_s: float = 1.0) -> None:
         """Every second: is a source deaf (its instance computes prompts, its live stream brings nothing)?
@@ -318,6 +361,8 @@ class Gateway:
                 )
 
     async def stop(self) -> None:
+        if self.host_scrape is not None:
+            self.host_scrape.stop()
         for task in (self._checks, self._watch):
             if task is not None:
                 task.cancel()
@@ -336,3 +381,4 @@ class Gateway:
         self.http.close()
         if self.session:
             await self.session.close()
+        await asyncio.get_running_loop().run_in_executor(None, self.telemetry.shutdown)  # flush spans

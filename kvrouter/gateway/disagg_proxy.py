@@ -166,6 +166,7 @@ class DisaggProxy:
         headers["X-Request-Id"] = rid
         t0 = time.monotonic()
         resp = await self.proxy._post(self.pool.url(cur.instance) + path, body, headers, self._timeout())
+        self.pipeline.answered(p, resp.status)
         try:
             data = await self.proxy._read_all(resp)
         finally:
@@ -191,9 +192,9 @@ class DisaggProxy:
     ) -> web.StreamResponse:
         """The decode leg; ``UpstreamFailed`` if it fails before its first byte."""
         body = msgspec.json.encode(decode_leg_body(p.req.body, params))
-        headers = self.proxy.upstream_headers(request, p, d)
-        headers["X-Request-Id"] = rid
         self.pipeline.dispatched(p, d, received=True)
+        headers = self.proxy.upstream_headers(request, p, d)  # (after: the decode leg's trace context)
+        headers["X-Request-Id"] = rid
         t0 = time.monotonic()
         on_id = None
         if p.req.kind == "responses":  # the decode instance stores the response: follow-ups go there
@@ -206,6 +207,7 @@ class DisaggProxy:
         done = False
         try:  # the leg's load is released in every path, exactly once (the finally)
             resp = await self.proxy._post(self.pool.url(d.instance) + path, body, headers, self._timeout())
+            self.pipeline.answered(p, resp.status)
             if resp.status >= 500:
                 raise UpstreamFailed(f"status_{resp.status}", connection=False)
             out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP}
@@ -216,7 +218,7 @@ class DisaggProxy:
                 data = await self.proxy._read_all(resp)
                 self.pool.record_success(d.instance)
                 self.pipeline.first_token(p)
-                self.m.upstream_ttft.labels(d.target).observe(time.monotonic() - t0)
+                self.m.upstream_ttft.labels(d.target).observe(time.monotonic() - t0, p.exemplar())
                 watcher.feed_body(data)
                 done = True
                 return web.Response(body=data, status=resp.status, headers=out_headers)

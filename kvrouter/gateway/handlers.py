@@ -27,7 +27,6 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from indexer import service as ixs
 
@@ -167,7 +166,14 @@ async def health(request: web.Request) -> web.Response:
         "token_parity": gw.pipeline.parity.state(),
     }
     if gw.host_state is not None:
-        body["worker"] = gw.host_state()
+        # This worker's own answers (its /metrics shows the host's): how the kernel spread connections.
+        answered = {
+            f"{s.labels['route']} {s.labels['status']}": int(s.value)
+            for fam in gw.metrics.requests.collect()
+            for s in fam.samples
+            if s.name.endswith("_total")
+        }
+        body["worker"] = {**gw.host_state(), "answered": answered}
     return web.json_response(body, status=200 if healthy else 503)
 
 
@@ -178,13 +184,9 @@ async def models(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    gw = request.app[GATEWAY]
-    for key, load in gw.router.load.loads.items():
-        gw.metrics.in_flight.labels(key).set(load.effective_in_flight())
-    gw.metrics.loop_tasks.set(len(asyncio.all_tasks()))
-    return web.Response(
-        body=generate_latest(gw.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
-    )
+    """Prometheus: one process's registry, or the host's (every worker's, merged: ``kvrouter.host``)."""
+    body, content_type = await request.app[GATEWAY].exposition(request.headers.get("Accept"))
+    return web.Response(body=body, headers={"Content-Type": content_type})
 
 
 async def fleet(request: web.Request) -> web.Response:

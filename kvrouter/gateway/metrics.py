@@ -69,7 +69,7 @@ class GatewayMetrics:
         )
         self.worker = Gauge(
             "kvrouter_worker",
-            "1, labelled with the worker of the host that answered this scrape (kvrouter serve --workers N)",
+            "1 per worker of the host, labelled with it (serve --workers N: every scrape shows them all)",
             ["worker"],
             registry=r,
         )

@@ -64,6 +64,8 @@ _PASS_REQ = {
     "anthropic-version",
     "anthropic-beta",
     "x-api-key",
+    "traceparent",  # W3C trace context: vLLM joins the client's trace (replaced when this request is traced)
+    "tracestate",
 }
 
 BodySource = bytes | Callable[[], AsyncIterator[bytes]]
@@ -121,6 +123,8 @@ class Proxy:
             h["Content-Type"] = "application/json"
         if self.pool.upstreams[chosen.instance].cfg.dp_size > 1:
             h["X-data-parallel-rank"] = str(chosen.dp_rank)  # vLLM pins the request to this rank
+        if p.rec is not None:
+            h.update(p.trace_headers())  # the attempt's own span as vLLM's parent
         return h
 
     async def forward(
@@ -197,6 +201,7 @@ class Proxy:
         done = False
         try:  # the attempt's load is released in every path, exactly once (the finally)
             resp = await self._send(method, url, body, self._headers(request, p, chosen), timeout)
+            self.pipeline.answered(p, resp.status)
             if resp.status >= 500:
                 raise UpstreamFailed(f"status_{resp.status}", connection=False)
             if resp.status == 404 and p.req.lora_name is not None and p.pinned is None:
@@ -209,7 +214,7 @@ class Proxy:
             if not resp.headers.get("Content-Type", "").startswith("text/event-stream"):
                 data = await self._read_all(resp)
                 self.pipeline.first_token(p)
-                self.m.upstream_ttft.labels(chosen.target).observe(time.monotonic() - t0)
+                self.m.upstream_ttft.labels(chosen.target).observe(time.monotonic() - t0, p.exemplar())
                 if p.req.generates or p.req.kind == "responses":
                     watcher.feed_body(data)
                 done = True
@@ -313,7 +318,7 @@ class Proxy:
                 if first:
                     first = False
                     self.pipeline.first_token(p)
-                    self.m.upstream_ttft.labels(chosen.target).observe(time.monotonic() - t0)
+                    self.m.upstream_ttft.labels(chosen.target).observe(time.monotonic() - t0, p.exemplar())
                 watcher.feed_stream(chunk)
                 await self._to_client(out, chunk)
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as e:

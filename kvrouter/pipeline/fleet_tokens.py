@@ -82,6 +82,7 @@ class FleetTokens:
                 )
             else:
                 return None
+            req.reused_tokens = enc.reused_tokens
             # The array when the cache had it at hand (a reused prefix): hashing it skips converting
             # thousands of Python ints, the largest part of hashing a long prompt.
             return enc.tokens if enc.array is None else enc.array

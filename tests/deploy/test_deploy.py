@@ -36,6 +36,10 @@ from indexer.subscriber import EventSubscriber
 from kvrouter.cli import COMMANDS
 from kvrouter.config import RouterFleetConfig, load_router_fleet
 from kvrouter.gateway.metrics import GatewayMetrics
+from kvrouter.replicas.metrics import SharedStateMetrics
+from kvrouter.telemetry import AccessLogConfig, Telemetry, TracingConfig
+from kvrouter.telemetry.export import SpanSink
+from kvrouter.telemetry.metrics import TelemetryCollector
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -178,6 +182,14 @@ def _parse_kvrouter(argv: list[str]) -> argparse.Namespace:
     return ns
 
 
+class _NoSender:
+    def send(self, payload: bytes) -> bool:
+        return True
+
+    def shutdown(self) -> None:
+        pass
+
+
 def _exported_metrics() -> dict[str, set[str]]:
     """Family name -> the sample names Prometheus stores, from the gateway's and indexer's collectors."""
     m = GatewayMetrics()
@@ -185,7 +197,15 @@ def _exported_metrics() -> dict[str, set[str]]:
     try:
         ix = Indexer(16)
         m.registry.register(IndexerCollector(ix, EventSubscriber(ix, FleetConfig(), ctx=ctx)))
+        SharedStateMetrics(m.registry)  # with replicas sharing through Redis
+        sink = SpanSink(TracingConfig(enabled=True), _NoSender())  # with tracing and the access log on
+        m.registry.register(
+            TelemetryCollector(
+                Telemetry(TracingConfig(enabled=True), AccessLogConfig(enabled=True), sink=sink)
+            )
+        )
         families = list(m.registry.collect())
+        sink.shutdown()
     finally:
         ctx.term()
     suffixes = {

@@ -27,6 +27,7 @@ import itertools
 import random
 import time
 import uuid
+from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -289,6 +290,9 @@ class SimInstance:
         self.background: dict[str, asyncio.Task[None]] = {}
         self.audio_bytes_seen = 0
         """Bytes of the audio upload being read (so far): a test sees an upload arrive while it is sent."""
+        self.trace_contexts: deque[str | None] = deque(maxlen=1024)
+        """The W3C ``traceparent`` of each generation request received (None: none sent), newest last:
+        the context vLLM's own spans (``--otlp-traces-endpoint``) would join."""
         self.anthropic_facts: tuple[bool, str] | None = None
         """How this template takes Anthropic requests (inline system merged, disabled-thinking effort),
         probed on the first one as vLLM probes at start."""
