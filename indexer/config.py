@@ -64,11 +64,6 @@ class InstanceConfig(msgspec.Struct, frozen=True):
     """Base URL of the instance's OpenAI-compatible server."""
     events: str | None = None
     """ZeroMQ endpoint of its KV-event publisher (connect mode); without it, routed by load alone."""
-    events_mode: Literal["connect", "bind"] = "connect"
-    """How the router reaches ``events``.  ``connect``: vLLM bound its PUB there (its endpoint is a wildcard,
-    ``tcp://*:P``, or ``ipc://``) and the router connects a SUB.  ``bind``: vLLM connects its PUB out to
-    ``events`` (its endpoint names a host, ``tcp://10.0.0.5:P``) and the router binds a SUB there, one per
-    instance and rank, so the address must be one of the router's own."""
     replay: str | None = None
     """ZeroMQ endpoint of its replay ROUTER (optional; vLLM always binds it)."""
     topic: str = ""
@@ -83,6 +78,11 @@ class InstanceConfig(msgspec.Struct, frozen=True):
     """Its job in a disaggregated fleet (``Role``); every model it serves, unless ``model_roles`` says."""
     model_roles: dict[str, Role] = {}
     """Per served model, a role other than ``role`` (an instance that prefills one model, decodes another)."""
+    events_mode: Literal["connect", "bind"] = "connect"
+    """How the router reaches ``events``.  ``connect``: vLLM bound its PUB there (its endpoint is a wildcard,
+    ``tcp://*:P``, or ``ipc://``) and the router connects a SUB.  ``bind``: vLLM connects its PUB out to
+    ``events`` (its endpoint names a host, ``tcp://10.0.0.5:P``) and the router binds a SUB there, one per
+    instance and rank, so the address must be one of the router's own."""
 
     def role_for(self, model: str | None) -> Role:
         """Its role for requests naming ``model`` (None: the fleet's default model)."""
