@@ -40,7 +40,7 @@ from indexer.redis_index import RedisBlockIndex
 from kvrouter.lab.bench import indexer_bench, indexer_fleet
 from kvrouter.lab.bench.fleet_workload import Fleet
 from kvrouter.percentiles import summary_us
-from kvrouter.routing import PolicyName
+from kvrouter.routing import KV_AWARE
 from kvrouter.routing.policies import KvAwareSettings
 
 _ISSUE19 = {
@@ -255,7 +255,7 @@ def run_agreement(a: argparse.Namespace) -> dict[str, Any]:
         by_band: dict[str, Any] = {}
         for band in a.placement_bands:
             kv = KvAwareSettings(placement_band=band)
-            rc = RouterConfig(policy=PolicyName.KV_AWARE, shadow=False, settings=PolicySettings(kv_aware=kv))
+            rc = RouterConfig(policy=KV_AWARE, shadow=False, settings=PolicySettings(kv_aware=kv))
             per: dict[str, list[dict[str, float]]] = {name: [] for name in configs}
             for work, cache in works:
                 for name, rcfg in configs.items():
