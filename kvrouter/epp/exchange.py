@@ -3,7 +3,9 @@ the request pipeline (``pipeline.RequestPipeline``), as the aiohttp proxy is.
 
 ::
 
-    request_headers ──(no body: GET)──────────────────────────▶ admit(bodyless) ─▶ destination
+    request_headers ──(an admin path without gateway.admin_token: 401; api.routes, as the gateway)
+                    ──(no body: GET)──────────────────────────▶ admit(bodyless) ─▶ destination
+                    ──(a body on a path outside api.routes.ROUTED: 404)
     request_body ... end_of_stream ──▶ prepare(body, headers) ─▶ admit(only=subset) ─▶ destination + body
                                         └─ ApiError ─▶ immediate response (429, 503, 400, 404 ...)
     response_headers ──▶ served endpoint (a fallback? the load moves to it); status to upstream health
@@ -18,14 +20,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import time
 from typing import TYPE_CHECKING
 
 from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest, ProcessingResponse
 
-from ..api.errors import ApiError, BadRequest, NotFound, Overloaded, ServiceUnavailable
+from ..api.errors import ApiError, BadRequest, NotFound, Overloaded, ServiceUnavailable, Unauthorized
 from ..api.requests import Kind
+from ..api.routes import kind_of, stored_response_id
 from ..api.usage import UsageWatcher
 from ..pipeline import Prepared
 from ..routing import Candidate, Decision
@@ -36,32 +38,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kvrouter.epp")
 
-ROUTES: dict[str, Kind] = {
-    "/v1/chat/completions": "chat",
-    "/v1/completions": "completions",
-    "/v1/responses": "responses",
-    "/v1/messages": "messages",
-    "/v1/messages/count_tokens": "count_tokens",
-    "/v1/embeddings": "pooling",
-    "/pooling": "pooling",
-    "/classify": "pooling",
-    "/score": "pooling",
-    "/v1/score": "pooling",
-    "/rerank": "pooling",
-    "/v1/rerank": "pooling",
-    "/v2/rerank": "pooling",
-}
-"""The routes whose body is read and routed by its prompt; any other request with a body is refused."""
-
-_STORED = re.compile(r"^/v1/responses/([^/?]+)(?:/cancel)?/?$")
-"""A stored response's routes (GET it, POST .../cancel): to the instance holding it."""
-
 _INTERNAL = (pr.ENDPOINT_HEADER, pr.SERVED_KEY)
 """Headers between the gateway and the picker that the client never sees."""
-
-
-def kind_of(path: str) -> Kind | None:
-    return ROUTES.get(path.split("?", 1)[0].rstrip("/"))
 
 
 class Exchange:
@@ -117,15 +95,18 @@ class Exchange:
     # ------------------------------------------------------------------ request path
     async def _request_headers(self, msg: ProcessingRequest) -> list[ProcessingResponse]:
         self.headers = pr.header_map(msg.request_headers.headers)
+        path = self.headers.get(":path", "")
+        if not self.picker.pipeline.admin_allowed(path, self.headers.get("authorization")):
+            return [self._refuse(Unauthorized("admin token required"))]
         try:
             self._held.enter_context(self.picker.pipeline.held())
         except (Overloaded, ServiceUnavailable) as e:
             return [self._refuse(e)]
         if msg.request_headers.end_of_stream:
             return await self._bodyless(msg)
-        self.kind = kind_of(self.headers.get(":path", ""))
+        self.kind = kind_of(path)
         if self.kind is None:
-            return [self._refuse(NotFound(f"no such route: {self.headers.get(':path', '')}"))]
+            return [self._refuse(NotFound(f"no such route: {path}"))]
         return []  # the answer waits for the whole body
 
     async def _request_body(self, msg: ProcessingRequest) -> list[ProcessingResponse]:
@@ -165,9 +146,9 @@ class Exchange:
         try:
             subset = pr.subset_of(msg.metadata_context)
             p = self.prepared = pl.prepare_bodyless()
-            stored = _STORED.match(self.headers.get(":path", "").split("?", 1)[0])
+            stored = stored_response_id(self.headers.get(":path", ""))
             if stored is not None:
-                p.pinned = (await pl.holder(stored.group(1))).instance
+                p.pinned = (await pl.holder(stored)).instance
             only = self.picker.endpoints().targets(subset) if subset is not None else None
             d = await pl.admit(p, only=only)
         except ApiError as e:

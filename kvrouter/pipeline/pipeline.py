@@ -41,6 +41,7 @@ from ..api.errors import NotFound, Overloaded, ServiceUnavailable, Unauthorized
 from ..api.kv_transfer import leg_kind
 from ..api.requests import Kind, ParsedRequest, parse_body
 from ..api.responses import ResponseNotFound
+from ..api.routes import is_admin
 from ..api.usage import UsageReport
 from ..config import RouterFleetConfig
 from ..routing import Candidate, Decision, DisaggPlanner, PDPlan, RouteInput, Router, Target, route_input
@@ -174,6 +175,12 @@ class RequestPipeline:
         return err
 
     # ------------------------------------------------------------------ prepare
+    def admin_allowed(self, path: str, authorization: str | None) -> bool:
+        """Whether a request to ``path`` may pass: any but an admin path (``api.routes.ADMIN_PATHS``) when
+        ``gateway.admin_token`` is set, and those with that token as the bearer key."""
+        token = self.cfg.gateway.admin_token
+        return not token or not is_admin(path) or same_secret(authorization or "", f"Bearer {token}")
+
     def tenant_salt(self, authorization: str | None, *, operator: bool = False) -> str | None:
         """The salt of the caller's API key.  ``Unauthorized`` if keys are required and this one is unknown;
         ``operator``: the admin token is accepted too (an admin route), with no tenant of its own."""
