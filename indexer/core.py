@@ -21,7 +21,6 @@ from . import fast_apply as fa
 from . import fast_wire as fw
 from . import snapshot as _snapshot
 from .answers import AnswerCache, InstanceMatch, LookupResult
-from .backend import IndexBackend
 from .errors import (
     BadBlockShape,
     BlockSizeMismatch,
@@ -103,36 +102,25 @@ class Indexer:
         *,
         max_blocks_per_source: int = 8_000_000,
         speculative_ttl: float = 5.0,
-        index: IndexBackend | None = None,
         shared: list[SharedStoreConfig] | None = None,
         fast_ingest: bool = True,
     ) -> None:
-        """``index``: another backend (e.g. ``indexer.redis_index.RedisBlockIndex``); default in process.
-        ``shared``: the fleet file's shared stores (``indexer.tiers``; in-process index only).
+        """``shared``: the fleet file's shared stores (``indexer.tiers``).
         ``fast_ingest``: payloads of the common shapes parsed and applied in compiled code
-        (``indexer.fast_ingest``; the in-process index only, and only without shared stores: their routing
-        of offload events is the reference path's alone); off, every payload takes the reference path
-        (same results)."""
+        (``indexer.fast_ingest``; only without shared stores: their routing of offload events is the
+        reference path's alone); off, every payload takes the reference path (same results)."""
         if block_size <= 0:
             raise ValueError("block_size must be positive")
         self.block_size = block_size
         self.speculative_ttl = speculative_ttl
         warmup()
-        self.index: IndexBackend = (
-            index if index is not None else BlockIndex(max_blocks_per_source=max_blocks_per_source)
-        )
+        self.index = BlockIndex(max_blocks_per_source=max_blocks_per_source)
         self.stores: StoreWriter | None = None
         if shared:
-            if not isinstance(self.index, BlockIndex):
-                raise ValueError("shared stores need the in-process index")
             self.stores = StoreWriter(self.index, SharedStores(shared))
         # The fast path never runs with shared stores (offload events may feed a store there, and stores
         # age per batch): every payload then takes the reference path.
-        self._fast = (
-            IngestScratch(block_size)
-            if fast_ingest and isinstance(self.index, BlockIndex) and self.stores is None
-            else None
-        )
+        self._fast = IngestScratch(block_size) if fast_ingest and self.stores is None else None
         self.speculative_outbox: list[SpeculativeEntry] | None = None
         """When a list, every ``add_speculative`` is also appended here for a shell to deliver (shared
         router state); the shell drains it.  None (the default): nothing is kept."""
@@ -167,8 +155,8 @@ class Indexer:
     def reserve(self, sources: int, blocks_per_source: int) -> None:
         """Size the tables ahead for a fleet of ``sources`` holding about ``blocks_per_source`` blocks each
         (their KV capacity): the in-process index then does not grow (each growth rehashes a whole table
-        and holds the old and new arrays at once) until the fleet holds more.  Other backends ignore it."""
-        if isinstance(self.index, BlockIndex) and sources > 0 and blocks_per_source > 0:
+        and holds the old and new arrays at once) until the fleet holds more."""
+        if sources > 0 and blocks_per_source > 0:
             self.index.reserve(sources * blocks_per_source, per_source=blocks_per_source)
 
     def register(self, source: SourceKey, *, has_replay: bool = False) -> SourceSync:
@@ -176,7 +164,7 @@ class Indexer:
         if source not in self._known:
             self._known[source] = None
             self._epoch += 1
-            if self.stores is not None and isinstance(self.index, BlockIndex):
+            if self.stores is not None:
                 self.index.slot_of(source)  # a slot now, so a store's blocks count for it before its own
         sync = self._syncs.get(source)
         if sync is None:
@@ -279,7 +267,6 @@ class Indexer:
         if fast is not None:
             src = _source or SourceKey(instance, dp_rank)
             ix = self.index
-            assert isinstance(ix, BlockIndex)
             slot = ix.slot_id(src)
             if slot is not None:  # (a source's first blocks take the reference path)
                 status, n_ev, ts, rank, nb, done = ix.ingest(slot, fast, payload, -2 if _source else dp_rank)
@@ -464,10 +451,8 @@ class Indexer:
             assert self.stores is not None
             self.counters.offload_blocks[self.stores.stores.names[store]] += n
             self.stores.write(store, engines, chain(content, prev), ts)
-        elif isinstance(self.index, BlockIndex):
-            self.index.store_content(src, engines, content, prev, medium)  # chained there, in one call
         else:
-            self.index.store(src, engines, chain(content, prev), medium)
+            self.index.store_content(src, engines, content, prev, medium)  # chained there, in one call
         if medium is not Medium.GPU and store < 0:
             self.counters.offload_blocks[medium.name] += n
         self.counters.blocks_stored += n
@@ -603,7 +588,7 @@ class Indexer:
         if now is not None:
             self.index.expire(now)
         base = base_hash(lora_name, cache_salt)
-        if isinstance(token_ids, np.ndarray) and isinstance(self.index, BlockIndex):
+        if isinstance(token_ids, np.ndarray):
             # The gateway's input (the tokenizer cache keeps arrays): hashed during the index walk.
             return self._answer(self.index.match_token_rows(token_ids, self.block_size, base), len(token_ids))
         return self._lookup(self._prompt_chains(token_ids, base), len(token_ids))
@@ -635,16 +620,12 @@ class Indexer:
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def _lookup(self, chains: I64Array, num_tokens: int) -> LookupResult:
-        ix = self.index
-        if not isinstance(ix, BlockIndex):
-            return self._result(num_tokens, ix.match(chains) if len(chains) else [])
-        return self._answer(ix.match_rows(chains), num_tokens)
+        return self._answer(self.index.match_rows(chains), num_tokens)
 
     def _answer(self, rows: I64Array, num_tokens: int) -> LookupResult:
         """The in-process index's rows as a result, from kept answers (one gather at a thousand sources,
         not a thousand new objects)."""
         ix = self.index
-        assert isinstance(ix, BlockIndex)
         version = (self._epoch, ix.slots_version, tuple(self.block_size_mismatch))
         if self._answers.version != version:
             self._answers.rebuild(
@@ -693,12 +674,10 @@ class Indexer:
             )
         return LookupResult(bs, num_tokens, out, self._store_trust())
 
-    def footprint(self, source: SourceKey) -> int | None:
+    def footprint(self, source: SourceKey) -> int:
         """GPU blocks ``source`` holds plus its unconfirmed speculative entries: how much of its cache the
         traffic sent there fills.  Every router that takes in the same events and speculative entries
-        counts the same.  None when the index lives out of process (asking would cost a round trip)."""
-        if not isinstance(self.index, BlockIndex):
-            return None
+        counts the same."""
         return self.index.blocks(source)[Medium.GPU] + self.index.speculative_blocks(source)
 
     # ------------------------------------------------------------------ speculative entries

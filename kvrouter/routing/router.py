@@ -205,7 +205,7 @@ class Router:
                 weight=t.weight,
             )
             m = matches.get((t.instance, t.dp_rank))
-            c.footprint = self.indexer.footprint(SourceKey(t.instance, t.dp_rank)) or 0
+            c.footprint = self.indexer.footprint(SourceKey(t.instance, t.dp_rank))
             if t.has_events:
                 c.trust = m.trust if m else self.indexer.trust(SourceKey(t.instance, t.dp_rank)).value
             if m and t.has_events and c.trust in _USABLE:
