@@ -31,7 +31,7 @@ from .sources import Phase
 from .types import SourceKey, Trust
 
 if TYPE_CHECKING:
-    from .core import Indexer
+    from .indexer import Indexer
 
 SNAPSHOT_FORMAT = 1
 """Bumped whenever the snapshot layout changes; older snapshots are refused, never misread."""

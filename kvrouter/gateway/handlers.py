@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from indexer import service as ixs
+from indexer import service as index_service
 
 from ..api.errors import ApiError, InternalError, Overloaded, ServiceUnavailable, Unauthorized, error_body
 from ..api.messages import anthropic_error_body
@@ -110,7 +110,7 @@ async def health(request: web.Request) -> web.Response:
     body = {
         "status": "ok" if healthy else "no_healthy_instance",
         "instances": ups,
-        "index": ixs.source_state(gw.indexer, gw.subscriber),
+        "index": index_service.source_state(gw.indexer, gw.subscriber),
         "block_size_mismatch": {k.label(): v for k, v in gw.indexer.block_size_mismatch.items()},
         "membership": gw.membership.state(),
         "token_parity": gw.pipeline.parity.state(),
@@ -141,7 +141,7 @@ async def fleet(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
     body = {
         "block_size": gw.indexer.block_size,
-        "sources": ixs.source_state(gw.indexer, gw.subscriber),
+        "sources": index_service.source_state(gw.indexer, gw.subscriber),
         "token_parity": gw.pipeline.parity.state(),
     }
     return web.json_response(body)
@@ -160,11 +160,11 @@ def build_gateway(gw: Gateway) -> web.Application:
     app = web.Application(client_max_size=gw.cfg.limits.max_body_bytes, middlewares=[errors_mw])
     app[GATEWAY] = gw
     # the indexer's own handlers, on this gateway's indexer
-    app[ixs.INDEXER] = gw.indexer
-    app[ixs.SUBSCRIBER] = gw.subscriber
-    encoder = gw.tokens if isinstance(gw.tokens, ixs.PromptEncoder) else None
-    app[ixs.ENCODER] = encoder
-    app[ixs.REGISTRY] = gw.metrics.registry
+    app[index_service.INDEXER] = gw.indexer
+    app[index_service.SUBSCRIBER] = gw.subscriber
+    encoder = gw.tokens if isinstance(gw.tokens, index_service.PromptEncoder) else None
+    app[index_service.ENCODER] = encoder
+    app[index_service.REGISTRY] = gw.metrics.registry
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         await gw.start()
@@ -182,7 +182,7 @@ def build_gateway(gw: Gateway) -> web.Application:
     app.router.add_get("/v1/models", models)
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/v1/route/explain", explain)
-    app.router.add_post("/v1/cache/lookup", ixs.lookup)
+    app.router.add_post("/v1/cache/lookup", index_service.lookup)
     app.router.add_get("/v1/fleet", fleet)
     add_surface_routes(app)  # last: it ends with the catch-all
     return app
