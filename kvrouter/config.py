@@ -122,7 +122,9 @@ class GatewayConfig(msgspec.Struct, frozen=True):
     server), twice as long after each further ejection within ``ejection_max_s``.  0: no ejection."""
     ejection_max_s: float = 300.0
     admin_token: str | None = None
-    """If set, /v1/route/explain, /v1/cache/lookup and /v1/fleet require `Authorization: Bearer <token>`."""
+    """If set, every admin path (``kvrouter.api.routes.ADMIN_PATHS``: the router's explain, lookup and fleet
+    routes and vLLM's operator routes, such as /sleep or /v1/load_lora_adapter) requires
+    `Authorization: Bearer <token>`, through the gateway and the endpoint picker alike."""
     upstream_api_key: str | None = None
     """If set, sent upstream as the bearer key instead of the client's."""
     indexer_url: str | None = None
