@@ -22,8 +22,8 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from .config import FleetConfig
-from .core import Indexer
 from .hashing import TokenEncodingError
+from .indexer import Indexer
 from .metrics import make_registry
 from .subscriber import EventSubscriber
 from .types import Medium

@@ -32,7 +32,7 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from .config import FleetConfig, IndexerOptions, InstanceConfig
-from .core import Indexer
+from .indexer import Indexer
 from .types import SourceKey
 
 log = logging.getLogger("kvrouter.indexer.subscriber")

@@ -17,7 +17,6 @@ import time
 from typing import Any
 
 from kvrouter.lab.bench.otlp_sink import OtlpSink
-
 from kvrouter.telemetry import Telemetry, TracingConfig
 from kvrouter.telemetry.export import SpanSink
 

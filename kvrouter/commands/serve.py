@@ -17,9 +17,9 @@ from indexer.errors import ConfigError
 
 from ..config import RouterFleetConfig, load_router_fleet
 from ..gateway import Gateway, build_gateway
+from ..heap import freeze_on_startup
 from ..pipeline import FleetTokens
 from ..routing import ALL_POLICIES
-from .heap import freeze_on_startup
 
 log = logging.getLogger("kvrouter.serve")
 

@@ -211,12 +211,14 @@ class ParityProber:
         method = "tokenize" if case.path == "/tokenize" else "render"
         if theirs is _UNSUPPORTED:
             self.tracker.unsupported(case)
-            self.pipeline.m.parity_checks.labels(str(case.model), case.route, method, "unsupported").inc()
+            self.pipeline.metrics.parity_checks.labels(
+                str(case.model), case.route, method, "unsupported"
+            ).inc()
             return "unsupported"
         result = self.tracker.record(
             case, theirs if isinstance(theirs, list) else None, name, time.monotonic()
         )
-        self.pipeline.m.parity_checks.labels(str(case.model), case.route, method, result).inc()
+        self.pipeline.metrics.parity_checks.labels(str(case.model), case.route, method, result).inc()
         if result == "mismatch":
             mm = self.tracker.of(case.model).last_mismatch
             assert mm is not None

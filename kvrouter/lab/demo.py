@@ -40,9 +40,9 @@ from kvrouter.lab.workloads import make_workload
 from kvrouter.lab.workloads.live import http_call
 from kvrouter.lab.workloads.spec import Workload
 from kvrouter.percentiles import quantile
-from kvrouter.routing import PolicyName
+from kvrouter.routing import KV_AWARE, LEAST_LOADED, PREFIX_HASH, ROUND_ROBIN
 
-POLICIES = (PolicyName.KV_AWARE, PolicyName.PREFIX_HASH, PolicyName.LEAST_LOADED, PolicyName.ROUND_ROBIN)
+POLICIES = (KV_AWARE, PREFIX_HASH, LEAST_LOADED, ROUND_ROBIN)
 
 
 class DemoConfig(msgspec.Struct, frozen=True):
@@ -292,7 +292,7 @@ async def run_demo(cfg: DemoConfig, *, out: Any = sys.stdout) -> dict[str, dict[
                 wall = time.perf_counter() - t0
                 bar.close()
                 results[policy] = summarize(recs, wall)
-                if policy == PolicyName.KV_AWARE and cfg.agent_turns:
+                if policy == KV_AWARE and cfg.agent_turns:
                     agent = await agent_session(base, cfg.agent_turns, cfg.seed, model=model)
             finally:
                 _stop(gw)

@@ -42,6 +42,7 @@ from ..api.errors import NotFound, Overloaded, ServiceUnavailable, Unauthorized
 from ..api.kv_transfer import leg_kind
 from ..api.requests import Kind, ParsedRequest, parse_body
 from ..api.responses import ResponseNotFound
+from ..api.routes import is_admin
 from ..api.usage import UsageReport
 from ..config import RouterFleetConfig
 from ..routing import Candidate, Decision, DisaggPlanner, PDPlan, RouteInput, Router, Target, route_input
@@ -146,7 +147,7 @@ class RequestPipeline:
         self.router = router
         self.fleet = fleet
         self.tokens = tokens
-        self.m = metrics
+        self.metrics = metrics
         self.remote = remote
         self.parity = parity or ParityTracker(cfg.parity)
         self.event_watch = EventWatch(cfg.block_size)
@@ -154,7 +155,7 @@ class RequestPipeline:
         self.affinity = ResponseAffinity(cfg.responses.affinity_ttl_s, cfg.responses.max_entries)
         self.find_response = find_response if cfg.responses.probe else None
         self.gate = CapacityGate(
-            cfg.limits.queue_size, cfg.limits.queue_timeout_s, on_depth=self.m.queue_depth.set
+            cfg.limits.queue_size, cfg.limits.queue_timeout_s, on_depth=self.metrics.queue_depth.set
         )
         self.planner = DisaggPlanner(router, cfg.routing.disaggregation)
         self.active = 0
@@ -190,7 +191,7 @@ class RequestPipeline:
 
     def rejected(self, err: Overloaded | ServiceUnavailable) -> Overloaded | ServiceUnavailable:
         """Count a rejection by its reason; returns it for the caller to raise."""
-        self.m.rejections.labels(err.reason).inc()
+        self.metrics.rejections.labels(err.reason).inc()
         return err
 
     # ------------------------------------------------------------------ a request's record
@@ -204,6 +205,12 @@ class RequestPipeline:
             self.telemetry.end(rec, status)
 
     # ------------------------------------------------------------------ prepare
+    def admin_allowed(self, path: str, authorization: str | None) -> bool:
+        """Whether a request to ``path`` may pass: any but an admin path (``api.routes.ADMIN_PATHS``) when
+        ``gateway.admin_token`` is set, and those with that token as the bearer key."""
+        token = self.cfg.gateway.admin_token
+        return not token or not is_admin(path) or same_secret(authorization or "", f"Bearer {token}")
+
     def tenant_salt(self, authorization: str | None, *, operator: bool = False) -> str | None:
         """The salt of the caller's API key.  ``Unauthorized`` if keys are required and this one is unknown;
         ``operator``: the admin token is accepted too (an admin route), with no tenant of its own."""
@@ -308,11 +315,11 @@ class RequestPipeline:
                 h = Holder(found)
                 self.affinity.record(response_id, h, now)
         if h is None:
-            self.m.rejections.labels("response_not_found").inc()
+            self.metrics.rejections.labels("response_not_found").inc()
             raise ResponseNotFound(response_id)
         targets = self.fleet.instance_targets(h.instance)
         if targets is None:
-            self.m.rejections.labels("response_holder_gone").inc()
+            self.metrics.rejections.labels("response_holder_gone").inc()
             raise ResponseNotFound(
                 response_id,
                 f"Response with id '{response_id}' not found: it was stored on instance {h.instance!r}, "
@@ -394,7 +401,7 @@ class RequestPipeline:
 
         d = await self._wait(attempt)
         self._record(d)
-        self.m.decision_seconds.observe(time.perf_counter() - p.started, p.exemplar())
+        self.metrics.decision_seconds.observe(time.perf_counter() - p.started, p.exemplar())
         if p.rec is not None:
             self._admitted(p.rec, d, tries)
         if d.chosen is None:
@@ -407,7 +414,7 @@ class RequestPipeline:
                     )
                 )
             raise self.rejected(ServiceUnavailable("no healthy instance serves this model", reason=d.reason))
-        self.m.prompt_tokens.inc(p.inp.num_tokens)
+        self.metrics.prompt_tokens.inc(p.inp.num_tokens)
         return d
 
     def _admitted(
@@ -483,18 +490,18 @@ class RequestPipeline:
             return plan
 
         plan = await self._wait(attempt)
-        self.m.pd.plans.labels("disaggregated" if plan.split else "aggregated", plan.reason).inc()
-        self.m.decisions.labels("pd-decode", plan.decode.reason).inc()
+        self.metrics.pd.plans.labels("disaggregated" if plan.split else "aggregated", plan.reason).inc()
+        self.metrics.decisions.labels("pd-decode", plan.decode.reason).inc()
         if plan.prefill is not None and plan.split:
             self._record(plan.prefill)
-        self.m.decision_seconds.observe(time.perf_counter() - p.started, p.exemplar())
+        self.metrics.decision_seconds.observe(time.perf_counter() - p.started, p.exemplar())
         if p.rec is not None:
             self._admitted(p.rec, plan.decode, tries, plan)
         if plan.decode.chosen is None:
             raise self.rejected(
                 ServiceUnavailable("no healthy instance serves this model", reason=plan.reason)
             )
-        self.m.prompt_tokens.inc(p.inp.num_tokens)
+        self.metrics.prompt_tokens.inc(p.inp.num_tokens)
         return plan
 
     def reroute_prefill(self, p: Prepared, plan: PDPlan, tried: set[str]) -> Candidate | None:
@@ -513,7 +520,7 @@ class RequestPipeline:
         """A split request's prefill leg is on its way to ``chosen`` (its own load, under ``leg_id``)."""
         self.router.dispatched(p.inp, chosen, time.monotonic(), request_id=leg_id(p.inp.request_id))
         self._predicted(chosen)
-        self.m.pd.legs.labels("prefill", chosen.target).inc()
+        self.metrics.pd.legs.labels("prefill", chosen.target).inc()
         self._upstream(p, "prefill", chosen)
 
     def prefill_finished(self, p: Prepared, chosen: Candidate, usage: UsageReport | None = None) -> None:
@@ -548,9 +555,9 @@ class RequestPipeline:
         self.router.load.unclaim(p.inp.request_id)
 
     def _record(self, d: Decision) -> None:
-        self.m.decisions.labels(d.policy, d.reason).inc()
+        self.metrics.decisions.labels(d.policy, d.reason).inc()
         if d.reason == "spill":
-            self.m.spills.inc()
+            self.metrics.spills.inc()
         if d.chosen is None:
             return
         if d.shadow_basis is not None:
@@ -561,11 +568,11 @@ class RequestPipeline:
 
     def _record_shadow(self, d: Decision) -> None:
         assert d.chosen is not None
-        self.m.shadow_cached.labels(d.policy).inc(d.chosen.hit_tokens)
+        self.metrics.shadow_cached.labels(d.policy).inc(d.chosen.hit_tokens)
         for name, sh in self.router.shadow(d).items():
-            self.m.shadow_cached.labels(name).inc(sh.cached_tokens)
+            self.metrics.shadow_cached.labels(name).inc(sh.cached_tokens)
             if sh.target == d.chosen.target:
-                self.m.shadow_agree.labels(name).inc()
+                self.metrics.shadow_agree.labels(name).inc()
 
     # ------------------------------------------------------------------ account
     def dispatched(self, p: Prepared, chosen: Candidate, *, received: bool = False) -> None:
@@ -573,7 +580,7 @@ class RequestPipeline:
         prompt arrives from its prefill instance (it computes none of it)."""
         self.router.dispatched(p.inp, chosen, time.monotonic(), prefill_tokens=0 if received else None)
         if received:
-            self.m.pd.legs.labels("decode", chosen.target).inc()
+            self.metrics.pd.legs.labels("decode", chosen.target).inc()
         else:
             self._predicted(chosen)
         self.parity.routed(p.req, p.tokens, chosen.instance)
@@ -593,10 +600,10 @@ class RequestPipeline:
 
     def _predicted(self, chosen: Candidate) -> None:
         """What the target computing the prompt is predicted to serve from cache, in all and by tier."""
-        self.m.predicted_cached.labels(chosen.target).inc(chosen.hit_tokens)
+        self.metrics.predicted_cached.labels(chosen.target).inc(chosen.hit_tokens)
         for tier, n in chosen.tiers.items():
-            self.m.routed_blocks.labels(tier).inc(n)
-            self.m.routed_credit.labels(tier).inc(n * self.router.tier_values.of(tier))
+            self.metrics.routed_blocks.labels(tier).inc(n)
+            self.metrics.routed_credit.labels(tier).inc(n * self.router.tier_values.of(tier))
 
     def first_token(self, p: Prepared) -> None:
         self.router.first_token(p.inp.request_id)
@@ -620,8 +627,8 @@ class RequestPipeline:
         if usage is not None and usage.cached_tokens is not None:
             if p.rec is not None:
                 p.rec.facts["reported_cached_tokens"] = usage.cached_tokens
-            self.m.reported_cached.labels(chosen.target).inc(usage.cached_tokens)
-            self.m.cached_error.observe(chosen.hit_tokens - usage.cached_tokens)
+            self.metrics.reported_cached.labels(chosen.target).inc(usage.cached_tokens)
+            self.metrics.cached_error.observe(chosen.hit_tokens - usage.cached_tokens)
             self.parity.shortfall(
                 p.req,
                 p.tokens,
@@ -636,7 +643,7 @@ class RequestPipeline:
                 )
                 if verdict is not None:
                     labels = (str(p.req.model), p.req.kind, "cached_tokens", verdict)
-                    self.m.parity_checks.labels(*labels).inc()
+                    self.metrics.parity_checks.labels(*labels).inc()
 
     def released(self) -> None:
         """Capacity was freed outside a request (an instance became healthy): wake a waiting request."""

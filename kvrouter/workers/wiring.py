@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from indexer import Indexer
-from indexer.core import SpeculativeEntry
+from indexer.indexer import SpeculativeEntry
 
 from ..host import HealthBoard, HostLoads, HostMemory, MetricsBoard, QueueBoard, SpeculativeRings
 from .scrape import HostScrape, WakePipes

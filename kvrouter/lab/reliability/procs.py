@@ -43,23 +43,23 @@ class Proc:
         self.argv = argv
         self.log = log
         self.env = env
-        self.p: subprocess.Popen[bytes] | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def pid(self) -> int:
-        if self.p is None:
+        if self.proc is None:
             raise ScenarioError("process not started")
-        return self.p.pid
+        return self.proc.pid
 
     def start(self) -> None:
         env = {**os.environ, "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1", **(self.env or {})}
-        self.p = subprocess.Popen(self.argv, stdout=self.log, stderr=self.log, env=env)
+        self.proc = subprocess.Popen(self.argv, stdout=self.log, stderr=self.log, env=env)
 
     def alive(self) -> bool:
-        return self.p is not None and self.p.poll() is None
+        return self.proc is not None and self.proc.poll() is None
 
     def stop(self, sig: int = signal.SIGINT) -> None:
-        p, self.p = self.p, None
+        p, self.proc = self.proc, None
         if p is None or p.poll() is not None:
             return
         p.send_signal(sig)

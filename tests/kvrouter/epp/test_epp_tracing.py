@@ -12,8 +12,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 import pytest_asyncio
-from kvrouter.lab.sim.server.fleet import SimFleet
 
+from kvrouter.lab.sim.server.fleet import SimFleet
 from kvrouter.telemetry import parse_traceparent, traceparent
 from tests.support.envoy import envoy_binary, envoy_config, picker, running_envoy
 from tests.support.gateway import MODEL, sim_fleet

@@ -390,14 +390,14 @@ async def test_remote_indexer_mode(fleet: SimFleet) -> None:
     """The gateway pointed at a standalone `kvrouter indexer`: events indexed there, routing the same."""
     from aiohttp.test_utils import TestServer
 
-    from indexer import service as ixs
+    from indexer import service as index_service
 
-    app = ixs.build(fleet.fleet_config())
+    app = index_service.build(fleet.fleet_config())
     ix_server = TestServer(app, host="127.0.0.1")
     await ix_server.start_server()
     try:
         url = str(ix_server.make_url("")).rstrip("/")
-        remote_ix = app[ixs.INDEXER]
+        remote_ix = app[index_service.INDEXER]
         rng = random.Random(9)
         prompt = words(rng, 400)
         async with gateway(fleet, gateway={"indexer_url": url}) as (gw, base), aiohttp.ClientSession() as s:

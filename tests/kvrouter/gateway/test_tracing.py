@@ -14,9 +14,9 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 import pytest_asyncio
-from kvrouter.lab.sim.server.fleet import SimFleet, SimFleetConfig, parse_roles
 
 from kvrouter.gateway import Gateway
+from kvrouter.lab.sim.server.fleet import SimFleet, SimFleetConfig, parse_roles
 from kvrouter.telemetry import parse_traceparent, traceparent
 from tests.support.gateway import MODEL, gateway, sim_fleet
 from tests.support.otlp import OtlpReceiver, Span, otlp_grpc_receiver, otlp_receiver
