@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from .hashing import I64Array, chain_one, stable_key_hash
+from .hashing import I64Array, TokenIds, base_hash, chain, chain_one, content_hashes, stable_key_hash
 
 __all__ = [
     "BlockKeys",
@@ -35,12 +35,17 @@ __all__ = [
     "event_content",
     "mix_blocks",
     "mixed_request_content",
+    "mm_request_chains",
 ]
 
 MMPair = tuple[str, int]
 """``(identifier, offset within the block)``: one multimodal item's key in one block."""
 
 _OTHER_TAG = "kvrouter:other"
+
+
+ItemKey = tuple[str, int, int]
+"""``(identifier, offset, length)`` of one item: an ``MMItem`` or any tuple of that shape."""
 
 
 class MMItem(NamedTuple):
@@ -89,7 +94,7 @@ def decode_block_keys(entry: Any, lora_name: str | None, *, first: bool) -> Bloc
     return BlockKeys(salt, tuple(mm), tuple(other))
 
 
-def block_mm_keys(items: Sequence[MMItem], num_blocks: int, block_size: int) -> list[tuple[MMPair, ...]]:
+def block_mm_keys(items: Sequence[ItemKey], num_blocks: int, block_size: int) -> list[tuple[MMPair, ...]]:
     """Each full block's multimodal keys for a prompt with these items (sorted by offset, as vLLM sorts
     them), as vLLM's ``_gen_mm_extra_hash_keys`` walks them block by block."""
     out: list[tuple[MMPair, ...]] = []
@@ -99,14 +104,14 @@ def block_mm_keys(items: Sequence[MMItem], num_blocks: int, block_size: int) -> 
         keys: list[MMPair] = []
         i = idx
         while i < len(items):
-            it = items[i]
-            if end <= it.offset:
+            ident, offset, length = items[i]
+            if end <= offset:
                 break  # the block has not reached this item
-            if start >= it.offset + it.length:
+            if start >= offset + length:
                 i += 1  # the block is past this item
                 continue
-            keys.append((it.identifier, it.offset - start))
-            if end >= it.offset + it.length:
+            keys.append((ident, offset - start))
+            if end >= offset + length:
                 i += 1  # this block holds the item's end: the next item may begin in it too
             else:
                 break
@@ -139,7 +144,7 @@ def mix_blocks(
     return content if out is None else out
 
 
-def mixed_request_content(content: I64Array, items: Sequence[MMItem], block_size: int) -> I64Array:
+def mixed_request_content(content: I64Array, items: Sequence[ItemKey], block_size: int) -> I64Array:
     """A request's content hashes with its items' keys mixed in, as an event's would be."""
     if not items:
         return content
@@ -158,3 +163,17 @@ def event_content(
         mm.append(k.mm)
         other.append(k.other)
     return mix_blocks(content, mm, other)
+
+
+def mm_request_chains(
+    tokens: TokenIds,
+    block_size: int,
+    items: Sequence[ItemKey],
+    *,
+    lora_name: str | None = None,
+    cache_salt: str | None = None,
+) -> I64Array:
+    """``hashing.request_chains`` for a prompt with multimodal items: each block's items mixed into its
+    content hash before chaining, as the index does with an event's keys."""
+    content = content_hashes(tokens, block_size)
+    return chain(mixed_request_content(content, items, block_size), base_hash(lora_name, cache_salt))

@@ -38,9 +38,8 @@ from .anthropic_inputs import disabled_thinking_effort, messages_request
 from .chat import ChatRenderer, ContentFormat, RenderedChat, request_body
 from .chat_request import ChatPlan, TokenizeSpec
 from .config import CacheConfig, CacheStats, RenderOptions
-from .errors import InvalidPromptError, RequestValidationError
+from .errors import InvalidPromptError, RequestValidationError, UnsupportedContentError
 from .loading import HFTokenizer, load_chat_template, load_hf_tokenizer, raw_backend, special_wrap
-from .messages import UnsupportedContentError
 from .mm.processors import UnknownProcessor
 from .mm.prompt import MMItem, MultimodalModel
 from .prefix_index import (

@@ -37,7 +37,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from .errors import ChatTemplateError, RequestValidationError
+from .errors import ChatTemplateError, RequestValidationError, UnsupportedContentError
 from .mm.items import MediaRef
 from .request_schema import LazyParts, materialize
 
@@ -102,11 +102,6 @@ _KNOWN_PART_KEYS = frozenset(
     }
 )
 _BILLING_HEADER = "x-anthropic-billing-header"
-
-
-class UnsupportedContentError(ChatTemplateError):
-    """A request vLLM accepts but the router cannot reproduce (media parts: their placeholders come from the
-    model's processor); the gateway routes such a request without token ids."""
 
 
 def _strip_billing_header(parts: list[Any]) -> list[Any]:

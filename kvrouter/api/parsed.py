@@ -74,6 +74,11 @@ class ParsedRequest(msgspec.Struct):
     """Responses: the stored response this one continues (it must go where that one is stored)."""
     store: bool = True
     """Responses: the client asks the instance to store the answer (vLLM's default)."""
+    mm_items: tuple[tuple[str, int, int], ...] = ()
+    """The prompt's multimodal items as vLLM keys them, ``(identifier, offset, length)``: set by the token
+    source, mixed into the block hashes (``indexer.extra_keys``)."""
+    media_paths: tuple[str, ...] = ()
+    """How each media item of the prompt was learnt (``tokenizer_cache.mm.items.ItemPath``)."""
     modified: bool = False
 
     def prefix_text(self) -> str:

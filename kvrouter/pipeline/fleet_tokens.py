@@ -80,6 +80,10 @@ class FleetTokens:
                 )
             else:
                 return None
+            if (
+                enc.media_paths
+            ):  # a multimodal prompt: its items key its blocks (exact up to the first unknown)
+                req.mm_items, req.media_paths = tuple(enc.mm), enc.media_paths
             # The array when the cache had it at hand (a reused prefix): hashing it skips converting
             # thousands of Python ints, the largest part of hashing a long prompt.
             return enc.tokens if enc.array is None else enc.array

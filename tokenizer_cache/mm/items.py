@@ -25,7 +25,9 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, Literal, NamedTuple
 
-from ..errors import ChatTemplateError
+import pybase64
+
+from ..errors import ChatTemplateError, UnsupportedContentError
 from .hasher import HashAlgorithm, ImageBytes, hash_kwargs
 from .image_header import ImageInfo, ImageReadError, probe_image
 
@@ -65,10 +67,10 @@ def data_url_bytes(url: str) -> bytes:
     if not sep:
         raise MediaError(f"Invalid data URL {url[:32]!r}: missing ',' separator.")
     _, sep, encoding = spec.rpartition(";")
-    if not sep or encoding != "base64":
-        raise MediaError("Only base64 data URLs are supported for now.")
+    if not sep or encoding != "base64":  # vLLM answers 501 (NotImplementedError): route it, it decides
+        raise UnsupportedContentError("Only base64 data URLs are supported for now.")
     try:
-        return binascii.a2b_base64(data, strict_mode=True)
+        return bytes(pybase64.b64decode(data, validate=True))  # vLLM's own decoder, and its checks
     except (binascii.Error, ValueError) as e:
         raise MediaError(f"Failed to decode base64 media: {e}") from None
 

@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ..messages import UnsupportedContentError
+from ..errors import UnsupportedContentError
 from .hasher import HashAlgorithm
-from .items import ItemPath, MediaRef, MediaResolver
+from .items import ItemPath, MediaError, MediaRef, MediaResolver
 from .processors import Family, load_family
 
 __all__ = ["MMItem", "MMPrompt", "MultimodalModel"]
@@ -91,8 +91,8 @@ class MultimodalModel:
             ids = ids[: at[known]]
         try:
             got = fam.expand(ids, [r.info for r in resolved[:known]])
-        except ValueError as e:  # a size the processor refuses (aspect ratio above 200)
-            raise UnsupportedContentError(f"image not reproduced: {e}") from None
+        except ValueError as e:  # a size the processor refuses (aspect ratio above 200): vLLM's 400
+            raise MediaError(f"Failed to apply the processor: {e}") from None
         if got is None:
             raise UnsupportedContentError("fewer image placeholders in the rendered prompt than images")
         out, ranges = got
