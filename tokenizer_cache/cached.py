@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import functools
+import os
 import threading
 from array import array
 from collections.abc import Callable, Generator, Mapping, Sequence
@@ -193,7 +194,7 @@ class CachedTokenizer:
         tok = load_hf_tokenizer(path, allow_download=allow_download)
         opts = (render_options or RenderOptions()).validate()
         mm = None
-        directory = getattr(tok, "name_or_path", path)
+        directory = _model_directory(path)
         try:
             mm = MultimodalModel.load(
                 directory,
@@ -839,3 +840,16 @@ class _SplicedSeams(LazySeams):
             out_idx=idx,
         )
         return pos, idx
+
+
+def _model_directory(path: str) -> str:
+    """The local directory of ``path``: itself, or a hub name's snapshot in the local HF cache (where its
+    processor files are, next to its tokenizer)."""
+    if os.path.isdir(path):
+        return path
+    try:
+        from huggingface_hub import snapshot_download
+
+        return str(snapshot_download(path, local_files_only=True, allow_patterns=["*.json", "*.jinja"]))
+    except Exception:  # not in the cache: no processor files to read
+        return path

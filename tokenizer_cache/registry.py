@@ -8,6 +8,9 @@ The fleet file names a tokenizer for the whole fleet and may override it per mod
       small-llama:
         tokenizer: /models/llama-3.2-1b
         chat_template: ...                  # optional, per model
+      qwen-vl:
+        tokenizer: /models/qwen2.5-vl-7b     # a multimodal model: its processor files are read too
+        model_id: Qwen/Qwen2.5-VL-7B-Instruct   # vLLM's --model (images are hashed with it)
 
 The registry takes those values as plain dicts and strings (parsing the file is the caller's job) and
 loads each tokenizer on first use.  Models that resolve to the same (tokenizer, chat template) pair
@@ -42,8 +45,11 @@ class TokenizerRegistry:
         allow_download: bool = False,
         executor: Executor | None = None,
         render_options: RenderOptions | None = None,
+        model_ids: Mapping[str, str] | None = None,
     ) -> None:
+        """``model_ids``: per model, vLLM's ``--model`` (multimodal item hashes; default the tokenizer)."""
         self.default = default
+        self.model_ids = dict(model_ids or {})
         self.render_options = render_options
         self.per_model = dict(per_model or {})
         self.chat_template = chat_template
@@ -52,14 +58,15 @@ class TokenizerRegistry:
         self.allow_download = allow_download
         self._executor = executor
         self._lock = threading.Lock()
-        self._loaded: dict[tuple[str, str | None], CachedTokenizer] = {}
-        self._loading: dict[tuple[str, str | None], threading.Lock] = {}
+        self._loaded: dict[tuple[str, str | None, str | None], CachedTokenizer] = {}
+        self._loading: dict[tuple[str, str | None, str | None], threading.Lock] = {}
 
     @classmethod
     def from_fleet(cls, fleet: Mapping[str, Any], **kwargs: Any) -> TokenizerRegistry:
         """Build from a parsed fleet file: top-level ``tokenizer`` / ``chat_template`` and ``models``."""
         per_model: dict[str, str] = {}
         templates: dict[str, str] = {}
+        ids: dict[str, str] = {}
         models = fleet.get("models") or {}
         if not isinstance(models, Mapping):
             raise TokenizerLoadError("the fleet file's 'models' must be a mapping")
@@ -70,12 +77,15 @@ class TokenizerRegistry:
                 per_model[str(name)] = str(spec["tokenizer"])
             if spec.get("chat_template"):
                 templates[str(name)] = str(spec["chat_template"])
+            if spec.get("model_id"):
+                ids[str(name)] = str(spec["model_id"])
         default = fleet.get("tokenizer")
         return cls(
             str(default) if default else None,
             per_model,
             chat_template=fleet.get("chat_template"),
             per_model_chat_template=templates,
+            model_ids=ids,
             **kwargs,
         )
 
@@ -91,7 +101,7 @@ class TokenizerRegistry:
 
     def get(self, model: str | None = None) -> CachedTokenizer:
         """The model's tokenizer, loading it on first use (raises ``TokenizerLoadError``)."""
-        key = self.resolve(model)
+        key = (*self.resolve(model), self.model_ids.get(model) if model is not None else None)
         with self._lock:
             tok = self._loaded.get(key)
             if tok is not None:
@@ -108,6 +118,7 @@ class TokenizerRegistry:
                     config=self.config,
                     executor=self._executor,
                     render_options=self.render_options,
+                    mm_model_id=key[2],
                 )
                 with self._lock:
                     self._loaded[key] = tok
@@ -116,7 +127,7 @@ class TokenizerRegistry:
     def loaded(self) -> dict[str, CachedTokenizer]:
         """Tokenizers loaded so far, by tokenizer path (and template, when one is set)."""
         with self._lock:
-            return {p if t is None else f"{p} [{t[:32]}]": tok for (p, t), tok in self._loaded.items()}
+            return {p if t is None else f"{p} [{t[:32]}]": tok for (p, t, _), tok in self._loaded.items()}
 
     def close(self) -> None:
         """Close every loaded tokenizer (their executors)."""
