@@ -57,4 +57,8 @@ class RequestValidationError(ChatTemplateError):
 
 class UnsupportedContentError(ChatTemplateError):
     """A request vLLM accepts but the router cannot reproduce (media it cannot expand, options it does not
-    reproduce); the gateway routes such a request without token ids."""
+    reproduce); the gateway routes such a request without token ids, counted by ``reason``."""
+
+    def __init__(self, message: str, reason: str = "unsupported") -> None:
+        super().__init__(message)
+        self.reason = reason

@@ -77,6 +77,8 @@ class ParsedRequest(msgspec.Struct):
     mm_items: tuple[tuple[str, int, int], ...] = ()
     """The prompt's multimodal items as vLLM keys them, ``(identifier, offset, length)``: set by the token
     source, mixed into the block hashes (``indexer.extra_keys``)."""
+    untokenized: str | None = None
+    """Why the token source gave no ids for a request it could have tokenized (the reason counted)."""
     media_paths: tuple[str, ...] = ()
     """How each media item of the prompt was learnt (``tokenizer_cache.mm.items.ItemPath``)."""
     modified: bool = False

@@ -89,8 +89,9 @@ class FleetTokens:
             return enc.tokens if enc.array is None else enc.array
         except AgentInputError:
             return None  # vLLM answers it (a 400): routed without ids, never refused here
-        except UnsupportedContentError:
-            return None  # images/audio: their tokens depend on the model's processor; route untokenized
+        except UnsupportedContentError as e:
+            req.untokenized = e.reason  # media or options not reproduced: routed by load, counted
+            return None
         except NoChatTemplateError:
             # vLLM may have a template of its own (--chat-template): route by load and prefix text rather
             # than refuse; say so once per model, since every chat request of that model will miss.

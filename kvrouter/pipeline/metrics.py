@@ -111,6 +111,13 @@ class PipelineMetrics:
             ["path"],
             registry=r,
         )
+        self.untokenized = CachedCounter(
+            "kvrouter_untokenized_requests",
+            "Requests routed without token ids although their model has a tokenizer, by reason (media not "
+            "reproduced: media_not_base64, media_too_large, media_placeholders; unsupported: other options)",
+            ["reason"],
+            registry=r,
+        )
         self.shadow_agree = CachedCounter(
             "kvrouter_shadow_agreement",
             "Requests where a shadow policy chose the same target",

@@ -217,6 +217,8 @@ class RequestPipeline:
         # prefix text and load until the parity checks pass again.
         for path in req.media_paths:
             self.m.mm_items.labels(path).inc()
+        if req.untokenized is not None:
+            self.m.untokenized.labels(req.untokenized).inc()
         if tokens is not None and req.mm_items and self.parity.trusted(req.model):
             chains = mm_request_chains(
                 tokens, self.cfg.block_size, req.mm_items, lora_name=req.lora_name, cache_salt=req.cache_salt

@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 from PIL import Image, UnidentifiedImageError
 
-__all__ = ["ALLOWED_IMAGE_FORMATS", "ImageInfo", "ImageReadError", "probe_image"]
+__all__ = ["ALLOWED_IMAGE_FORMATS", "ImageInfo", "ImageReadError", "ImageTooLarge", "probe_image"]
 
 # vLLM 0.33's allow-list for untrusted media (multimodal/image.py).
 ALLOWED_IMAGE_FORMATS = (
@@ -34,6 +34,10 @@ _LATE_PNG_CHUNKS = frozenset({b"eXIf", b"tEXt", b"zTXt", b"iTXt", b"tRNS"})
 
 class ImageReadError(ValueError):
     """Bytes vLLM cannot load as an image ("Failed to load image": a 400)."""
+
+
+class ImageTooLarge(ImageReadError):
+    """More pixels than Pillow's decompression-bomb limit or ``VLLM_MAX_IMAGE_PIXELS``."""
 
 
 class ImageInfo(NamedTuple):
@@ -90,13 +94,13 @@ def probe_image(data: bytes, *, max_pixels: int = 0) -> ImageInfo:
         im = Image.open(io.BytesIO(data), formats=ALLOWED_IMAGE_FORMATS)
         if im.format == "PNG" and _png_late_chunks(data):
             im.load()  # the rare PNG whose metadata follows its pixels: as vLLM reads it
+    except Image.DecompressionBombError as e:
+        raise ImageTooLarge(str(e)) from None
     except (OSError, UnidentifiedImageError, SyntaxError, ValueError) as e:
         raise ImageReadError(f"Failed to load image: {e}") from None
-    except Image.DecompressionBombError as e:
-        raise ImageReadError(str(e)) from None
     w, h = im.size
     if max_pixels > 0 and w * h > max_pixels:
-        raise ImageReadError(
+        raise ImageTooLarge(
             f"Image dimensions {w}x{h} ({w * h} pixels) exceed the maximum of {max_pixels} pixels."
         )
     if _orientation(im) in _SWAPS:

@@ -29,7 +29,7 @@ import pybase64
 
 from ..errors import ChatTemplateError, UnsupportedContentError
 from .hasher import HashAlgorithm, ImageBytes, hash_kwargs
-from .image_header import ImageInfo, ImageReadError, probe_image
+from .image_header import ImageInfo, ImageReadError, ImageTooLarge, probe_image
 
 __all__ = ["ItemPath", "MediaError", "MediaRef", "MediaResolver", "Resolved", "data_url_bytes"]
 
@@ -68,7 +68,7 @@ def data_url_bytes(url: str) -> bytes:
         raise MediaError(f"Invalid data URL {url[:32]!r}: missing ',' separator.")
     _, sep, encoding = spec.rpartition(";")
     if not sep or encoding != "base64":  # vLLM answers 501 (NotImplementedError): route it, it decides
-        raise UnsupportedContentError("Only base64 data URLs are supported for now.")
+        raise UnsupportedContentError("Only base64 data URLs are supported for now.", "media_not_base64")
     try:
         return bytes(pybase64.b64decode(data, validate=True))  # vLLM's own decoder, and its checks
     except (binascii.Error, ValueError) as e:
@@ -118,6 +118,8 @@ class MediaResolver:
             data = data_url_bytes(url)
             try:
                 info = probe_image(data, max_pixels=self.max_image_pixels)
+            except ImageTooLarge as e:  # what vLLM answers was not recorded: let it answer
+                raise UnsupportedContentError(str(e), "media_too_large") from None
             except ImageReadError as e:
                 raise MediaError(str(e)) from None
             if ref.uuid is not None:

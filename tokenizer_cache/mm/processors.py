@@ -47,6 +47,9 @@ class Family(Protocol):
     """What vLLM puts in a "string"-format message for an image (``get_placeholder_str``)."""
     target: int
     """The token id each image replaces."""
+    others: Mapping[str, tuple[str, int]]
+    """Other modalities of the model: their placeholder text and the token each item replaces (rendered,
+    never expanded here: the prompt is exact up to their first item)."""
     sized: bool
     """Whether an image's token count depends on its size (False: any image expands alike)."""
 
@@ -103,7 +106,12 @@ class QwenVL:
     placeholder = "<|vision_start|><|image_pad|><|vision_end|>"
     sized = True
 
-    def __init__(self, target: int, pre: Mapping[str, Any], kwargs: Mapping[str, Any]) -> None:
+    def __init__(
+        self, target: int, pre: Mapping[str, Any], kwargs: Mapping[str, Any], video: int | None = None
+    ) -> None:
+        self.others = (
+            {} if video is None else {"video": ("<|vision_start|><|video_pad|><|vision_end|>", video)}
+        )
         cfg = {**pre, **kwargs}
         size = dict(cfg.get("size") or {"shortest_edge": 56 * 56, "longest_edge": 28 * 28 * 1280})
         if cfg.get("min_pixels") is not None:
@@ -140,6 +148,7 @@ class Gemma3:
 
     name = "gemma3"
     placeholder = "<start_of_image>"
+    others: Mapping[str, tuple[str, int]] = {}
 
     def __init__(
         self, encode: EncodeFn, vocab: Mapping[str, int], proc: Mapping[str, Any], kwargs: Mapping[str, Any]
@@ -262,7 +271,7 @@ def load_family(
     kwargs = dict(mm_processor_kwargs or {})
     pre = _read(d, "preprocessor_config.json")
     if kind in ("qwen2_vl", "qwen2_5_vl"):
-        return QwenVL(vocab["<|image_pad|>"], pre, kwargs)
+        return QwenVL(vocab["<|image_pad|>"], pre, kwargs, vocab.get("<|video_pad|>"))
     if kind == "gemma3":
         return Gemma3(encode, vocab, _read(d, "processor_config.json"), kwargs)
     raise UnknownProcessor(f"no multimodal processor reproduced for model_type {kind!r} at {d}")

@@ -49,7 +49,7 @@ class MultimodalModel:
     def __init__(self, family: Family, resolver: MediaResolver) -> None:
         self.family = family
         self.resolver = resolver
-        self.placeholders = {"image": family.placeholder}
+        self.placeholders = {"image": family.placeholder, **{m: p for m, (p, _) in family.others.items()}}
         self.paths: Counter[str] = Counter()
 
     @classmethod
@@ -85,16 +85,23 @@ class MultimodalModel:
         fam = self.family
         complete = known == len(resolved)
         if not complete:
-            at = [i for i, t in enumerate(ids) if t == fam.target]
-            if len(at) <= known:
-                raise UnsupportedContentError("an image's placeholder is missing from the rendered prompt")
-            ids = ids[: at[known]]
+            modality = refs[known].modality
+            target = fam.target if modality == "image" else fam.others[modality][1]
+            before = sum(1 for r in refs[:known] if r.modality == modality)
+            at = [i for i, t in enumerate(ids) if t == target]
+            if len(at) <= before:
+                raise UnsupportedContentError(
+                    "an image's placeholder is missing from the rendered prompt", "media_placeholders"
+                )
+            ids = ids[: at[before]]
         try:
             got = fam.expand(ids, [r.info for r in resolved[:known]])
         except ValueError as e:  # a size the processor refuses (aspect ratio above 200): vLLM's 400
             raise MediaError(f"Failed to apply the processor: {e}") from None
         if got is None:
-            raise UnsupportedContentError("fewer image placeholders in the rendered prompt than images")
+            raise UnsupportedContentError(
+                "fewer image placeholders in the rendered prompt than images", "media_placeholders"
+            )
         out, ranges = got
         items = tuple(
             MMItem(r.identifier, off, n)
