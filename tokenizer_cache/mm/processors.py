@@ -109,7 +109,7 @@ class QwenVL:
     def __init__(
         self, target: int, pre: Mapping[str, Any], kwargs: Mapping[str, Any], video: int | None = None
     ) -> None:
-        self.others = (
+        self.others: Mapping[str, tuple[str, int]] = (
             {} if video is None else {"video": ("<|vision_start|><|video_pad|><|vision_end|>", video)}
         )
         cfg = {**pre, **kwargs}
