@@ -8,6 +8,7 @@ at the same place hits only up to it.  Broken media is the client's error (400),
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 from collections.abc import AsyncIterator
@@ -80,6 +81,14 @@ async def test_images_route_to_their_cache(fleet: SimFleet) -> None:
         assert pred == real and 0 < real < through_image, (pred, real, through_image)
         m = await (await s.get(f"{base}/metrics")).text()
         assert 'kvrouter_multimodal_items_total{path="data"} 3.0' in m
+        # the start-up parity probes include images: chat on /tokenize, which the instances answer
+        probe = 'method="tokenize",model="sim-model",result="match",route="chat+image"'
+        for _ in range(300):
+            m = await (await s.get(f"{base}/metrics")).text()
+            if probe in m:
+                break
+            await asyncio.sleep(0.1)
+        assert probe in m and 'result="mismatch"' not in m
 
 
 async def test_broken_media_is_the_clients_error(fleet: SimFleet) -> None:
