@@ -206,8 +206,11 @@ class ParityProber:
         n = 0
         for name, u in list(self.pool.upstreams.items()):
             if u.healthy and u.serves(model):
+                # "unsupported" (a render route the instance does not serve) says nothing either way
                 n += sum(
-                    1 for r in await self.check_instance(name, "recheck", models=[model]) if r != "skipped"
+                    1
+                    for r in await self.check_instance(name, "recheck", models=[model])
+                    if r not in ("skipped", "unsupported")
                 )
         self.tracker.recheck_done(model, n)
 
