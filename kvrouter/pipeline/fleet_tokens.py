@@ -83,13 +83,18 @@ class FleetTokens:
             else:
                 return None
             req.reused_tokens = enc.reused_tokens
+            if (
+                enc.media_paths
+            ):  # a multimodal prompt: its items key its blocks (exact up to the first unknown)
+                req.mm_items, req.media_paths = tuple(enc.mm), enc.media_paths
             # The array when the cache had it at hand (a reused prefix): hashing it skips converting
             # thousands of Python ints, the largest part of hashing a long prompt.
             return enc.tokens if enc.array is None else enc.array
         except AgentInputError:
             return None  # vLLM answers it (a 400): routed without ids, never refused here
-        except UnsupportedContentError:
-            return None  # images/audio: their tokens depend on the model's processor; route untokenized
+        except UnsupportedContentError as e:
+            req.untokenized = e.reason  # media or options not reproduced: routed by load, counted
+            return None
         except NoChatTemplateError:
             # vLLM may have a template of its own (--chat-template): route by load and prefix text rather
             # than refuse; say so once per model, since every chat request of that model will miss.

@@ -35,6 +35,7 @@ from typing import Any, Protocol, TypeVar
 import msgspec
 
 from indexer import LookupResult
+from indexer.extra_keys import mm_request_chains
 from indexer.hashing import TokenIds, request_chains
 from indexer.types import SourceKey
 
@@ -279,7 +280,15 @@ class RequestPipeline:
         chains = None
         # While the fleet renders this model differently, its token ids predict nothing: route it by
         # prefix text and load until the parity checks pass again.
-        if tokens is not None and self.parity.trusted(req.model):
+        for path in req.media_paths:
+            self.metrics.mm_items.labels(path).inc()
+        if req.untokenized is not None:
+            self.metrics.untokenized.labels(req.untokenized).inc()
+        if tokens is not None and req.mm_items and self.parity.trusted(req.model):
+            chains = mm_request_chains(
+                tokens, self.cfg.block_size, req.mm_items, lora_name=req.lora_name, cache_salt=req.cache_salt
+            )
+        elif tokens is not None and self.parity.trusted(req.model):
             chains = request_chains(
                 tokens, self.cfg.block_size, lora_name=req.lora_name, cache_salt=req.cache_salt
             )
@@ -297,7 +306,12 @@ class RequestPipeline:
             prefix_length=self.cfg.routing.prefix_hash.prefix_length,
             session=req.session,
         )
-        remote = await self.remote(req, tokens) if self.remote is not None and tokens is not None else None
+        # A remote indexer is asked with token ids only: it cannot key a multimodal prompt's blocks.
+        remote = (
+            await self.remote(req, tokens)
+            if self.remote is not None and tokens is not None and not req.mm_items
+            else None
+        )
         if rec is not None:
             rec.facts.update(request_id=inp.request_id, prompt_tokens=inp.num_tokens)
         return Prepared(req, inp, tokens, remote, t0, None if pinned is None else pinned.instance, rec)

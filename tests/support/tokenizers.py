@@ -18,14 +18,16 @@ from tokenizer_cache import CachedTokenizer, TokenizerRegistry
 class SharedTokenizers:
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._loaded: dict[tuple[str, str | None, str, str], CachedTokenizer] = {}
+        self._loaded: dict[tuple[str, str | None, str | None, str, str], CachedTokenizer] = {}
 
-    def __call__(self, path: str, chat_template: str | None, registry: TokenizerRegistry) -> CachedTokenizer:
-        key = (path, chat_template, repr(registry.config), repr(registry.render_options))
+    def __call__(
+        self, path: str, chat_template: str | None, model_id: str | None, registry: TokenizerRegistry
+    ) -> CachedTokenizer:
+        key = (path, chat_template, model_id, repr(registry.config), repr(registry.render_options))
         with self._lock:
             tok = self._loaded.get(key)
             if tok is None:
-                tok = self._loaded[key] = registry.load(path, chat_template)
+                tok = self._loaded[key] = registry.load(path, chat_template, model_id)
             return tok
 
 

@@ -298,9 +298,11 @@ def test_a_registry_builds_through_its_loader_and_leaves_closing_to_it(dirs: dic
     calls: list[tuple[str, str | None]] = []
     keep: dict[tuple[str, str | None], CachedTokenizer] = {}
 
-    def loader(path: str, template: str | None, reg: TokenizerRegistry) -> CachedTokenizer:
+    def loader(
+        path: str, template: str | None, model_id: str | None, reg: TokenizerRegistry
+    ) -> CachedTokenizer:
         calls.append((path, template))
-        return keep.setdefault((path, template), reg.load(path, template))
+        return keep.setdefault((path, template), reg.load(path, template, model_id))
 
     first = TokenizerRegistry(dirs["bytelevel"], {"alias": dirs["bytelevel"]}, loader=loader)
     assert first.get() is first.get("alias") and calls == [(dirs["bytelevel"], None)]

@@ -80,6 +80,7 @@ class EngineRank:
         lora_name: str | None = None,
         hold_blocks: bool = False,
         remote_prefill_tokens: int | None = None,
+        mm_items: Sequence[tuple[str, int, int]] = (),
     ) -> asyncio.Queue[Stamped]:
         """Queue a request; its outputs arrive on the returned channel, each with the time it was released.
         Raises ``RequestRejected``."""
@@ -92,6 +93,7 @@ class EngineRank:
             output_token_ids=output_token_ids,
             hold_blocks=hold_blocks,
             remote_prefill_tokens=remote_prefill_tokens,
+            mm_items=mm_items,
         )
         q: asyncio.Queue[Stamped] = asyncio.Queue()
         self._channels[request_id] = q
