@@ -186,7 +186,7 @@ class EngineRank:
             if loads and self.on_loads is not None:
                 self.on_loads(self, loads)
             self._deliver(result.outputs)
-            if not result.num_scheduled and engine.has_work():
+            if not (result.num_scheduled or result.loaded_tokens) and engine.has_work():
                 # Nothing fitted this step (all waiting, no blocks): do not spin.
                 await asyncio.sleep(_STALL_POLL_S)
 

@@ -219,7 +219,9 @@ def test_the_indexer_fed_by_the_engine_agrees_with_its_cache(w: dict[str, Any]) 
                 done[o.request_id].extend(o.new_token_ids)
                 if o.finished:
                     live.remove(o.request_id)
-                assert 0 <= o.cached_tokens < o.num_prompt_tokens and o.cached_tokens % bs == 0
+                # vLLM recomputes the last prompt token, and reports it cached only when loaded from CPU
+                whole = 0 if w["cpu"] else 1
+                assert 0 <= o.cached_tokens <= o.num_prompt_tokens - whole and o.cached_tokens % bs == 0
             events = e.take_events()
             if events:
                 assert ix.apply_payload("sim", writer.payload(events, 1.0)) == len(events)
