@@ -100,6 +100,22 @@ def _whole_prompts(seed: int) -> list[Req]:
     ]
 
 
+def _eviction_order(seed: int) -> list[Req]:
+    """Evictions while requests run: a long prompt prefilled 32 tokens a step stores chunk after chunk into
+    a tier of 6 (evicting a running request's tail first, then its own earlier tail chunks); a prompt
+    whose prefix is still on GPU but evicted from CPU (stored again); a prefix reused by a request that
+    runs long while another prompt fills the tier."""
+    rng = random.Random(seed)
+    q = _toks(rng, 48)
+    return [
+        Req("q", 0, q, 2),
+        Req("p", 1, _toks(rng, 160), 2),
+        Req("r", 6, q + _toks(rng, 16), 2),
+        Req("s", 12, q + _toks(rng, 16), 12),
+        Req("t", 14, _toks(rng, 96), 2),
+    ]
+
+
 def scenarios() -> list[Scenario]:
     out = []
     for self_describing in (False, True):
@@ -130,6 +146,18 @@ def scenarios() -> list[Scenario]:
             cpu_chunks=24,
             self_describing=False,
             requests=_whole_prompts(29),
+        )
+    )
+    out.append(
+        Scenario(
+            "cpu_placeholders_eviction_order",
+            "OffloadingConnector, CPU tier of 6 one-block chunks, placeholders; a 20-block GPU pool and "
+            "32 tokens a step: evictions while the storing requests still run (which chunk goes first).",
+            num_blocks=20,
+            cpu_chunks=6,
+            self_describing=False,
+            max_num_batched_tokens=32,
+            requests=_eviction_order(31),
         )
     )
     return out

@@ -39,6 +39,7 @@ def scenarios(folder: Path, expected: Iterable[str], suffix: str = ".json") -> l
 VLLM_OFFLOAD = (
     *(f"cpu_{kind}_chunk{bpc}" for kind in ("placeholders", "self_describing") for bpc in (1, 2)),
     "cpu_placeholders_whole_prompts",
+    "cpu_placeholders_eviction_order",
 )
 """The scenarios ``tools/record_vllm_offload.py`` records (tests/fixtures/vllm_offload)."""
 

@@ -113,7 +113,17 @@ def test_steps_schedule_and_load_as_vllm(name: str) -> None:
     for rec, got in zip(fx["steps"], steps, strict=True):
         want = (len(rec["scheduled"]), sum(rec["scheduled"].values()), bool(rec["load_jobs"]))
         assert (got["num_scheduled"], got["tokens"], got["loads"]) == want, f"step {rec['step']}"
-    assert any(s["loads"] for s in steps)
+
+
+def test_the_recordings_cover_what_the_tier_does() -> None:
+    """Loads, CPU evictions, a whole prompt loaded, both chunk sizes and both event modes."""
+    fxs = [load(n) for n in SCENARIOS]
+    steps = [s for fx in fxs for s in fx["steps"]]
+    assert any(s["load_jobs"] for s in steps)
+    assert any(" Rc" in f" {s.get('events', '')}" for s in steps)
+    assert any(r["num_cached_tokens"] == len(r["prompt"]) for fx in fxs for r in fx["requests"])
+    configs = {(fx["config"]["blocks_per_chunk"], fx["config"]["self_describing_kv_events"]) for fx in fxs}
+    assert configs == {(1, False), (2, False), (1, True), (2, True)}
 
 
 @pytest.mark.parametrize("name", SCENARIOS)
