@@ -6,6 +6,7 @@ skipped and a run still passes; ``scenarios`` raises at collection instead.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 from collections.abc import Iterable
 from pathlib import Path
@@ -77,3 +78,39 @@ class BlockNamer:
                 ev["blocks"] = [seen[h] for h in hashes]
             out.append(ev)
         return out
+
+
+VLLM_CLAIMED = "0.33.0"
+"""The vLLM release the project claims: every fixture recorded from vLLM's own code names the release it
+was recorded with, and must name this one (tests/test_recorded_fixtures.py)."""
+
+RENDER_LIBRARIES = ("transformers", "tokenizers", "jinja2")
+"""What decides how a prompt renders and tokenizes, on vLLM's side (its render server) and on ours
+(``tokenizer_cache``): the parity fixtures record the versions vLLM ran with."""
+
+
+def library_drift(recorded: dict[str, str]) -> list[str]:
+    """The rendering libraries the recording names whose installed version here differs from it."""
+    out = []
+    for lib in RENDER_LIBRARIES:
+        if lib not in recorded:
+            continue
+        try:
+            here = importlib.metadata.version(lib)
+        except importlib.metadata.PackageNotFoundError:
+            here = "not installed"
+        if here != recorded[lib]:
+            out.append(f"{lib} {here} here, {recorded[lib]} in vLLM's recording")
+    return out
+
+
+def drift_note(recorded: dict[str, str]) -> str:
+    """For a parity failure: which rendering libraries differ from the recording's, if any (then the
+    difference may be the library's, not ours: re-record, or install the recorded versions)."""
+    drift = library_drift(recorded)
+    if not drift:
+        return "rendering libraries as in the recording: the difference is ours"
+    return (
+        "rendering libraries differ from the recording (" + "; ".join(drift) + "): the difference may be "
+        "theirs; install the recorded versions to tell, or re-record (make parity-fixtures)"
+    )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 
 async def until(cond: Callable[[], bool], timeout: float = 60.0, what: str = "condition") -> None:
@@ -20,3 +20,14 @@ async def until(cond: Callable[[], bool], timeout: float = 60.0, what: str = "co
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} not met in {timeout} s")
         await asyncio.sleep(0.01)
+
+
+async def until_async(
+    cond: Callable[[], Awaitable[bool]], timeout: float = 60.0, what: str = "condition"
+) -> None:
+    """``until`` for a condition that must await (an HTTP request), polled every 50 ms."""
+    deadline = time.monotonic() + timeout
+    while not await cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not met in {timeout} s")
+        await asyncio.sleep(0.05)
