@@ -366,7 +366,7 @@ class Engine:
         off = self.kv.offload
         return EngineMetrics(
             num_requests_running=len(self.scheduler.running),
-            num_requests_waiting=len(self.scheduler.waiting),
+            num_requests_waiting=len(self.scheduler.waiting) + len(self.scheduler.holding),
             kv_cache_usage_perc=self.pool.usage(),
             prefix_cache_queries_total=c.prefix_cache_queries,
             prefix_cache_hits_total=c.prefix_cache_hits,

@@ -111,7 +111,7 @@ class EngineRank:
     def load(self) -> int:
         """vLLM's data-parallel balancing score: waiting x 4 + running."""
         s = self.engine.scheduler
-        return len(s.waiting) * 4 + len(s.running)
+        return (len(s.waiting) + len(s.holding)) * 4 + len(s.running)
 
     @property
     def in_flight(self) -> int:
