@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
@@ -60,6 +61,29 @@ def sim_fleet(n: int = 3, **kw: Any) -> SimFleet:
         tok, template = shared_sim_tokenizer()
         return SimFleet(cfg, tokenizer=tok, chat_template=template)
     return SimFleet(cfg)
+
+
+HEALTHY = {
+    "dead": False,
+    "latency_s": 0.0,
+    "slowdown": 1.0,
+    "stall_s": 0.0,
+    "stall_events": False,
+    "mute_replay": False,
+    "render_fault": False,
+    "drop_rate": 0.0,
+}
+"""Every fault knob of ``POST /sim/faults`` off."""
+
+
+async def heal(fleet: SimFleet) -> None:
+    """Every instance of a fleet shared by several tests without a fault: a test that sets one and fails
+    before it unsets it cannot degrade the next test."""
+    async with aiohttp.ClientSession() as s:
+        for srv in fleet.servers:
+            await until(lambda srv=srv: not srv.instance.faults.crashed, what=f"{srv.name} back up")
+            async with s.post(f"{srv.url}/sim/faults", json=HEALTHY) as r:
+                assert r.status == 200, await r.text()
 
 
 def app_of(gw: Gateway) -> web.Application:  # pragma: no cover - helper for debugging

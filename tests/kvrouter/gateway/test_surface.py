@@ -75,6 +75,7 @@ async def test_stored_response_routes_go_to_their_holder(fleet: SimFleet) -> Non
     async with gateway(fleet) as (_gw, base), aiohttp.ClientSession() as s:
         body = {"model": MODEL, "input": "remember me", "max_output_tokens": 4}
         async with s.post(f"{base}/v1/responses", json=body) as r:
+            assert r.status == 200
             first = await r.json()
             holder = r.headers["x-kvrouter-instance"]
         for _ in range(4):  # whatever the cache or load says, the stored id is read where it lives
@@ -84,6 +85,7 @@ async def test_stored_response_routes_go_to_their_holder(fleet: SimFleet) -> Non
         # background: answered at once, cancelled where it runs
         body = {"model": MODEL, "input": "long", "background": True, "max_output_tokens": 100000}
         async with s.post(f"{base}/v1/responses", json=body) as r:
+            assert r.status == 200
             queued = await r.json()
             where = r.headers["x-kvrouter-instance"]
         async with s.post(f"{base}/v1/responses/{queued['id']}/cancel") as r:
@@ -117,6 +119,7 @@ async def test_holder_out_of_rotation_or_gone_is_a_clear_error(fleet: SimFleet) 
         async with s.post(
             f"{base}/v1/responses", json={"model": MODEL, "input": "x", "max_output_tokens": 2}
         ) as r:
+            assert r.status == 200
             rid = (await r.json())["id"]
             holder = r.headers["x-kvrouter-instance"]
         body = {"model": MODEL, "input": "y", "previous_response_id": rid}
@@ -315,14 +318,15 @@ async def test_adapter_blocks_are_keyed_by_its_name(fleet: SimFleet) -> None:
             assert r.status == 200
         body = {"model": "legal", "prompt": prompt, "max_tokens": 2}
         async with s.post(f"{base}/v1/completions", json=body) as r:
+            assert r.status == 200
             first = r.headers["x-kvrouter-instance"]
         await until(lambda: any(gw.indexer.index.blocks(src)[0] > 0 for src in gw.indexer.sources()))
         async with s.post(f"{base}/v1/completions", json=body) as r:
-            assert r.headers["x-kvrouter-instance"] == first
+            assert r.status == 200 and r.headers["x-kvrouter-instance"] == first
             assert int(r.headers["x-kvrouter-cached-tokens"]) >= 300
             assert (await r.json())["usage"]["prompt_tokens_details"]["cached_tokens"] >= 300
         async with s.post(f"{base}/v1/completions", json={**body, "model": MODEL}) as r:
-            assert r.headers["x-kvrouter-cached-tokens"] == "0"
+            assert r.status == 200 and r.headers["x-kvrouter-cached-tokens"] == "0"
             assert (await r.json())["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
         async with s.post(f"{base}/v1/unload_lora_adapter", json={"lora_name": "legal"}) as r:
             assert r.status == 200
