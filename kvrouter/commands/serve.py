@@ -110,6 +110,11 @@ def _serve(
             "worker": getattr(host, "me", None),
         },
     )
+    if cfg.gateway.front == "lean":
+        from ..gateway.lean import run
+
+        run(app, gw, host=args.host, port=args.port, reuse_port=reuse_port)
+        return 0
     web.run_app(
         app,
         host=args.host,
