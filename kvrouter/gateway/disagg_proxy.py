@@ -173,7 +173,7 @@ class DisaggProxy:
     ) -> tuple[int, bytes]:
         """One prefill leg: its status and body; ``UpstreamFailed`` for what another instance may fix."""
         headers = self.proxy.upstream_headers(down, p, cur)
-        headers["X-Request-Id"] = rid
+        headers["x-request-id"] = rid
         t0 = time.monotonic()
         resp = await self.proxy._post(self.pool.url(cur.instance) + path, body, headers, self._timeout())
         try:
@@ -202,7 +202,7 @@ class DisaggProxy:
         """The decode leg; ``UpstreamFailed`` if it fails before its first byte."""
         body = msgspec.json.encode(decode_leg_body(p.req.body, params))
         headers = self.proxy.upstream_headers(down, p, d)
-        headers["X-Request-Id"] = rid
+        headers["x-request-id"] = rid
         self.pipeline.dispatched(p, d, received=True)
         t0 = time.monotonic()
         on_id = None

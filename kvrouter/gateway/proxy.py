@@ -107,13 +107,14 @@ class Proxy:
         return self._headers(down, p, chosen)
 
     def _headers(self, down: Downstream, p: Prepared, chosen: Candidate) -> dict[str, str]:
-        h = {k: v for k, v in down.headers.items() if k.lower() in _PASS_REQ}
+        # Names lowercased: a header the gateway sets replaces the client's whatever case either used.
+        h = {low: v for k, v in down.headers.items() if (low := k.lower()) in _PASS_REQ}
         if self.upstream_api_key:
-            h["Authorization"] = f"Bearer {self.upstream_api_key}"
+            h["authorization"] = f"Bearer {self.upstream_api_key}"
         if p.req.kind != "other" or "Content-Type" not in down.headers:
-            h["Content-Type"] = "application/json"
+            h["content-type"] = "application/json"
         if self.pool.upstreams[chosen.instance].cfg.dp_size > 1:
-            h["X-data-parallel-rank"] = str(chosen.dp_rank)  # vLLM pins the request to this rank
+            h["x-data-parallel-rank"] = str(chosen.dp_rank)  # vLLM pins the request to this rank
         return h
 
     async def forward(
