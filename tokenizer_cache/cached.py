@@ -732,7 +732,9 @@ class CachedTokenizer:
         out += tail
         arr = np.concatenate((entry.arr[: plan.idx_b], ids_array(tail)))
         self._count(lookups=1, hits=1, tokens_reused=plan.idx_b, tokens_encoded=len(new))
-        if len(text) > m:  # otherwise text is a prefix of the entry's, which already covers it
+        # (a text within the entry's is covered by it; one a short tail past the shared prefix is not worth
+        # an entry: ``CacheConfig.min_new_chars``)
+        if len(text) > m and len(text) - m >= max(1, self.config.min_new_chars):
             ids = spliced(entry.ids, plan.idx_b, tail)
             self._cache_spliced(text, entry, m, plan, enc, len(new), ids, arr, digests, match.shared_chunks)
         return out, plan.idx_b, arr
