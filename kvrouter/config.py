@@ -136,10 +136,10 @@ class GatewayConfig(msgspec.Struct, frozen=True):
     lean_client: bool = True
     """Send routed requests to http:// upstreams through the gateway's own HTTP/1.1 client
     (``gateway/upstream_http.py``), which costs less CPU per request than aiohttp's; false: aiohttp's."""
-    front: Literal["aiohttp", "lean"] = "aiohttp"
-    """The server in front: ``lean`` parses the routed routes (completions, chat, responses, messages,
-    invocations, pooling) with its own HTTP/1.1 core (``gateway/lean``) and hands every other request's
-    connection to aiohttp; ``aiohttp``: aiohttp serves every route."""
+    front: Literal["aiohttp", "lean"] = "lean"
+    """The server in front: ``lean`` serves the routed routes (completions, chat, responses, messages,
+    invocations, pooling: POST) with its own HTTP/1.1 core (``gateway/lean``) and hands every other
+    request's connection to aiohttp on the same port; ``aiohttp``: aiohttp serves every route."""
 
 
 class ParityConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

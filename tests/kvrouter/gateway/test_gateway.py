@@ -87,7 +87,7 @@ async def test_routing_goes_where_the_cache_is(fleet: SimFleet) -> None:
 
 
 async def test_shadow_scoring_samples_one_decision_in_shadow_every(fleet: SimFleet) -> None:
-    async with gateway(fleet, routing={"shadow_every": 3}) as (gw, base), aiohttp.ClientSession() as s:
+    async with gateway(fleet, routing={"shadow_every": 3}) as (_gw, base), aiohttp.ClientSession() as s:
         for i in range(7):
             body = {"model": MODEL, "max_tokens": 2, "prompt": f"sample {i} of the shadow scoring"}
             st, _, d = await post(s, f"{base}/v1/completions", body)
