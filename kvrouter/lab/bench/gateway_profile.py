@@ -8,7 +8,8 @@
 
 One router process, the harness's request shapes (``router_bench.py``: a ~100-character and a ~9 KB
 completions prompt, ``max_tokens`` 8, 32 in flight), a fleet file like the harness's (the fleet's
-tokenizer, the kv-aware policy: every prompt tokenized).  CPU per request is the router's ``/proc`` CPU
+tokenizer, the kv-aware policy) with token parity checks off, as ``gateway_bench`` runs it: every prompt
+tokenized, hashed and looked up.  CPU per request is the router's ``/proc`` CPU
 over each measured phase (user and system); the profile is ``cpu_sampler``'s CPU-time samples of the
 measured phases, each sample put in the first category that one of its frames matches (``CATEGORIES``
 anywhere in the stack, then ``LEAF_RULES`` from the leaf up); ``on_cpu`` is perf's view of the same
@@ -193,7 +194,8 @@ def _user_sys(pid: int) -> tuple[float, float]:
 def _fleet(ports: list[int], front: str) -> str:
     from tokenizer_cache import default_tokenizer_path
 
-    text = f"block_size: 16\ntokenizer: {default_tokenizer_path()}\ngateway:\n  front: {front}\ninstances:\n"
+    text = f"block_size: 16\ntokenizer: {default_tokenizer_path()}\nparity:\n  enabled: false\n"
+    text += f"gateway:\n  front: {front}\ninstances:\n"
     text += "".join(f"  - name: w{i}\n    url: http://127.0.0.1:{p}\n" for i, p in enumerate(ports))
     fd, path = tempfile.mkstemp(suffix=".yaml")
     with os.fdopen(fd, "w") as f:
