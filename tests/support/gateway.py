@@ -63,7 +63,7 @@ async def gateway(
     """A gateway for the fleet (fleet file + ``over``), serving at the yielded base URL once every instance
     is in rotation (``in_rotation=False``: at once, for tests that start with an instance down)."""
     fast = {"gateway": {"health_interval_s": 0.2, "metrics_interval_s": 0.2}}
-    cfg = parse_fleet(with_front(merge(merge(fleet.fleet_dict(), fast), over)), RouterFleetConfig)
+    cfg = parse_fleet(merge(with_front(merge(fleet.fleet_dict(), fast)), over), RouterFleetConfig)
     gw = Gateway(cfg, tokens=FleetTokens.from_config(cfg, loader=SHARED))
     try:
         async with serving(gw, build_gateway(gw)) as base:
