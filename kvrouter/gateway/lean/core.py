@@ -152,10 +152,9 @@ class LeanSite(web.BaseSite):
         return f"http://{self.host}:{self.port}"
 
     async def start(self) -> None:
-        await super().start()
         server = self._runner.server
         assert server is not None
-        self.core = core = LeanCore(self.gw, server)
+        core = LeanCore(self.gw, server)
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             core.protocol,
@@ -164,6 +163,8 @@ class LeanSite(web.BaseSite):
             backlog=self._backlog,
             reuse_port=self.reuse_port or None,
         )
+        await super().start()  # registered with the runner once listening (a failed start may be retried)
+        self.core = core
         core.start()
 
     async def stop(self) -> None:
