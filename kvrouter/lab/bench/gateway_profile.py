@@ -217,8 +217,10 @@ def _wait(url: str, timeout: float = 120) -> bool:
     return False
 
 
-def profile(front: str, *, n: int = 5000, conc: int = 32, rate: int = 250, seed: int = 7) -> dict[str, Any]:
-    """Run the router with ``front`` under load, profiled; see the module docstring."""
+def profile(
+    front: str, *, n: int = 5000, conc: int = 32, seed: int = 7, shapes: tuple[str, ...] = ("small", "big")
+) -> dict[str, Any]:
+    """Run the router with ``front`` under load of ``shapes``, profiled; see the module docstring."""
     from kvrouter.lab.bench.gateway_bench import free_ports
 
     d, py = peerbench_dir(), peer_python("bench")
@@ -231,7 +233,7 @@ def profile(front: str, *, n: int = 5000, conc: int = 32, rate: int = 250, seed:
     rng = random.Random(seed)
     small = "Hello, how are you today? " * 4
     big = _words(rng, 1500)
-    shapes = {
+    every = {
         "small": (
             "/v1/completions",
             lambda i: {"model": "fake-model", "prompt": f"{i} " + small, "max_tokens": 8},
@@ -273,7 +275,7 @@ def profile(front: str, *, n: int = 5000, conc: int = 32, rate: int = 250, seed:
             else None
         )
         try:
-            phases = asyncio.run(_load(base, shapes, n, conc, rt.pid))
+            phases = asyncio.run(_load(base, {k: every[k] for k in shapes}, n, conc, rt.pid))
         finally:
             if perf_p is not None:
                 perf_p.send_signal(signal.SIGINT)
@@ -297,7 +299,14 @@ def profile(front: str, *, n: int = 5000, conc: int = 32, rate: int = 250, seed:
         os.unlink(fleet)
 
 
-if __name__ == "__main__":  # ``python -m kvrouter.lab.bench.gateway_profile [front ...]``
+if __name__ == "__main__":  # ``python -m kvrouter.lab.bench.gateway_profile [--shapes small] [front ...]``
+    import argparse
     import json
 
-    print(json.dumps({f: profile(f) for f in (sys.argv[1:] or ["aiohttp"])}, indent=1))
+    ap = argparse.ArgumentParser()
+    ap.add_argument("fronts", nargs="*", default=["lean"])
+    ap.add_argument("--shapes", default="small,big")
+    ap.add_argument("--n", type=int, default=5000)
+    a = ap.parse_args()
+    shapes = tuple(a.shapes.split(","))
+    print(json.dumps({f: profile(f, n=a.n, shapes=shapes) for f in a.fronts}, indent=1))
