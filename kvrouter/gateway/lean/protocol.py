@@ -40,6 +40,8 @@ log = logging.getLogger("kvrouter.gateway.lean")
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _MAX_PENDING = 32
 """Pipelined requests buffered at most per connection; past it the connection stops reading."""
+MAX_HEAD = 64 << 10
+"""Bytes a request's line and headers may take (the parser buffers them whole): more is a 431."""
 
 
 class _HandOver(Exception):
@@ -67,6 +69,8 @@ class LeanProtocol(asyncio.Protocol):
         self._fresh = True
         self._begins = 0
         self._raw: list[bytes] | None = None
+        self._in_head = False
+        self._head_size = 0
         self._raw_ok = False
         self._discard = False
         self._write_paused = False
@@ -85,8 +89,12 @@ class LeanProtocol(asyncio.Protocol):
         self._begins = 0
         if self._between:  # this chunk begins a request: kept until its head says whose it is
             self._raw = [data]
-        elif self._raw is not None:
-            self._raw.append(data)
+            self._head_size = len(data)
+        else:
+            if self._raw is not None:
+                self._raw.append(data)
+            if self._in_head:
+                self._head_size += len(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserCallbackError as e:
@@ -99,6 +107,9 @@ class LeanProtocol(asyncio.Protocol):
             self._hand_over_or_close()
         except httptools.HttpParserError as e:
             self._refuse(400, f"malformed HTTP request: {e}")
+            return
+        if self._in_head and self._head_size > MAX_HEAD:
+            self._refuse(431, f"the request's line and headers are longer than {MAX_HEAD} bytes")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.gone = True
@@ -123,6 +134,7 @@ class LeanProtocol(asyncio.Protocol):
     # ------------------------------------------------------------------ httptools callbacks
     def on_message_begin(self) -> None:
         self._between = False
+        self._in_head = True
         self._raw_ok = self._fresh and self._begins == 0
         self._begins += 1
         self._url = b""
@@ -135,6 +147,7 @@ class LeanProtocol(asyncio.Protocol):
         self._raw_headers.append((name, value))
 
     def on_headers_complete(self) -> None:
+        self._in_head = False
         url = self._url
         q = url.find(b"?")
         route = self.core.routes.get(url if q < 0 else url[:q])

@@ -142,6 +142,10 @@ async def test_too_large_and_malformed_requests_get_a_4xx_with_a_reason(lean: tu
         w.write(b"POST /v1/completions HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n")
         a = await read_answer(r)
         assert a.status == 400 and "malformed" in a.json()["error"]["message"]
+    async with connect(base) as (r, w):  # a head the parser would buffer without end
+        w.write(b"POST /v1/completions HTTP/1.1\r\nX-Long: " + b"a" * (200 << 10))
+        a = await read_answer(r)
+        assert a.status == 431 and "headers are longer" in a.json()["error"]["message"]
     async with connect(base) as (r, w):
         w.write(post("/v1/chat/completions", b"{not json"))
         a = await read_answer(r)
