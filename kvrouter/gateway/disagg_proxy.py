@@ -62,10 +62,7 @@ class DisaggProxy:
         self.pd = proxy.pipeline.m.pd
 
     def _timeout(self) -> aiohttp.ClientTimeout:
-        px = self.proxy
-        return aiohttp.ClientTimeout(
-            total=None, connect=px.connect_timeout_s, sock_read=px.first_byte_timeout_s
-        )
+        return self.proxy.timeout
 
     async def route(self, down: Downstream, p: Prepared, path: str) -> None:
         """Plan a prepared request of a disaggregated model (waiting for capacity), then forward it."""

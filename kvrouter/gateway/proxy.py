@@ -101,6 +101,11 @@ class Proxy:
         self.connect_timeout_s = connect_timeout_s
         self.max_retries = max_retries
         self.upstream_api_key = upstream_api_key
+        self.timeout = aiohttp.ClientTimeout(
+            total=None, connect=connect_timeout_s, sock_read=first_byte_timeout_s
+        )
+        """Every attempt's: a connection in ``connect_timeout_s``, the answer's head in
+        ``first_byte_timeout_s`` (built once: an attrs object per attempt cost 1 % of the CPU)."""
 
     def upstream_headers(self, down: Downstream, p: Prepared, chosen: Candidate) -> dict[str, str]:
         """What is sent upstream with a request to ``chosen`` (the disaggregated proxy's legs too)."""
@@ -178,9 +183,7 @@ class Proxy:
         t0: float,
     ) -> None:
         url = self.pool.url(chosen.instance) + path
-        timeout = aiohttp.ClientTimeout(
-            total=None, connect=self.connect_timeout_s, sock_read=self.first_byte_timeout_s
-        )
+        timeout = self.timeout
         on_id = None
         if p.req.kind == "responses":
 
