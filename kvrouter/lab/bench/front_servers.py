@@ -6,7 +6,7 @@
     S = lean     the gateway's lean core protocol (``gateway.lean``), its handler a bare pass-through
         aiohttp  an aiohttp handler doing the same
         granian  an RSGI app doing the same (granian 2: Rust HTTP server, one worker, one runtime thread,
-                 uvloop)
+                 uvloop; not a dependency: ``pip install granian`` to measure it)
 
 No routing, no tokenizing: only the server's cost around one upstream request differs.  CPU per request
 is the server's process tree's ``/proc`` CPU over the measured requests (granian's Rust threads
@@ -190,6 +190,9 @@ def main(a: argparse.Namespace) -> dict[str, Any]:
                     f"{here}:rsgi_app",
                 ],
             }[name]  # fmt: skip
+            if not Path(cmd[0]).exists():
+                out[name] = {"skipped": f"{cmd[0]} is not installed (pip install granian)"}
+                continue
             p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             try:
                 url = f"http://127.0.0.1:{port}/v1/completions"
