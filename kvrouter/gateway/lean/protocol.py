@@ -226,8 +226,9 @@ class LeanProtocol(asyncio.Protocol):
 
     # ------------------------------------------------------------------ writing
     def write(self, bufs: Iterable[bytes]) -> None:
-        if not self.gone and self.transport is not None:
-            self.transport.writelines(bufs)
+        t = self.transport
+        if not self.gone and t is not None and not t.is_closing():
+            t.writelines(bufs)
 
     async def drained(self) -> None:
         """Back once the transport can take more (the client reads slower than the upstream writes);
