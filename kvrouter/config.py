@@ -28,6 +28,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import msgspec
 
@@ -65,6 +66,10 @@ class RoutingConfig(PolicySettings, frozen=True):
     """Speculative index entries for requests just sent (a burst of a new prefix stays together)."""
     shadow: bool = True
     """Shadow scoring: what every other policy would have chosen, as metrics."""
+    shadow_every: int = 16
+    """Shadow-score one decision in this many (1: every one).  Asking five other policies costs about
+    as much CPU as the decision itself; a sample tells the same shares (``kvrouter_shadow_scored_total``
+    counts the decisions scored)."""
     disaggregation: DisaggSettings = DisaggSettings()
     """How models whose instances have prefill/decode roles are split (``routing.disagg``)."""
 
@@ -139,6 +144,10 @@ class GatewayConfig(msgspec.Struct, frozen=True):
     lean_client: bool = True
     """Send routed requests to http:// upstreams through the gateway's own HTTP/1.1 client
     (``gateway/upstream_http.py``), which costs less CPU per request than aiohttp's; false: aiohttp's."""
+    front: Literal["aiohttp", "lean"] = "lean"
+    """The server in front: ``lean`` serves the routed routes (completions, chat, responses, messages,
+    invocations, pooling: POST) with its own HTTP/1.1 core (``gateway/lean``) and hands every other
+    request's connection to aiohttp on the same port; ``aiohttp``: aiohttp serves every route."""
 
 
 class ParityConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -261,6 +270,8 @@ class RouterFleetConfig(FleetConfig, frozen=True, forbid_unknown_fields=True):
             raise ConfigError("limits: queue_size must be >= 0 and queue_timeout_s > 0")
         if self.limits.max_requests < 0:
             raise ConfigError("limits: max_requests must be >= 0")
+        if self.routing.shadow_every < 1:
+            raise ConfigError("routing.shadow_every must be at least 1")
 
     def router_config(self, policy: str | None = None) -> RouterConfig:
         r = self.routing

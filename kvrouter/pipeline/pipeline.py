@@ -164,6 +164,7 @@ class RequestPipeline:
         self.held_host: HeldCount | None = None
         """The host's count of held requests (several workers: ``limits.max_requests`` bounds them all)."""
         self._ids = itertools.count()
+        self._decisions = 0
         self.id_prefix = "r"
         """Request ids are ``<prefix><n>``: unique in this process (each worker of a host has its own)."""
 
@@ -574,7 +575,10 @@ class RequestPipeline:
             self.metrics.spills.inc()
         if d.chosen is None:
             return
-        if d.shadow_basis is not None:
+        self._decisions += 1
+        if self._decisions % self.cfg.routing.shadow_every:
+            d.shadow_basis = None  # not in the sample (``routing.shadow_every``)
+        elif d.shadow_basis is not None:
             # Deferred: scored when this task next yields (its upstream request is being sent by then).
             asyncio.get_running_loop().call_soon(self._record_shadow, d)
         else:
@@ -582,6 +586,7 @@ class RequestPipeline:
 
     def _record_shadow(self, d: Decision) -> None:
         assert d.chosen is not None
+        self.metrics.shadow_scored.inc()
         self.metrics.shadow_cached.labels(d.policy).inc(d.chosen.hit_tokens)
         for name, sh in self.router.shadow(d).items():
             self.metrics.shadow_cached.labels(name).inc(sh.cached_tokens)

@@ -52,7 +52,7 @@ async def post(
 async def test_routing_goes_where_the_cache_is(fleet: SimFleet) -> None:
     rng = random.Random(1)
     system = words(rng, 600)
-    async with gateway(fleet) as (gw, base), aiohttp.ClientSession() as s:
+    async with gateway(fleet, routing={"shadow_every": 1}) as (gw, base), aiohttp.ClientSession() as s:
         body = {
             "model": MODEL,
             "max_tokens": 4,
@@ -89,6 +89,23 @@ async def test_routing_goes_where_the_cache_is(fleet: SimFleet) -> None:
         }
         assert set(shadow) == {"kv-aware", "prefix-hash", "least-loaded", "round-robin", "random", "session"}
         assert shadow["kv-aware"] == sum(pred for pred, _ in hits) + int(h1["x-kvrouter-cached-tokens"])
+        assert "kvrouter_shadow_scored_total 6.0" in m
+
+
+async def test_shadow_scoring_samples_one_decision_in_shadow_every(fleet: SimFleet) -> None:
+    async with gateway(fleet, routing={"shadow_every": 3}) as (_gw, base), aiohttp.ClientSession() as s:
+        for i in range(7):
+            body = {"model": MODEL, "max_tokens": 2, "prompt": f"sample {i} of the shadow scoring"}
+            st, _, d = await post(s, f"{base}/v1/completions", body)
+            assert st == 200, d
+        m = await (await s.get(f"{base}/metrics")).text()
+        scored = {
+            sample.name: sample.value
+            for fam in text_string_to_metric_families(m)
+            for sample in fam.samples
+            if sample.name == "kvrouter_shadow_scored_total"
+        }
+        assert scored["kvrouter_shadow_scored_total"] == 2  # decisions 3 and 6 of 7
 
 
 async def test_a_burst_of_a_new_prefix_sticks_together(fleet: SimFleet) -> None:

@@ -22,6 +22,7 @@ import pytest
 import yaml
 from aiohttp import web
 
+from tests.support.gateway import with_front
 from tests.support.net import free_port
 from tests.support.wait import until, until_async
 
@@ -96,7 +97,7 @@ class HeldFleet:
 @asynccontextmanager
 async def serve(tmp: Path, fleet: dict[str, Any], workers: int = 2) -> AsyncIterator[tuple[str, int]]:
     path = tmp / "fleet.yaml"
-    path.write_text(yaml.safe_dump(fleet))
+    path.write_text(yaml.safe_dump(with_front(fleet)))
     port = free_port()
     cmd = [sys.executable, "-m", "kvrouter.cli", "--log-level", "WARNING", "serve", "--fleet", str(path)]
     cmd += ["--port", str(port), "--workers", str(workers), "--no-events"]
