@@ -122,9 +122,9 @@ async def responses_chain(base: str, rng: random.Random, first: Tally, later: Ta
 
 async def _run_kinds(base: str, rng: random.Random) -> dict[str, Tally]:
     out = {
-        "completions": await run_calls(base, completion_calls(rng)),
-        "chat with tools and tool calls": await run_calls(base, chat_calls(rng)),
-        "messages": await run_calls(base, message_calls(rng)),
+        "completions": await run_calls(base, completion_calls(rng), health=base + "/health"),
+        "chat with tools and tool calls": await run_calls(base, chat_calls(rng), health=base + "/health"),
+        "messages": await run_calls(base, message_calls(rng), health=base + "/health"),
     }
     out["responses (store), first turns"] = Tally()
     await responses_chain(base, rng, out["responses (store), first turns"], Tally())
@@ -138,7 +138,9 @@ async def test_every_api_predicts_what_vllm_reports(fleet: RealFleet, tmp_path: 
     rng = random.Random(5)
     try:
         before = await _run_kinds(gw.url, rng)
-        await run_calls(gw.url, AgentWorkload(seed=9, systems=8).calls(40))  # fills and evicts every cache
+        await run_calls(
+            gw.url, AgentWorkload(seed=9, systems=8).calls(40), health=gw.url + "/health"
+        )  # fills and evicts every cache
         after = await _run_kinds(gw.url, rng)
     finally:
         gw.stop()
