@@ -59,7 +59,9 @@ from .parity import ParityTracker
 from .tokens import TokenSource
 from .trace_steps import trace_decision, trace_plan, usage_attrs
 
-SAGEMAKER_AFFINITY = "X-Amzn-SageMaker-Prefix-Aware-Id"
+SAGEMAKER_AFFINITY = "x-amzn-sagemaker-prefix-aware-id"
+"""Header names here are lower case: aiohttp's and the lean core's lookups ignore case, the picker's map is
+lower-cased (Envoy's HTTP/2 names), so only lower case reads the same through every front door."""
 _T = TypeVar("_T")
 
 
@@ -248,10 +250,10 @@ class RequestPipeline:
             rec.phase(
                 "kvrouter.parse", ns0, ns1, {"kvrouter.kind": req.kind, "kvrouter.body_bytes": len(raw)}
             )
-            tenant = self.cfg.tenants.api_keys.get(bearer(headers.get("Authorization")))
+            tenant = self.cfg.tenants.api_keys.get(bearer(headers.get("authorization")))
             rec.facts.update(model=req.model, tenant=None if tenant is None else tenant.name)
         req.session = headers.get(self.cfg.routing.session.header) or req.session
-        salt = self.tenant_salt(headers.get("Authorization"), operator=operator)
+        salt = self.tenant_salt(headers.get("authorization"), operator=operator)
         if salt is not None and req.cache_salt != salt:
             # A tenant's salt is enforced, never chosen by the client: its cache stays its own.
             req.set_salt(salt)
