@@ -186,10 +186,19 @@ class ResponsesConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """An id not remembered (made before this router started, or by a replica whose news did not arrive) is
     looked for on every healthy instance (``GET /v1/responses/{id}``) before answering 404."""
     probe_timeout_s: float = 2.0
+    history_entries: int = 10_000
+    """Stored responses whose conversation (the messages vLLM rendered and the output it answered) each
+    router process keeps, so that a continuation (``previous_response_id``) is tokenized as vLLM renders it
+    and routed on its cached blocks like any request (0: none kept; continuations go to their instance
+    without tokens)."""
+    history_bytes: int = 64 << 20
+    """The most those conversations hold in all, as JSON bytes (the least recently used go first)."""
 
     def validate(self) -> None:
         if self.affinity_ttl_s <= 0 or self.max_entries < 1 or self.probe_timeout_s <= 0:
             raise ConfigError("responses: affinity_ttl_s and probe_timeout_s must be > 0, max_entries >= 1")
+        if self.history_entries < 0 or self.history_bytes < 0:
+            raise ConfigError("responses: history_entries and history_bytes must be >= 0")
 
 
 class AdapterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

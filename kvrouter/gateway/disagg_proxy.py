@@ -203,13 +203,16 @@ class DisaggProxy:
         headers = self.proxy.upstream_headers(down, p, d)  # (after: the decode leg's trace context)
         headers["x-request-id"] = rid
         t0 = time.monotonic()
-        on_id = None
+        on_id = on_output = None
         if p.req.kind == "responses":  # the decode instance stores the response: follow-ups go there
 
             def on_id(response_id: str) -> None:
                 self.pipeline.response_seen(p, response_id, d)
 
-        watcher = UsageWatcher(on_id)
+            def on_output(response_id: str, output: list[dict[str, Any]]) -> None:
+                self.pipeline.response_done(p, response_id, output)
+
+        watcher = UsageWatcher(on_id, on_output)
         resp: Answer | None = None
         done = False
         try:  # the leg's load is released in every path, exactly once (the finally)

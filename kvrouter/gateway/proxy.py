@@ -21,6 +21,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import aiohttp
 
@@ -188,13 +189,16 @@ class Proxy:
     ) -> None:
         url = self.pool.url(chosen.instance) + path
         timeout = self.timeout
-        on_id = None
+        on_id = on_output = None
         if p.req.kind == "responses":
 
             def on_id(rid: str) -> None:
                 self.pipeline.response_seen(p, rid, chosen)
 
-        watcher = UsageWatcher(on_id)
+            def on_output(rid: str, output: list[dict[str, Any]]) -> None:
+                self.pipeline.response_done(p, rid, output)
+
+        watcher = UsageWatcher(on_id, on_output)
         resp: Answer | None = None
         done = False
         try:  # the attempt's load is released in every path, exactly once (the finally)

@@ -38,9 +38,11 @@ from indexer import LookupResult
 from indexer.extra_keys import mm_request_chains
 from indexer.hashing import TokenIds, request_chains
 from indexer.types import SourceKey
+from tokenizer_cache.agent_inputs import AgentInputError, responses_messages
 
 from ..api.errors import NotFound, Overloaded, ServiceUnavailable, Unauthorized
 from ..api.kv_transfer import leg_kind
+from ..api.parsed import StoredConversation
 from ..api.requests import Kind, ParsedRequest, parse_body
 from ..api.responses import ResponseNotFound
 from ..api.routes import is_admin
@@ -56,6 +58,7 @@ from .event_watch import EventWatch
 from .gate import CapacityGate, QueueFull
 from .metrics import PipelineMetrics
 from .parity import ParityTracker
+from .response_history import ResponseHistory
 from .tokens import TokenSource
 from .trace_steps import trace_decision, trace_plan, usage_attrs
 
@@ -156,6 +159,7 @@ class RequestPipeline:
         self.event_watch = EventWatch(cfg.block_size)
         """Requests that must have made their instance publish, against what its live stream brought."""
         self.affinity = ResponseAffinity(cfg.responses.affinity_ttl_s, cfg.responses.max_entries)
+        self.history = ResponseHistory(cfg.responses.history_entries, cfg.responses.history_bytes)
         self.find_response = find_response if cfg.responses.probe else None
         self.gate = CapacityGate(
             cfg.limits.queue_size, cfg.limits.queue_timeout_s, on_depth=self.metrics.queue_depth.set
@@ -265,6 +269,7 @@ class RequestPipeline:
         pinned: Holder | None = None
         if req.previous_response_id is not None:
             pinned = await self.holder(req.previous_response_id)
+            req.history = self.history.get(req.previous_response_id)
         if rec is not None:
             ns1 = time.time_ns()
         tokens = await self.tokens.tokens(req)
@@ -356,6 +361,26 @@ class RequestPipeline:
         """A response id came back from ``chosen``: a later request continuing it must go there."""
         if p.req.store:
             self.affinity.record(response_id, Holder(chosen.instance, p.inp.num_tokens), time.monotonic())
+
+    def response_done(self, p: Prepared, response_id: str, output: list[dict[str, Any]]) -> None:
+        """A stored response was answered: what vLLM keeps for its continuations is kept here too (the
+        messages rendered for it, as ``construct_input_messages`` builds them, and its output items)."""
+        req = p.req
+        if not req.store or self.history.max_entries <= 0:
+            return
+        if req.previous_response_id is not None and req.history is None:
+            return  # its history is not known here, so neither is what the instance stored
+        prev = req.history
+        try:
+            messages = responses_messages(
+                req.body.get("instructions"),
+                req.body.get("input"),
+                previous_messages=prev.messages if prev is not None else None,
+                previous_output=prev.output if prev is not None else None,
+            )
+        except AgentInputError:
+            return  # vLLM refused it, so stored nothing
+        self.history.put(response_id, StoredConversation(messages, output))
 
     def prepare_bodyless(self) -> Prepared:
         """A request without a body (a GET through a gateway that sends every request to its picker):
