@@ -1,24 +1,18 @@
 """The fleet's chain table: which groups of 64 sources hold each chain hash, in which kinds.
 
-One open-addressing table (``indexer.probing``) with four kinds of entry, told apart by their tag::
+One open-addressing table (``indexer.probing``); tag 0 marks an empty bucket, so any 64-bit hash is a key::
 
-    (chain, PRIMARY)    group g inline: mask of g's slots holding the chain    | or -ng: the chain is held
-    (chain, ORD + o)    the o-th of its ng groups, with that group's mask      |  by ng >= 2 groups
-    (chain, SIDE + g)   row of SP: per-kind masks [gpu, cpu, storage, speculative] of group g, present
-                        only while some slot of g holds the chain in a kind other than GPU
+    (chain, PRIMARY)    group g inline: mask of g's slots holding the chain | or -ng: held by ng >= 2 groups
+    (chain, ORD + o)    the o-th of its ng groups, with that group's mask
+    (chain, SIDE + g)   per-kind masks [gpu, cpu, storage, speculative] of group g, only while some slot
+                        of g holds the chain in a kind other than GPU (without it, every bit is GPU)
 
-Every entry of a chain has the chain's home bucket, so a chain's groups sit in one probe run: a lookup
-reads them in one pass over adjacent buckets.  A group entry's mask is the OR of its kinds' masks;
-without a side row all its bits are GPU.
+Every entry of a chain has the chain's home bucket, so a lookup reads its groups in one probe run.
 
-Invariants
-* a chain has a PRIMARY entry iff some slot holds it in some kind; a group's mask is never 0;
-* a group entry's side flag (bit 0 of ``g``) is set iff its SIDE row exists, and the row's
-  cpu | storage | speculative part is then not 0;
-* ordinals of a chain's groups are exactly 0 .. ng-1, and ng >= 2 (a chain left with one group goes back
-  inline).
-
-Tag 0 marks an empty bucket, so any 64-bit chain hash is a valid key.
+Invariants: a chain has a PRIMARY entry iff some slot holds it in some kind; a group's mask is never 0
+(it is the OR of its kinds' masks); a group's side flag (bit 0 of ``g``) is set iff its SIDE row exists,
+and that row's cpu | storage | speculative part is then not 0; a chain's ordinals are exactly 0 .. ng-1
+with ng >= 2 (a chain left with one group goes back inline).
 """
 
 from __future__ import annotations

@@ -1,27 +1,17 @@
-"""The fleet file (YAML), shared by every kvrouter command, and the indexer's part of it.
-
-::
+"""The fleet file (YAML), shared by every kvrouter command, and the indexer's part of it::
 
     block_size: 16
     tokenizer: /models/llama                # optional: the fleet's tokenizer (see tokenizer_cache)
     instances:
-      - name: vllm-0
-        url: http://vllm-0:8000             # its OpenAI server (the router proxies here)
-        events: tcp://vllm-0:5557           # vLLM's --kv-events-config endpoint, as seen from kvrouter
-        events_mode: connect                # bind: vLLM connects out to events (its endpoint names a host)
-        replay: tcp://vllm-0:5558           # optional: its replay_endpoint
-        topic: ""                           # optional subscription prefix
-        dp_size: 1                          # ranks 1.. use port+rank, as vLLM does
-        role: both                          # prefill | decode | both (disaggregated fleets; see below)
+      - {name: vllm-0, url: http://vllm-0:8000, events: tcp://vllm-0:5557, events_mode: connect,
+         replay: tcp://vllm-0:5558, topic: "", dp_size: 1, role: both}   # dp ranks 1.. use port+rank
     bind: tcp://10.0.0.5:5557               # optional bind mode: instances connect, topic kv@<name>@<model>
-    indexer:
-      bind_accept: listed                   # bind mode: only the instances above may publish
-    tiers:                                  # optional: shared stores and load bandwidths (indexer.tiers)
-      shared: [{name: l2, medium: STORAGE, capacity_blocks: 2000000, max_age_s: 3600}]
+    indexer: {bind_accept: listed}          # bind mode: only the instances above may publish
+    tiers: {shared: [{name: l2, medium: STORAGE, capacity_blocks: 2000000, max_age_s: 3600}]}
 
 Decoded with msgspec (types checked, defaults in code), then ``validate()`` checks what types cannot.  The
-router's own settings extend this struct in ``kvrouter.config``.  A key that no struct knows is refused
-with its path and the nearest valid name (``parse_fleet``).
+router's settings extend this struct in ``kvrouter.config``.  A key no struct knows is refused with its
+path and the nearest valid name (``parse_fleet``).  docs/configuration.md lists every field.
 """
 
 from __future__ import annotations

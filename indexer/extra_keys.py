@@ -1,21 +1,15 @@
 """Per-block extra keys: what vLLM puts beside a block's tokens in its cache key, on both sides of the index.
 
-vLLM keys a block by ``(parent, tokens, extra_keys)``.  Its events (0.20 and later) send one entry per block,
-None or ``[lora_name?, [identifier, offset]..., cache_salt?, embeds_digest?]`` (docs/multimodal.md, section
-5).  The index keeps LoRA and salt in the chain's base (``hashing.base_hash``); what is left of a block's
-keys is mixed into its content hash here, the same way from an event and from a request::
-
-    event entry ──decode_block_keys──▶ BlockKeys(mm=((id, off), ...), other=(...))  ─┐
-                                                                                     ├─ mix ─▶ content'
-    request items (id, offset, length) ──block_mm_keys──▶ ((id, off), ...) per block ┘
+vLLM keys a block by ``(parent, tokens, extra_keys)``; its events send per block None or
+``[lora_name?, [identifier, offset]..., cache_salt?, embeds_digest?]`` (docs/multimodal.md, section 5).
+LoRA and salt live in the chain's base (``hashing.base_hash``); the rest is mixed into the block's content
+hash here, the same way from an event (``decode_block_keys``) and from a request (``block_mm_keys``).
 
 A block's multimodal keys are one ``(identifier, offset - block start)`` pair per item whose placeholder
 range ``[offset, offset + length)`` overlaps the block, in prompt order, as vLLM's
-``_gen_mm_extra_hash_keys`` computes them (the offset is negative for an item begun in an earlier block).
-Keys the router never computes for a request (prompt-embeds digests, shapes of later releases) still change
-the block's hash, so such a block never matches a request's.
-
-Pure: no I/O.
+``_gen_mm_extra_hash_keys`` computes them (negative for an item begun in an earlier block).  Keys the
+router never computes for a request (prompt-embeds digests, later shapes) still change the block's hash,
+so such a block never matches a request's.  Pure: no I/O.
 """
 
 from __future__ import annotations

@@ -2,20 +2,17 @@
 
 For one source (slot ``bit`` of group ``g``), each row in order, exactly as ``BlockIndex`` does::
 
-    STORED   chain the blocks after the parent's chain (from the source's engine table) or after 0, set
-             the bit in the medium, map each engine hash to its chain     (BlockIndex.store_content)
-    LINK     each engine hash's chain from the engine table (unknown ones counted), bit set in the
-             medium                                                        (BlockIndex.store, offloads)
-    REMOVED  per engine hash, in order: unknown or not held in the medium is counted; else the bit is
-             cleared, and the engine id dropped once no medium holds it    (BlockIndex.remove)
+    STORED   chain the blocks after the parent's chain (engine table) or 0, set the bit in the medium,
+             map each engine hash to its chain                          (BlockIndex.store_content)
+    LINK     each engine hash's chain from the engine table (unknown counted), bit set   (store, offloads)
+    REMOVED  per engine hash: unknown or not held is counted; else clear the bit, and drop the engine id
+             once no medium holds it                                    (BlockIndex.remove)
     NOOP     nothing (a stored event without blocks)
 
-The call stops before the first row the Python path must take, having changed nothing for it: a stored
-event whose parent is unknown (an error the Indexer records and acts on), one that could take the source
-past its cap (the Python path raises exactly where it must), a removal while the slot may hold
-references beyond the first (kept in a Python map by ``BlockIndex``; also once a row of this call added
-one).  ``ingest`` parses and applies in one call when the tables have room for the whole payload; the
-caller grows them otherwise (only the owner ever reallocates a table).
+Invariant: the call stops before the first row the Python path must take, having changed nothing for it
+(a stored event with an unknown parent, one that could take the source past its cap, a removal while the
+slot may hold references beyond the first).  ``ingest`` parses and applies in one call when the tables
+have room for the whole payload; otherwise the caller grows them (only the owner reallocates a table).
 """
 
 from __future__ import annotations

@@ -1,29 +1,18 @@
 """The wire's fast path: the shapes a healthy fleet sends all day, parsed in one compiled pass.
 
-``wire.BatchDecoder`` (msgspec) is the reference decoder: every release's shape, bad events isolated and
-counted.  This module reads only the common shapes and declines everything else::
+``wire.BatchDecoder`` is the reference decoder (every release's shape, bad events isolated and counted);
+this module reads only ``[ts, [event, ...]]`` or ``[ts, [event, ...], rank | nil]`` with BlockStored /
+BlockRemoved events, positional or map, into ``rows[i] = [kind, medium, n, first engine, has parent,
+parent, first block, 0]`` plus the engine hashes and the stored blocks' content hashes back to back.
 
-    [float64 ts, [event, ...]]  or  [float64 ts, [event, ...], rank | nil]
-    event = BlockStored | BlockRemoved, positional (<= 0.23) or map (>= 0.24), shapes mixed freely
-      ──parse──▶  rows[i] = [kind, medium, n, first engine, has parent, parent, first block, 0]
-                  engines: the events' engine hashes back to back (64 bits, as ``wire.engine_hash_i64``)
-                  blocks:  the content hash of each stored block's tokens (``hashing``'s block hash)
+A payload is accepted only when the reference decoder would decode it to exactly these events with
+nothing skipped and ``EventApplier._stored`` / ``_removed`` would take their plain path: int
+``block_size``; uint ``token_ids`` below 2**32 covering exactly the blocks (or an offload placeholder
+``[]``); nil ``lora_name``; ``extra_keys`` nil or only nils; ``group_idx`` nil or 0; ``medium`` nil, GPU,
+CPU or STORAGE; every other key or trailing element nil; no key twice; ASCII strings.
 
-Accepted (the caller may apply the rows instead of the reference decoder's events) only when the
-reference decoder would decode the payload to exactly these events with nothing skipped, and
-``EventApplier._stored`` / ``_removed`` would take their plain path:
-
-* stored: ``block_size`` an int, the index's unless the event is an offload placeholder; ``token_ids``
-  msgpack uints below 2**32 covering exactly the blocks, or the offload placeholder ``[]``; ``lora_name``
-  nil; ``extra_keys`` nil or only nils; ``group_idx`` nil or 0; ``medium`` nil, "GPU", "CPU" or
-  "STORAGE"; ``lora_id`` an int or nil; ``kv_cache_spec_kind`` an ASCII str or nil;
-  ``kv_cache_spec_sliding_window`` an int or nil;
-* removed: ``medium`` and ``group_idx`` as above;
-* every other key or trailing element nil; no key twice; strings ASCII; hashes ints or bytes.
-
-Anything else (an AllBlocksCleared, a LoRA, a salt, another KV group, a field some later code reads) is
-declined and the caller takes the reference path for the whole payload, so what the index ends up
-holding never depends on which path ran (``tests/indexer/test_fast_ingest.py`` checks exactly that).
+Anything else is declined and the caller takes the reference path for the whole payload, so what the
+index holds never depends on which path ran (``tests/indexer/test_fast_ingest.py`` checks exactly that).
 """
 
 from __future__ import annotations

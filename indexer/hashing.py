@@ -1,21 +1,18 @@
 """kvrouter's own chained block hash.
 
-vLLM's block hashes depend on its algorithm, its seed and its release, so an external router cannot
-reproduce them reliably.  Requests and events therefore meet on a hash of our own, computed from token ids
-(events carry them) and from the keys that change vLLM's cache key (LoRA name, ``cache_salt``)::
+vLLM's block hashes depend on its algorithm, seed and release, so an external router cannot reproduce
+them.  Requests and events meet on a hash of our own, from token ids and the keys that change vLLM's
+cache key (LoRA name, ``cache_salt``)::
 
     H_k = NH(tokens of block k)                     a 64-bit hash of the block's token values (ids < 2**32)
     c_0 = P * base + H_0                            base = stable hash of (LoRA name, cache_salt)
     c_k = P * c_{k-1} + H_k          (mod 2**64)    so c_k depends on every token before it
 
-Both sides reach the token values through msgpack: events carry ``token_ids`` as msgpack (kept raw by the
-decoder), and a request's token list is encoded with msgspec (3-5 ns a token, far cheaper than turning a
-Python list into an array).  One compiled pass (numba) then reads the ints and hashes the blocks, so ingest
-never allocates a Python int per token.  Only full blocks are hashed, as in vLLM.  ``base`` keeps tenants
-(salts) and adapters apart: every chain value differs.
-
-The content hashes ``H_k`` do not depend on salt or LoRA, so callers may cache them per prompt prefix and
-chain them under any base later.
+Both sides reach token values through msgpack (events carry ``token_ids`` raw; a request's list is
+encoded with msgspec), and one compiled pass reads the ints and hashes the blocks, so ingest never
+allocates a Python int per token.  Only full blocks are hashed, as in vLLM.  ``base`` keeps tenants and
+adapters apart; the content hashes ``H_k`` do not depend on it, so callers may cache them per prompt
+prefix and chain them under any base later.
 """
 
 from __future__ import annotations

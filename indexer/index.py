@@ -1,27 +1,18 @@
 """The block index: which chained block hashes each source holds, in which medium.
 
-::
+    _chains        : ChainHash -> the groups holding it (group = slot // 64), each with a mask of its
+                     slots, plus per-kind masks where not all GPU                  (indexer.chain_table)
+    _engine[slot]  : EngineHash -> ChainHash                                       (per source)
+    _extra_refs    : (slot, medium, ChainHash) -> references beyond the first      (sparse)
 
-    sources ──slot──▶ group = slot // 64, bit = 1 << (slot % 64)
+A lookup chains the prompt and walks it once in the chain table (``indexer.match_walk``), stopping at the
+first block nobody holds; its cost follows the matched depth and the groups holding those blocks, not
+the number of sources.  A hole ends a source's match even if later blocks are present.
 
-    _chains        : ChainHash ──▶ the groups holding it, each with a mask of its slots    (one table)
-                     (+ per-kind masks [gpu, cpu, storage, speculative] where not all GPU)
-    _engine[slot]  : EngineHash ──▶ ChainHash                                            (per source)
-    _extra_refs    : (slot, medium, ChainHash) ──▶ references beyond the first             (sparse)
-
-(``indexer.tables`` holds the tables and their compiled kernels.)  A lookup chains the prompt and walks it
-once in the chain table, keeping the masks of the groups still matching and reading each source's depth
-off the depth where its bit disappears; it stops at the first block nobody holds.  Its cost follows the
-matched depth and the groups holding those blocks, not the number of sources.  Holes end a match: a block
-missing from a source ends that source's match even if later blocks are present.
-
-Invariants
-* a chain hash has an entry iff some slot holds it in some medium or speculatively; a group appears for a
-  chain iff some slot of the group does (its mask != 0);
-* ``_engine[slot]`` maps exactly the engine hashes whose chain the slot holds in at least one medium;
-* a slot's reference count for (chain, medium) is ``bit set`` + ``_extra_refs`` (duplicates are counted).
-
-Pure: no I/O, no clock (speculative entries take ``now`` from the caller).
+Invariants: a chain hash has an entry iff some slot holds it in some medium or speculatively, and a group
+appears for it iff some slot of the group does; ``_engine[slot]`` maps exactly the engine hashes whose
+chain the slot holds in some medium; a slot's reference count for (chain, medium) is ``bit set`` +
+``_extra_refs``.  Pure: no I/O, no clock (speculative entries take ``now`` from the caller).
 """
 
 from __future__ import annotations

@@ -6,14 +6,11 @@
     chains[k] ──groups──▶ alive[g] &= mask_k[g]  ──lost bits──▶ those slots matched k blocks
     stop at the first block nobody holds, or when no group is alive
 
-Each step reads the block's groups from one probe run and touches only the groups still alive, so a
-lookup costs the matched depth times the groups holding those blocks, whatever the size of the fleet.
-From a token array the walk hashes each block as it goes (``match_tokens``): blocks past the first one
-nobody holds are never hashed.
-
-Shared stores (``indexer.tiers``) are slots too, never reported: a block a store holds counts, for every
-slot attached to the store, as if the slot held it (``attach[s]``: the attached slots' masks per group),
-and is credited to that store in the row's column ``5 + s`` when the slot holds no copy of its own::
+Each step touches only the groups still alive, so a lookup costs the matched depth times the groups
+holding those blocks, whatever the fleet's size; ``match_tokens`` hashes as it walks, so blocks past the
+first miss are never hashed.  Shared stores (``indexer.tiers``) are slots that are never reported: a block
+a store holds counts for every slot attached to it, and is credited to the store in the row's column
+``5 + s`` when the slot holds no copy of its own::
 
     alive[g] &= mask_k[g] | OR(attach[s][g] for the stores s holding block k)
 """

@@ -1,20 +1,16 @@
 """Index snapshots for warm restarts: blocks plus every source's sequence position and trust.
 
-::
+``Indexer.snapshot()`` writes msgpack (header: format, HASH_VERSION, block_size; sources; blocks); a shell
+stores it (file, Redis) and ``restore()`` checks the header and reloads it before the subscriber connects.
 
-    Indexer ──snapshot()──▶ msgpack: header (format, HASH_VERSION, block_size) + sources + blocks
-       ▲                                              │ a shell stores it (file, Redis) and reloads it
-       └──restore()──── checks header ◀───────────────┘ at start, before the subscriber connects
-
-A restored source is LIVE at its last applied sequence, with its trust and last timestamp.  When the
-subscriber connects, ``SourceSync.on_connect`` asks for a replay from that ``last``: the engine's buffer
-fills only what happened while we were down; a newer timestamp at ``last`` says the engine restarted
-meanwhile (its blocks are reset and the new process is replayed from 0); a buffer that no longer reaches
-``last`` leaves the source ``degraded``.  Without a replay endpoint the first live batch decides the same
-way (in order: apply; a gap: degraded; an older sequence: restart).
+A restored source is LIVE at its last applied sequence, with its trust and last timestamp.  On connect
+``SourceSync.on_connect`` asks for a replay from that ``last``: the engine's buffer fills what happened
+while we were down; a newer timestamp at ``last`` says the engine restarted (its blocks are reset and it
+is replayed from 0); a buffer that no longer reaches ``last`` leaves the source ``degraded``.  Without a
+replay endpoint the first live batch decides the same way (in order: apply; a gap: degraded; older: restart).
 
 Invariant: blocks and positions are taken in one synchronous call, so they describe the same instant.
-Speculative entries are left out: they live seconds, on the process's own clock.  Pure: no I/O, no clock.
+Speculative entries are left out (they live seconds, on the process's own clock).  Pure: no I/O, no clock.
 """
 
 from __future__ import annotations

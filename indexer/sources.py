@@ -1,24 +1,18 @@
 """Sequence tracking for one event publisher (an instance's data-parallel rank), as a pure state machine.
 
-vLLM numbers the batches of each publisher process from 0, +1 per batch, stamps each with the engine's
-clock, and keeps the last ``buffer_steps`` of them for replay.  From (seq, ts) alone we can tell::
+vLLM numbers each publisher's batches from 0, +1 per batch, stamps each with the engine's clock and keeps
+the last ``buffer_steps`` for replay.  From (seq, ts) alone::
 
     seq == last + 1                  in order: apply
     seq >  last + 1                  a gap (HWM drop, slow joiner): replay from last + 1, buffer live batches
-    seq <= last, live, ts newer      the engine restarted (a PUB never repeats): drop the source's state
-    seq <= last, live, ts not newer  a batch a replay already applied, still queued in the socket: skip
-    seq <= last, ts > last's ts      a batch of a newer engine process: it restarted (replayed or drained)
-    seq <= last, ts <= last's ts     a batch we already applied (replay overlap): skip
+    seq <= last, ts newer            a newer engine process: it restarted, drop the source's state
+    seq <= last, ts not newer        already applied (replay overlap, or still queued in the socket): skip
     first seq > 0                    we joined late: replay from 0
 
-After a reconnect the replay starts at ``last`` itself, not ``last + 1``: if the engine that answers still
-has batch ``last`` with the same timestamp it is the same process; a later timestamp means it restarted
-while we were away, even if its new sequence already went past ours.
-
-    COLD ──first batch──▶ LIVE ◀──replay end / timeout── SYNCING
-                           └───── gap / late join / reconnect ───▶┘
-
-Methods return the actions the shell must carry out, in order; nothing here does I/O.
+After a reconnect the replay starts at ``last`` itself: the same timestamp there means the same process,
+a later one that it restarted while we were away.  States: COLD -> LIVE on the first batch; LIVE ->
+SYNCING on a gap, late join or reconnect; SYNCING -> LIVE at replay end or timeout.  Methods return the
+actions the shell must carry out, in order; nothing here does I/O.
 """
 
 from __future__ import annotations

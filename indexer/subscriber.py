@@ -2,18 +2,14 @@
 
 ::
 
-    vLLM PUB ──[topic, seq8, payload]──▶ SUB ─┐                      ┌─▶ Indexer.on_message ─▶ index
-                                               ├─ per-source task ───┤
-    vLLM ROUTER ◀──[b"", start8]── DEALER ─────┘   (replay on gap,   └─▶ Indexer.on_replay / _end
-                ──[b"", (topic,) seq8, payload]…END──▶                     connect and late join)
+    vLLM PUB ──[topic, seq8, payload]──▶ SUB ──▶ per-source task ──▶ Indexer.on_message ──▶ index
+    vLLM ROUTER ◀──[b"", start8]── DEALER      (replay on gap, connect and late join: Indexer.on_replay)
 
 Every decision about sequences lives in the pure ``SourceSync``; this module only moves bytes.  Writes to
-the index happen in the event-loop thread, one message at a time, never across an ``await``.
-
-Fairness and memory: each connect-mode source has its own socket with a receive high-water mark, so a
-flooding publisher fills only its own queue (ZeroMQ drops beyond it; the drop shows up as a sequence gap
-and is recovered by replay), and the reader yields to the loop every few messages so it cannot starve the
-others.  A source that never connects costs a reconnect timer inside ZeroMQ and nothing else.
+the index happen in the event-loop thread, one message at a time, never across an ``await``.  Each
+connect-mode source has its own socket with a receive high-water mark, so a flooding publisher fills
+only its own queue (a drop shows as a sequence gap, recovered by replay), and the reader yields to the
+loop every few messages so it cannot starve the others.
 """
 
 from __future__ import annotations

@@ -1,33 +1,17 @@
 """Tiers beyond an instance's GPU: which events feed a shared store, and how a store that announces no
 removals is bounded.  Pure: no I/O, no clock (ages are measured on the events' own timestamps).
 
-The fleet file's ``tiers:`` section::
+The fleet file's ``tiers:`` section holds ``kv_bytes_per_token``, ``prefill_tokens_per_s``, each
+instance's own ``cpu`` and ``storage`` load bandwidths, and ``shared`` stores several instances attach
+(``name``, ``medium`` and optional ``locality``/ownership of the events that feed it, ``instances``,
+``capacity_blocks``, ``max_age_s``, ``load_gbps``); docs/configuration.md lists the fields.
 
-    tiers:
-      kv_bytes_per_token: 327680      # the model's KV bytes per token, all GPUs of an instance
-      prefill_tokens_per_s: 22000     # one instance's prefill rate: what a cached block saves
-      cpu: {load_gbps: 50}            # each instance's own CPU tier (OffloadingConnector, LMCache L1)
-      storage: {load_gbps: 7}         # each instance's own STORAGE tier
-      shared:                         # stores several instances attach (LMCache remote, Redis, a shared fs)
-        - name: l2
-          medium: STORAGE             # the events that feed it: this medium ...
-          locality: REMOTE            # ... and, when given, this locality and ownership
-          instances: [vllm-0, vllm-1] # attached instances (absent: every instance)
-          capacity_blocks: 2000000    # what it holds at most
-          max_age_s: 3600             # the longest a block is believed without being written again
-          load_gbps: 10
-
-An event from instance ``i`` (a ``BlockStored`` of medium ``m``, locality ``l``, ownership ``o``) goes to
-the first shared store that ``i`` attaches and whose match fits; any other goes to ``i``'s own tiers.  A
-block in a shared store counts for every attached instance.
-
-Stores that announce no removals (vLLM's fs and obj tiers, LMCache's re-emitted pool) would grow without
-end in an index; each such store keeps an ``AgeBook``: its blocks in order of their last announcement,
-at most ``capacity_blocks`` of them and none older than ``max_age_s`` before the newest announcement seen.
-What the book drops, the index drops: an estimate, so the store's trust is ``estimated``.
-
-The valuation fields (``kv_bytes_per_token``, ``prefill_tokens_per_s``, ``load_gbps``) are read by the
-router (``kvrouter.routing.tier_value``); their defaults and sources are there.
+An event from instance ``i`` goes to the first shared store that ``i`` attaches and whose match fits,
+else to ``i``'s own tiers; a block in a shared store counts for every attached instance.  A store that
+announces no removals (vLLM's fs and obj tiers, LMCache's re-emitted pool) keeps an ``AgeBook``: its
+blocks by last announcement, at most ``capacity_blocks`` and none older than ``max_age_s`` before the
+newest announcement.  What the book drops the index drops: an estimate, so the store's trust is
+``estimated``.  The valuation fields are read by ``kvrouter.routing.tier_value``.
 """
 
 from __future__ import annotations

@@ -1,22 +1,16 @@
 """Decoding vLLM's KV-event payloads, every release from 0.9 to 0.33.
 
-A payload (frame 2 of a ZeroMQ message) is one msgpack batch::
+A payload (frame 2 of a ZeroMQ message) is one msgpack batch: ``[ts, events]`` (0.9), ``[ts, events,
+data_parallel_rank]`` (0.10 and later; a map is tolerated too).  ``events[i]`` is positional
+``[tag, f1, ...]`` (<= 0.23, every field present) or a map ``{"type": tag, ...}`` (>= 0.24, None fields
+omitted).
 
-    [ts, events]                      0.9.x
-    [ts, events, data_parallel_rank]  0.10 and later      (a map {"ts","events",...} is tolerated too)
-
-    events[i] = [tag, f1, f2, ...]    positional, <= 0.23: every field present
-              | {"type": tag, ...}    map, >= 0.24: fields defaulting to None omitted when None
-
-msgspec cannot decode both event shapes with one typed union (array-like and map structs cannot mix), so
-the events array is kept raw, its first element's header byte picks the shape, and the whole list is then
-decoded in one typed call.  If that call fails (an unknown tag, a wrong type), the list is decoded event
-by event so one bad event costs only itself: it is skipped and counted by reason.
-
-``token_ids`` stays raw msgpack: ``indexer.hashing`` reads and hashes it in one compiled pass.
-
-Fields are only ever appended across releases: every field after the first ones has a default, unknown
-keys and extra trailing array elements are ignored.
+msgspec cannot decode both shapes with one typed union, so the events array is kept raw, its first
+element's header byte picks the shape, and the list is decoded in one typed call.  If that fails, the
+list is decoded event by event so one bad event costs only itself: skipped and counted by reason.
+``token_ids`` stays raw msgpack (``indexer.hashing`` hashes it in one compiled pass).  Fields are only
+ever appended across releases: every later field has a default, unknown keys and extra trailing
+elements are ignored.
 """
 
 from __future__ import annotations

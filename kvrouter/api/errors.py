@@ -1,10 +1,7 @@
 """Errors answered over HTTP, and the one body they are answered with.
 
-Every error the gateway or the simulated vLLM answers has vLLM's shape::
-
-    {"error": {"message": "...", "type": "BadRequestError", "param": null, "code": 400}}
-
-::
+Every error the gateway or the simulated vLLM answers has vLLM's shape
+``{"error": {"message": "...", "type": "BadRequestError", "param": null, "code": 400}}``::
 
     ApiError                     status, type, reason (a metric label)
     ├── BadRequest          400  the request is malformed or asks for something refused

@@ -1,12 +1,7 @@
 """kvrouter as a Gateway API Inference Extension Endpoint Picker: Envoy carries the bytes, kvrouter
-decides, over Envoy's ext_proc protocol.
-
-::
-
-    client ──HTTP──▶ Envoy ──ext_proc (gRPC, one stream a request)──▶ kvrouter epp
-                       │      ◀── x-gateway-destination-endpoint ──┘  │ RequestPipeline (the same
-                       │          (+ envoy.lb metadata), the body      │ as kvrouter serve's)
-                       └──ORIGINAL_DST──▶ the chosen vLLM instance ────┘ KV events, health, load
+decides, over Envoy's ext_proc protocol (one gRPC stream a request).  The picker answers with
+``x-gateway-destination-endpoint`` (and envoy.lb metadata) chosen by the same ``RequestPipeline`` as
+``kvrouter serve``; Envoy sends the request to that vLLM instance (ORIGINAL_DST).
 
 | module     | role                                                                  | I/O        |
 |------------|-----------------------------------------------------------------------|------------|

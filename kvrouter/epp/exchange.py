@@ -3,10 +3,9 @@ the request pipeline (``pipeline.RequestPipeline``), as the aiohttp proxy is.
 
 ::
 
-    request_headers ──(an admin path without gateway.admin_token: 401; api.routes, as the gateway)
-                    ──(no body: GET)──────────────────────────▶ admit(bodyless) ─▶ destination
-                    ──(a body on a path outside api.routes.ROUTED: 404)
-    request_body ... end_of_stream ──▶ prepare(body, headers) ─▶ admit(only=subset) ─▶ destination + body
+    request_headers ── admin path without the admin token: 401; bodyless (GET): admit ─▶ destination;
+                       a body on a path outside api.routes.ROUTED: 404
+    request_body ... end_of_stream ──▶ prepare ─▶ admit(only=subset) ─▶ destination + body
                                         └─ ApiError ─▶ immediate response (429, 503, 400, 404 ...)
     response_headers ──▶ served endpoint (a fallback? the load moves to it); status to upstream health
     response_body ... ──▶ first_token; usage block watched; chunks passed back unchanged

@@ -1,24 +1,17 @@
 """Forwarding a request of a disaggregated model: its prefill leg, then its decode leg (vLLM 0.33, NIXL).
 
-::
+A plan (``pipeline.admit_plan``) is whole (``Proxy.forward`` to the decode instance) or split: the
+prefill leg (``api.kv_transfer.prefill_leg_body``) goes to P, retried on the next prefill instance after
+a 5xx, a connection error or a timeout (up to ``max_retries``); with none left, or P without a KV
+connector, the request is served whole on D.  The decode leg (the client's body with P's
+``kv_transfer_params`` verbatim, one X-Request-Id for both legs) goes to D; its first chunk is read
+before the client's answer begins, so a decode instance that fails before it costs nothing.  After the
+first byte, a failure ends the stream with an error event, as for any request.
 
-    plan (pipeline.admit_plan)
-      whole ──────────────────────────────────────────────────────▶ Proxy.forward to the decode instance
-      split ─▶ prefill leg (api.kv_transfer.prefill_leg_body) ─▶ P    5xx, connection error, timeout:
-                  │ one X-Request-Id for both legs                      the next prefill instance (up to
-                  │ kv_transfer_params in P's answer                    max_retries); none left, or P has
-                  ▼                                                     no KV connector: whole on D
-               decode leg (decode_leg_body: the client's body, the params verbatim) ─▶ D
-                  │ its first chunk is read before the client's answer begins, so a decode instance that
-                  │ fails before it costs nothing: the request is served whole by a healthy instance
-                  ▼
-               the answer as D streams it (or whole); after its first byte, a failure ends the stream
-               with an error event, as for any request
-
-The client's answer is D's: vLLM reports the prefill instance's cache hit as the decode leg's
-``cached_tokens``, so usage covers the request once.  Loads: each leg's is released exactly once, in a
-``finally`` (``pipeline.prefill_finished`` / ``pipeline.finished``).  A prefill instance's blocks that no
-decode leg reads (a failed or abandoned decode leg) are freed by its lease.
+Invariants: the client's answer is D's (vLLM reports P's cache hit as the decode leg's
+``cached_tokens``, so usage covers the request once); each leg's load is released exactly once, in a
+``finally`` (``pipeline.prefill_finished`` / ``pipeline.finished``); a prefill instance's blocks that no
+decode leg reads are freed by its lease.
 """
 
 from __future__ import annotations

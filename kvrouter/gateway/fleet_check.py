@@ -1,16 +1,11 @@
 """A fleet verified before traffic: every instance reached, what it serves, whether it tokenizes as the
 router does, whether its KV events arrive with the block size the fleet file says.
 
-::
-
-    per instance   GET /v1/models        served models, LoRA adapters, max_model_len; the file's ones served?
-                   POST /tokenize        the parity probe set, ids against the router's own (Responses
-                                         and Messages probes: their render routes, when served)
-                   events                the file's endpoints, or GET /kv_event_sources; which side binds
-                                         (vLLM's PUB binds a wildcard endpoint, connects out to a host):
-                                         the live stream reached (a PUB handshake, or vLLM connecting to a
-                                         SUB bound here), then a replay request (DEALER, from seq 0) or the
-                                         live stream; the first stored batch's block size against the file's
+Per instance: ``GET /v1/models`` (served models, LoRA adapters, max_model_len; the file's ones served?);
+``POST /tokenize`` (the parity probe set against the router's own ids, plus the Responses and Messages
+render routes when served); events (the file's endpoints or ``GET /kv_event_sources``; which side binds,
+since vLLM's PUB binds a wildcard endpoint and connects out to a host): the live stream reached, then a
+replay request from seq 0 or the live stream, and the first stored batch's block size against the file's.
 
 Used by ``kvrouter check`` (a table, or JSON; non-zero exit on any failure) and by ``kvrouter serve`` at
 start-up (logged).  An idle engine with no replay endpoint has sent nothing yet: a warning, not a failure.

@@ -1,22 +1,18 @@
 """The gateway's HTTP routes: thin shells around the request pipeline and the gateway's state.
 
-POST every path of ``api.routes.ROUTED``       routed by the prompt and proxied (streaming passed
-                                               through): completions, chat, responses, messages;
-                                               pooling by model and load (kv-aware on a single text)
+POST every path of ``api.routes.ROUTED``       routed by the prompt and proxied (streaming passed through)
 GET  /v1/responses/{id}  POST .../cancel       to the instance holding it (``surface``)
 POST /v1/load_lora_adapter /v1/unload_lora_adapter   to the instances concerned (``adapters``)
 POST /v1/audio/transcriptions /v1/audio/translations multipart, streamed through (``surface``)
 *    anything else (/tokenize, /version, ...)  by model and load (``surface``)
 POST /invocations  GET /ping                   Amazon SageMaker's contract (OpenAI-shaped bodies)
-GET  /v1/models                                aggregated over the fleet
-GET  /health  /livez  /metrics                 fleet state and token parity; loop liveness; Prometheus
+GET  /v1/models  /health  /livez  /metrics     the fleet's models; fleet state and parity; liveness; metrics
 POST /v1/route/explain                         every candidate's cache, tier, load, trust, score
 POST /v1/cache/lookup  GET /v1/fleet           the embedded indexer's API (+ token parity per model)
 
-``api.routes.ADMIN_PATHS`` need ``gateway.admin_token`` when one is set (``errors_mw``).
-
-Every error is answered by ``errors_mw`` with the one error body (``api.errors``): a client's mistake is a
-4xx with a reason, a bug a counted, logged 500 that carries no request contents.
+``api.routes.ADMIN_PATHS`` need ``gateway.admin_token`` when one is set.  Every error is answered by
+``errors_mw`` with the one error body (``api.errors``): a client's mistake is a 4xx with a reason, a bug
+a counted, logged 500 that carries no request contents.
 """
 
 from __future__ import annotations

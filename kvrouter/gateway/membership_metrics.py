@@ -1,6 +1,4 @@
-"""Prometheus exposition of membership, read from the runtime's counters at scrape time.
-
-::
+"""Prometheus exposition of membership, read from the runtime's counters at scrape time::
 
     kvrouter_membership_instances{state=desired|applied|draining}       gauge
     kvrouter_membership_steps{op=added|updated|removed|undrained}        counter

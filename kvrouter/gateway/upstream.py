@@ -1,31 +1,17 @@
 """The fleet as the gateway sees it: which instances are in rotation, what they serve, how loaded.
 
-::
+Active checks: ``GET /health`` every ``health_interval_s`` (refused or non-200: out at once; no answer:
+out after ``health_timeouts`` in a row), reading ``/v1/models`` with each passing one.  Passive checks: a
+connection error takes an instance out until /health passes; ``failure_threshold`` failures (5xx, no
+first byte in time) eject it for ``ejection_s`` at least, doubling with each ejection within
+``ejection_max_s`` of the last.  Engine load: ``GET /metrics`` every ``metrics_interval_s``.
 
-    active checks   GET /health every health_interval_s  ──▶ healthy / unhealthy
-                    (refused or non-200: out at once; no answer in time: out after health_timeouts
-                    such checks in a row)
-    passive checks  connection error           ──▶ out of rotation at once, until /health passes
-                    failure_threshold failures ──▶ ejected: out of rotation for ejection_s at least
-                    (5xx, no first byte in time)   while /health passes, doubling with each ejection that
-                                                   follows the last within ejection_max_s (a failing
-                                                   check ends the ejection: back when /health passes)
-    engine load     GET /metrics every metrics_interval_s ──▶ vllm:num_requests_running / waiting per rank
-    models          GET /v1/models with each passing check ──▶ which instances serve which model, which
-                                                           LoRA adapters each has loaded right now
-
-A request never waits on an instance known to be dead: it is not a candidate.  Ejection is for the
-instance whose HTTP server answers /health while its engine hangs or fails every request: without it, each
-passing check would put it back for ``failure_threshold`` more timeouts (Envoy's outlier detection works
-the same way).
-
-With several worker processes on one host (``kvrouter serve --workers N``), ``board`` holds the host's one
-view of health and ejections: a failure in any worker counts toward the same threshold, and only the leader
-(worker 0) scrapes engine load; every worker runs the health checks (cheap; each one reads the instance's
-models too), whose verdicts meet on the board with the ejections every worker's failures decide.
-
-Membership (``kvrouter.membership``) changes the pool at run time: ``add`` (health-checked before it takes
-traffic), ``drain`` (no new requests; ``in_flight`` tells when its last one is done), ``remove``.
+Invariant: a request never waits on an instance known to be dead (it is not a candidate).  Ejection is
+for an instance whose HTTP server answers /health while its engine fails every request (as Envoy's
+outlier detection).  With ``serve --workers N``, ``board`` holds the host's one view of health and
+ejections: any worker's failure counts toward the same threshold, every worker runs health checks, and
+only the leader (worker 0) scrapes engine load.  Membership changes the pool at run time: ``add``
+(health-checked before traffic), ``drain`` (no new requests; ``in_flight`` tells when done), ``remove``.
 """
 
 from __future__ import annotations

@@ -1,23 +1,17 @@
 """A lean HTTP/1.1 client for the one request the proxy sends per routed request: POST, keep-alive pooled.
 
-::
+``post`` takes an idle connection for (host, port) or opens one, writes the request in one write, and
+reads the status line and headers within ``read_timeout``, then the body as it comes (Content-Length,
+chunked, or until close).  ``release()`` returns a finished keep-alive connection to the pool;
+``close()`` closes it (vLLM aborts the request of a closed connection).
 
-    post(url, body, headers) ──idle connection for (host, port), or a new one (connect timeout)──▶
-        "POST path HTTP/1.1" + headers + Content-Length + body, one write
-    ◀── status line + headers within read_timeout, then the body as it comes:
-        Content-Length | chunked (decoded) | until the connection closes
-    release(): body complete and keep-alive ──▶ back to the pool;  close(): the connection is closed
-    (vLLM aborts the request of a closed connection)
-
-Why not aiohttp's client: building its request and response objects (URL, cookies, tracing, timeouts,
-payload registry) cost more CPU per request than everything else the proxy does (docs/measurements.md,
-"every core").  The answer keeps the small part of ``aiohttp.ClientResponse`` the proxy reads (``status``,
-``headers``, ``read()``, ``content.readany()``, ``release()``, ``close()``) and raises aiohttp's own
-exceptions, so the proxy's failure handling is the same: ``ClientOSError`` (refused, reset),
-``ConnectionTimeoutError`` (no connection in time), ``SocketTimeoutError`` (no answer or no body bytes in
-``read_timeout``), ``ServerDisconnectedError`` (closed before the status line), ``ClientPayloadError``
-(closed mid-body, malformed framing).  A pooled connection the server closed while it idled is retried
-once on a new one, before any byte of the answer (the server never read the request).
+It replaces aiohttp's client because that client's per-request objects cost more CPU than the rest of
+the proxy (docs/measurements.md, "Every core").  The answer keeps the part of ``aiohttp.ClientResponse``
+the proxy reads and raises aiohttp's own exceptions, so failure handling is unchanged:
+``ClientOSError``, ``ConnectionTimeoutError``, ``SocketTimeoutError`` (nothing in ``read_timeout``),
+``ServerDisconnectedError`` (closed before the status line), ``ClientPayloadError`` (closed mid-body).
+Invariant: a pooled connection the server closed while idle is retried once on a new one, before any
+byte of the answer (the server never read the request).
 """
 
 from __future__ import annotations

@@ -1,25 +1,18 @@
-"""The host's /metrics out of every worker's own: each worker's registry as a ``Snapshot``, and their
-merge into one exposition whose counters never go down between scrapes.
-
-::
-
-    worker k: registry.collect() ──snapshot()──▶ Snapshot (msgpack, on the host's metrics board)
-    scrape:   [Snapshot of every worker] ──merge(policy)──▶ [Metric] ──▶ text or OpenMetrics
+"""The host's /metrics out of every worker's own: each worker's registry as a msgpack ``Snapshot`` on the
+host's metrics board, merged at scrape time into one exposition whose counters never go down.
 
 How a family is merged (``policy_of``):
 
-    SUM     counters, histograms (bucket by bucket, exemplar: the newest), summaries; and gauges whose
+    SUM     counters, histograms (bucket by bucket, exemplar: the newest), summaries, and gauges whose
             workers' values add up to the host's (open ext_proc streams).  ``_created``: the earliest.
-    HOST    gauges every worker reads from the host's shared state (in flight per target, health, the
-            queue): the scraping worker's value, fresh as of this scrape.
+    HOST    gauges every worker reads from the host's shared state (in flight, health, the queue):
+            the scraping worker's value, fresh as of this scrape.
     LEADER  gauges only worker 0 keeps (shared-state round trips, index snapshots): worker 0's value.
     WORKER  per-worker values, labelled ``worker``: each worker's own index and membership runtime
-            (every worker ingests every event, so their sum would count each event once per worker),
-            event-loop tasks, ``kvrouter_worker``.
+            (every worker ingests every event, so a sum would count each event once per worker).
 
-A worker replaced after a crash starts from the counts its predecessor last showed (``plus_base``), so a
-counter never shows less than it did (counts between that scrape and the crash are lost, never shown).
-Pure: no I/O, no clock.
+Invariant: a worker replaced after a crash starts from the counts its predecessor last showed
+(``plus_base``), so a counter never shows less than it did.  Pure: no I/O, no clock.
 """
 
 from __future__ import annotations

@@ -1,20 +1,16 @@
 """One client connection on the lean core: HTTP/1.1 parsed by llhttp (``httptools``), requests in order.
 
-::
-
-    bytes ──httptools──▶ head complete ──POST to a lean route──▶ Exchange ──▶ its task (core.handle)
-                              │            body chunks ──▶ Exchange.feed;  message end ──▶ Exchange.end
-                              └─ any other request ──▶ the connection is aiohttp's from here on: its
-                                 protocol takes the transport and the request's bytes as received
+A POST to a lean route becomes an ``Exchange`` (body chunks fed, message end) handled by its task
+(``core.handle``); any other request hands the connection to aiohttp from there on: its protocol takes
+the transport and the request's bytes as received.
 
 Requests on one connection are handled one at a time, in order (as aiohttp does): a pipelined request
-waits, parsed and buffered, until the one before it is answered.  Its admission and routing begin then.
+waits, parsed and buffered, until the one before it is answered; its admission and routing begin then.
 
 The hand-over needs the request's bytes from its first one: they are kept from the start of a chunk that
-begins a request until its head is complete.  A request that is not the lean core's and arrives pipelined
-behind lean ones (it began inside a chunk, or while a lean answer was under way) cannot be handed over:
-the connection is closed once the requests before it are answered, and the client retries it (RFC 9112,
-9.3.2: an unanswered pipelined request).  Clients do not pipeline in practice.
+begins a request until its head is complete.  A non-lean request pipelined behind lean ones (it began
+inside a chunk, or while a lean answer was under way) cannot be handed over: the connection is closed
+once the requests before it are answered, and the client retries it (RFC 9112, 9.3.2).
 """
 
 from __future__ import annotations
