@@ -1,35 +1,18 @@
 """Membership: instances join and leave the fleet while the router runs.
 
-::
+Sources of instances (``FleetFileWatcher``: poll + hash; ``EndpointSliceDiscovery``: a Service's slices;
+``InferencePoolDiscovery``: a pool and the pods its selector picks) feed ``Reconciler.set_desired``, which
+drives each name through add | update | drain -> remove on a ``Membership`` (the seam).
 
-    fleet file ──FleetFileWatcher (poll + hash)──┐
-                                                  ├─▶ Reconciler.set_desired(source, instances)
-    Kubernetes ──EndpointSliceDiscovery ──────────┤       │ per name: add | update | drain → remove
-                 (list-and-watch of a Service's   │       ▼
-                  slices)                         │
-               ──InferencePoolDiscovery ──────────┘
-                 (the pool, and the pods its selector picks)
-                                             a ``Membership`` (the seam): the gateway's
-                                             ``gateway.fleet_membership`` applies it to its
-                                             EventSubscriber · UpstreamPool · Indexer · LoadTracker
+model                     diff, merge of sources, the ``Membership`` protocol (pure)
+kubetypes, endpointslices, inferencepool, pods: wire types and what they select (pure)
+reconcile                 per-name workers driving applied → desired, drains (asyncio)
+fleetfile                 fleet-file reload (file)
+kube, listwatch           the Kubernetes client (lightkube); list, watch, relist on 410 (HTTP)
+discovery, pool_discovery a Service's (EndpointSlices) or a pool's (pods) instances (asyncio)
 
-| module            | role                                                         | I/O        |
-|-------------------|--------------------------------------------------------------|------------|
-| model             | diff, merge of sources, the ``Membership`` protocol           | none       |
-| kubetypes         | object metadata, list-watch cache                             | none       |
-| endpointslices    | EndpointSlice wire types, slice → instances                   | none       |
-| inferencepool     | InferencePool wire types, what a pool selects                 | none       |
-| pods              | Pod wire types, a pool's pods → instances                     | none       |
-| reconcile         | per-name workers driving applied → desired, drains            | asyncio    |
-| fleetfile         | fleet-file reload                                             | file       |
-| kube              | the Kubernetes client (lightkube): config, resources, calls   | HTTP       |
-| listwatch         | one selection kept current: list, watch, relist on 410        | asyncio    |
-| discovery         | a Service's instances from its EndpointSlices                 | asyncio    |
-| pool_discovery    | an InferencePool's instances from its pods                    | asyncio    |
-
-This package never imports the gateway: ``gateway.membership_runtime`` runs it inside one gateway
-(start / stop / state), ``gateway.fleet_membership`` applies its steps, ``gateway.membership_metrics``
-exposes its counters.  Tests drive discovery against ``tests/support/fake_apiserver.py``.
+Invariant: this package never imports the gateway; ``gateway.membership_runtime`` runs it,
+``gateway.fleet_membership`` applies its steps, ``gateway.membership_metrics`` exposes its counters.
 """
 
 from .config import DiscoveryConfig, KubeConnection, MembershipConfig, kube_connection

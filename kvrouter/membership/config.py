@@ -1,30 +1,15 @@
-"""Membership's part of the fleet file, and where the Kubernetes API is (the only module reading the
-environment).
+"""Membership's part of the fleet file, and where the Kubernetes API is (the only module reading the env).
 
-::
+``membership:`` reloads the fleet file (``reload``, ``reload_interval_s``) and bounds a leaving
+instance's drain (``drain_timeout_s``).  ``discovery:`` finds instances through the Kubernetes API: the
+EndpointSlices of a ``service`` or the pods of an InferencePool (``pool``), in ``namespace``, with
+``http_port``, ``events_port`` (a port name or number; null: ask each instance's
+``GET /kv_event_sources``), ``replay_port`` and ``dp_size``; docs/configuration.md lists every field.
 
-    membership:
-      reload: true                  # watch the fleet file; apply changes to `instances` while running
-      reload_interval_s: 1.0
-      drain_timeout_s: 30           # a leaving instance's in-flight requests get this long
-    discovery:                      # optional: instances found through the Kubernetes API, either
-      service: vllm                 #   the EndpointSlices of a Service (kubernetes.io/service-name=vllm)
-      # pool: vllm                  #   or an InferencePool: its selector's pods, its target ports
-      namespace: inference          # default: the router pod's own namespace (or the context's)
-      http_port: http               # slices: a named port of the slice, or a number (pools: targetPorts)
-      events_port: kv-events        # vLLM's --kv-events-config publisher (rank r on port + r): a port
-                                    # name (slice port, or pod container port) or a number; null: ask
-                                    # each instance's GET /kv_event_sources
-      replay_port: kv-replay        # its replay_endpoint (null: none)
-      dp_size: null                 # null: the label kvrouter.io/dp-size (Service or pod), else 1
-      kubeconfig: null              # out of a cluster: a kubeconfig (default $KUBECONFIG, ~/.kube/config)
-      context: null                 # its context (default: the current one)
-
-Data-parallel size: an EndpointSlice carries its Service's labels (the EndpointSlice controller copies
-every Service label except its reserved ones onto each slice) but no annotations of the Service or pods.
-So the size is read from the label ``dp_size_label`` set on the Service, which needs no RBAC beyond
-list/watch of EndpointSlices and follows a relabelled Service through MODIFIED events; ``dp_size``
-overrides it.  All pods of one Service share one size.  A pool reads the same label on each pod.
+Data-parallel size: an EndpointSlice carries its Service's labels but no annotations, so the size is
+read from the label ``dp_size_label`` on the Service (no RBAC beyond list/watch of EndpointSlices, and a
+relabelled Service is followed through MODIFIED events); ``dp_size`` overrides it, and a pool reads the
+same label on each pod.  All pods of one Service share one size.
 
 Where the API server is: ``api_url`` (with a token file and CA), else in a pod the service account, else a
 kubeconfig and context (``kubeconfig`` / ``context``, ``$KUBECONFIG``, ``~/.kube/config``).

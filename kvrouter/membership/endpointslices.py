@@ -1,14 +1,10 @@
 """EndpointSlices (``discovery.k8s.io/v1``) as far as discovery reads them, the list-and-watch cache, and
 the instances they stand for (pure: no I/O).
 
-::
-
-    LIST  ──▶ SliceCache.replace(items, list RV)
-    WATCH ──▶ SliceCache.apply(ADDED | MODIFIED | DELETED | BOOKMARK, object)   (RV advances every time)
-    SliceCache.instances(cfg) ──▶ one InstanceConfig per ready endpoint:
-        name    targetRef.name (the pod)            url     http://<ip>:<http port>
-        events  tcp://<ip>:<events port>            replay  tcp://<ip>:<replay port>
-        dp_size cfg.dp_size | slice label | 1
+``SliceCache.replace`` takes a LIST, ``apply`` each WATCH event (the resource version advances every
+time), and ``instances(cfg)`` gives one InstanceConfig per ready endpoint: named for its pod
+(``targetRef.name``), ``http://<ip>:<http port>``, events and replay on ``tcp://<ip>:<port>``,
+``dp_size`` from the config, the slice's label, or 1.
 
 Only IPv4 slices are read (the fleet's ZeroMQ endpoints are ``tcp://host:port``); an endpoint counts when
 ``conditions.ready`` is true or unset (the API: "nil should be interpreted as ready").  A pod may appear in

@@ -1,24 +1,18 @@
 """An instance's KV-event publishers, as vLLM 0.33 announces them on ``GET /kv_event_sources``.
 
-vLLM answers with its publisher config per data-parallel rank, the ports already offset by the rank::
-
-    {"0": {"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557",
-           "replay_endpoint": "tcp://*:5558", "buffer_steps": 10000, "hwm": 100000,
-           "max_queue_size": 100000, "topic": ""},
-     "1": {... "endpoint": "tcp://*:5558", ...}}
-
-``*`` (and ``0.0.0.0``, ``::``) means "this host": the router subscribes on the host of the instance's
-URL.  An empty answer (a render-only server) or events disabled means the instance publishes nothing.
-So a fleet file (or Kubernetes discovery) need give an instance only its URL.  Pure: the gateway's
+vLLM answers with its publisher config per data-parallel rank, ports already offset by the rank:
+``{"0": {"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557",
+"replay_endpoint": "tcp://*:5558", "topic": "", ...}, "1": {...}}``.  ``*`` (and ``0.0.0.0``, ``::``)
+means "this host": the router subscribes on the host of the instance's URL.  An empty answer or events
+disabled means the instance publishes nothing.  So an instance needs only its URL.  Pure: the gateway's
 ``EventSourceResolver`` does the HTTP.
 
-The answer names no mode, but vLLM's publisher decides by the endpoint's text (``ZmqEventPublisher.
-_is_bind_endpoint``, the same in 0.32 and 0.33): it **binds** its PUB when the endpoint holds ``*`` or
-``::`` or is ``ipc://``/``inproc://``, and otherwise **connects out** to that address, expecting a bound
-SUB there.  So an endpoint naming a host (``tcp://10.0.0.5:5557``) gives ``events_mode: bind``: the router
-must bind a SUB at that very address, which works only if it is the router's own (``settle_mode`` in the
-shell finds out).  One case reads like connect mode and is not: ``tcp://*:0`` is bound on the node's IP
-and announced as ``tcp://<ip>:<port>``; the shell tells it apart by finding the port already listening.
+The answer names no mode, but vLLM's ``ZmqEventPublisher._is_bind_endpoint`` decides by the endpoint's
+text: it binds its PUB when the endpoint holds ``*`` or ``::`` or is ``ipc://``/``inproc://``, and
+otherwise connects out to a bound SUB.  So an endpoint naming a host gives ``events_mode: bind``: the
+router must bind a SUB at that address, which works only if it is the router's own (``settle_mode``
+finds out).  ``tcp://*:0`` is bound on the node's IP and announced as ``tcp://<ip>:<port>``; the shell
+tells it apart by finding the port already listening.
 """
 
 from __future__ import annotations

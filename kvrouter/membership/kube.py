@@ -1,20 +1,17 @@
 """The Kubernetes API, through lightkube (the shell of discovery): where the server is and how to prove who
 we are, the three collections discovery reads, and the two calls of list-and-watch.
 
-::
+``KubeConnection`` builds lightkube's config (``api_url`` + token file + CA, or a kubeconfig and its
+context, with exec plugins and client certificates); a token file is re-read when the server answers
+401, as the kubelet rotates it.  ``KubeApi.list`` follows pages and returns the items and the list's
+resourceVersion; ``KubeApi.watch`` yields (type, object), asks for BOOKMARKs, and re-watches from the
+last version when the server ends a watch.
 
-    KubeConnection ──▶ lightkube config: api_url + token file + CA · or a kubeconfig and its context
-                       (exec plugins, client certificates); a token file is re-read when the server
-                       answers 401, as the kubelet rotates it
-    KubeApi.list(R, labels, fields, page)    ──▶ (items, the list's resourceVersion)   pages followed
-    KubeApi.watch(R, labels, fields, RV, S)  ──▶ (type, object) ...  BOOKMARKs asked for; the client
-                       re-watches from the last version when the server ends a watch (timeoutSeconds)
-
-The objects decode straight into kvrouter's own msgspec types (``EndpointSlice``, ``Pod``,
-``InferencePool``: a resource class is the type plus lightkube's API info), so the pure parts never see the
-client.  Every failure comes out as one of membership's errors: ``ResourceExpired`` (410, as an HTTP
-status or a watch ERROR event), ``ApiStatusError`` (any other status), ``BadWatchData`` (an object that
-does not decode), ``ApiUnreachable`` (connection refused, reset, timed out).
+Objects decode straight into kvrouter's own msgspec types (``EndpointSlice``, ``Pod``,
+``InferencePool``), so the pure parts never see the client.  Every failure comes out as one of
+membership's errors: ``ResourceExpired`` (410, as a status or a watch ERROR event), ``ApiStatusError``
+(any other status), ``BadWatchData`` (an object that does not decode), ``ApiUnreachable`` (connection
+refused, reset, timed out).
 """
 
 from __future__ import annotations

@@ -1,20 +1,15 @@
 """Pods (``v1``) as pool discovery reads them, and the instances an InferencePool's pods stand for (pure).
 
-::
+A pod is in rotation when its Ready condition is True, it has no deletionTimestamp and it has a podIP.
+It gives one InstanceConfig per target port ``p_i`` of the pool (only those its ``active-ports``
+annotation lists, if any): named for the pod (one port) or ``<pod>-rank-<i>`` (several), with
+``http://<podIP>:<p_i>``, events and replay on ``tcp://<podIP>:<port + i>`` (the fleet file's port, a
+container port's name or a number; none: vLLM's /kv_event_sources is asked), and ``dp_size`` from the
+config, the pod's label ``dp_size_label``, or 1.
 
-    a pod, in rotation when: Ready condition True · no deletionTimestamp · a podIP
-      × each target port p_i of the pool (only those the ``active-ports`` annotation lists, if it has one)
-      ──▶ InstanceConfig
-            name     the pod's name (one port) · <pod>-rank-<i> (several: each port its own endpoint)
-            url      http://<podIP>:<p_i>
-            events   tcp://<podIP>:<events port + i>   the fleet file's port: a container port's name, or a
-            replay   tcp://<podIP>:<replay port + i>   number; none: vLLM's /kv_event_sources is asked
-            dp_size  cfg.dp_size | the pod's label ``dp_size_label`` | 1
-
-This is the reference Endpoint Picker's reading of a pool (its datastore: pods matching the selector, ready
-as ``PodReady``, one endpoint per target port named ``<pod>-rank-<i>``, the same annotation), with our own
-names for the single-port case so that a pod keeps its name across EndpointSlice and pool discovery.  The
-``+ i`` on event ports is vLLM's rank offset for a pod whose ports are data-parallel ranks.
+This is the reference Endpoint Picker's reading of a pool, with our own name for the single-port case so
+that a pod keeps its name across EndpointSlice and pool discovery.  The ``+ i`` on event ports is
+vLLM's rank offset for a pod whose ports are data-parallel ranks.
 """
 
 from __future__ import annotations

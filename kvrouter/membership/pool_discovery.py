@@ -1,23 +1,16 @@
 """Kubernetes discovery through an ``InferencePool``: the pool names the pods (its selector) and their
 ports (its target ports); both are followed while the router runs.
 
-::
+A ListWatch of the one pool (by name) gives its ``PoolTarget``; a changed selector starts a new pod
+ListWatch (``labelSelector``) in place of the old one, changed ports re-read the same pods, a deleted
+pool gives no instances.  The pods go through ``pool_instances`` and, when the set changed, to
+``on_instances``.  As the reference Endpoint Picker, except that the API server filters the pods by
+selector instead of a cache of the whole namespace.
 
-    ListWatch(InferencePools, fieldSelector metadata.name=<pool>) ──▶ the pool ──▶ PoolTarget
-        selector changed ──▶ a new ListWatch(Pods, labelSelector=<selector>) replaces the old one
-        ports changed    ──▶ the same pods, read again
-        pool deleted     ──▶ no instances
-    ListWatch(Pods, labelSelector=<selector>) ──▶ pool_instances(pods, target) ──changed?──▶ on_instances
-
-This is how the reference Endpoint Picker reads its pool (a watch of the one pool by name; pods matched by
-its selector, ready as ``PodReady``; a full re-read of the pods when the selector or the ports change).
-One difference, for large namespaces: the reference caches every pod of the namespace and filters them
-itself; here the API server filters (``labelSelector``), and a changed selector starts a new pod watch.
-While the new watch has not listed, the pods of the old selector stay the fleet: a selector change never
-empties the fleet on its way.
-
-Invariants: ``on_instances`` is called once both the pool and (if the pool exists and is valid) its pods
-have been listed, then whenever the instance set differs from the last one given; ``synced`` is set then.
+Invariants: while a new pod watch has not listed, the old selector's pods stay the fleet (a selector
+change never empties it on its way); ``on_instances`` is called once both the pool and (if it exists and
+is valid) its pods have been listed, then whenever the instance set differs from the last one given;
+``synced`` is set then.
 """
 
 from __future__ import annotations

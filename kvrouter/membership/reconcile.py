@@ -1,19 +1,15 @@
 """The reconciler: brings what is applied to what is desired, one worker per instance name.
 
-::
-
-    set_desired(source, instances) ──▶ desired = merge(sources) ──▶ a worker for each name that differs
-    worker(name), until applied[name] == desired[name]:
-        absent  → wanted          add
-        routing-only change       update, in place
-        any other change / gone   drain ─ wait for in-flight = 0 (or drain_timeout_s) ─▶ remove
-                                   └─ wanted back, unchanged, while draining ─▶ undrain (nothing dropped)
+``set_desired(source, instances)`` merges the sources and starts a worker for each name that differs;
+a worker steps until ``applied[name] == desired[name]``: absent -> wanted is an add, a routing-only
+change an in-place update, any other change or a departure a drain (wait for in-flight 0 or
+``drain_timeout_s``) then a remove; a name wanted back unchanged while draining is undrained.
 
 Level-triggered: a worker re-reads ``desired`` after every step, so a change that lands during a slow step
-(a 30 s drain) is picked up when the step ends, and no intermediate state needs applying.  Invariants:
-one worker per name at a time, so a name's steps never interleave; ``applied`` names exactly what the
-``Membership`` holds; ``set_desired`` never awaits, so the end check of a worker and its removal from
-``_workers`` happen with no ``set_desired`` in between (no update is ever lost).
+is picked up when the step ends, and no intermediate state needs applying.  Invariants: one worker per
+name at a time, so a name's steps never interleave; ``applied`` names exactly what the ``Membership``
+holds; ``set_desired`` never awaits, so the end check of a worker and its removal from ``_workers``
+happen with no ``set_desired`` in between (no update is ever lost).
 """
 
 from __future__ import annotations

@@ -1,31 +1,18 @@
 """Token parity: are the token ids the router computes the ones the fleet computes?  Pure state; the
 gateway's ``ParityProber`` asks the instances.
 
-Every routing prediction stands on parity: a chat template rendered differently from vLLM's gives other
-token ids, so predicted cache hits that do not exist, and the router silently degrades to load
-balancing.  This module decides what to check and keeps the verdict per model:
+Every routing prediction stands on parity: a template rendered differently from vLLM's gives other ids,
+so predicted hits that do not exist.  Checks come from a probe set per model at start-up, a sample of
+live requests (``parity.sample_rate``), a shortfall (vLLM reported a block or more fewer cached tokens
+than predicted), and rechecks while a model fails.  Chat, completions and pooling are compared through
+``POST /tokenize``; responses and messages through vLLM's render routes with the body as sent (only with
+``--enable-scale-out``; otherwise "unsupported", and reported cached tokens are compared with the
+prediction instead, ``cached_tokens_check``).
 
-::
-
-    start-up          a probe set per model (chat with and without tools, a tool call, a completion)
-    sample            a fraction of live requests (``parity.sample_rate``)
-    shortfall         vLLM reported a block or more fewer cached tokens than predicted
-    recheck           while a model fails: its probe set again, every ``recheck_interval_s``
-        │
-        ▼  take() ──▶ ParityProber: POST to an instance ──▶ record(case, their ids)
-
-    chat, completions, pooling   POST /tokenize (the same fields)
-    responses, messages          POST /v1/responses/render, /v1/messages/render: the body as sent, so
-                                 vLLM's own conversion is what is compared.  /tokenize cannot carry these
-                                 shapes, and `vllm serve` answers the render routes only with
-                                 --enable-scale-out (else 403): the check is then "unsupported", and the
-                                 cached tokens vLLM reports on those requests are compared with the
-                                 router's prediction instead (``cached_tokens_check``).
-    per model: unknown ──match──▶ ok ──mismatch──▶ failing ──every probe of a recheck matches──▶ ok
-
-While a model fails, ``trusted(model)`` is False: the pipeline routes it without token-based
-predictions (by prefix text and load, as a model without a template), the others are not affected.  A
-mismatch is logged with the first differing position, never the content.
+Per model: unknown -> ok on a match; ok -> failing on a mismatch; failing -> ok when every probe of a
+recheck matches.  While a model fails, ``trusted(model)`` is False: the pipeline routes it without
+token-based predictions (by prefix text and load); other models are not affected.  A mismatch is logged
+with the first differing position, never the content.
 """
 
 from __future__ import annotations

@@ -4,12 +4,9 @@ Two implementations pass one behaviour suite (``tests/test_shared_store_contract
 ``RedisReplicaStore`` (one Lua script per round trip, on a real Redis) and ``MemoryReplicaHub`` (the same
 semantics in process, on a clock passed in: the virtual fleet's replicas meet there).
 
-Redis keys (``P`` = ``{namespace}``; all expire by themselves)::
-
-    P:load:<replica>   string  msgpack LoadReport             PX lease   (the lease)
-    P:members          zset    replica scored by lease end    (server ms; stale members pruned per sync)
-    P:spec             stream  {r: replica, b: msgpack list[SpecWire]}, one entry per sync with news;
-                               trimmed to the last ``window`` by MINID (ids are the server's ms clock)
+Redis keys (``P`` = ``{namespace}``; all expire by themselves): ``P:load:<replica>`` (msgpack
+LoadReport, PX lease), ``P:members`` (zset scored by lease end, stale members pruned per sync),
+``P:spec`` (stream of ``{r: replica, b: msgpack list[SpecWire]}``, trimmed to the last ``window`` by MINID).
 
 One script per round trip: refresh our lease, prune dead members, append our batch, trim, then read
 every other live member's load and the peers' batches after our cursor.  A replica that stops (crash,

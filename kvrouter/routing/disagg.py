@@ -1,29 +1,17 @@
 """Disaggregated prefill and decode: which instance prefills, which decodes, and whether to split at all.
+Pure and clock-free; the gateway's pipeline and the evaluator both call ``DisaggPlanner.plan``.
 
-Pure and clock-free like the router it drives; the gateway's pipeline and the evaluator both call
-``DisaggPlanner.plan``, so they decide identically.
-
-::
-
-    the prompt, looked up once ─▶ candidates ─┬─ decode pool (role decode | both) ── decode policy ──▶ D
-                                              └─ prefill pool (role prefill | both, not D) ── policy ─▶ P
-    whole on D ("local": D computes the prompt itself, as an aggregated instance would) when
-        conditional mode, D lacks at most ``local_prefill_tokens`` of the prompt,
-                          and D's queue + what D lacks <= P's queue + what P computes  short_uncached
-        no prefill instance can take it                                              no_prefill, prefill_full
-        conditional mode, and P's queue + what P computes
-                              > ``prefill_busy_ratio`` x (D's queue + what D lacks)  prefill_busy
-    otherwise two legs: P computes the prompt and holds its KV cache, D pulls it and generates  remote_prefill
+D comes from the decode pool (role decode | both) by the decode policy, P from the prefill pool (role
+prefill | both, not D) by the model's policy.  The request runs whole on D when: conditional mode, D
+lacks at most ``local_prefill_tokens`` and D's queue + what D lacks <= P's queue + what P computes
+(``short_uncached``); no prefill instance can take it (``no_prefill``, ``prefill_full``); conditional
+mode and P's queue + what P computes > ``prefill_busy_ratio`` x D's (``prefill_busy``).  Otherwise
+two legs: P computes the prompt and holds its KV cache, D pulls it and generates (``remote_prefill``).
 
 The decode policy is kv-aware's cost with a light charge per uncached token (``decode_cache_weight``):
-decode is chosen by load (requests in flight, the prefill D still has queued), and among similar loads,
-by what D caches itself (its earlier transfers and its own prefills: its events say so).  That credit is
-what makes ``short_uncached`` fire for the next turn of a conversation, which then skips the prefill pool.
-The prefill instance is chosen among the prefill pool by the model's policy (kv-aware: where the prompt
-is cached, within load; its events are the truth of what a prefill can reuse).
-
-A model is planned here only when one of its instances has a role other than ``both``: a fleet of
-``both`` instances is routed as before, aggregated.
+by load first, then by what D caches itself, which is what makes ``short_uncached`` fire for the next
+turn of a conversation.  A model is planned here only when one of its instances has a role other than
+``both``; a fleet of ``both`` instances is routed aggregated.
 """
 
 from __future__ import annotations

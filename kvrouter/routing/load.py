@@ -1,20 +1,15 @@
 """Load accounting per instance: what the router has sent and not yet seen finish.
 
-::
+A request is dispatched (``pending_prefill`` += tokens to compute), prefills until its first token
+(``pending_prefill`` -= them), then decodes until it finishes or fails (``decoding`` -= 1).
 
-    dispatch ──▶ prefilling ──first token──▶ decoding ──finish/fail──▶ gone
-      pending_prefill += tokens to compute    pending_prefill -= ...   decoding -= 1
-
-The router's own view is exact for its own requests and immediate; the engines' ``/metrics`` (running and
-waiting requests) add what other routers or direct clients put there.  ``observe_engine`` records the
-latter; ``load()`` combines them: the engine's count wins when it is higher (other traffic), the router's
-when it is higher (the scrape is stale).  With several router replicas, ``set_external`` adds what the
-others have in flight here (shared router state, ``kvrouter.replicas``) to the router's own count.
-
-With several worker processes on one host (``kvrouter serve --workers N``), every count lives in memory the
-workers share (``SharedLoads``, implemented by ``kvrouter.host``): each tracker writes its own process's
-requests to its own row and, on ``refresh``, reads the host's totals, so every worker decides on the load
-of the whole host, as one process would.  Without ``shared`` the tracker is the in-process original.
+The router's own view is exact for its own requests; the engines' ``/metrics`` add what other routers or
+clients put there (``observe_engine``).  ``load()`` takes the higher of the two (the engine's: other
+traffic; the router's: the scrape is stale).  With several replicas, ``set_external`` adds what the
+others have in flight here (``kvrouter.replicas``).  With ``serve --workers N``, every count lives in
+memory the workers share (``SharedLoads``, from ``kvrouter.host``): each tracker writes its own
+process's requests to its own row and reads the host's totals on ``refresh``, so every worker decides on
+the whole host's load.  Without ``shared`` the tracker is in-process.
 """
 
 from __future__ import annotations

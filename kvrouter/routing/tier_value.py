@@ -1,33 +1,17 @@
 """What a cached block is worth to a request, by the tier it sits in.  Pure: arithmetic on the fleet file.
 
-A block on the instance's GPU is used as it is: worth one block of prefill.  A block in a slower tier
-(the instance's own CPU or STORAGE tier, a shared store several instances attach) must first be copied
-into the GPU; the copy takes ``kv_bytes_per_token / bandwidth`` per token where recomputing takes
-``1 / prefill_tokens_per_s``.  A block's worth is what the copy saves::
+A block on the instance's GPU is worth one block of prefill.  A block in a slower tier (the instance's
+own CPU or STORAGE tier, a shared store) must first be copied into the GPU, at
+``kv_bytes_per_token / bandwidth`` per token where recomputing takes ``1 / prefill_tokens_per_s``::
 
     value(tier) = max(0, 1 - load time / recompute time)
                 = max(0, 1 - kv_bytes_per_token x prefill_tokens_per_s / load_bytes_per_s)
 
-It does not depend on the block size (both times scale with it).  A tier whose load is slower than
-recomputing is worth 0: vLLM would still load it, but the router gives an instance no preference for it.
-Speculative entries (the router's own recent dispatches, on their way to the GPU) are worth 1.
-
-Defaults, used for every figure the fleet file leaves out (``tiers:`` in ``indexer.tiers``):
-
-* ``kv_bytes_per_token`` 327,680: Llama-3.1-70B in BF16, 2 (K, V) x 80 layers x 8 KV heads x 128 dims x
-  2 bytes (the model's config.json; the simulator's default profile, ``sim.engine.timing``).
-* ``prefill_tokens_per_s`` 22,000: that model on 8 x H100 SXM with TP8, the simulator profile's
-  calibration on NVIDIA NIM's published TTFT (12.3k prompt tokens/s on 2 x H100; docs.nvidia.com/nim,
-  "Benchmarking", Llama-3.3-70B).
-* CPU tier 50 GB/s: PCIe 5.0 x16 carries 64 GB/s per direction (PCI-SIG, PCIe 5.0 specification);
-  host-to-device copies from pinned memory reach about 50 GB/s of it.
-* STORAGE tier 7 GB/s: one PCIe 4.0 x4 NVMe drive's sequential read (datasheets of current drives:
-  7.0-7.45 GB/s).
-* shared store 12.5 GB/s: the line rate of one 100 Gb/s network link, the usual NIC of a store reached
-  over the network (Redis, LMCache's remote server).  A faster fabric (EFA, RDMA) is declared per store.
-
-With these defaults a CPU block is worth 0.86 of a GPU block, a shared-store block 0.42 and an NVMe block
-0 (loading 70B's KV from one NVMe drive is slower than recomputing it on eight H100s).
+It does not depend on the block size (both times scale with it).  A tier slower than recomputing is
+worth 0: vLLM would still load it, but the router gives no preference for it.  Speculative entries (the
+router's own recent dispatches, on their way to the GPU) are worth 1.  Defaults fill every figure the
+fleet file leaves out (``tiers:``, ``indexer.tiers``); their sources and the worths they give are in
+docs/measurements.md, "Tier values".
 """
 
 from __future__ import annotations

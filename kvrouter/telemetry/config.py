@@ -1,16 +1,9 @@
 """The fleet file's ``tracing:`` and ``access_log:`` sections, and the standard OpenTelemetry variables.
 
-::
-
-    tracing:
-      enabled: false          # or OTEL_TRACES_EXPORTER=otlp; OTEL_SDK_DISABLED=true turns it off
-      sample_rate: 0.01       # requests without a sampled parent that are traced (parent-based ratio)
-      endpoint: null          # OTLP endpoint (else OTEL_EXPORTER_OTLP[_TRACES]_ENDPOINT, else the SDK's)
-      protocol: null          # http/protobuf | grpc (else OTEL_EXPORTER_OTLP[_TRACES]_PROTOCOL)
-      service_name: kvrouter  # OTEL_SERVICE_NAME wins
-    access_log:
-      enabled: false
-      sample_rate: 1.0        # of the requests not traced (a traced request is always logged)
+``tracing``: ``enabled`` (or ``OTEL_TRACES_EXPORTER=otlp``; ``OTEL_SDK_DISABLED=true`` turns it off),
+``sample_rate`` (parent-based ratio), ``endpoint`` and ``protocol`` (else the ``OTEL_EXPORTER_OTLP_*``
+variables), ``service_name`` (``OTEL_SERVICE_NAME`` wins).  ``access_log``: ``enabled`` and
+``sample_rate`` of the requests not traced (a traced request is always logged).
 
 Where both say something, the variable wins, as OpenTelemetry's configuration rules have it; the
 sampler variables (``OTEL_TRACES_SAMPLER`` ``always_on`` / ``always_off`` / ``traceidratio`` /

@@ -1,20 +1,14 @@
 """What one request did, as the request path records it: plain values, no exporter, no SDK.
 
-::
-
-    RequestRecord (made by Telemetry.begin when the request is traced or logged; None otherwise)
-    ├── facts: route, model, tenant, instance, policy, reason, predicted / reported cached tokens,
-    │          queue wait, TTFT, status                                   (the access log's line)
-    └── spans (traced only): [Phase(name, start_ns, end_ns, attributes, parent)]
-          request ── parse, tokenize, index_lookup, decision, queue_wait
-                 └── upstream (one per attempt or leg: ids known before it is sent, for traceparent)
-                        ├── upstream_connect   sent ─▶ response headers
-                        ├── first_token        headers ─▶ first chunk
-                        └── completion         first chunk ─▶ end
+``RequestRecord`` (made by ``Telemetry.begin`` when the request is traced or logged; None otherwise)
+holds the access log's facts (route, model, tenant, instance, policy, reason, predicted and reported
+cached tokens, queue wait, TTFT, status) and, when traced, its spans as ``Phase`` values: request (parse,
+tokenize, index_lookup, decision, queue_wait) and one upstream per attempt or leg (ids known before it is
+sent, for traceparent), with upstream_connect, first_token and completion below it.
 
 Spans are recorded as the request goes and handed to the exporter once it is over, so the request path
-pays for a few clock reads and list appends, never for the SDK.  Attributes are counts, names and ids:
-never a prompt, a message or an answer.
+pays for a few clock reads and list appends, never for the SDK.  Invariant: attributes are counts,
+names and ids: never a prompt, a message or an answer.
 """
 
 from __future__ import annotations
