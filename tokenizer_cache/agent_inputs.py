@@ -1,37 +1,18 @@
 """A Responses API request's input items and tools as the chat messages and tools vLLM 0.33 renders
 (text-only, non-Harmony models).
 
-vLLM does not template ``/v1/responses`` bodies itself: it validates the body against its request model
-(``entrypoints/openai/responses/protocol.py``), turns ``instructions``, a stored conversation and the
-``input`` items into chat messages (``responses/utils.py`` ``construct_input_messages``) and renders those
-with the chat template, as it renders a chat request's messages, but without the chat request model's
-validation (``responses_request.plan_responses`` does the rest)::
-
-    instructions ──▶ {"role": "system"}                                   (when non-empty)
-    stored conversation of previous_response_id ──▶ its messages minus system ones, then one assistant
-                                                    message per part of its output messages
-    input: a string ──▶ one user message
-           items ──▶ function_call, custom_tool_call ─┐ merged into the previous message when it is an
-                     reasoning                       ├─ assistant one: its tool_calls / reasoning /
-                     assistant output message ───────┘ content (if it has none yet)
-                     function_call_output, custom_tool_call_output ──▶ {"role": "tool"}
-                     a message item with a role ──▶ itself, as its input type keeps it
-    tools: function tools; namespace members as ``<namespace>__<name>``; custom tools as a one-string
-           function; built-in tools are never shown to the model
-
-What vLLM's request model does to an item before that (pydantic, over OpenAI's item types):
-
-- ``function_call``, ``reasoning`` and assistant messages with list content are parsed into OpenAI's
-  output models first (an assistant message without ``status`` gets "completed");
-- an assistant output message keeps only its *first* part's text (a first part that is a refusal, or no
-  part at all, makes vLLM fail: refused here);
-- every other item is validated against OpenAI's input item types (TypedDicts: undeclared keys such as a
-  message's ``name`` or a part's ``cache_control`` are kept, and reach the template as on chat); an
-  input image part without ``detail`` gets "auto";
-- ``status`` of the last item decides whether it is continued (``continues_final``).
+vLLM validates the body against its request model (pydantic over OpenAI's item types), turns
+``instructions``, a stored conversation and the ``input`` items into chat messages
+(``responses/utils.py`` ``construct_input_messages``) and renders them with the chat template, without
+the chat request model's validation (``responses_request.plan_responses`` does the rest).  Here:
+``instructions`` become a system message, a string input one user message; function and custom tool
+calls, reasoning and assistant output messages merge into the previous assistant message; tool outputs
+become tool messages; message items stay themselves; tools are function tools (namespace members as
+``<namespace>__<name>``, custom tools as one-string functions; built-in tools never shown).
+``status`` of the last item decides whether it is continued (``continues_final``).
 
 Whatever vLLM refuses (an item type it does not render, encrypted reasoning, an item no type accepts)
-raises ``AgentInputError`` with vLLM's reason.
+raises ``AgentInputError`` with vLLM's reason.  Every rule, with its source: docs/parity.md, section 8.
 """
 
 from __future__ import annotations

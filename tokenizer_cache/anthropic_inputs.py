@@ -2,22 +2,16 @@
 0.33 renders for it.
 
 vLLM converts the body to a chat-completions request and renders that (``entrypoints/anthropic/
-serving.py``, read for every step below; checked against its render server's ``/v1/messages/render``)::
-
-    system (a string, or text blocks joined with "", billing-header blocks dropped) ──▶ first message
-    inline system messages ──▶ system messages in place, or appended to the first one when the template
-                               demands system-first ordering (``requires_system_first``)
-    user / assistant blocks: text ──▶ text parts (one part: a plain string); thinking ──▶ "reasoning";
-                             tool_use ──▶ tool_calls (arguments: the input as JSON);
-                             tool_result (user) ──▶ a tool message each, before the message's own text;
-                             tool_result (assistant) ──▶ a "Tool result: ..." text part
-    tools ──▶ function tools (tool_addition / tool_removal blocks in system messages applied);
-              tool_choice auto when tools come without one
-    thinking {type: disabled} ──▶ reasoning_effort: "none", or "low" for templates that ignore "none"
-    output_config.effort ──▶ reasoning_effort (thinking disabled wins)
+serving.py``; checked against its render server's ``/v1/messages/render``): ``system`` and inline system
+messages become system messages (one first message when the template demands system-first ordering);
+text blocks become text parts, thinking ``reasoning``, tool_use ``tool_calls``, a user's tool_result a
+tool message; tools become function tools (with ``tool_addition`` / ``tool_removal`` applied) and
+``tool_choice`` "auto" when tools come without one; ``thinking`` and ``output_config.effort`` set
+``reasoning_effort``.
 
 ``AgentInputError`` for what vLLM refuses with a 400 (unknown block or role, a tool change outside a
-system message, a change naming an undeclared tool).
+system message, a change naming an undeclared tool).  Every rule, with its source: docs/parity.md,
+section 9.
 """
 
 from __future__ import annotations

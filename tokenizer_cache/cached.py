@@ -1,24 +1,16 @@
 """``CachedTokenizer``: prompt tokens exactly as vLLM builds them, reusing cached prefixes.
 
-Request path of ``encode_prompt(text)`` (the chat path renders first, then does the same)::
-
-    text --short?--> full encode
-      |
-      +-- chunk digests --> PrefixIndex.lookup --(no match)--> full encode --> cache it
-      |                          | entry C, common prefix m
-      |                          v
-      |                  plan_splice: seam b <= m - margin, b' <= b - overlap
-      |                          v
-      |                  encode T[b':] --verify_splice--(fails)--> full encode (a "fallback")
-      |                          v
-      +--------------> C.ids[:idx(b)] + new tokens --> cache T (superseding C if C prefixes T)
+``encode_prompt(text)`` (the chat paths render first, then do the same): a short text is encoded in
+full; otherwise its chunk digests find the longest cached prefix (``PrefixIndex.lookup``), ``plan_splice``
+picks a seam ``b <= m - margin`` and an earlier start ``b' <= b - overlap``, and ``T[b':]`` is encoded;
+if ``verify_splice`` accepts, the cached ids before ``b`` plus the new tokens are the answer, else the
+text is encoded in full (a "fallback").  The result is cached (superseding the entry it extends).
 
 Tokenization always runs outside the index lock and releases the GIL (see ``_encode``).  The async
-methods do the cache's own work (digests, lookup, splicing: Python that holds the GIL wherever it runs)
-on the calling event loop, and so the encodes of up to ``inline_chars`` characters: a hop to a thread
-and back costs about as much as tokenizing a short question (docs/measurements.md, "tokenizer cache").
-Longer encodes (a miss: a whole 8k-token prompt) go to a thread pool, where they run without the GIL
-alongside the loop's other work.
+methods do the cache's own work (digests, lookup, splicing) on the calling event loop, and so the
+encodes of up to ``inline_chars`` characters, since a hop to a thread costs about as much as tokenizing
+a short question (docs/measurements.md, "Tokenizer cache"); longer encodes go to a thread pool, where
+they run without the GIL alongside the loop's other work.
 """
 
 from __future__ import annotations

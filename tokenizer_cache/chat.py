@@ -1,25 +1,17 @@
 """Rendering a chat request into prompt text exactly as vLLM 0.33 does (text-only messages).
 
-The steps, each in its own module (``docs/parity.md`` lists every transformation with its source):
-
-============================  ===========================================================================
-``chat_request.plan_chat``    the request body: field checks, tools, ``tool_choice``, trusted templates,
-                              reused decode ids, the merged template arguments
-``request_schema``            which message type each message validates as (pydantic's union rules)
-``messages``                  messages -> what the template sees (content parts, tool calls, reasoning,
-                              tool results, billing header, developer role)
-``template``                  content format and variables of a template; rendering like transformers
-``ChatRenderer.render_plan``  template resolution and the arguments that reach it (this module)
-============================  ===========================================================================
+The steps, each in its own module: ``chat_request.plan_chat`` (the request body: field checks, tools,
+``tool_choice``, trusted templates, reused decode ids, merged template arguments); ``request_schema``
+(which message type each message validates as); ``messages`` (messages -> what the template sees);
+``template`` (content format and variables of a template; rendering like transformers);
+``ChatRenderer.render_plan`` here (template resolution and the arguments that reach it).
 
 Template resolution (vLLM's ``resolve_chat_template``): the request's or the server's template, looked up
 by name when the tokenizer has several; otherwise the tokenizer's own ("tool_use" when tools are given and
 it has one, else "default").  Template arguments reach the template when they are parameters of
-transformers' ``apply_chat_template`` or variables the template reads; the rest are dropped silently.
-``conversation``, ``conversations``, ``messages`` and ``self`` collide with transformers' own parameters
-(an error in vLLM, so here too); ``return_assistant_tokens_mask`` and ``sanitize_control_tokens`` cannot be
-honoured without tokenizing and are errors.  ``tokenize: true`` in the arguments makes the template's text
-the tokens directly (no special tokens added).
+transformers' ``apply_chat_template`` or variables the template reads; the rest are dropped.  Arguments
+that collide with transformers' own parameters or cannot be honoured without tokenizing are errors, as
+in vLLM.  Every rule, with its source: docs/parity.md, section 5.
 """
 
 from __future__ import annotations

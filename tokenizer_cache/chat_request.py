@@ -1,36 +1,18 @@
 """A chat request body, read the way vLLM 0.33's OpenAI server reads it before rendering.
 
 ``plan_chat(body, options)`` checks the fields that decide the prompt and computes what the template will
-be called with; ``ChatRenderer.render_plan`` (``chat.py``) then renders it.  What vLLM does, in order:
+be called with; ``ChatRenderer.render_plan`` (``chat.py``) then renders it.  In vLLM's order:
 
-1. request model: ``messages`` must be a list, each message one of the message types (``request_schema``:
-   ``reasoning_content`` renamed ``reasoning``, lazily checked content and tool calls);
-   ``add_generation_prompt`` (default true), ``continue_final_message``, ``add_special_tokens``, ``echo``
-   are lax booleans (``"yes"``, ``0``...; null is refused); ``documents`` a list of string-to-string objects;
-   ``chat_template`` a string; ``chat_template_kwargs`` an object; ``reasoning_effort`` one of none, minimal,
-   low, medium, high, xhigh, max; ``truncate_prompt_tokens`` an integer >= -1, ``truncation_side`` left or
-   right; ``stream_options`` only with ``stream``; ``cache_salt`` a non-empty string of at most 128
-   characters without ``@ / \\`` or NUL; ``continue_final_message`` and ``add_generation_prompt`` both
-   truthy as sent is refused;
-2. tools: ``[]`` is refused; each tool is ``{"type": "function", "function": {"name", ...}}`` and is passed
-   on as ``{"type", "function": {"name", "description", "parameters"[, "strict"][, "defer_loading"]}
-   [, "defer_loading"]}`` (unknown keys dropped, absent description/parameters null, ``defer_loading``
-   copied into the function when it has none);
-3. ``tool_choice``: "auto" when absent and tools are given (else "none"); anything but "none" needs tools,
-   a named choice must name one of them; with ``tool_choice: "none"`` and
-   ``--exclude-tools-when-tool-choice-none`` no tools reach the template (``RenderOptions`` for the flags);
-4. a request chat template (``chat_template`` or ``chat_template_kwargs.chat_template``) needs
-   ``--trust-request-chat-template``; ``mm_processor_kwargs``/``media_io_kwargs`` need
-   ``--trust-request-mm-kwargs``;
-5. ``kv_transfer_params.prompt_token_ids`` (disaggregated decode): unless ``echo`` is set or a message has
-   media, these ids *are* the prompt (a non-empty list of non-negative integers, else refused);
-6. template arguments, lowest priority first: the server's ``--default-chat-template-kwargs``, then
-   ``tools`` (when there are) and ``tokenize: false``, then the request's ``chat_template_kwargs`` merged
-   with ``add_generation_prompt``, ``continue_final_message``, ``documents``, ``reasoning_effort`` (renamed
-   by ``--reasoning-effort-map``) and, when ``reasoning_effort`` is set and the request's kwargs do not
-   name ``enable_thinking``, ``enable_thinking = reasoning_effort != "none"`` (these request fields win
-   over the request's kwargs), then the chat template (request's, else server's) and ``return_dict:
-   false``.  At each merge a null or ``"auto"`` value does not override.
+1. the request model: ``messages`` and each field's type and bounds (``request_schema`` for messages);
+2. tools (``[]`` refused; each passed on as vLLM dumps it);
+3. ``tool_choice`` ("auto" when absent with tools; a named choice must name a tool; the
+   ``--exclude-tools-when-tool-choice-none`` flag);
+4. trusted request templates and multimodal kwargs (``--trust-request-*``);
+5. ``kv_transfer_params.prompt_token_ids`` (a disaggregated decode leg's prompt, used as given);
+6. template arguments, lowest priority first: the server's defaults, tools, the request's
+   ``chat_template_kwargs`` merged with its own fields (a null or "auto" value never overrides).
+
+Server flags come in ``RenderOptions``.  Every rule, with its source: docs/parity.md, sections 1-3.
 """
 
 from __future__ import annotations

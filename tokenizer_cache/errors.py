@@ -1,17 +1,13 @@
-"""The errors this package raises, as one small tree.
-
-::
+"""The errors this package raises, as one small tree::
 
     TokenizerCacheError            base class: catch this to handle every failure of the package
     ├── TokenizerLoadError         the tokenizer cannot be loaded (missing files, not offline, not "fast",
     │                              no tokenizer configured for a model, unreadable chat template file)
     ├── InvalidPromptError         a prompt is neither text nor a list of token ids of this vocabulary
-    └── ChatTemplateError          a chat request cannot be rendered: no chat template, the template
-        │                          raised, a message has the wrong shape, or the request's template
-        │                          arguments are contradictory
+    └── ChatTemplateError          a chat request cannot be rendered (no template, the template raised,
+        │                          a message of the wrong shape, contradictory template arguments)
         ├── NoChatTemplateError    no chat template anywhere (configuration, not the request's fault)
-        └── RequestValidationError the request body is one vLLM's request model refuses (a field of the
-                                   wrong type, a message no message type accepts, contradictory flags)
+        └── RequestValidationError the request body is one vLLM's request model refuses
 
 ``InvalidPromptError`` and ``ChatTemplateError`` describe a bad *request*: the HTTP layers answer them with
 a 400 and the message text.  ``TokenizerLoadError`` is a configuration problem (a 500 or a startup failure).

@@ -1,34 +1,18 @@
 """Chat messages turned into what the template sees, step for step as vLLM 0.33 does it.
 
 Input: messages as ``request_schema.validate_message`` leaves them.  For each message (``conversation``):
+its content becomes parts (billing-header lines dropped from system messages), each part is read by its
+type (media parts go to the ``MediaSink`` when the model's processor is reproduced, else raise
+``UnsupportedContentError``), the parts are joined ("string" format) or kept as typed parts ("openai"),
+and the message is rebuilt in vLLM's key order.
 
-1. content: null -> no parts, a string -> one text part; a system message's text parts that start with
-   ``x-anthropic-billing-header`` lose their first line (the part is dropped when nothing follows it);
-2. each part: a string is text; a dict is read by its ``type`` (``text``/``input_text``/``output_text``
-   -> ``text``, ``refusal`` -> ``refusal``, ``thinking`` -> ``thinking``, ``tool_reference`` -> ``name``);
-   ``text`` and ``refusal`` parts without their field are skipped; a part without ``type`` (or with a
-   ``uuid``) must carry a media key; an unknown type is refused; image, audio and video URL parts go to
-   the ``MediaSink`` when the model's processor is reproduced (``tokenizer_cache.mm``): ``{"type":
-   <modality>}`` plus the part's undeclared keys in the "openai" format, the model's placeholder text
-   before the message's text in the "string" format; other media, or no sink, raise
-   ``UnsupportedContentError``;
-3. "string" format: the texts joined with ``\\n``; "openai" format: ``{"type": "text", "text": ...}``
-   parts carrying the part's unknown keys (``cache_control``...), ``{"type": "tool_reference", "name"}``;
-4. the message is rebuilt in this key order: ``role``, ``content``; assistant: ``tool_calls`` (when
-   present and not null), ``reasoning`` and ``reasoning_content`` (both, when ``reasoning`` is not null);
-   tool: ``tool_call_id`` (when the key is present, even null), list content joined into one string unless
-   some part is not text; then ``name`` (a string), ``task`` (a string); developer: ``tools`` (even null).
+Then over the conversation (``postprocess``): empty ``tool_calls`` dropped, each tool call checked, and
+its ``arguments`` parsed into an object (anything that is not an object after that becomes ``{}``); the
+argument dicts are the request's own, as vLLM edits them in place.  Before rendering
+(``developer_to_system``): developer messages become system messages when the template never names the
+developer role, and system messages are then merged into one first message when needed.
 
-Then, over the conversation (``postprocess``): an assistant's ``"tool_calls": []`` is dropped; every tool
-call must be an object of type ``function`` with a ``function`` object; its ``arguments`` become an object:
-an empty value or null -> ``{}``, an object stays, a JSON string is parsed, and whatever is not an object
-after that (invalid JSON, ``[]``, ``42``) becomes ``{}``.  The argument dicts are the request's own (vLLM
-edits them in place), so a template sees the parsed object.
-
-Before rendering (``developer_to_system``): when some message is a developer message and the template text
-never spells ``"developer"`` or ``'developer'``, developer messages become system messages (without their
-``tools``), and if a system message is then not first, or there are several, all system messages are
-merged into one first message (texts joined with a blank line, empty ones left out).
+Every rule, with its source: docs/parity.md, sections 4 and 5.
 """
 
 from __future__ import annotations

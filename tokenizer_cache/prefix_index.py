@@ -1,42 +1,17 @@
 """Cached texts, their tokens, and a datrie over chunk digests that finds the longest cached prefix.
 
-Raw text is never put in the trie (a 33,000-character key makes ``longest_prefix_item`` slow, and
-libdatrie's alphabet holds at most 255 symbols).  A text is cut at fixed character positions into chunks
-of ``chunk_chars``; each chunk maps to a 4-character digest over ``'\\x01'..'\\xff'``; the digests of a
-text's first k chunks, concatenated, form its k-th key::
-
-    text     |---- chunk 1 ----|---- chunk 2 ----|---- chunk 3 ----|-- tail --|
-    digests        d1                d2                d3            t(tail)
-    keys     d1,  d1d2,  d1d2d3,  d1d2d3t            (the last one: the entry's terminal key)
-
-``longest_prefix_item(digests of the query)`` returns the deepest key that prefixes the query, i.e. the
-cached entry sharing the most whole chunks with it, in one C call.  Digests can collide: a match is
-always verified (and extended to the exact common prefix) by comparing the texts themselves, so a
-collision costs a missed reuse, never a wrong token.
-
-Keys name *slots*, and a slot names an entry.  When a query extends a cached text C into T (a growing
-conversation), T takes over C's slot: every key of C now leads to T, whose text starts with C's, with
-no trie update beyond T's new keys.
+A text is cut at fixed character positions into chunks of ``chunk_chars``; each chunk maps to a
+4-character digest, and the digests of a text's first k chunks form its k-th key (raw text is never put
+in the trie).  ``longest_prefix_item`` finds the cached entry sharing the most whole chunks with a query
+in one C call; a match is always verified against the texts themselves, so a digest collision costs a
+missed reuse, never a wrong token.  Keys name *slots*, and a slot names an entry: when a query extends
+a cached text C into T, T takes over C's slot with no trie update beyond T's new keys.
 
 Invariant (I): for every live entry E, each key of E is in the trie and names a slot whose entry's text
-starts with the text the key stands for.
-
-- insert(E): if E's last key already leads to an entry whose text starts with E's, E is not
-  inserted (a concurrent duplicate, or a prefix of a cached text).  Otherwise ``setdefault`` E's keys
-  beyond those the lookup already found: existing keys keep their slot; new ones name E's slot (C's
-  slot when E supersedes C; C's text prefixes E's).  (I) holds.
-- evict(E): a slot names only keys of its entry from some length on (those it set, plus those it
-  inherited), and the terminal keys of the entries it superseded.  For each key naming E's slot,
-  longest first: if a longer key lies below it, that key names a live slot whose entry contains the
-  shorter key's text, so re-point to it (and every shorter key with it: the same heir holds them);
-  otherwise delete.  No live entry G can
-  need a deleted key k: k would be G's last key with nothing below it, so G's text would be a prefix
-  of E's (or equal), and insert refuses such a G while E is live.  If G came first, G's last key
-  names G's slot, not E's.  Digest collisions can break this, at the cost of a missed reuse, never
-  of a wrong token.
-
-Entries are immutable once built, so a caller may keep using one after it has been evicted.  The index
-serialises its own state with one lock; no tokenization happens under it.
+starts with the text the key stands for.  ``insert`` and ``evict`` keep it; the argument is in
+docs/tokenizer-cache.md, "The prefix index and its invariant".  Entries are immutable once built, so a
+caller may keep using one after it has been evicted.  The index serialises its own state with one lock;
+no tokenization happens under it.
 """
 
 from __future__ import annotations

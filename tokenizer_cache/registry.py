@@ -5,12 +5,9 @@ The fleet file names a tokenizer for the whole fleet and may override it per mod
     tokenizer: /models/deepseek-v3          # default for every model
     chat_template: /etc/templates/ds.jinja  # optional, like vLLM's --chat-template
     models:
-      small-llama:
-        tokenizer: /models/llama-3.2-1b
-        chat_template: ...                  # optional, per model
-      qwen-vl:
-        tokenizer: /models/qwen2.5-vl-7b     # a multimodal model: its processor files are read too
-        model_id: Qwen/Qwen2.5-VL-7B-Instruct   # vLLM's --model (images are hashed with it)
+      small-llama: {tokenizer: /models/llama-3.2-1b, chat_template: ...}
+      qwen-vl:     {tokenizer: /models/qwen2.5-vl-7b, model_id: Qwen/Qwen2.5-VL-7B-Instruct}
+                   # multimodal: its processor files are read too, images are hashed with --model
 
 The registry takes those values as plain dicts and strings (parsing the file is the caller's job) and
 loads each tokenizer on first use.  Models that resolve to the same (tokenizer, chat template) pair

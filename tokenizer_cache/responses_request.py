@@ -2,26 +2,17 @@
 models): ``plan_responses(body, options, server_template)`` returns the ``ChatPlan`` that
 ``ChatRenderer.render_plan`` renders, like a chat request's, with the Responses path's own differences:
 
-- the request model (``entrypoints/openai/responses/protocol.py``): ``input`` a string or items
-  (``agent_inputs``), ``prompt`` refused, ``background`` only with ``store``, ``cache_salt`` as on chat,
-  custom tools with a grammar format refused, ``tool_choice`` "auto" / "none" turned to "none" without
-  tools, "required" or a named function without tools refused, a named function resolved to its
-  ``<namespace>__<name>`` when a namespace declares it (ambiguous: refused), ``reasoning.effort`` one of
-  OpenAI's efforts, ``truncation`` auto / disabled / null;
+- its own request model (``entrypoints/openai/responses/protocol.py``): ``input`` a string or items
+  (``agent_inputs``), its ``tool_choice`` and ``reasoning`` rules, ``truncation``;
 - no chat message validation: the converted messages go to the chat parser as they are;
-- tools: ``construct_tool_dicts`` (``agent_inputs.responses_tools``); no tools for ``tools: []``, and
-  none with ``tool_choice: "none"`` under ``--exclude-tools-when-tool-choice-none``; no tool parser is
-  needed for ``tool_choice`` (unlike chat);
-- template arguments: the request's ``chat_template_kwargs`` with ``add_generation_prompt`` /
-  ``continue_final_message`` (the last item continued, ``agent_inputs.continues_final``),
-  ``reasoning_effort`` (renamed by ``--reasoning-effort-map``) and ``enable_thinking`` as on chat; a
-  template in ``chat_template_kwargs`` needs ``--trust-request-chat-template``; the content format is
-  detected on the server's template;
-- tokenization (``build_tok_params``): **with** special tokens (vLLM's ``TokenizeParams`` default, so a
-  template that writes BOS gets a second one from a tokenizer that adds it), truncated to
-  ``max_model_len - 1`` unless ``truncation`` is "disabled", ``max_output_tokens`` above ``max_model_len``
-  refused;
+- tools from ``agent_inputs.responses_tools``; no tool parser is needed for ``tool_choice``;
+- template arguments as on chat, with the last item's continuation (``agent_inputs.continues_final``);
+  the content format is detected on the server's template;
+- tokenization **with** special tokens (vLLM's ``TokenizeParams`` default), truncated to
+  ``max_model_len - 1`` unless ``truncation`` is "disabled";
 - ``kv_transfer_params.prompt_token_ids``: the prompt as given, as on chat.
+
+Every rule, with its source: docs/parity.md, section 8.
 """
 
 from __future__ import annotations

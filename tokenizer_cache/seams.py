@@ -1,60 +1,18 @@
 """Reusing a cached tokenization: where it is safe to cut, and why the result is exact.
 
-Notation.  f(X) is the tokenization of text X without special tokens (no post-processor), as produced
-by a Hugging Face ``tokenizers`` pipeline: (1) split around added tokens, (2) normalize each piece,
-(3) pre-tokenize each piece into *words*, (4) the model (BPE, Unigram, WordPiece) encodes each word on
-its own.  W(X) is the set of character positions where a word of X starts.  A cached entry holds a
-text C and f(C); the query is a text T with T[:m] == C[:m] (m maximal).
+A cached entry holds a text C and its tokens f(C); the query T shares T[:m] == C[:m].  We pick b, a word
+start of C with b <= m - margin, and b', an earlier word start (b' <= b - overlap), tokenize G = T[b':],
+and accept only if (a) G's first tokens are exactly C's between b' and b, and (b) G has a word starting
+exactly at b with no token straddling it.  Then f(T) = f(C)[tokens before b] + f(G)[tokens from b].
 
-The splice.  We pick b, a word start of C with b <= m - margin, and b', an earlier word start of C
-(b' <= b - overlap).  We tokenize G = T[b':] and accept only if (a) G's first tokens are exactly C's
-tokens between b' and b, and (b) G has a word starting exactly at b (relative position b - b') with no
-token straddling it.  Then::
+Why this is exact: a Hugging Face pipeline's model encodes each word on its own, the split into words
+has bounded right context (the margin covers the look-ahead and the longest added token,
+``AddedTokenMargin``) and no long-range left context except at a text's start (which is why G starts at
+b', and check (a) confirms the effect died out before b).  The full argument is in
+docs/tokenizer-cache.md, "Why a splice is exact".
 
-    f(T) = f(C)[tokens before b] + f(G)[tokens from b]
-
-    C  |=========== cached tokens reused ===========|~~ overlap ~~|-- margin --|...C's own continuation
-    T  |================ same text ================================| m ...T's continuation
-                                                  b'              b            m
-    G                                             |== re-tokenized, must match ==|== new tokens =====>
-
-Why this is exact.  Step (4) is word-local: a word's tokens depend on the word's characters only, so
-two texts whose word segmentations agree on a range get the same tokens there.  Two properties of
-steps (1)-(3) carry the rest:
-
-(R) bounded right context: whether p is in W(X), and the words before p, depend only on X[:p + R].
-    Regex splits scan left to right and decide a split from a few characters after it (``\\s+(?!\\S)``
-    looks one ahead; runs of letters, digits or spaces are cut where the run ends, and no word
-    boundary lies inside such a run, except digit groups counted from the run's start); an added
-    token starting before p is recognised from its own characters.  The margin (``margin_chars``)
-    covers the look-ahead and grows by the longest added token when one may start within reach
-    (``AddedTokenMargin``).
-(L) no long-range left context: if p is in W(X) and in W(Y), and X and Y agree after p, the words of X
-    and Y after p are the same, unless p is where one of the texts starts.  Regex splits restart at
-    a split point (the patterns use lookahead only, which ``reuse_blockers`` checks); the schemes that
-    treat the *start* of a text specially (ByteLevel ``add_prefix_space``, Metaspace ``prepend_scheme``,
-    a ``Prepend`` normalizer) touch only the first word.  Normalizers act character by character,
-    except Unicode composition, which stays within a combining sequence (a seam inside one fails
-    check (a) or (b)).
-
-Proof.  T and C agree on [0, m) and b + R <= m, so by (R) b is in W(T) and the words before b are the
-same in T and C: the tokens before b are f(C)'s.  Check (b) shows b is in W(G) too; T and G agree
-after b, and b is not the start of either (b' < b), so by (L) the tokens after b are the same in T and
-in G.  The start-of-text effects that (L) excludes happen at b' in G, which is why G starts at b' and
-not at b; check (a) confirms that they, and any other influence of the missing left context, died out
-before b.  If a check fails we tokenize T in full and count a fallback.
-
-(R) and (L) are argued per component above, not proven for arbitrary regexes: ``reuse_blockers``
-admits only components for which the argument holds, the checks catch a seam where it does not (they
-are cheap: a few tokens of overlap), and the property tests compare against full tokenization.
-
-What this does not cover, and how it is handled: pipelines outside the set above (BPE dropout makes
-tokenization random; regexes with lookbehind or anchors break (L); unknown components) are refused by
-``reuse_blockers`` and then nothing is cached.  A pipeline with no pre-tokenizer (one word per piece,
-as in SentencePiece conversions without a splitter) has no word starts inside a piece, so nothing is
-reused there: exact, just not faster.  The property tests compare spliced and full tokenizations on
-byte-level BPE (DeepSeek's regexes), a trained GPT-2-style BPE with ``add_prefix_space``, a Metaspace
-Unigram with NFKC, and a BERT-style WordPiece.
+Invariant: ``reuse_blockers`` admits only pipelines for which the argument holds (else nothing is
+cached); if a check fails the text is tokenized in full and counted as a fallback.
 """
 
 from __future__ import annotations

@@ -1,30 +1,18 @@
 """Chat templates: analysed like vLLM 0.33 analyses them, rendered like transformers 5.16-5.20 renders them.
 
-vLLM 0.33 pins ``transformers>=5.16.1,<5.21``; later transformers releases render differently (5.21+ drop
-message keys whose value is null and copy ``reasoning`` to ``thinking``), so the rendering is done here,
-with the project's own Jinja environment, not by whatever ``transformers`` is installed.
+vLLM 0.33 pins ``transformers>=5.16.1,<5.21``; later releases render differently (they drop message keys
+whose value is null and copy ``reasoning`` to ``thinking``), so rendering is done here, with the
+project's own Jinja environment, not by whatever ``transformers`` is installed.
 
-Rendering (``render``):
+``render``: a sandboxed environment built like transformers' (``trim_blocks``, ``lstrip_blocks``, loop
+controls, ``{% generation %}``, ``tojson`` without HTML escaping, ``raise_exception``,
+``strftime_now``), the tokenizer's named special tokens overridden by the template arguments, then
+``messages``, ``tools``, ``documents`` and ``add_generation_prompt``; ``continue_final_message`` cuts the
+text at a marker appended to the final message's content.
 
-- environment: a sandbox with ``trim_blocks`` and ``lstrip_blocks``, loop controls, a ``{% generation %}``
-  tag that renders its body, ``tojson`` as ``json.dumps(x, ensure_ascii=False, indent=..., separators=...,
-  sort_keys=...)`` (no HTML escaping), ``raise_exception(msg)`` and ``strftime_now(fmt)``;
-- variables: the tokenizer's named special tokens (``bos_token``, ``eos_token``, ``unk_token``,
-  ``sep_token``, ``pad_token``, ``cls_token``, ``mask_token``), overridden by the template arguments,
-  then ``messages``, ``tools``, ``documents`` and ``add_generation_prompt``;
-- ``continue_final_message``: the last message's content (its last text part, for list content) gets a
-  marker appended; the text is cut where the marker's last occurrence starts (and right-stripped when the
-  template did not keep the marker's trailing space).  It is an error if the final message has no such
-  field, the template never names ``content``, or the content does not survive rendering.
-
-Analysis (vLLM's, for the content format and the template arguments it forwards):
-
-- ``detect_content_format``: "openai" when some ``for`` loop iterates a message's ``content`` (messages
-  reached through ``set`` aliases, slices, filters and ``namespace`` attributes; loops inside macros
-  count when a call passes a message's content to the macro); "string" otherwise, and also when the
-  template does not parse or a loop over messages unpacks into several names (vLLM's detector fails and
-  falls back to "string").
-- ``template_variables``: the template's undeclared variables.
+Analysis (vLLM's): ``detect_content_format`` ("openai" when some loop iterates a message's ``content``,
+"string" otherwise or when vLLM's detector fails) and ``template_variables`` (the template's undeclared
+variables).  Every rule, with its source: docs/parity.md, sections 4 and 5.
 """
 
 from __future__ import annotations

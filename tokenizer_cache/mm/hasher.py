@@ -4,10 +4,8 @@
 each as its name then its value; the byte stream is framed so that it decodes one way only::
 
     chunk     = length (8 bytes, little endian) + bytes
-    value     = 0x00                                   None
-              | 0x01 + count + value...                a list or tuple
-              | 0x02 + count + (chunk(key) + value)... a dict, in its order
-              | 0x03 + leaf                            anything else
+    value     = 0x00 (None) | 0x01 + count + value... (list, tuple)
+              | 0x02 + count + (chunk(key) + value)... (a dict, in its order) | 0x03 + leaf (the rest)
     leaf      = chunk(bytes) | chunk(utf-8 of a str) | chunk(numpy scalar bytes of an int, float, bool)
               | chunk("image") + value                 an image: its original bytes, or
                                                        {"io_config": ..., "data": bytes} when converted

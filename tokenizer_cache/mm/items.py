@@ -2,19 +2,14 @@
 
 Each media part becomes a ``MediaRef`` (modality, URL, uuid) in prompt order while the messages are
 converted (``tokenizer_cache.messages``).  ``MediaResolver.resolve`` then gives each image what its block
-keys and placeholder count need::
-
-    uuid, no bytes      -> identifier = uuid; size from an earlier sighting of that uuid, or not needed
-                           (a family whose count does not depend on size)               path "uuid"
-    data: URL           -> bytes (base64, checked as vLLM checks it) -> header -> size; identifier =
-                           the uuid if given, else the hash of the bytes                 path "data"
-    anything else       -> no size, or no identifier: the prompt is exact only up to
-                           this item's placeholder                                       path "prefix_only"
+keys and placeholder count need: a uuid alone names it (its size from an earlier sighting, when the
+count needs one; path "uuid"); a ``data:`` URL is decoded as vLLM checks it, its header gives the size,
+and the uuid or the bytes' hash names it (path "data"); anything else ends the exact prefix at this
+item's placeholder (path "prefix_only").
 
 http(s) URLs are not fetched: fetching would put the router on the media host's latency and make it an
-outbound client for untrusted URLs.  Such an item ends the exact prefix (its uuid, when given, still names
-it, and a size seen before for that uuid completes it).  Bad bytes (broken base64, an undecodable image, a
-data URL that is not base64) are refused the way vLLM refuses them (``MediaError``: a 400).
+outbound client for untrusted URLs.  Bad bytes (broken base64, an undecodable image, a data URL that is
+not base64) are refused the way vLLM refuses them (``MediaError``: a 400).
 """
 
 from __future__ import annotations
