@@ -1,17 +1,22 @@
 """One block of memory shared by the worker processes of one host, cut into named numpy views.
 
-``HostMemory(buffer)`` over a ``HostLayout(workers, targets, instances, ring_words)``: views ``loads``
-(int64 [workers, targets, 4], each worker writes its row), ``engine`` (float64 [targets, 3], scraped
-load), ``external`` (int64 [targets, 2], other hosts' load), ``health`` (float64 [instances, 6]),
-``queue`` (int64 [workers, 4]), ``rings`` (int64 [workers, ring_words], speculative entries),
-``metric_*`` (each worker's last metrics snapshot), and a ``SlotDirectory`` (names -> slots).
+::
+
+    HostLayout(workers, targets, instances, ring_words)
+      └── HostMemory(buffer)  ── view("loads")    int64 [workers, targets, 4]   each worker writes its row
+                              ── view("engine")   float64 [targets, 3]          scraped engine load
+                              ── view("external") int64 [targets, 2]            other hosts' load (replicas)
+                              ── view("health")   float64 [instances, 6]        health and ejections
+                              ── view("queue")    int64 [workers, 4]            the limits' queue, per worker
+                              ── view("rings")    int64 [workers, ring_words]   speculative entries
+                              ── view("metric_*") each worker's last metrics snapshot (metrics_board)
+                              ── SlotDirectory    names -> slots (targets; instances)
 
 The buffer comes from the caller (an anonymous shared mapping made before the workers fork, or a plain
-``bytearray`` in one process and in tests): nothing here opens a file or a socket.
-
-Invariants: every field is an aligned 8-byte word, so a reader never sees half of another process's
-write; a row written by one process only (its own load, its own ring) needs no lock; shared cells that
-several workers write (slot allocation, health) change under the ``lock`` the caller passes.
+``bytearray`` in one process and in tests): nothing here opens a file or a socket.  Every field is an
+aligned 8-byte word, so a reader never sees half of another process's write; a row written by one
+process only (its own load, its own ring) needs no lock.  Shared cells that several workers write (slot
+allocation, health) change under the ``lock`` the caller passes (a process-shared lock after a fork).
 """
 
 from __future__ import annotations

@@ -1,18 +1,25 @@
 """The request path, once, for every front door (the HTTP proxy, the endpoint picker).
 
-``prepare``: parse the body and headers (session, tenant salt, LoRA adapter), check the model, pin a
-``previous_response_id`` to its instance, tokenize, chain, look up (or ask the remote indexer): a
-``Prepared``.  ``admit``: ``Router.route`` under the limits; every target at its cap waits in the
-``CapacityGate`` (FIFO, bounded) or is ``Overloaded``; no target is ``ServiceUnavailable``.  The front
-door sends it to ``chosen`` (``dispatched``: load, speculative entries, predicted tokens), then
-``first_token`` and ``finished(usage)`` release the load and compare vLLM's cached tokens with the
-prediction; ``reroute`` gives the next-best target after a failed attempt.
+::
 
-A disaggregated model is admitted with ``admit_plan``: the same gate and a ``PDPlan`` (``routing.disagg``).
-A split request has two loads (``prefill_dispatched`` / ``prefill_finished``; ``dispatched(received=True)``
-/ ``first_token`` / ``finished``).  Invariants: each load is released exactly once, whatever fails; the
-front door owns the bytes and calls these in that order; decisions, shadow scoring, predictions and
-rejections are recorded here, so every front door reports the same.
+    prepare   body + headers ──parse──▶ session, tenant salt, LoRA adapter ──▶ model served? ──▶
+              [previous_response_id: pinned to the instance holding it] ──tokenize (tokenizer cache)──▶
+              request_chains ──▶ route_input ──▶ [remote indexer lookup]             = Prepared
+    admit     Prepared ──Router.route (limits)──▶ Decision; every target at its cap: wait in the
+              CapacityGate (FIFO, bounded) or Overloaded; no target: ServiceUnavailable
+    dispatch  the front door sends it to ``chosen``: load accounted, speculative entries, predicted tokens
+    first_token / finished(usage)
+              load released (and the gate woken), vLLM's reported cached tokens against the prediction
+
+A model whose instances have prefill/decode roles (``disaggregated``) is admitted with ``admit_plan``
+instead: the same gate, and a ``PDPlan`` (``routing.disagg``) naming a decode instance and, when split, a
+prefill instance.  A split request has two loads: ``prefill_dispatched`` / ``prefill_finished`` for its
+prefill leg, ``dispatched(received=True)`` / ``first_token`` / ``finished`` for its decode leg; each is
+released exactly once, whatever fails.
+
+The front door owns the bytes (reading the body, sending it upstream, streaming back) and calls these in
+that order; ``reroute`` gives the next-best target after a failed attempt.  Decisions, shadow scoring,
+predicted-vs-reported metrics and rejections are recorded here, so every front door reports the same.
 """
 
 from __future__ import annotations

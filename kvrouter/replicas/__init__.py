@@ -1,10 +1,14 @@
 """Router replicas that agree: shared in-flight load and speculative entries, and warm restarts.
 
-Every ``interval_s``, each replica publishes its own lease (load) and new speculative entries and reads
-its peers' leases and entries since its cursor, in one round trip (Lua), into
-``LoadTracker.external_in_flight`` and the index's speculative layer.  Every replica subscribes to every
-instance's KV events itself, so the block index needs no shared store; what only routers know goes
-through Redis as expiring leases.  Invariant: the request path never waits for Redis.
+::
+
+    replica 1 ─┐  every interval_s (50 ms), one round trip (Lua):      ┌─ LoadTracker.external_in_flight
+    replica 2 ─┼─ publish own lease (load) + new speculative entries ──┤
+    replica N ─┘  read peers' leases + peers' entries since cursor ────┴─ index speculative layer
+
+Every replica subscribes to every instance's KV events itself (ZeroMQ PUB/SUB), so the block index
+needs no shared store on the hot path; what only routers know (in flight per target, speculative entries
+for requests just sent) goes through Redis as expiring leases.  The request path never waits for Redis.
 
 ``config``    ``SharedStateConfig`` (one struct, validated once)
 ``state``     ``ReplicaState``: the pure half (what to publish, how to take peers' state in)

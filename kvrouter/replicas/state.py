@@ -1,17 +1,27 @@
 """What one router replica shares and takes in, as pure values: no I/O, no clock (``now`` comes in).
 
-``request(now)`` gathers the router's own load, ``Indexer.speculative_outbox`` and
-``ResponseAffinity.outbox`` into a ``SyncRequest``; ``apply(reply, now)`` puts the peers' load into
-``LoadTracker.set_external``, their entries into ``BlockIndex.add_speculative`` (with what is left of each
-TTL) and their response ids into ``ResponseAffinity.learned``.  A published batch is one msgpack map
-``{"s": [SpecWire...], "a": [SharedHolder...]}`` (a bare list of ``SpecWire`` is still read).  Response
-ids reach peers up within ``speculative_window_s``; a later replica asks the fleet (``responses.probe``).
+::
 
-Invariants: routing reads the local tracker and index (peers' state as of the last round trip) and never
-waits for this; peer entries go straight into the index, not through ``Indexer.add_speculative``, so
-they are never published again (no echo between replicas).  Clocks: entries carry the TTL left when
-published, the store stamps each batch with its own clock and the reply carries the store's time, so a
-reader never compares two hosts' clocks.
+    Router.load (own in flight, own prefill) ──┐
+    Indexer.speculative_outbox (entries sent) ──┤
+    ResponseAffinity.outbox (response ids seen) ┴─ request(now) ─▶ SyncRequest ─▶ store (Redis / memory)
+                                                                                     │ one round trip
+    LoadTracker.set_external(sum of peers) ◀──┬─ apply(reply, now) ◀─ SyncReply ◀────┘
+    BlockIndex.add_speculative(peer entries) ◀┤   (with what is left of each entry's TTL)
+    ResponseAffinity.learned(peer entries) ◀──┘
+
+A published batch is one msgpack map ``{"s": [SpecWire...], "a": [SharedHolder...]}`` (a batch from a
+replica of the release before, a bare list of ``SpecWire``, is still read).  Response ids reach the peers
+that are up within the store's window (``speculative_window_s``); a replica that starts later finds an
+older id by asking the fleet (``responses.probe``).
+
+The hot path never waits for this: routing reads the local ``LoadTracker`` and index, which hold the
+peers' state as of the last round trip (~``interval_s`` old).  Peer entries go straight into the index,
+not through ``Indexer.add_speculative``, so they are never published again (no echo between replicas).
+
+Clocks: a batch's entries carry the TTL left when published; the store stamps the batch with its own
+clock (a stream id) and the reply carries the store's time, so a reader subtracts the batch's age on
+the store's clock and never compares two hosts' clocks.
 """
 
 from __future__ import annotations
