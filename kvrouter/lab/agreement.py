@@ -1,20 +1,15 @@
 """Live path against simulation: one small workload through real HTTP and ZeroMQ, and through
 ``VirtualFleet``, under the same fleet parameters; do their cache hit rates agree?
 
-::
+The workload's chat form is materialized with the fleet's tokenizer into exact prompt ids.  Live: a
+``SimFleet`` (KV events over ZeroMQ), a kv-aware ``Gateway`` on 127.0.0.1 and the load generator (HTTP,
+streaming, include_usage), read through vLLM-reported ``cached_tokens``.  Simulated: a ``VirtualFleet``
+with the same instances, profile, capacity and batch limits, and the same Router and Indexer.
 
-    make_workload(chat form) ──materialize(fleet tokenizer)──▶ the exact prompt token ids
-        │                                                        │
-        ▼ live: SimFleet (N instances, KV events over ZeroMQ)    ▼ simulated: VirtualFleet(same instances,
-          + Gateway (kv-aware, subscribed) on 127.0.0.1            profile, capacity, batch limits,
-          + load generator (HTTP, streaming, include_usage)       kv-aware), the same Router and Indexer
-        │ vLLM-reported cached_tokens                            │ engine-reported cached tokens
-        └───────────────── hit rates, and their difference ─────┘
-
-Everything live runs in this process on one event loop (the fleet, the gateway, the clients): nothing to
-spawn, and hit rates depend on routing and caching, not on how fast the loop turns.  The live fleet runs
-``speed`` times faster than its timing profile while HTTP, tokenization and ZeroMQ do not, so the virtual
-fleet's event delay and network latency are the live path's (assumed) overheads times ``speed``.
+Everything live runs in this process on one event loop: nothing to spawn, and hit rates depend on routing
+and caching, not on how fast the loop turns.  The live fleet runs ``speed`` times faster than its timing
+profile while HTTP, tokenization and ZeroMQ do not, so the virtual fleet's event delay and network
+latency are the live path's (assumed) overheads times ``speed``.
 """
 
 from __future__ import annotations

@@ -1,19 +1,15 @@
 """``kvrouter demo``: a simulated fleet, the gateway with its embedded indexer, one workload under each
 policy through the real HTTP path, a table, then an agent session over the Responses API.
 
-::
-
-    kvrouter sim (subprocess: N instances, KV events over ZeroMQ) ── fleet file
-         ▲ reset caches between policies                            │
-    this process: load generator ── HTTP ──▶ kvrouter serve --policy P (subprocess, per policy)
-                  agent session (Responses API, previous_response_id) ──▶ the kv-aware gateway
+``kvrouter sim`` runs in a subprocess (N instances, KV events over ZeroMQ), ``kvrouter serve --policy P``
+in another per policy; this process runs the load generator and the agent session
+(``previous_response_id``) against the kv-aware gateway.  Separate processes keep the client, the gateway
+and the fleet from sharing one event loop.
 
 The fleet is the seeds' setting (AWS's shared-prefix benchmark): many long shared system prompts, each
-instance's KV cache too small to hold them all, so a policy that spreads every prefix over every instance
-keeps evicting them (round-robin, least-loaded), and one that keeps each prefix where it is cached does
-not.  Separate processes keep the client, the gateway and the fleet from sharing one event loop (two
-cores).  Each policy starts from empty caches (vLLM's /reset_prefix_cache), so every row sees the same
-work.
+instance's cache too small for all of them, so a policy that spreads every prefix everywhere keeps
+evicting them and one that keeps each prefix where it is cached does not.  Each policy starts from empty
+caches (vLLM's /reset_prefix_cache), so every row sees the same work.
 """
 
 from __future__ import annotations

@@ -1,19 +1,14 @@
 """Where a routed request's CPU goes in the gateway: a sampled profile under the harness's load.
 
-::
+One router process (``kvrouter serve --workers 1``) in front of peerbench's fake workers, under the
+harness's request shapes (``router_bench.py``: a short and a long completions prompt, ``max_tokens`` 8,
+32 in flight) and a fleet file like the harness's (the fleet's tokenizer, kv-aware, parity checks off),
+as ``gateway_bench`` runs it: every prompt tokenized, hashed and looked up.
 
-    fake workers (shared/peerbench/fakeworker.py, 4 ports) ◀── kvrouter serve --workers 1 (front F)
-         ▲                                                        ▲ cpu_sampler (CPU-time stacks)
-         └────────────── direct ── load: small / 9 KB completions, concurrency 32 ──┘
-
-One router process, the harness's request shapes (``router_bench.py``: a ~100-character and a ~9 KB
-completions prompt, ``max_tokens`` 8, 32 in flight), a fleet file like the harness's (the fleet's
-tokenizer, the kv-aware policy) with token parity checks off, as ``gateway_bench`` runs it: every prompt
-tokenized, hashed and looked up.  CPU per request is the router's ``/proc`` CPU
-over each measured phase (user and system); the profile is ``cpu_sampler``'s CPU-time samples of the
-measured phases, each sample put in the first category that one of its frames matches (``CATEGORIES``
-anywhere in the stack, then ``LEAF_RULES`` from the leaf up); ``on_cpu`` is perf's view of the same
-process by shared object (the interpreter, the kernel, tokenizers, uvloop), when perf runs here.
+CPU per request is the router's ``/proc`` CPU over each measured phase (user and system).  The profile
+is ``cpu_sampler``'s CPU-time samples of the measured phases, each put in the first category one of its
+frames matches (``CATEGORIES`` anywhere in the stack, then ``LEAF_RULES`` from the leaf up); ``on_cpu`` is
+perf's view of the same process by shared object, when perf runs here.
 """
 
 from __future__ import annotations

@@ -1,19 +1,15 @@
 """The indexer at fleet scale: ``kvrouter bench indexer --instances N --blocks M`` (see ``fleet_workload``).
 
-Both indexes take the same workload in the same run, one after the other: kvrouter's ``Indexer`` from
-vLLM 0.33-shaped payloads in this process, then Dynamo's RadixTree in a subprocess with the peer venv
-(``dynamo_fleet.py``), when ``shared/peerbench`` and its venv are present.
+Both indexes take the same workload in the same run: kvrouter's ``Indexer`` from vLLM 0.33-shaped
+payloads in this process, then Dynamo's RadixTree in a subprocess with the peer venv (``dynamo_fleet.py``)
+when ``shared/peerbench`` and its venv are present.
 
-Measured on each side: ingest blocks/s (stores and removals; payload building is not timed), lookup of
-``queries`` 8k-token prompts whose first ``cached_blocks`` blocks are cached (kvrouter: ``lookup`` of a
-uint32 array, the gateway's input; Dynamo: ``compute_block_hash_for_seq`` + ``find_matches``), p50 and
-p99, and bytes of RSS per (instance, block) pair after the stores.  Ingest is given per second of wall
-time and per second of the process's CPU time (all its threads: Dynamo applies events on a thread of its
-own, so on a machine with more runnable threads than cores it gets a larger share of the CPU).
-``--reserve`` sizes kvrouter's index for the fleet ahead (``Indexer.reserve(instances, blocks)``, what a
-fleet file's declared KV capacity gives): no table growth during the stores.
-``--scales 8x1250000,100x100000`` runs each scale in its own process (RSS figures stay per scale) and
-reports them together.
+Reported per side: ingest blocks/s (payload building not timed), per second of wall time and of the
+process's CPU time (Dynamo applies events on a thread of its own); lookup p50 and p99 of ``queries``
+8k-token prompts whose first ``cached_blocks`` blocks are cached (kvrouter: ``lookup`` of a uint32 array;
+Dynamo: ``compute_block_hash_for_seq`` + ``find_matches``); bytes of RSS per (instance, block) pair.
+``--reserve`` sizes kvrouter's index ahead (``Indexer.reserve``); ``--scales 8x1250000,100x100000`` runs
+each scale in its own process and reports them together.
 """
 
 from __future__ import annotations

@@ -1,23 +1,14 @@
 """Tokenizer cache benchmark: cached vs full tokenization of long prompts with a shared prefix.
 
-Workload (seeded): a shared prefix of ``--prefix-tokens`` tokens (mixed prose, code, several scripts)
-followed by a new question of ``--question-tokens`` tokens, ``--queries`` times; the cache is warmed
-with the prefix and one question.  Measured in the same run, on the same texts:
+Workload (seeded): a shared prefix of ``--prefix-tokens`` tokens (prose, code, several scripts) then a
+new question of ``--question-tokens`` tokens, ``--queries`` times, the cache warmed with the prefix and
+one question.  Reported, on the same texts in the same run: ``cached`` (``encode_prompt``) against
+``full`` (the Rust tokenizer from scratch) and ``question_alone`` (the floor); ``cold`` (texts that share
+nothing with the cache) against plain tokenization, timed alternately; bytes held per cached token; the
+same for chat through ``encode_chat`` (rendering included); and, in ``mm_bench``, the router's CPU for
+an image named by ``uuid`` and for a ``data:`` URL image against the same request without it.
 
-- ``cached``: ``encode_prompt(prefix + new question)`` (p50/p99), against ``full``: the backend Rust
-  tokenizer encoding the same text from scratch; ``speedup_p50`` is their ratio.  ``question_alone``
-  (tokenizing just the new question) is the floor no cache can go below.
-- ``cold``: ``encode_prompt`` of texts that share nothing with the cache (digests, lookup, full encode,
-  recording seams, inserting), against plain tokenization of the same texts, timed alternately
-  (minimum of ``--repeat``); ``cold_ratio_median_per_text`` is cold / plain.
-- bytes held per cached token (the cache's own estimate, and the Python heap growth).
-- the same for chat: an 8k-token system prompt and a new user turn through ``encode_chat`` (rendering
-  included), against rendering plus a full encode.
-
-- multimodal rows (``mm_bench``): the router's CPU for an image named by ``uuid`` and for a 1-megapixel JPEG
-  ``data:`` URL, against the same chat request without the image.
-
-Every cached result is compared with the full tokenization; ``mismatches`` must be 0.
+Invariant: every cached result is compared with the full tokenization; ``mismatches`` must be 0.
 """
 
 from __future__ import annotations

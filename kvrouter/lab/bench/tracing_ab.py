@@ -1,21 +1,14 @@
 """CPU per request of tracing, measured A/B in routers that keep running (``kvrouter bench gateway
---tracing-ab ROUNDS``): the machine's load drifts over minutes, so separate runs differ by more than the
-cost looked for; phases of a few seconds, interleaved, see the same load.
+--tracing-ab ROUNDS``): the machine's load drifts over minutes, so phases of a few seconds, interleaved,
+see the same load where separate runs would not.
 
-::
-
-    fake workers (peerbench's fakeworker.py, 4 ports)
-    router OFF: kvrouter serve --workers 1, tracing off
-    router ON:  kvrouter serve --workers 1, OTEL_TRACES_EXPORTER=otlp, sampler parentbased_always_off
-                (a request is traced when its traceparent is sampled), spans to an OTLP receiver here
-    each round: OFF (no traceparent) │ ON, none (no traceparent: the path of a request tracing passes by)
-                │ ON, unsampled (an unsampled traceparent) │ ON, sampled (a sampled one)
-                each phase: N chat requests, 8 concurrent, on-CPU time of the router's every thread
-                (/proc/PID/task/*/schedstat, nanoseconds) over the phase / N
+Two routers in front of peerbench's fake workers: OFF (tracing off) and ON (``OTEL_TRACES_EXPORTER=otlp``,
+sampler ``parentbased_always_off``, spans to an OTLP receiver here).  Each round runs OFF, then ON with
+no traceparent, with an unsampled one and with a sampled one; each phase sends N chat requests, 8
+concurrent, and reads the on-CPU time of every router thread (``/proc/PID/task/*/schedstat``) / N.
 
 Reported: the median over rounds of each phase's CPU per request, and of its difference from the same
-round's OFF phase (another process: its placement on the cores differs) and ON-none phase (the same
-process: what tracing adds to a request, the process's own costs cancelled).
+round's OFF phase (another process) and ON-none phase (the same process: what tracing adds to a request).
 """
 
 from __future__ import annotations

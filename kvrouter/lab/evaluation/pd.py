@@ -1,7 +1,5 @@
 """``kvrouter eval --roles 3P1D``: the same instances run aggregated, disaggregated and conditionally
-disaggregated, with a kv-aware or a load-only prefill choice, on one workload.
-
-::
+disaggregated, with a kv-aware or a load-only prefill choice, on one workload::
 
     setup               roles            split                                   prefill instance
     aggregated          every one both   never (kv-aware over all instances)     -
@@ -10,10 +8,9 @@ disaggregated, with a kv-aware or a load-only prefill choice, on one workload.
     conditional         --roles          routing.disagg's conditions             kv-aware
     conditional-load    --roles          routing.disagg's conditions             least-loaded
 
-Each setup is one ``run_one`` (the gateway's Router, Indexer and ``DisaggPlanner`` over the engine model).
-Beside TTFT and hit rates, the figures that disaggregation is about: inter-token latency (per request, its
-mean and its worst gap: a decode stalled behind a prefill) and the share of requests within both service
-objectives (``slo_attainment``).
+Each setup is one ``run_one`` (the gateway's Router, Indexer and ``DisaggPlanner`` over the engine
+model).  Beside TTFT and hit rates: inter-token latency (per request, its mean and its worst gap, a
+decode stalled behind a prefill) and the share of requests within both objectives (``slo_attainment``).
 """
 
 from __future__ import annotations

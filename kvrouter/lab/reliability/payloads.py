@@ -1,19 +1,15 @@
 """Hostile and valid-looking KV-event payloads for fuzzing the decoder and the index (seeded, pure).
 
-::
+``HostilePayloads(rng).next()`` gives a ``Sample(family, payload, expect)`` of one family: ``valid``
+(well-formed batches of every release shape, chained on blocks stored before), ``structural`` (bad
+parents, duplicate hashes, absurd block sizes, token counts that do not cover the blocks, empty offload
+placeholders), ``typing`` (wrong field types, bad mediums, huge or negative ints, odd-length bytes
+hashes) or ``bytes`` (truncated msgpack, flipped bytes, garbage, lying array headers, deep nesting).
 
-    HostilePayloads(rng).next() ──▶ Sample(family, payload, expect)
-        valid        well-formed batches of every vLLM release shape, chained on blocks stored before
-        structural   unknown / self-referencing / cross-source parents, duplicate hashes, absurd block
-                     sizes, token counts that do not cover the blocks, offload placeholders of nothing
-        typing       wrong field types, bad mediums, huge or negative ints, bytes hashes of any length
-        bytes        truncated msgpack, flipped bytes, garbage, array headers claiming 2**32 elements,
-                     nesting beyond the interpreter's recursion limit, huge arrays
-
-``expect`` names the rejection reasons a sample must be counted under (empty: any accounting will do, as
-for a random byte flip); the fuzz run checks it.  The generator keeps a small model of the engine hashes
-it has stored, so valid-looking children and removals hit known blocks, and a list of the control
-source's engine hashes so cross-source references can be aimed at real blocks of another source.
+``expect`` names the rejection reasons a sample must be counted under (empty: any accounting will do);
+the fuzz run checks it.  The generator keeps a small model of the engine hashes it has stored, so
+children and removals hit known blocks, and the control source's hashes, so cross-source references hit
+real blocks of another source.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """Grids of evaluations: many (case, policy) runs of ``kvrouter eval`` in one process pool.
 
-::
-
-    Case(label, x, spec) ...  ──tasks: (case, policy) + (case, "pooled-cache") + (case, "reuse-ceiling")──┐
-                                                                                                        ▼
-    [ {label, x, workload, requests, instances, bounds: {reuse_ceiling, pooled_cache}, policies: {...}} ]
-                               (per case, the shape ``evaluate`` returns, so ``evaluation.table`` reads it)
-
-``evaluate`` starts a pool per call; a sweep of 5 points x 3 policies would pay 5 pool start-ups (each
-worker imports numba, the indexer and the engine) and leave a core idle whenever a case has an odd number
-of runs.  Here every run of every case is one task of a single pool.  Each run is exactly ``run_one``:
-the same engine model, Router and Indexer as ``kvrouter eval``.
+Each ``Case(label, x, spec)`` gives a task per policy plus its two bounds (pooled cache, reuse ceiling);
+the result per case has the shape ``evaluate`` returns (``label``, ``x``, ``workload``, ``bounds``,
+``policies``...), so ``evaluation.table`` reads it.  Every run of every case is one task of a single pool,
+where ``evaluate`` would start a pool per call (each worker imports numba, the indexer and the engine)
+and leave a core idle on an odd number of runs.  Each run is exactly ``run_one``: the same engine model,
+Router and Indexer as ``kvrouter eval``.
 
 Sweeps change one parameter of a base spec, named by a dotted path (``fleet.instances``,
 ``settings.prefix_hash.load_bound``, ``overrides.system_len``) or ``rate`` (arrivals ``x`` times faster).

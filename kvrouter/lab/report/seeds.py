@@ -1,23 +1,15 @@
 """Notebook 2: the seeds' table (AWS SageMaker PREFIX_AWARE vs RANDOM) reproduced in the simulator.
 
-AWS: Llama 3.1 70B on 7 x p5.48xlarge (8 x H100 each: our ``llama-3.1-70b-8xh100`` profile, whose KV
-capacity follows vLLM's rule for that machine), one hour, an "8k-token shared prefix", random's KV hit
-rate 25 %.  What AWS did not publish (question and output lengths, the rate, how many distinct prefixes)
-we choose, and say so:
+AWS's setting: Llama 3.1 70B on 7 x p5.48xlarge (our ``llama-3.1-70b-8xh100`` profile), an "8k-token
+shared prefix", one hour, random's KV hit rate as published.  What AWS did not publish (question and
+output lengths, the rate, how many distinct prefixes) is chosen here: ``calibration_cases`` measures
+random's hit rate against the number of prefixes and the notebook keeps the count closest to AWS's; the
+rates sit below what random can sustain (busy enough that recomputing prefixes queues work); ``short-chat``
+runs at a rate below the instances' batch limit likewise.  vLLM's API server costs
+(``timing.FrontendCosts``) are in every case; ``engine_only_cases`` rerun the table's two cases without
+them, to show what they change.
 
-* distinct prefixes: with one prefix every policy hits ~97 % (each instance computes it once), so AWS's
-  25 % for random implies many distinct 8k prefixes, each reused a few times.  ``calibration_cases``
-  measures random's hit rate against the number of prefixes; the notebook keeps the count closest to 25 %.
-  (No cache pressure needed: with R requests per prefix spread at random over 7 instances, a hit needs
-  the instance to have seen the prefix before: 1 - 7 (1 - (6/7)^R) / R, 27 % at R = 6.7.)
-* rate: 16 requests/s, about 80 % of what random can sustain here (its delivered output levels off near
-  19.5 requests/s: see the rate sweep), i.e. a fleet provisioned for random with some headroom: busy enough
-  that recomputing prefixes queues work, not so busy that every policy's TTFT is queueing.
-* short chats: ``short-chat`` (ShareGPT-like lengths) at 200 requests/s, likewise about 80 % of the rate
-  at which the 7 instances run out of batch slots (max_num_seqs 256 each).
-* vLLM's API server (HTTP, rendering and tokenization, the hop to the engine core, the first token's
-  detokenization: ``timing.FrontendCosts``) is in every case; ``engine_only_cases`` rerun the table's two
-  cases without it, the model before issue 21, to show what it changes.
+How each choice was derived, with the figures: docs/measurements.md, "The seeds' table (notebook 2)".
 """
 
 from __future__ import annotations

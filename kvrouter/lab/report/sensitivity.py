@@ -1,22 +1,14 @@
 """Notebook 3: where kv-aware wins, where prefix-hash is enough, where neither helps.
 
-One parameter at a time around a base case, every other setting as in the base:
-
-=================  ====================================================  ================================
-sweep              values                                                workload
-=================  ====================================================  ================================
-instances          2, 4, 8, 16 (offered load per instance kept)          Mooncake conversation, 800 req.
-capacity_blocks    20k .. 166k (the profile's: 82,855 = 1.33 M tokens)    same, with the pooled-cache bound
-load               1x .. 4x the trace's recorded rate                     same
-event_delay_s      5 ms .. 30 s (kv-aware only: nothing else reads it)   same
-event_loss         0 .. 10 % of event batches, no replay (kv-aware)      same
-prefix length      512 .. 32k tokens of shared prefix                    64 groups, fresh questions
-=================  ====================================================  ================================
+One parameter at a time around a base case, every other setting as in the base: ``instances`` (offered
+load per instance kept), ``capacity_blocks`` (with the pooled-cache bound), load (multiples of the
+trace's recorded rate), ``event_delay_s`` and ``event_loss`` (no replay; kv-aware only, since nothing
+else reads events), and the shared prefix's length (64 groups, fresh questions).
 
 The base is the first 800 requests of the Mooncake conversation trace at 3x its recorded rate on 8
-instances (the load at which kv-aware's weights were tuned): real arrival bursts and multi-turn reuse, and
-small enough for ~60 runs in about five minutes.  Least-loaded is the cache-blind reference: where it
-matches the others, neither cache-aware policy helps.
+instances (the load at which kv-aware's weights were tuned): real arrival bursts and multi-turn reuse,
+small enough for a notebook.  Least-loaded is the cache-blind reference: where it matches the others,
+neither cache-aware policy helps.  Each sweep's values are in its ``*_study`` function.
 """
 
 from __future__ import annotations

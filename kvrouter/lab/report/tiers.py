@@ -1,14 +1,10 @@
 """Policies x KV tiers: what an instance's CPU tier (L1) and a shared store (L2) buy, and what routing
 still adds on top of them, beside HyperPod's published figures.
 
-::
-
-    tier_cases(base, sizes, rates)  ──▶ Case per (load, tier setting), each running every policy
-           │ run_grid (one process pool, the very runs of ``kvrouter eval``)
-           ▼
-    tier_table(results)      TTFT, throughput, hit rate by tier, GPU time per request, each against
-                             GPU-only round-robin at the same load
-    hyperpod_table(results)  the best of each tier setting against that baseline, beside HyperPod's claims
+``tier_cases(base, sizes, rates)`` gives a Case per (load, tier setting), each running every policy
+through ``run_grid``; ``tier_table`` reports TTFT, throughput, hit rate by tier and GPU time per request
+against GPU-only round-robin at the same load; ``hyperpod_table`` sets the best of each tier setting
+beside HyperPod's claims.
 
 Tier settings: ``gpu`` (prefix caching on the GPU only), ``l1`` (+ each instance's CPU tier, vLLM's
 OffloadingConnector), ``l1+l2`` (+ one store every instance attaches and loads from at its bandwidth,
