@@ -1,17 +1,9 @@
 """Workloads for ``kvrouter eval`` and the live demo: what requests are sent, and when.
 
-Pure and deterministic: a workload is a function of its parameters and seed.  No I/O except reading a
-trace file.
-
-::
-
-    registry ──make_workload(name, **overrides)──┐
-      shared_prefix  chat  rag  tenants           │
-      mooncake (trace files)                      ▼
-                                     Workload(requests, mode, token_space, metadata)
-                                       │            │              │
-                         BlockContentCache     reuse_ceiling    materialize(tokenize) ─ http_call (live)
-                         (per-segment hashes)  summarize
+Pure and deterministic: a workload is a function of its parameters and seed (no I/O except reading a
+trace file).  ``make_workload(name, **overrides)`` builds a ``Workload(requests, mode, token_space,
+metadata)`` from a generator or a trace; the evaluator hashes its blocks (``BlockContentCache``), bounds
+it (``reuse_ceiling``) and summarizes it, and the live path materializes its prompts.
 
 Modules: ``spec`` (Request, Workload, Segment, TokenSpace), ``tokens`` (deterministic token streams),
 ``text`` (synthetic words), ``blocks`` (block content hashes cached per segment), ``arrivals`` (arrival

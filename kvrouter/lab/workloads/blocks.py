@@ -1,21 +1,17 @@
 """Block content hashes of workload prompts, cached per segment key.
 
 The evaluator hashes every prompt's full blocks exactly as the gateway does (``indexer.hashing``), then
-chains them under the request's ``cache_salt``.  Hashing 145 M tokens of the Mooncake conversation trace
-one request at a time would take minutes; but most of those tokens are repeats of the same 512-token
-hash ids.  A block lying wholly inside one segment that starts on a block boundary depends only on
-(segment key, block index in the segment), so its content hash is computed once per key::
+chains them under the request's ``cache_salt``.  Most tokens of a trace repeat the same segments, and a
+block lying wholly inside one segment that starts on a block boundary depends only on (segment key,
+block index in the segment), so its content hash is computed once per key::
 
     segments   |  k0 (512)  |  k7 (512)  |  k9 (300)  |
     blocks     |b0 ... b31  |b0 ... b31  |b0..b17|    (16-token blocks; k9's last 12 tokens: no full block)
     cache      k0 -> H[0:32]  k7 -> H[0:32]  k9 -> H[0:18]   (a shorter use of k9 reads a prefix)
 
-When a segment ends off a block boundary (synthetic prompts: 6000 + 1200 tokens is aligned, 1000 + 200 is
-not), the block that straddles the boundary and everything after it is hashed from tokens, uncached.
-
-Memory: 8 bytes per cached block; the conversation trace's 182,790 distinct ids at 16-token blocks take
-47 MB of hashes (plus ~100 bytes of dict and array overhead per key).  ``warm`` computes many keys in one
-vectorized pass and is the fast way to fill the cache.
+When a segment ends off a block boundary, the block that straddles it and everything after it is hashed
+from tokens, uncached.  A cached block costs 8 bytes plus per-key overhead; ``warm`` computes many keys
+in one vectorized pass and is the fast way to fill the cache.
 """
 
 from __future__ import annotations

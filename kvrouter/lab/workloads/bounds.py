@@ -1,22 +1,17 @@
 """The reuse ceiling: what an infinite, never-evicting single cache would serve.
 
 Counted as vLLM counts a prefix-cache hit (``KVCacheManager.get_computed_blocks``): whole blocks only, and
-never the prompt's last token, because the engine must compute it to get logits::
+never the prompt's last token (``hit_blocks = min(leading cached blocks, (num_tokens - 1) //
+block_size)``), so a prompt found in full still recomputes its last block.
 
-    max_cache_hit_length = num_tokens - 1        (vLLM)
-    hit_blocks = min(leading cached blocks, (num_tokens - 1) // block_size)
-    hit_tokens = hit_blocks * block_size
+Requests are taken in release order; each one's full blocks enter the cache after its lookup (with the
+full blocks of prompt + output minus its last token when the workload says what the engine generates:
+vLLM caches decode blocks too).  Blocks are keyed by the indexer's chain hash under the request's
+``cache_salt``, so tenants under different salts never share.  Concurrency is ignored.
 
-so a prompt found in full still recomputes its last block (a whole block, since hits are block-aligned).
-Requests are taken in release order; each one's full blocks enter the cache after its lookup (and, when
-the workload says what the engine will generate, the full blocks of prompt + output minus its last token:
-vLLM caches decode blocks too, and the last generated token's KV is never computed).  Blocks are keyed by
-the indexer's chain hash under the request's ``cache_salt``, so tenants under different salts never
-share.  Concurrency is ignored: a request may hit blocks of one sent at the same instant.
-
-The set of cached chain hashes is prefix-closed (a block's hash is only ever inserted together with all
+Invariant: the set of cached chain hashes is prefix-closed (a block's hash is only ever inserted with all
 its predecessors'), so the leading cached run is found by binary search, and only missed blocks are
-inserted: one pass over the Mooncake conversation trace costs about as much as hashing it.
+inserted.
 """
 
 from __future__ import annotations

@@ -6,16 +6,12 @@ One JSON object a line::
 
 ``hash_ids[j]`` stands for tokens ``512 j .. 512 (j+1)`` *and everything before them*; the last id covers
 ``input_length - 512 (len - 1)`` tokens.  Each id becomes one segment whose stream key is derived from
-(seed, trace name, id), so::
+(seed, trace name, id), so equal ids give equal 512 tokens (prefixes match block for block), different
+ids different tokens, and a partial last id the first ``tail`` tokens of that id's stream (the prefix of
+the same id used in full).
 
-    ids [0, 14, 15]      -> segments (k0:512, k14:512, k15:tail)
-    equal id             -> equal 512 tokens (and 32 equal 16-token blocks): prefixes match block for block
-    different id         -> different tokens
-    partial last id      -> the first ``tail`` tokens of that id's stream (deterministic, and the prefix
-                            of the same id used in full)
-
-Loading the 12,031-request conversation trace takes well under a second (msgspec decoding, keys derived
-in one numpy pass); the evaluator's block hashes come from ``BlockContentCache.warm`` (per-id cache).
+Loading decodes with msgspec and derives keys in one numpy pass; the evaluator's block hashes come from
+``BlockContentCache.warm`` (per-id cache).
 """
 
 from __future__ import annotations

@@ -4,23 +4,10 @@ Each entry pairs a parameter class (a msgspec Struct whose defaults are the peer
 documented per field) with a builder, plus ``hints``: settings meant for the evaluator, such as the
 number of instances the peer used, which the workload records but does not act on.
 
-=========================  ============================================================================
-name                       defaults
-=========================  ============================================================================
-aws-8k-shared-prefix       1 prefix of 8000, questions 100..300, output 200, Poisson 2/s for 1 h; 7 inst.
-sglang-gsp                 64 x 16, system 2048, question 128, output 256, all at t=0, shuffled
-vllm-prefix-repetition     10 prefixes x 100, prefix 256, suffix 256, output 128, all at once, shuffled
-llmd-precise               150 x 5, 6000 / 1200 / 1000, set shuffled then cycled, Poisson 3 -> 60 QPS
-llmd-shared-prefix         32 x 32, 2048 / 256 / 256, constant 2, 5, 8, 10, 12, 15, 20 QPS x 50 s
-llmd-tiered                250 x 5, 16000 / 256 / 256, Poisson 5, 10, 20, 40 QPS x 60 s
-multi-turn                 200 conversations x 5 turns, system 1000, turns 200, output 200
-dynamo-prefix-ratio        14000 in (ratio 0.5 of 20 prefixes), 200 out, 200 requests, concurrency 20
-rag                        500 docs of 1500..4000, 3 per request (Zipf 1.1), system 300, question 100
-tenants                    4 tenants x (16 x 8 prompts, 2048 / 128 / 128), own cache_salt each
-short-chat                 ShareGPT-like: log-normal 180-token prompts, 200-token outputs, Poisson 8/s
-mooncake-conversation      the Kimi conversation trace (12,031 requests, 1 h)
-mooncake-synthetic         the synthetic trace (3,993 requests)
-=========================  ============================================================================
+Names: ``aws-8k-shared-prefix``, ``sglang-gsp``, ``vllm-prefix-repetition``, ``llmd-precise``,
+``llmd-shared-prefix``, ``llmd-tiered``, ``multi-turn``, ``dynamo-prefix-ratio``, ``rag``, ``tenants``,
+``short-chat``, ``mooncake-conversation`` and ``mooncake-synthetic`` (the Kimi traces).
+``kvrouter eval --list`` prints each with its defaults.
 """
 
 from __future__ import annotations

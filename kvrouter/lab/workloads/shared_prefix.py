@@ -1,11 +1,8 @@
 """Shared-prefix workloads: groups of prompts that start with the same system prompt.
 
-::
-
-    group g:   [ system[g] (system_len) ][ question[g, p] (question_len) ]   -> output_len tokens
-               '------- shared by the group ------''---- unique per prompt ----'
-
-Two ways of drawing prompts, as the peers do:
+Group g's prompts are ``system[g]`` (``system_len``, shared by the group) then a question
+(``question_len``, unique per prompt), answered with ``output_len`` tokens.  Two ways of drawing them, as
+the peers do:
 
 * the fixed set (``fresh_questions=False``): ``num_groups x prompts_per_group`` prompts, shuffled once and
   then cycled, so whole prompts repeat once the set is exhausted (SGLang ``generated-shared-prefix``,

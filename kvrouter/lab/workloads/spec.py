@@ -1,15 +1,10 @@
 """The request and workload types fed to ``kvrouter eval`` and to the live demo.
 
-A prompt is held lazily, as *segments*: each segment names a deterministic token stream (its ``key``) and
-how many of its leading tokens are used.  A prompt is the concatenation of its segments::
-
-    request.segments = (Segment(k_sys, 6000), Segment(k_q17, 1200))
-    tokens           = stream(k_sys)[:6000] ++ stream(k_q17)[:1200]
-
-Equal keys give equal tokens, so two prompts share a token-level prefix exactly when they share leading
-segments (and a segment used with two lengths shares the shorter one's tokens).  The workload never holds
-12,031 x 12k Python ints: a Mooncake trace is ~24 segments a request, and the evaluator's block hashes are
-cached per segment key (see ``blocks.py``).
+A prompt is held lazily, as *segments*: each names a deterministic token stream (its ``key``) and how
+many of its leading tokens are used; ``Segment(k_sys, 6000), Segment(k_q17, 1200)`` is
+``stream(k_sys)[:6000] ++ stream(k_q17)[:1200]``.  Equal keys give equal tokens, so two prompts share a
+token-level prefix exactly when they share leading segments; a workload never holds its prompts as
+Python ints, and block hashes are cached per segment key (``blocks.py``).
 
 A request is in one of three forms:
 

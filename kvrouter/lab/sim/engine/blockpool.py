@@ -1,32 +1,18 @@
 """The paged KV block pool, with vLLM v1's prefix-caching semantics (vllm/v1/core/block_pool.py).
 
-::
+Fixed capacity, one KV page per block; each block has a ref count (running requests holding it) and a
+hash once it is full and cached.  The free queue (eviction order, head first) holds fresh blocks, then
+cached ones in LRU order; the cached map maps each hash to its blocks (a hash may map to several).
 
-    blocks     0   1   2   3   4   5   6   7        fixed capacity, one KV page each
-    ref        2   1   0   0   1   0   0   0        running requests holding the block
-    hash       a   b   c   -   d   e   -   -        set once the block is full and cached
+Invariants (checked by ``check()`` in the tests): a block is in the free queue iff its ref count is 0; a
+block has a hash iff it is in the cached map under that hash; blocks are never de-duplicated (vLLM keeps
+block tables append-only; a lookup returns the first one cached); allocation pops the queue head and
+evicts its hash (one ``BlockRemoved`` per block); a prefix-cache hit emits nothing.
 
-    free queue (eviction order, head first):   3  6  7  |  5  2        fresh blocks, then cached LRU
-    cached map: a->0  b->1  c->2  d->4  e->5                           a hash may map to several blocks
-
-Invariants (checked by ``check()`` in the tests):
-
-* a block is in the free queue iff its ref count is 0;
-* a block has a hash iff it is in the cached map under that hash (caching enabled);
-* blocks are never de-duplicated: two requests computing the same block in one step both cache it (vLLM
-  keeps block tables append-only), and a lookup returns the first one cached;
-* allocation pops the queue head and evicts whatever hash the block had (one ``BlockRemoved`` per block);
-  a prefix-cache hit emits nothing.
-
-Freed blocks: fresh ones (no hash) go to the *front* of the queue, to be reused first; cached ones go to the
-back in the order given, which the caller makes "tail block first" (vLLM frees a request's blocks in
-reverse so its last blocks are evicted first).  The fresh/cached split is current upstream
-``BlockPool.free_blocks`` (proposed in vllm PR #33710; PR #51482 refers to it as the behaviour with prefix
-caching on); earlier releases appended every freed block.  The queue is an OrderedDict: O(1) pop-front,
-remove-from-middle (a hit on a free block), append, and move-to-front.
-
-vLLM also reserves one "null block" (block 0) that is never allocated; ``num_blocks`` here counts usable
-blocks only, i.e. vLLM's ``num_gpu_blocks - 1``.
+Freed fresh blocks go to the *front* of the queue, cached ones to the back in the order given ("tail
+block first"), as current upstream ``BlockPool.free_blocks`` does (vllm PR #33710).  The queue is an
+OrderedDict (O(1) pop-front, remove-from-middle, append, move-to-front).  ``num_blocks`` counts usable
+blocks only: vLLM's ``num_gpu_blocks - 1`` (it reserves a null block).
 """
 
 from __future__ import annotations

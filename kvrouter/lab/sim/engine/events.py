@@ -2,11 +2,8 @@
 
 They restate vLLM's ``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared`` (vllm/distributed/kv_events.py)
 with the fields a router can observe; ``publisher.py`` writes them in any release's wire shape.  One engine
-step's events form one batch, in the order they happened::
-
-    step k:  [BlockRemoved(h9)] [BlockRemoved(h8)] [BlockStored(h1..h4, parent=None)]  <- request A's chunk
-             [BlockStored(h5, parent=h4)]                                              <- request B's decode
-             [BlockStored(h1..h4, medium=CPU, token_ids=[])]                           <- offload placeholders
+step's events form one batch, in the order they happened (evictions, a request's stored chunk, a decode
+block chained to it, then offload placeholders).
 
 Invariants (what vLLM guarantees and the tests check):
 

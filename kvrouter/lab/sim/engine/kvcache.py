@@ -1,15 +1,11 @@
 """Per-request KV bookkeeping on top of the pool: vLLM's ``KVCacheManager`` for one full-attention group.
 
-::
-
-    request blocks:  | hit | hit | ext | new | new | new |          (block table, append-only)
-                     |<- touched ->|<-------- allocated ------->|
-                     |<-- num_cached: stored ------>|             full blocks announced so far
+A request's block table is append-only: touched hit blocks, then allocated ones; ``num_cached`` counts
+the full blocks announced so far.
 
 * ``computed_blocks``: the longest run of cached leading blocks, capped at ``(num_tokens - 1) // bs``
   blocks: vLLM must compute the last prompt token to get logits, and computed tokens stay block-aligned, so
-  a full hit recomputes the whole last block (kv_cache_manager.get_computed_blocks, ``max_cache_hit_length
-  = request.num_tokens - 1``).
+  a full hit recomputes the whole last block (kv_cache_manager.get_computed_blocks).
 * ``allocate_slots``: fails (returns False) unless the free queue holds every new block *plus* every hit
   block that is currently evictable (touching removes it from the queue); on success, blocks that are full
   once this step's tokens are computed are cached and announced in one ``BlockStored`` per request per

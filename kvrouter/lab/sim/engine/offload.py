@@ -1,35 +1,18 @@
 """An optional CPU tier below the GPU pool: the scheduler side of vLLM 0.33's ``OffloadingConnector`` with
-its ``CPUOffloadingManager`` and LRU policy (vllm/distributed/kv_transfer/kv_connector/v1/offloading/,
-vllm/v1/kv_offload/cpu/), held to its recordings (tests/fixtures/vllm_offload).
+its ``CPUOffloadingManager`` and LRU policy, held to its recordings (tests/fixtures/vllm_offload).
 
-::
+Chunk c of a request is blocks ``[c*bpc, (c+1)*bpc)``, keyed by its last block's hash.  At admission the
+lookup continues the GPU hit with whole chunks on CPU, up to the whole prompt, and loads them
+asynchronously (the request holds its blocks and is scheduled from the next step); a chunk another
+request is loading makes the lookup wait a step.  At the end of scheduling each scheduled request's new
+prompt chunks are offered (then those of requests finished the step before): evict, then store; a store
+that cannot make room is offered again next step.  Events follow the step's GPU events: every removal,
+then every store; placeholders (one per chunk, removals listing keys) or, ``self_describing``, each
+chunk's hashes, tokens and parent (removals listing every block).  ``reset_prefix_cache`` and a
+restart empty the tier.
 
-    chunk c of a request = blocks [c*bpc, (c+1)*bpc), keyed by the hash of its last block
-    step k:  admission ── lookup: whole chunks on CPU right after the GPU hit ──▶ load (async: the request
-                          holds its blocks, is scheduled from step k+1, its loaded blocks cached then)
-             end of scheduling ── offer each scheduled request's newly computed prompt chunks, then
-                          those of requests that finished in step k-1 ──▶ evict (one removal) + store
-             end of step ── loads and stores complete ──▶ CPU events after the step's GPU events:
-                          every removal of the step, then every store
-
-What is modelled (what a router can observe):
-
-* only prompt chunks are offloaded (``offload_prompt_only``, vLLM's default), whole chunks only; a chunk
-  the tier holds is not stored again; a request offers its chunks from its first, hits included, unless
-  it loaded from CPU (then from the end of its load);
-* which chunk is evicted: ``offload_policy`` (recency by request, heads outliving tails); a store that
-  cannot make room is skipped and offered again next step;
-* the lookup continues the GPU hit from the chunk that holds its end, up to the whole prompt: vLLM loads
-  every cached token and then recomputes the last one (``cached_tokens`` can equal the prompt); a lookup
-  that would read a chunk another request is loading this step is retried next step;
-* events: without ``self_describing`` one placeholder per stored chunk (its key's hash, no tokens) and
-  removals listing keys; with it, each stored chunk's hashes, tokens and parent, and removals listing every
-  block of every evicted chunk; one removal event per store that evicted;
-* ``reset_prefix_cache`` and a restart empty the tier (one ``AllBlocksCleared`` covers both media).
-
-Not modelled: transfers taking longer than the step that queued them (the timing model charges a load
-in that step), failed transfers, the connector's other tiers and policies, partial-block ("partial tail")
-loads, sliding-window and hybrid groups.
+Not modelled: transfers longer than the step that queued them, failed transfers, the connector's other
+tiers and policies, partial-tail loads, sliding-window and hybrid groups.
 """
 
 from __future__ import annotations

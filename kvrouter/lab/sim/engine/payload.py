@@ -1,16 +1,13 @@
 """Writing a step's events as one vLLM batch payload, in any release's wire shape (pure, no sockets).
 
-Differences between releases are the encoder's business (``indexer.encode.PayloadEncoder``: positional
-events up to 0.23, maps from 0.24, no rank on 0.9, fields only ever appended); this module maps the
-engine's events onto it and applies the value rules the encoder cannot know:
+Differences between releases are the encoder's business (``indexer.encode.PayloadEncoder``); this module
+maps the engine's events onto it and applies the value rules the encoder cannot know:
 
-* GPU stores: ``group_idx`` 0 from 0.20; from 0.23 ``kv_cache_spec_kind`` "full_attention" (vLLM's
-  KV-cache manager labels each store with its group's kind in ``take_events``; the engine models one
-  full-attention group);
-* GPU evictions: ``group_idx`` 0 from 0.20 (the block pool's ``group_idx=get_group_id(hash)``);
-* the CPU tier's and the shared store's events (the offloading connector's): on 0.33 ``group_idx`` 0 on
-  stores and removals; placeholders (no tokens) carry no ``extra_keys`` nor kind and ``block_size`` 0,
-  self-describing stores the kind; before 0.33 (not recorded) no ``group_idx``.
+* GPU stores: ``group_idx`` 0 from 0.20; from 0.23 ``kv_cache_spec_kind`` "full_attention" (the engine
+  models one full-attention group); GPU evictions: ``group_idx`` 0 from 0.20;
+* the CPU tier's and the shared store's events: on 0.33 ``group_idx`` 0 on stores and removals;
+  placeholders carry no ``extra_keys`` nor kind and ``block_size`` 0, self-describing stores the kind;
+  before 0.33 (not recorded) no ``group_idx``.
 
 The GPU rules are checked against vLLM's own output: byte for byte against payloads written by each
 release's classes (tests/fixtures/wire) and, on 0.33, against the events of vLLM's scheduler and block

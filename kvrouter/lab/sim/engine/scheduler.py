@@ -1,35 +1,18 @@
-"""Continuous batching with chunked prefill and recompute preemption: vLLM v1's ``Scheduler.schedule`` and
-``update_from_output`` (vllm/v1/core/sched/scheduler.py, FCFS policy), one call per engine step.
+"""Continuous batching with chunked prefill and recompute preemption, one call per engine step: vLLM v1's
+``Scheduler.schedule`` and ``update_from_output`` (vllm/v1/core/sched/scheduler.py, FCFS).
 
-::
+Per step, within the token budget: (1) RUNNING requests in admission order, preempting the latest
+admitted (back to the front of WAITING, recompute mode) when blocks run out; (2) if none was preempted,
+WAITING requests FIFO up to ``max_num_seqs``, those back from a KV transfer (``holding``) first, each with
+its prefix-cache hit (a CPU-tier hit loads asynchronously; ``reserve_full_sequence`` needs blocks for
+the whole sequence); (3) every scheduled request advances, samples once its prompt is done, and finishes
+at ``max_tokens`` (blocks freed tail first).
 
-    token budget = max_num_batched_tokens
-    1. RUNNING, in admission order: each gets min(tokens it still needs, budget) (1 when decoding).
-       No blocks?  preempt the most recently admitted running request (free its blocks, back to the
-       FRONT of the waiting queue, computed tokens reset: recompute mode) and retry; a request that has to
-       preempt itself stops the pass.
-    2. WAITING, FIFO, only if nothing was preempted this step, while budget > 0 and running < max_num_seqs,
-       requests back from a KV transfer (``holding``, their blocks held) first: prefix-cache hit, then
-       min(remaining, budget) tokens; no blocks -> stop admitting.  A hit continued on the CPU tier is
-       loaded asynchronously: the request takes its blocks, no budget, and is in ``holding`` next step.
-       With ``reserve_full_sequence`` (vLLM's default) "no blocks" means: not enough free blocks for the
-       request's whole sequence, even when its first chunk would fit.
-    3. Execute: every scheduled request advances; one whose computed tokens reach its known tokens samples
-       one token; a request with max_tokens outputs finishes and frees its blocks (tail first).
-
-``cached_tokens`` of a request is its computed-token count at first admission (GPU hit + CPU load), as
-vLLM's ``num_cached_tokens``; prefix-cache query/hit counters count a request's first admission only
-(vLLM records re-admissions after preemption under separate ``preempted_*`` counters).
-
-Disaggregated prefill and decode (vLLM's NIXL connector, pull mode):
-
-* a prefill leg (``hold``) runs as any request; when it finishes its blocks stay allocated (and cached)
-  in ``held`` until ``release_held`` (the decode instance read them, or the lease expired);
-* a decode leg (``remote_tokens``) is admitted with its local prefix-cache hit, and the blocks for the rest
-  of its prompt are allocated uncached; it leaves the waiting queue for ``loading`` (no token budget, no
-  batch slot) and a ``KvLoad`` tells the shell what to pull.  ``finish_load`` puts it back at the head of
-  ``holding``: landed, its blocks are cached (one ``BlockStored``) and only the last prompt token is left to
-  compute, as vLLM recomputes it; failed, only its local hit counts and it computes the rest itself.
+``cached_tokens`` is the computed-token count at first admission (vLLM's ``num_cached_tokens``).
+Disaggregation (NIXL, pull mode): a prefill leg (``hold``) keeps its blocks in ``held`` until
+``release_held``; a decode leg (``remote_tokens``) is admitted with its local hit, waits in ``loading``
+while a ``KvLoad`` tells the shell what to pull, and ``finish_load`` puts it at the head of ``holding``
+(landed: blocks cached, the last prompt token left to compute; failed: it computes the rest itself).
 """
 
 from __future__ import annotations

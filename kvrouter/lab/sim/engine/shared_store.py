@@ -1,28 +1,18 @@
-"""A KV store several simulated engines attach: HyperPod's L2, an LMCache remote server, a shared file
-system behind vLLM's OffloadingConnector.  Pure: no I/O, no clock.
+"""A KV store several simulated engines attach (HyperPod's L2, an LMCache remote server, a shared file
+system behind vLLM's OffloadingConnector).  Pure: no I/O, no clock.
 
-::
+Each engine's ``StoreClient`` queues the blocks it caches or hits on GPU and flushes them at step end into
+one ``SharedStore`` (an LRU of block hashes, capacity in blocks).  What is modelled:
 
-    engine i ──StoreClient i──┐  queue_store (the blocks it caches or hits on GPU), flush at step end
-    engine j ──StoreClient j──┼──▶ SharedStore: one LRU of block hashes, capacity in blocks
-    engine k ──StoreClient k──┘  lookup: contiguous hits after an engine's GPU and CPU hits
-
-What is modelled (what a router can observe, and what the store costs):
-
-* write-through: every block an engine caches or hits on GPU is written to the store too (LMCache's
-  local CPU + remote backend); a block the store already holds is not written again (the store's
-  existence check), so nothing is announced for it;
-* the writer announces what it wrote as vLLM 0.33's OffloadingConnector does for its non-GPU tiers: one
-  ``BlockStored(medium="STORAGE", token_ids=[], parent=None)`` placeholder per store batch, on the
-  writing engine's own event stream;
-* the store evicts least-recently-used blocks at capacity and announces **no** removal (vLLM's fs/obj
-  tiers, LMCache's pool): the router must bound what it believes itself (``indexer.tiers.AgeBook``);
+* write-through; a block the store already holds is not written again, so nothing is announced for it;
+* the writer announces its writes as vLLM 0.33's OffloadingConnector does for non-GPU tiers: one
+  ``BlockStored(medium="STORAGE", token_ids=[], parent=None)`` placeholder per batch, on its own stream;
+* the store evicts LRU at capacity and announces **no** removal (vLLM's fs/obj tiers, LMCache's pool):
+  the router must bound what it believes (``indexer.tiers.AgeBook``);
 * a lookup continues an engine's GPU (then CPU) hit with the store's contiguous run, touches the hits,
   and the engine loads them at the store's bandwidth (``timing``: ``shared_loaded_tokens``);
-* one engine's restart or ``reset_prefix_cache`` leaves the store as it was (it is not the engine's).
-
-Not modelled: the bandwidth shared between engines loading at once (each load gets the whole link),
-write costs (asynchronous in every such connector), failures of the store.
+* one engine's restart or ``reset_prefix_cache`` leaves the store as it was.
+Not modelled: bandwidth shared between engines loading at once, write costs, failures of the store.
 """
 
 from __future__ import annotations

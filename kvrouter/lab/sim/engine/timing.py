@@ -1,31 +1,18 @@
-"""How long a simulated engine step takes: a roofline over what the step actually computed.
-
-::
+"""How long a simulated engine step takes: a roofline over what the step actually computed::
 
     t = step_overhead + num_scheduled * per_seq_overhead
-        + max( compute: (prefill + decode tokens) * 2·params  +  attention_pairs * attn_flops
+        + max( compute: ((prefill + decode tokens) * 2·params + attention_pairs * attn_flops)
                         / (num_gpus * peak_flops * mfu),
-               memory:  weights + context_tokens * kv_bytes_per_token
-                        / (num_gpus * hbm_bandwidth * mbu) )
-        + loaded_tokens * kv_bytes_per_token / cpu_load_bandwidth
-        + shared_loaded_tokens * kv_bytes_per_token / shared_load_bandwidth
-    then divided by ``speed``.
+               memory:  (weights + context_tokens * kv_bytes_per_token) / (num_gpus * hbm_bandwidth * mbu) )
+        + (loaded_tokens / cpu_load_bw + shared_loaded_tokens / shared_load_bw) * kv_bytes_per_token,
+    divided by ``speed``
 
-A decode-heavy step is memory-bound (every weight is read once per step, plus each request's KV), a
-prefill-heavy step is compute-bound; prefix-cache hits cost nothing because they are never computed, and
-attention grows with context (its FLOPs with query x context pairs, its KV reads with context length).
-``mfu`` and ``mbu`` are the only fitted constants, calibrated on published serving figures cited per
-profile; everything else is model architecture and datasheet arithmetic, written out below.
-
-Hardware: NVIDIA H100 SXM5 datasheet: 989.4 TFLOPS dense BF16 (1978.9 FP8), 3.35 TB/s HBM3, 80 GB
-(81,559 MiB = 85.5e9 bytes as CUDA reports it).  KV capacity follows vLLM's rule: ``gpu_memory_utilization``
-(0.9) of each GPU's memory, minus its weight shard, minus non-KV reservations (activations of the profiling
-run, CUDA graphs, NCCL buffers: assumed 5 GB per GPU), divided by the KV bytes of one token on that GPU.
-
-Outside the steps, every request also pays vLLM's API server (``FrontendCosts``, applied per request by
-``frontend.FrontEnd``): HTTP, the renderer (chat template and tokenization, one request at a time on its
-worker thread), the hop to the engine core with its block hashes, and on the way back the first token's
-detokenization and the streamed chunk.  These are per request, not per step, and grow with prompt length.
+Prefix-cache hits cost nothing (never computed).  ``mfu`` and ``mbu`` are the only fitted constants,
+calibrated on published serving figures cited per profile; the rest is architecture and datasheet
+arithmetic.  KV capacity follows vLLM's rule: ``gpu_memory_utilization`` of each GPU's memory, minus its
+weight shard and non-KV reservations, divided by one token's KV bytes.  Outside the steps each request
+pays vLLM's API server (``FrontendCosts``, applied by ``frontend.FrontEnd``): HTTP, rendering and
+tokenization, the hop to the engine core, the first token's detokenization and streaming.
 """
 
 from __future__ import annotations
@@ -37,6 +24,9 @@ import msgspec
 from kvrouter.lab.sim.engine.scheduler import BatchStats
 from kvrouter.lab.sim.errors import SimConfigError, UnknownProfile
 
+# NVIDIA H100 SXM5 datasheet: 989.4 TFLOPS dense BF16 (1978.9 FP8), 3.35 TB/s HBM3, 80 GB
+# (81,559 MiB = 85.5e9 bytes as CUDA reports it).  Non-KV reservations per GPU (activations of vLLM's
+# profiling run, CUDA graphs, NCCL buffers) are assumed 5 GB (``reserved_bytes_per_gpu``).
 H100_BF16_FLOPS = 989.4e12
 H100_HBM_BYTES_PER_S = 3.35e12
 H100_MEM_BYTES = 85.5e9

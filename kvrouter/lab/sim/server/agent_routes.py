@@ -1,16 +1,12 @@
 """The agent APIs of a simulated instance: the Responses API and Anthropic's Messages API, served the way
 vLLM 0.33 serves them for a text model.
 
-::
-
-    POST /v1/responses ──▶ [previous_response_id: the stored conversation, 404 if not held] ──▶ the
-        tokens vLLM's Responses path renders (``CachedTokenizer.aencode_responses_request``) ──▶ engine
-        ──▶ a response object, or its SSE events; stored when asked and VLLM_ENABLE_RESPONSES_API_STORE is
-        on (``background``: answered "queued" at once, run in a task, read with GET)
-    GET  /v1/responses/{id}          the stored response (404 when not held)
-    POST /v1/responses/{id}/cancel   a background response still queued or in progress
-    POST /v1/messages                the tokens vLLM's Messages path renders (``aencode_messages_request``)
-    POST /v1/messages/count_tokens   its prompt length
+``POST /v1/responses``: a ``previous_response_id`` continues the stored conversation (404 if not held);
+the prompt is the tokens vLLM's Responses path renders (``CachedTokenizer.aencode_responses_request``);
+the answer is a response object or its SSE events, stored when asked and
+VLLM_ENABLE_RESPONSES_API_STORE is on (``background``: answered "queued" at once, read with GET).
+``GET /v1/responses/{id}`` and ``POST /v1/responses/{id}/cancel`` read and cancel stored ones.
+``POST /v1/messages`` renders as vLLM's Messages path; ``/v1/messages/count_tokens`` gives its length.
 
 A continued conversation re-sends its whole history to the engine, which finds the earlier turns in its
 prefix cache: the cached tokens reported grow turn by turn, as on vLLM.

@@ -1,21 +1,17 @@
 """What the simulated model says: seeded answers made of real whole-word tokens, and their text.
 
-::
+``AnswerVocab`` keeps the ids of tokens that are one lowercase word with a leading space (" the",
+" cache", ...), lowest ids first; ``plan()`` draws a request's n word ids (+ EOS when it ends naturally)
+from its seed, and ``piece(id)`` gives each one's text from a table.
 
-    tokenizer vocab ──▶ AnswerVocab: ids of tokens that are one lowercase word with a leading space
-                                     (" the", " cache", ...), the lowest ids first (the commonest words)
-    request seed ─────▶ plan(): n word ids (+ EOS when the answer ends naturally) ──▶ Engine.add_request(
-                                                                                 output_token_ids=...)
-    each generated id ─▶ piece(id): its text, from a table (no incremental detokenizer needed)
+Why whole words: the text of an answer is exactly the decoding of its ids, and re-tokenizing it gives
+the same ids back, so a next chat turn that quotes the answer reuses the KV blocks the answer filled
+during decode, as it does with a real model most of the time.
 
-Why whole words: the text of an answer is exactly the decoding of its token ids, and re-tokenizing that
-text gives the same ids back, so a next chat turn that quotes the answer reuses the KV blocks the answer
-filled during decode, as it does with a real model most of the time.
-
-When an answer ends: a real model stops at EOS.  With ``answer_tokens`` = m > 0, a request without
-``ignore_eos`` ends after a seeded length drawn uniformly from [m/2, 3m/2] (finish_reason ``stop``, EOS
-counted in ``completion_tokens`` and absent from the text, as vLLM reports it); a request whose
-``max_tokens`` is smaller ends by length.  So ``max_tokens`` <= m/2 always yields exactly ``max_tokens``.
+When an answer ends: with ``answer_tokens`` = m > 0, a request without ``ignore_eos`` ends after a seeded
+length drawn uniformly from [m/2, 3m/2] (finish_reason ``stop``, EOS counted in ``completion_tokens`` and
+absent from the text, as vLLM reports it); a smaller ``max_tokens`` ends it by length, so
+``max_tokens`` <= m/2 always yields exactly ``max_tokens``.
 """
 
 from __future__ import annotations

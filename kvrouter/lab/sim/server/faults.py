@@ -1,29 +1,18 @@
-"""Fault injection for a simulated instance: what can be set at start, and what can change at run time.
+"""Fault injection for a simulated instance: ``FaultConfig`` at start (CLI, SimFleetConfig), ``FaultUpdate``
+at run time (``POST /sim/faults``), into one ``FaultState`` per instance read by the HTTP handlers and
+every rank's step loop.  Knobs and what a router sees:
 
-::
-
-    FaultConfig (start: CLI, SimFleetConfig) ──┐
-                                               ├──▶ FaultState (one per instance, read by the HTTP
-    POST /sim/faults  FaultUpdate (run time) ──┘      handlers and every rank's step loop)
-
-Knobs and what a router sees:
-
-==================  ==========================================================================================
-``drop_rate``       a fraction of KV-event batches never reach subscribers (still replayable: a gap, as an
-                    HWM drop).  Per rank, seeded.
-``dead``            ``/health`` and the OpenAI routes answer 503 (the engine is dead, the server is up).
-``latency_s``       every OpenAI request waits this long before it reaches the engine (first byte later).
-``slowdown``        every engine step takes this many times longer (a slower GPU; < 1 is faster).
-``stall_s``         the engines stop stepping for this long from now (0 resumes): streams freeze, requests
-                    queue, no events.
-``stall_events``    the publishers hold their batches until set false (they then flush in order).
-``corrupt_next``    the next n batches of every rank are undecodable.
-``mute_replay``     replay requests are swallowed (a replay that never answers).
-``render_fault``    chat requests (and /tokenize) are rendered with another chat template than the fleet's:
-                    the token ids differ from the router's from the first token on (parity checks see it)
-``crash``           the process dies: the port closes, in-flight requests fail (streams end without their
-                    last chunk), caches and event sequences are lost; after ``down_s`` it is back, empty.
-==================  ==========================================================================================
+``drop_rate``       a fraction of KV-event batches never reach subscribers (still replayable: a gap)
+``dead``            ``/health`` and the OpenAI routes answer 503 (the engine is dead, the server is up)
+``latency_s``       every OpenAI request waits this long before it reaches the engine
+``slowdown``        every engine step takes this many times longer (< 1 is faster)
+``stall_s``         the engines stop stepping for this long (0 resumes): streams freeze, no events
+``stall_events``    the publishers hold their batches until set false (then flush in order)
+``corrupt_next``    the next n batches of every rank are undecodable
+``mute_replay``     replay requests are swallowed (a replay that never answers)
+``render_fault``    chat and /tokenize render with another template: token ids differ from the router's
+``crash``           the process dies: port closed, in-flight requests cut, caches and event sequences
+                    lost; after ``down_s`` it is back, empty
 """
 
 from __future__ import annotations

@@ -1,6 +1,4 @@
-"""A simulated vLLM fleet in one process and one event loop, and the fleet file that describes it.
-
-::
+"""A simulated vLLM fleet in one process and one event loop, and the fleet file that describes it::
 
     async with SimFleet(SimFleetConfig(instances=4, dp_size=2)) as fleet:
         fleet.urls                  # ["http://127.0.0.1:P", ...]
@@ -8,11 +6,9 @@
         fleet.write_fleet_file(path)
         await fleet.servers[0].crash(down_s=1.0)
 
-Ports, from ``base_port`` (0: a free block below 32768 is found), ``stride = 1 + 2 x dp_size`` per instance::
-
-    instance i:  HTTP  base + i*stride
-                 PUB   base + i*stride + 1        (rank r: + r, vLLM's data-parallel offset)
-                 ROUTER base + i*stride + 1 + dp   (rank r: + r)
+Ports, from ``base_port`` (0: a free block below 32768 is found), ``stride = 1 + 2 x dp_size`` per
+instance: HTTP at ``base + i*stride``, PUB at ``+ 1`` and ROUTER at ``+ 1 + dp`` (rank r: ``+ r`` on
+both, vLLM's data-parallel offset).
 
 Everything shares one tokenizer (loaded once, off the event loop), one answer vocabulary and one ZeroMQ
 context.  ``start()`` returns only once every instance answers ``/health``; the fleet file is only ever

@@ -1,23 +1,17 @@
 """One simulated vLLM instance without its HTTP server: data-parallel ranks, tokenizer, faults, requests.
 
-::
-
-                     ┌────────────── SimInstance ──────────────┐
-    OpenAI handler ─▶│ tokenizer (shared)   pick_rank(header)  │
-     api_server() ──▶│ FrontEnd (vLLM's API server, modelled)  │
-                     │ submit() ──▶ InFlight ◀── outputs ──────┼── EngineRank 0: Engine + EventPublisher
-                     │ faults, crash(), recover()              │   EngineRank 1: ... (ports + rank)
-                     └─────────────────────────────────────────┘
+``SimInstance`` holds the shared tokenizer, ``pick_rank``, the ``FrontEnd`` (vLLM's API server,
+modelled), the faults and ``crash()`` / ``recover()``; ``submit()`` gives an ``InFlight`` fed by one of
+its ``EngineRank`` s (an Engine and its EventPublisher each, ports offset by the rank).
 
 A request is pinned to a rank by ``X-data-parallel-rank`` (how the gateway addresses ranks); without it,
 the rank with the lowest waiting x 4 + running wins, as vLLM's internal data-parallel balancer scores
 engines.  Ties go round robin.
 
 Before ``submit`` a handler waits out ``api_server()``: the time vLLM's API server would take to get the
-request to its engine core (``engine.frontend.FrontEnd``, counted from the request's arrival, so the real
-parsing and tokenization done here count towards it); ``InFlight.next`` holds each output for the way back
-(the first token's detokenization, the streamed chunk).  Both are the profile's costs divided by the
-engine's ``speed``, like its steps.
+request to its engine core (counted from arrival, so the real parsing and tokenization done here count
+towards it); ``InFlight.next`` holds each output for the way back.  Both are the profile's costs divided
+by the engine's ``speed``, like its steps.
 """
 
 from __future__ import annotations

@@ -1,19 +1,16 @@
 """The OpenAI generation routes of a simulated instance: ``/v1/completions`` and ``/v1/chat/completions``.
 
-::
-
-    body ──▶ parse ──▶ tokenize (tokenizer cache, off the loop) ──▶ vLLM's API server (modelled, from arrival)
-        ──▶ [latency fault] ──▶ SimInstance.submit
-        ──▶ one JSON answer when the request finishes, or SSE: a chunk per engine step that produced a token
-            (chat: the role chunk with the first output, as vLLM), the finish chunk, usage, ``data: [DONE]``
+A body is parsed, tokenized (tokenizer cache, off the loop), held for vLLM's API server (modelled, from
+arrival) and any latency fault, then submitted; the answer is one JSON object when the request finishes,
+or SSE: a chunk per engine step that produced a token (chat: the role chunk with the first output), the
+finish chunk, usage, ``data: [DONE]``.
 
 A client that disconnects cancels its handler (``handler_cancellation``); ``InFlight.close()`` in the
 ``finally`` then aborts its request in the engine.  A crash ends the request by cutting the connection.
-
 ``kv_transfer_params`` (``api.kv_transfer``) make a request a prefill leg (its blocks are held, and its
 answer names them) or a decode leg (its prompt is pulled from the prefill instance; its usage reports the
-prefill instance's cached tokens), unless the instance's KV connector is off.  ``X-Request-Id`` is the base
-of the request's id, as in vLLM.
+prefill instance's cached tokens), unless the KV connector is off.  ``X-Request-Id`` is the base of the
+request's id, as in vLLM.
 """
 
 from __future__ import annotations

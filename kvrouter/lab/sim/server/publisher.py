@@ -1,31 +1,15 @@
 """The KV-event publisher of one simulated engine (one data-parallel rank), as vLLM's ``ZmqEventPublisher``.
 
-::
+``publish(events, ts)`` sends one batch per non-empty step on a PUB (bind or connect at endpoint +
+dp_rank) as ``[topic, seq8, payload]``, seq 0, 1, 2 ... (0 again after a restart), and keeps the last
+``buffer_steps`` batches for replay on a ROUTER (``replay_endpoint`` + dp_rank), answered in the shape of
+the release (with the topic from 0.26).  Payloads come from ``payload.PayloadWriter``.
 
-    engine.step(); engine.take_events() ──▶ publish(events, ts)        one batch per non-empty step
-                                               │ seq = 0, 1, 2 ...      (per publisher; restart -> 0)
-                                               ├──▶ PUB   [topic, seq8, payload]     bind (or connect) at
-                                               │                                      endpoint + dp_rank
-                                               └──▶ replay buffer (last buffer_steps batches)
-    DEALER [b"", start8] ──▶ ROUTER (replay_endpoint + dp_rank)
-                         ◀── [b"", seq8, payload] ...  [b"", END, b""]              releases <= 0.25
-                         ◀── [b"", topic, seq8, payload] ...  [b"", b"", END, b""]  releases >= 0.26
-
-Payloads are written by ``payload.PayloadWriter`` (``indexer.encode.PayloadEncoder``): any release's shape.
-
-Fault knobs (for tests and demos; each says what a router then sees):
-
-* ``drop_rate``: a fraction of batches never reaches subscribers (seeded RNG).  A dropped batch still
-  takes its sequence number and stays in the replay buffer, exactly like a ZeroMQ high-water-mark drop:
-  subscribers see a gap and can replay it.
-* ``stall()`` / ``resume()``: batches are held (not sent, not yet replayable) and flushed in order on
-  resume, like a publisher thread that fell behind.
-* ``crash()`` / ``restart()``: sockets close (subscribers see the peer go), the buffer and held batches
-  are lost, publishing is refused while down; on restart the sequence starts again at 0.
-* ``mute_replay``: the ROUTER swallows replay requests (a replay that never answers).
-* ``corrupt_next(n)``: the next n batches carry an undecodable payload (a "poison pill").
-
-Sockets close with ``linger=0``; ``stop()`` leaves nothing running.
+Fault knobs: ``drop_rate`` (a batch never reaches subscribers but keeps its sequence number and stays
+replayable, as a high-water-mark drop); ``stall()`` / ``resume()`` (batches held, then flushed in order);
+``crash()`` / ``restart()`` (sockets close, buffer and held batches lost, publishing refused while down,
+sequence back to 0); ``mute_replay`` (replay requests swallowed); ``corrupt_next(n)`` (the next n
+batches undecodable).  Sockets close with ``linger=0``; ``stop()`` leaves nothing running.
 """
 
 from __future__ import annotations

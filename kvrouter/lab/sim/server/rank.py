@@ -1,13 +1,8 @@
 """One data-parallel rank of a live simulated instance: an ``Engine`` stepped in real time, its publisher,
 and the output channel of every request in it.
 
-::
-
-    submit() ──▶ Engine.add_request ──▶ wake
-                                          │
-    run():  idle ──(wake)──▶ step() ──▶ sleep(duration x slowdown) ──▶ publish(events) ──▶ deliver outputs
-              ▲                                                                               │
-              └──────────────────────────────── no work left ◀───────────────────────────────┘
+``submit()`` adds a request and wakes ``run()``, which steps the engine, sleeps the step's duration (x
+slowdown), publishes its events and delivers its outputs, until no work is left.
 
 The engine is pure; this loop is its only caller besides ``submit``/``abort``/``crash`` (all on the same
 event loop, none awaits in the middle of an engine call), so engine state has one owner.  A step's events

@@ -1,15 +1,9 @@
 """The HTTP server of a simulated vLLM instance (aiohttp), and its process-level faults.
 
-::
-
-    SimServer ── AppRunner (handler_cancellation) ── TCPSite (host, port)
-        app:  openai_routes   POST /v1/completions  /v1/chat/completions
-              agent_routes    POST /v1/responses (+ GET /v1/responses/{id}, POST .../cancel),
-                              POST /v1/messages  /v1/messages/count_tokens
-              extra_routes    POST /v1/load_lora_adapter /v1/unload_lora_adapter, pooling, scoring, audio
-              routes          GET /v1/models /health /ping /metrics /version, POST /tokenize /detokenize
-                              /reset_prefix_cache, GET|POST /sim/faults, GET /sim/state
-        lifecycle (cleanup_ctx): the instance's publishers and rank loops
+``SimServer`` runs an app of ``openai_routes`` (completions, chat), ``agent_routes`` (responses,
+messages), ``extra_routes`` (LoRA adapters, pooling, scoring, audio) and ``routes`` (models, health,
+ping, metrics, version, tokenize, detokenize, reset_prefix_cache, ``/sim/faults``, ``/sim/state``), with
+the instance's publishers and rank loops in its lifecycle.
 
 ``SimServer`` owns the listening port, so it owns the crash: the port closes, every in-flight request's
 connection is cut (a stream ends without its last chunk or ``[DONE]``), engines and publishers lose
