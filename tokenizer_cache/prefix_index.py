@@ -180,7 +180,7 @@ class Entry:
         self.text = text
         self.ids = ids
         # The same ids as uint32, for callers that hash them (the router): an array is built from its
-        # cached prefix in microseconds, a list of 8k Python ints takes ~50 us to convert.
+        # cached prefix's array at once, where a list of Python ints is converted int by int.
         self.arr = ids_array(ids) if arr is None else arr
         self._seams = seams
         self.digests = digests

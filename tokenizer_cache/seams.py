@@ -72,7 +72,7 @@ def sample_seams(
     normalizer that expands one character into two words, as NFKC does with ligatures) is not
     filtered here: ``verify_splice`` rejects it when it is used, at the cost of a fallback.
     """
-    words = enc.word_ids  # one call: per-token lookups cost ~0.1 us each across the Rust boundary
+    words = enc.word_ids  # one call: a per-token lookup crosses the Rust boundary each time
     t2c = enc.token_to_chars
     last = min_rel_pos
     dense_from = n_tokens - tail_tokens if tail_stride > 0 else n_tokens

@@ -108,7 +108,7 @@ class Proxy:
             total=None, connect=connect_timeout_s, sock_read=first_byte_timeout_s
         )
         """Every attempt's: a connection in ``connect_timeout_s``, the answer's head in
-        ``first_byte_timeout_s`` (built once: an attrs object per attempt cost 1 % of the CPU)."""
+        ``first_byte_timeout_s`` (built once: an attrs object per attempt costs CPU on every request)."""
 
     def upstream_headers(self, down: Downstream, p: Prepared, chosen: Candidate) -> dict[str, str]:
         """What is sent upstream with a request to ``chosen`` (the disaggregated proxy's legs too)."""

@@ -60,7 +60,7 @@ class VllmCpuFleet:
 
     def start(self) -> None:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
-        # A fixed KV space: without it vLLM's CPU backend wants 92 % of the machine's memory per server.
+        # A fixed KV space: without it vLLM's CPU backend claims most of the machine's memory per server.
         env["VLLM_CPU_KVCACHE_SPACE"] = "1"
         env.update(VLLM_ENABLE_RESPONSES_API_STORE="1", HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1")
         env.update(

@@ -95,7 +95,7 @@ def bench_prompts(a: argparse.Namespace, ct: CachedTokenizer, rng: random.Random
     ]
     texts = [prefix + q for q in questions[1:]]
     # The baseline first, in the state of a router without this cache.  Measured after the cached phase,
-    # the same Rust call runs ~25 % faster (15.3 against 20.7 ms for one 8k encode): the cache keeps
+    # the same Rust call runs faster (docs/measurements.md, "Tokenizer cache"): the cache keeps
     # Encodings for its lazy seams, and a heap that holds them serves the tokenizer's allocations
     # faster.  Both are reported; the speedup is against the cache-less process state.
     full = [_timed(_ids, backend, text, True)[0] for text in texts[: a.full_samples]]

@@ -89,7 +89,7 @@ class FleetSimConfig(msgspec.Struct, frozen=True):
     """Model vLLM's API server per request (the profile's ``FrontendCosts``: HTTP, rendering and
     tokenization queued on its worker, the hop to the engine core, detokenization and the streamed chunk
     on the way back).  False: requests reach the engine at dispatch + ``net_latency_s`` and outputs leave
-    at the step's end (the model before issue 21)."""
+    at the step's end (the engine alone)."""
     prompt_api: PromptApi = "chat"
     """How requests that carry neither messages nor text (token segments: synthetic workloads and traces,
     which stand for users' chats) are taken to reach vLLM: ``chat``, ``completion`` (text) or

@@ -130,7 +130,7 @@ def closed_loop_case(scale: Scale, calibration: Sequence[dict[str, Any]]) -> Cas
 
 ENGINE_ONLY = "engine only"
 """Label suffix of the cases run without vLLM's API server (``FleetSimConfig.frontend=False``): the
-simulator's model before issue 21, whose TTFT was the engine's alone."""
+simulator without the API server, whose TTFT is the engine's alone."""
 
 
 def engine_only_cases(scale: Scale, calibration: Sequence[dict[str, Any]]) -> list[Case]:

