@@ -91,19 +91,18 @@ def _serve(
     reuse_port: bool = False,
 ) -> int:
     _use_uvloop()
+    if host is not None:
+        from ..workers import WorkerHost
+
+        assert isinstance(host, WorkerHost)
     gw = Gateway(
         cfg,
         tokens=tokens,
         policy=args.policy,
         subscribe=not args.no_events,
         fleet_path=args.fleet,
+        host=host,
     )
-    if host is not None:
-        from ..workers import WorkerHost
-
-        assert isinstance(host, WorkerHost)
-        host.attach(gw)
-        gw.leader = host.leader
     app = build_gateway(gw)
     app.on_startup.append(freeze_on_startup)  # after the gateway's start: tokenizers are loaded by then
     log.info(

@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 import aiohttp
@@ -37,10 +37,12 @@ from indexer.subscriber import EventSubscriber
 
 from ..api.requests import ParsedRequest
 from ..config import RouterFleetConfig
+from ..host import HealthBoard, HostLoads, QueueBoard
 from ..host.metric_merge import Merged
 from ..pipeline import PassThroughTokens, RequestPipeline, TokenSource
 from ..replicas import SharedState, WarmRestart, mark_restored, store_for
-from ..routing import Router
+from ..routing import LoadTracker, Router
+from ..routing.router import HostSync
 from ..telemetry import Telemetry
 from ..telemetry.metrics import TelemetryCollector
 from .adapters import AdapterManager
@@ -66,6 +68,30 @@ class HostScrape(Protocol):
     async def families(self) -> list[Metric]: ...
 
 
+class WorkerShare(Protocol):
+    """One worker's share of its host's state under ``serve --workers N`` (``kvrouter.workers.WorkerHost``):
+    what the gateway's parts are built over instead of their own in-process state."""
+
+    me: int
+    loads: HostLoads
+    health: HealthBoard
+    queue: QueueBoard
+
+    @property
+    def leader(self) -> bool: ...
+
+    def ring_sync(self, indexer: Indexer, *, keep_outbox: bool) -> HostSync:
+        """The router's exchange of speculative entries with the other workers."""
+
+    def scrape(
+        self, collect: Callable[[], Iterable[Metric]], refresh: Callable[[], None]
+    ) -> HostScrape | None:
+        """The host's /metrics over every worker (None: this worker's registry alone)."""
+
+    def state(self) -> dict[str, object]:
+        """This worker's place on its host, for /health."""
+
+
 log = logging.getLogger("kvrouter.gateway")
 
 
@@ -80,13 +106,24 @@ class Gateway:
         policy: str | None = None,
         subscribe: bool = True,
         fleet_path: str | None = None,
+        host: WorkerShare | None = None,
     ) -> None:
+        """``host``: this worker's share of the host's state (several workers on one host; None: one
+        process).  Every part that counts load, health, the queue or speculative entries is built over it."""
         self.cfg = cfg
         # With a remote indexer, events are indexed there; this router keeps only its speculative entries.
         remote_index = cfg.gateway.indexer_url is not None
         self.indexer = Indexer.for_fleet(cfg, reserve=not remote_index)
         self.subscriber = EventSubscriber(self.indexer, cfg) if subscribe and not remote_index else None
-        self.router = Router(self.indexer, cfg.router_config(policy))
+        self.router = Router(
+            self.indexer,
+            cfg.router_config(policy),
+            load=LoadTracker(host.loads if host is not None else None),
+            # The leader keeps the whole host's entries for the replicas to publish, when they share.
+            host=host.ring_sync(self.indexer, keep_outbox=host.leader and bool(cfg.replicas.redis_url))
+            if host is not None
+            else None,
+        )
         self.metrics = GatewayMetrics()
         self.metrics.registry.register(IndexerCollector(self.indexer, self.subscriber))
         g = cfg.gateway
@@ -101,6 +138,8 @@ class Gateway:
             ejection_max_s=g.ejection_max_s,
             on_change=self._health_transition,
             on_eject=lambda name, _span: self.metrics.ejections.labels(name).inc(),
+            board=host.health if host is not None else None,
+            scrape_engines=host is None or host.leader,
         )
         self.tokens = tokens or PassThroughTokens()
         self.telemetry = Telemetry(cfg.tracing, cfg.access_log)
@@ -114,6 +153,9 @@ class Gateway:
             remote=self.remote_lookup if remote_index else None,
             find_response=self.find_response,
             telemetry=self.telemetry,
+            host_queue=host.queue if host is not None else None,
+            held_host=host.queue if host is not None else None,
+            id_prefix=f"w{host.me}-r" if host is not None else "r",
         )
         self.adapters = AdapterManager(self.pool, self.pipeline, cfg.lora)
         rep = cfg.replicas
@@ -154,13 +196,17 @@ class Gateway:
         self.disagg: DisaggProxy | None = None
         self._checks: asyncio.Task[None] | None = None
         self._watch: asyncio.Task[None] | None = None
-        self.leader = True
+        self.leader = host is None or host.leader
         """False in a worker of several on one host (``kvrouter.workers``): the leader alone writes index
         snapshots, syncs with other hosts' replicas and runs the start-up fleet check."""
-        self.host_state: Callable[[], dict[str, object]] | None = None
+        self.host_state: Callable[[], dict[str, object]] | None = host.state if host is not None else None
         """This worker's place on its host, for /health (None: one process)."""
-        self.host_scrape: HostScrape | None = None
+        self.host_scrape: HostScrape | None = (
+            host.scrape(self.metrics.registry.collect, self.refresh_gauges) if host is not None else None
+        )
         """The host's /metrics over every worker (None: one process, its own registry)."""
+        if host is not None:
+            self.metrics.worker.labels(str(host.me)).set(1)
 
     def refresh_gauges(self) -> None:
         """Gauges read at scrape time: in flight per target (the host's, with workers), the queue, tasks."""

@@ -55,7 +55,7 @@ from ..routing.tier_value import DEFAULT_TIER_VALUES, TierValues
 from ..telemetry import RequestRecord, Telemetry
 from ..types import RequestId, leg_id
 from .event_watch import EventWatch
-from .gate import CapacityGate, QueueFull
+from .gate import CapacityGate, QueueFull, SharedQueue
 from .metrics import PipelineMetrics
 from .parity import ParityTracker
 from .response_history import ResponseHistory
@@ -147,7 +147,12 @@ class RequestPipeline:
         parity: ParityTracker | None = None,
         find_response: FindResponse | None = None,
         telemetry: Telemetry | None = None,
+        host_queue: SharedQueue | None = None,
+        held_host: HeldCount | None = None,
+        id_prefix: str = "r",
     ) -> None:
+        """``host_queue`` and ``held_host``: the host's limits queue and held count, shared by its workers
+        (None: this process's own); ``id_prefix``: of this process's request ids (each worker its own)."""
         self.cfg = cfg
         self.telemetry = telemetry or Telemetry()
         self.router = router
@@ -162,16 +167,19 @@ class RequestPipeline:
         self.history = ResponseHistory(cfg.responses.history_entries, cfg.responses.history_bytes)
         self.find_response = find_response if cfg.responses.probe else None
         self.gate = CapacityGate(
-            cfg.limits.queue_size, cfg.limits.queue_timeout_s, on_depth=self.metrics.queue_depth.set
+            cfg.limits.queue_size,
+            cfg.limits.queue_timeout_s,
+            on_depth=self.metrics.queue_depth.set,
+            shared=host_queue,
         )
         self.planner = DisaggPlanner(router, cfg.routing.disaggregation)
         self.active = 0
         """Requests held right now (reading, routing, queued or proxied)."""
-        self.held_host: HeldCount | None = None
+        self.held_host = held_host
         """The host's count of held requests (several workers: ``limits.max_requests`` bounds them all)."""
         self._ids = itertools.count()
         self._decisions = 0
-        self.id_prefix = "r"
+        self.id_prefix = id_prefix
         """Request ids are ``<prefix><n>``: unique in this process (each worker of a host has its own)."""
 
     # ------------------------------------------------------------------ admission

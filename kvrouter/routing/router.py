@@ -134,12 +134,19 @@ class HostSync(Protocol):
 
 class Router:
     def __init__(
-        self, indexer: Indexer, config: RouterConfig | None = None, *, load: LoadTracker | None = None
+        self,
+        indexer: Indexer,
+        config: RouterConfig | None = None,
+        *,
+        load: LoadTracker | None = None,
+        host: HostSync | None = None,
     ) -> None:
+        """``load``: the tracker to count on (with several workers, one over the host's shared loads);
+        ``host``: the other workers' speculative entries (None: one process)."""
         self.indexer = indexer
         self.config = config or RouterConfig()
         self.load = load or LoadTracker()
-        self.host: HostSync | None = None
+        self.host = host
         self.sessions = SessionTable(self.config.settings.session)
         self._policies: dict[str, Policy] = {}
         self.policy_names = self.config.settings.names()

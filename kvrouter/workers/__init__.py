@@ -4,7 +4,7 @@ after loading what they share, and the wiring of each worker to the host's share
 ::
 
     supervisor.py   Supervisor, shared_host, preload: fork N workers, replace the dead, stop on signals
-    wiring.py       WorkerHost (attach a gateway to the shared state), RingSync (speculative entries)
+    wiring.py       WorkerHost (a worker's share of the host, for Gateway), RingSync (speculative entries)
 """
 
 from .supervisor import Supervisor, preload, shared_host

@@ -1,13 +1,12 @@
-"""One worker's attachment to the host's shared state: the seams of the pure code, filled.
+"""One worker's share of the host's shared state: what the seams of the pure code are built over.
 
 ::
 
-    WorkerHost(mem, k) ──attach(gateway)──▶ router.load.shared   = HostLoads      (load, engine, external)
-                                            router.host          = RingSync       (speculative entries)
-                                            pool.board           = HealthBoard    (health, ejections)
-                                            pipeline.gate.shared = QueueBoard     (the limits' queue)
-                                            pipeline.held_host   = QueueBoard     (max_requests)
-                                            host_scrape          = HostScrape     (the host's /metrics)
+    Gateway(cfg, host=WorkerHost(mem, k)) builds   LoadTracker(HostLoads)         (load, engine, external)
+                                                   Router(host=RingSync)          (speculative entries)
+                                                   UpstreamPool(board=HealthBoard) (health, ejections)
+                                                   RequestPipeline(host_queue=QueueBoard, held_host=...)
+                                                   host_scrape = HostScrape       (the host's /metrics)
 
 Worker 0 is the leader: it alone scrapes engine load (the others read it from the shared loads), runs the
 start-up fleet check, index snapshots and the replicas' round trips to Redis, which publish the
@@ -16,16 +15,15 @@ whole host's load and speculative entries.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable
+
+from prometheus_client.core import Metric
 
 from indexer import Indexer
 from indexer.indexer import SpeculativeEntry
 
 from ..host import HealthBoard, HostLoads, HostMemory, MetricsBoard, QueueBoard, SpeculativeRings
 from .scrape import HostScrape, WakePipes
-
-if TYPE_CHECKING:
-    from ..gateway import Gateway
 
 
 class RingSync:
@@ -75,7 +73,8 @@ class RingSync:
 
 
 class WorkerHost:
-    """Worker ``me`` of the host whose shared memory is ``mem``."""
+    """Worker ``me`` of the host whose shared memory is ``mem``: passed to ``Gateway(host=...)``, which
+    builds its parts over it (``gateway.app.WorkerShare``)."""
 
     def __init__(self, mem: HostMemory, me: int, pipes: WakePipes | None = None) -> None:
         self.mem = mem
@@ -96,25 +95,19 @@ class WorkerHost:
     def workers(self) -> int:
         return self.mem.layout.workers
 
-    def attach(self, gw: Gateway) -> None:
-        """Point the gateway's pure parts at the host's shared state (before it starts)."""
-        gw.router.load.shared = self.loads
-        self.sync = RingSync(gw.indexer, self.rings, keep_outbox=self.leader and gw.shared is not None)
-        gw.router.host = self.sync
-        gw.pool.board = self.health
-        gw.pool.scrape_engines = self.leader
-        gw.pipeline.gate.shared = self.queue
-        gw.pipeline.held_host = self.queue
-        gw.pipeline.id_prefix = f"w{self.me}-r"
-        gw.metrics.worker.labels(str(self.me)).set(1)
-        gw.host_state = self.state
-        if self.pipes is not None:
-            gw.host_scrape = HostScrape(
-                MetricsBoard(self.mem, self.me),
-                self.pipes,
-                gw.metrics.registry.collect,
-                refresh=gw.refresh_gauges,
-            )
+    def ring_sync(self, indexer: Indexer, *, keep_outbox: bool) -> RingSync:
+        """The router's exchange of speculative entries with the other workers, over ``indexer``."""
+        self.sync = RingSync(indexer, self.rings, keep_outbox=keep_outbox)
+        return self.sync
+
+    def scrape(
+        self, collect: Callable[[], Iterable[Metric]], refresh: Callable[[], None]
+    ) -> HostScrape | None:
+        """The host's /metrics over every worker, from this worker's ``collect`` (None without wake pipes:
+        each worker answers with its own registry)."""
+        if self.pipes is None:
+            return None
+        return HostScrape(MetricsBoard(self.mem, self.me), self.pipes, collect, refresh=refresh)
 
     def state(self) -> dict[str, object]:
         """For /health: this worker, what it lost of the others' speculative entries, and the host's limits
