@@ -4,20 +4,20 @@ KV-aware routing needs the token ids vLLM will compute for a request: one token 
 block and every block hash differs.  Most of a prompt is usually text seen before (system prompts,
 documents, conversation history), so ``CachedTokenizer`` keeps recent texts with their tokens and
 re-tokenizes only past the longest cached prefix, backing off far enough that the result is identical to
-a full tokenization (the argument: ``tokenizer_cache.seams``).
+a full tokenization (``splice_cache``; the argument: ``seams``).
 
-Entry points: ``CachedTokenizer.from_pretrained(path, ...)``; per request body ``encode_chat_request``,
-``encode_completion_request``, ``encode_responses_request``, ``encode_messages_request`` (each with an
-``aencode_`` twin for the event loop); ``encode_prompt`` / ``encode_chat`` (and ``_ex`` forms that also
-report the reused prefix); ``TokenizerRegistry`` (one tokenizer per served model); errors under
+Entry points: ``CachedTokenizer.from_pretrained(path, ...)``; one per request kind,
+``encode_chat_request``, ``encode_completion_request``, ``encode_responses_request``,
+``encode_messages_request``, and ``encode_prompt`` for a bare prompt, each with an ``aencode_`` twin for
+the event loop and each answering an ``Encoded`` (the ids and the reused prefix); ``chat_body`` (a chat
+body from arguments); ``TokenizerRegistry`` (one tokenizer per served model); errors under
 ``TokenizerCacheError``.  docs/tokenizer-cache.md describes each; docs/parity.md lists every step of
-vLLM's request path that is reproduced, with its source.
-"""
+vLLM's request path that is reproduced, with its source."""
 
 from __future__ import annotations
 
 from .cached import CachedTokenizer, Encoded
-from .chat import RenderedChat, UnsupportedContentError
+from .chat import RenderedChat, UnsupportedContentError, chat_body
 from .config import CacheConfig, CacheStats, RenderOptions
 from .errors import (
     ChatTemplateError,
@@ -46,6 +46,7 @@ __all__ = [
     "TokenizerLoadError",
     "TokenizerRegistry",
     "UnsupportedContentError",
+    "chat_body",
     "default_tokenizer_path",
     "load_chat_template",
 ]

@@ -1,17 +1,16 @@
 """``CachedTokenizer``: prompt tokens exactly as vLLM builds them, reusing cached prefixes.
 
-``encode_prompt(text)`` (the chat paths render first, then do the same): a short text is encoded in
-full; otherwise its chunk digests find the longest cached prefix (``PrefixIndex.lookup``), ``plan_splice``
-picks a seam ``b <= m - margin`` and an earlier start ``b' <= b - overlap``, and ``T[b':]`` is encoded;
-if ``verify_splice`` accepts, the cached ids before ``b`` plus the new tokens are the answer, else the
-text is encoded in full (a "fallback").  The result is cached (superseding the entry it extends).
+One entry per request kind (``encode_chat_request``, ``encode_completion_request``,
+``encode_responses_request``, ``encode_messages_request``) and ``encode_prompt`` for a bare prompt, each
+with an ``aencode_`` twin, each answering an ``Encoded``.  A request is planned and rendered as vLLM does
+(``chat``, ``responses_request``, ``anthropic_inputs``, ``prompt_limits``), its content tokens come from
+the prefix cache (``splice_cache.SpliceCache``), and the tokenizer's special tokens are put around them.
 
 Tokenization always runs outside the index lock and releases the GIL (see ``_encode``).  The async
 methods do the cache's own work (digests, lookup, splicing) on the calling event loop, and so the
 encodes of up to ``inline_chars`` characters, since a hop to a thread costs about as much as tokenizing
 a short question (docs/measurements.md, "Tokenizer cache"); longer encodes go to a thread pool, where
-they run without the GIL alongside the loop's other work.
-"""
+they run without the GIL alongside the loop's other work."""
 
 from __future__ import annotations
 
@@ -20,42 +19,24 @@ import copy
 import functools
 import os
 import threading
-from array import array
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
 from .anthropic_inputs import disabled_thinking_effort, messages_request
-from .chat import ChatRenderer, ContentFormat, RenderedChat, request_body
+from .chat import ChatRenderer, ContentFormat, RenderedChat
 from .chat_request import ChatPlan, TokenizeSpec
 from .config import CacheConfig, CacheStats, RenderOptions
 from .errors import InvalidPromptError, RequestValidationError, UnsupportedContentError
 from .loading import HFTokenizer, load_chat_template, load_hf_tokenizer, raw_backend, special_wrap
 from .mm.processors import UnknownProcessor
 from .mm.prompt import MMItem, MultimodalModel
-from .prefix_index import (
-    Entry,
-    Ids,
-    LazySeams,
-    Match,
-    PrefixIndex,
-    U32Array,
-    head_list,
-    ids_array,
-    spliced,
-)
+from .prefix_index import U32Array, ids_array
 from .prompt_limits import check_ids_length, limit_text, plan_completion, token_limit, truncate_ids
-from .seams import (
-    AddedTokenMargin,
-    Splice,
-    plan_splice,
-    reuse_blockers,
-    sample_seams,
-    start_sensitive,
-    verify_splice,
-)
+from .seams import AddedTokenMargin, reuse_blockers, start_sensitive
+from .splice_cache import IdsOnly, SpliceCache, Steps
 
 __all__ = ["CachedTokenizer", "Encoded"]
 
@@ -63,28 +44,15 @@ Prompt = str | Sequence[int]
 # vLLM loads the tokenizers of generative models with truncation_side="left" (tokenizers/registry.py).
 TRUNCATION_SIDE = "left"
 _T = TypeVar("_T")
-# What a tokenizers.Encoding holds per token (ids, type ids, token strings, offsets, word ids, masks),
-# counted while an entry keeps one for its lazy seams.  Measured with the deepseek tokenizer, process
-# memory after malloc_trim: 80 B/token for 2.27M tokens of Encodings held; 122 B/token freed when 59
-# spliced entries built their seams.  (RSS without the trim said 21: the allocator reused freed memory.)
-_ENCODING_BYTES_PER_TOKEN = 128
-# The cached path, as steps: yields a text to tokenize, is sent its Encoding, returns the result.
-_Steps = Generator[str, Any, _T]
 
 
-def _advance(steps: _Steps[_T], sent: Any) -> tuple[bool, Any]:
+def _advance(steps: Steps[_T], sent: Any) -> tuple[bool, Any]:
     """One step: (False, the next text to tokenize) or (True, the result).  StopIteration may not cross
     an executor's future, so it is turned into a value here."""
     try:
         return False, (next(steps) if sent is None else steps.send(sent))
     except StopIteration as stop:
         return True, stop.value
-
-
-class _IdsOnly(str):
-    """A text to tokenize whose token ids alone are read (not cached: no seams, no offsets)."""
-
-    __slots__ = ()
 
 
 class Encoded(NamedTuple):
@@ -105,16 +73,6 @@ class Encoded(NamedTuple):
 
     def token_array(self) -> U32Array:
         return self.array if self.array is not None else ids_array(self.tokens)
-
-
-class _Counters:
-    """Mutable counters, only touched under ``CachedTokenizer._stats_lock``."""
-
-    __slots__ = ("exact_hits", "fallbacks", "hits", "lookups", "misses", "tokens_encoded", "tokens_reused")
-
-    def __init__(self) -> None:
-        self.lookups = self.hits = self.exact_hits = self.misses = self.fallbacks = 0
-        self.tokens_reused = self.tokens_encoded = 0
 
 
 class CachedTokenizer:
@@ -144,10 +102,9 @@ class CachedTokenizer:
         self._wrap = special_wrap(tok, self._raw)
         self.reuse_blockers = reuse_blockers(spec)
         self._reuse = not self.reuse_blockers and cfg.max_cache_bytes > 0
-        # (R) needs a margin; more of it when an added token may start just before the shared end.
-        self._added_margin = AddedTokenMargin(spec)
-        self._prefer_space = start_sensitive(spec)
-        self._index = PrefixIndex(chunk_chars=cfg.chunk_chars, max_bytes=cfg.max_cache_bytes)
+        self._cache = SpliceCache(
+            cfg, reuse=self._reuse, added_margin=AddedTokenMargin(spec), prefer_space=start_sensitive(spec)
+        )
         self._renderer = ChatRenderer(
             tok,
             chat_template=load_chat_template(chat_template) if chat_template else None,
@@ -159,8 +116,6 @@ class CachedTokenizer:
         self._disabled_effort: str | None = None
         self._hf_left: HFTokenizer | None = None
         self.vocab_size = max(self._raw.get_vocab(with_added_tokens=True).values(), default=-1) + 1
-        self._stats_lock = threading.Lock()
-        self._n = _Counters()
         self._executor = executor
         self._owns_executor = executor is None
         self._executor_lock = threading.Lock()
@@ -217,86 +172,12 @@ class CachedTokenizer:
 
     # -- public sync API ------------------------------------------------------------------------
 
-    def encode_prompt(self, prompt: Prompt, *, add_special_tokens: bool = True) -> list[int]:
-        """Tokens of a completions prompt: text with special tokens (BOS...), or token ids as given."""
-        return self.encode_prompt_ex(prompt, add_special_tokens=add_special_tokens).tokens
-
-    def encode_prompt_ex(self, prompt: Prompt, *, add_special_tokens: bool = True) -> Encoded:
-        """``encode_prompt``, also saying how many leading tokens were reused from the cache."""
+    def encode_prompt(self, prompt: Prompt, *, add_special_tokens: bool = True) -> Encoded:
+        """Tokens of a completions prompt: text with special tokens (BOS...), or token ids as given; with
+        how many leading tokens were reused from the cache."""
         if isinstance(prompt, str):
             return self._encode_text(prompt, add_special_tokens)
         return Encoded(self._check_ids(prompt), 0)
-
-    def render_chat(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        chat_template_kwargs: Mapping[str, Any] | None = None,
-        *,
-        add_generation_prompt: bool = True,
-        continue_final_message: bool = False,
-        chat_template: str | None = None,
-        documents: Sequence[Mapping[str, Any]] | None = None,
-    ) -> str:
-        """The prompt text vLLM renders for a chat request (raises ``ChatTemplateError``)."""
-        return self._renderer.render(
-            messages,
-            tools,
-            chat_template_kwargs,
-            add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message,
-            chat_template=chat_template,
-            documents=documents,
-        )
-
-    def encode_chat(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        chat_template_kwargs: Mapping[str, Any] | None = None,
-        *,
-        add_generation_prompt: bool = True,
-        continue_final_message: bool = False,
-        chat_template: str | None = None,
-        documents: Sequence[Mapping[str, Any]] | None = None,
-        add_special_tokens: bool = False,
-    ) -> list[int]:
-        """Tokens of a chat request: the rendered text, tokenized without adding special tokens."""
-        return self.encode_chat_ex(
-            messages,
-            tools,
-            chat_template_kwargs,
-            add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message,
-            chat_template=chat_template,
-            documents=documents,
-            add_special_tokens=add_special_tokens,
-        ).tokens
-
-    def encode_chat_ex(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        chat_template_kwargs: Mapping[str, Any] | None = None,
-        *,
-        add_generation_prompt: bool = True,
-        continue_final_message: bool = False,
-        chat_template: str | None = None,
-        documents: Sequence[Mapping[str, Any]] | None = None,
-        add_special_tokens: bool = False,
-    ) -> Encoded:
-        """``encode_chat``, also saying how many leading tokens were reused from the cache."""
-        body = request_body(
-            messages,
-            tools,
-            chat_template_kwargs,
-            add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message,
-            chat_template=chat_template,
-            documents=documents,
-            add_special_tokens=add_special_tokens,
-        )
-        return self.encode_chat_request(body)
 
     # -- whole requests: what the gateway calls ---------------------------------------------------
 
@@ -436,7 +317,7 @@ class CachedTokenizer:
             for p in plan.prompts:
                 if isinstance(p, str) and not self._truncates_in_tokenizer(RenderedChat(p), spec):
                     text = self._text_for(RenderedChat(p), spec)
-                    enc = await self.aencode_prompt_ex(text, add_special_tokens=spec.add_special_tokens)
+                    enc = await self.aencode_prompt(text, add_special_tokens=spec.add_special_tokens)
                     out.append(self._limited(enc, spec))
                 else:
                     out.append(await self._run(functools.partial(self._completion_prompt, p, spec), False))
@@ -449,38 +330,22 @@ class CachedTokenizer:
         return list(self.hf_tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
 
     def stats(self) -> CacheStats:
-        with self._stats_lock:
-            n = self._n
-            counts = (
-                n.lookups,
-                n.hits,
-                n.exact_hits,
-                n.misses,
-                n.fallbacks,
-                n.tokens_reused,
-                n.tokens_encoded,
-            )
+        index = self._cache.index
         return CacheStats(
-            lookups=counts[0],
-            hits=counts[1],
-            exact_hits=counts[2],
-            misses=counts[3],
-            fallbacks=counts[4],
-            tokens_reused=counts[5],
-            tokens_encoded=counts[6],
-            bytes_held=self._index.bytes_held,
-            entries=len(self._index),
-            evictions=self._index.evictions,
+            **self._cache.counts(),
+            bytes_held=index.bytes_held,
+            entries=len(index),
+            evictions=index.evictions,
             reuse_enabled=self._reuse,
         )
 
     def clear(self) -> None:
         """Drop every cached entry (counters are kept)."""
-        self._index.clear()
+        self._cache.index.clear()
 
     def check_invariants(self) -> None:
         """Assert the prefix index's invariants (tests)."""
-        self._index.check_invariants()
+        self._cache.index.check_invariants()
 
     # -- async API ------------------------------------------------------------------------------
 
@@ -492,30 +357,15 @@ class CachedTokenizer:
                 )
             return self._executor
 
-    async def aencode_prompt(self, prompt: Prompt, *, add_special_tokens: bool = True) -> list[int]:
+    async def aencode_prompt(self, prompt: Prompt, *, add_special_tokens: bool = True) -> Encoded:
         """``encode_prompt`` from the event loop: the cache's own work here, long encodes on the executor
         (see ``CacheConfig.inline_chars``)."""
-        return (await self.aencode_prompt_ex(prompt, add_special_tokens=add_special_tokens)).tokens
-
-    async def aencode_prompt_ex(self, prompt: Prompt, *, add_special_tokens: bool = True) -> Encoded:
         if isinstance(prompt, str) and not (add_special_tokens and self._wrap is None):
             return await self._adrive(self._text_steps(prompt, add_special_tokens))
         # Token ids (checking 100k of them takes milliseconds), or a text that transformers tokenizes
         # whole (a post-processor that is not a fixed prefix/suffix): one call, long ones off the loop.
-        call = functools.partial(self.encode_prompt_ex, prompt, add_special_tokens=add_special_tokens)
+        call = functools.partial(self.encode_prompt, prompt, add_special_tokens=add_special_tokens)
         return await self._run(call, len(prompt) <= self.config.inline_chars)
-
-    async def aencode_chat(
-        self, messages: Sequence[Mapping[str, Any]], *args: Any, **kwargs: Any
-    ) -> list[int]:
-        """``encode_chat`` from the event loop (rendering included; short conversations without tools
-        whole on the loop, others rendered on the executor; see ``aencode_prompt`` for the rest)."""
-        return (await self.aencode_chat_ex(messages, *args, **kwargs)).tokens
-
-    async def aencode_chat_ex(
-        self, messages: Sequence[Mapping[str, Any]], *args: Any, **kwargs: Any
-    ) -> Encoded:
-        return await self.aencode_chat_request(request_body(messages, *args, **kwargs))
 
     async def _run(self, call: Callable[[], _T], inline: bool) -> _T:
         if inline:
@@ -655,16 +505,10 @@ class CachedTokenizer:
                 raise InvalidPromptError(f"token id {t!r} is not in the vocabulary (0..{vocab - 1})")
         return out
 
-    def _count(self, **deltas: int) -> None:
-        with self._stats_lock:
-            n = self._n
-            for k, v in deltas.items():
-                setattr(n, k, getattr(n, k) + v)
-
     def _encode_text(self, text: str, add_special_tokens: bool) -> Encoded:
         return self._drive(self._text_steps(text, add_special_tokens))
 
-    def _text_steps(self, text: str, add_special_tokens: bool) -> _Steps[Encoded]:
+    def _text_steps(self, text: str, add_special_tokens: bool) -> Steps[Encoded]:
         """The cached path as steps: it yields each text it needs tokenized and is resumed with that
         text's ``tokenizers.Encoding``.  ``_drive`` runs it on one thread; ``_adrive`` runs the Python
         steps (digests, lookup, splice, caching) where it is called and sends long encodes, with what
@@ -673,16 +517,16 @@ class CachedTokenizer:
         if add_special_tokens and wrap is None:
             # The post-processor is not a fixed prefix/suffix: let transformers do it, uncached.
             ids = self.encode_uncached(text, add_special_tokens=True)
-            self._count(tokens_encoded=len(ids))
+            self._cache.count(tokens_encoded=len(ids))
             return Encoded(ids, 0)
-        content, reused, arr = yield from self._content(text)
+        content, reused, arr = yield from self._cache.content(text)
         if wrap is None or not (wrap.prefix or wrap.suffix):
             return Encoded(content, reused, arr)
         if arr is not None:
             arr = np.concatenate((ids_array(wrap.prefix), arr, ids_array(wrap.suffix)))
         return Encoded(wrap.apply(content), len(wrap.prefix) + reused if reused else 0, arr)
 
-    def _drive(self, steps: _Steps[_T]) -> _T:
+    def _drive(self, steps: Steps[_T]) -> _T:
         """Run ``steps`` to the end on this thread."""
         try:
             part = next(steps)
@@ -691,7 +535,7 @@ class CachedTokenizer:
         except StopIteration as stop:
             return stop.value
 
-    async def _adrive(self, steps: _Steps[_T]) -> _T:
+    async def _adrive(self, steps: Steps[_T]) -> _T:
         """Run ``steps`` from the event loop: the Python steps and encodes of up to ``inline_chars``
         characters here (a hop to the executor and back costs more than either); a longer encode, and
         the steps after it (a miss caches 8k tokens: a millisecond of Python), on the executor."""
@@ -705,146 +549,19 @@ class CachedTokenizer:
                 done, value = await loop.run_in_executor(self._pool(), step)
         return value
 
-    def _encode_and_advance(self, steps: _Steps[Any], part: str) -> tuple[bool, Any]:
+    def _encode_and_advance(self, steps: Steps[Any], part: str) -> tuple[bool, Any]:
         return _advance(steps, self._encode(part))
 
     def _encode(self, text: str) -> Any:
-        """Content encoding of ``text`` (a ``tokenizers.Encoding``); a ``_IdsOnly`` text's without the
+        """Content encoding of ``text`` (a ``tokenizers.Encoding``); an ``IdsOnly`` text's without the
         character offsets (``encode_batch_fast``: a sixth less work on a short text; its ids alone are read).
 
         NOTE: ``encode_batch`` releases the GIL and ``encode`` does not (tokenizers 0.15-0.23), so a
         one-text batch lets other threads, and the event loop, run while the Rust code works.
         """
-        if type(text) is _IdsOnly and self._fast is not None:
+        if type(text) is IdsOnly and self._fast is not None:
             return self._fast([text], add_special_tokens=False)[0]
         return self._raw.encode_batch([text], add_special_tokens=False)[0]
-
-    def _content(self, text: str) -> _Steps[tuple[list[int], int, U32Array | None]]:
-        """Content tokens of ``text`` (no special tokens added), how many came from the cache, and the
-        same tokens as an array when they were at hand (steps: see ``_text_steps``)."""
-        index = self._index
-        if not self._reuse or len(text) < index.chunk_chars:
-            ids = (yield _IdsOnly(text)).ids
-            self._count(tokens_encoded=len(ids))
-            return ids, 0, None
-        digests = index.chunk_digests(text)
-        match = index.lookup(text, digests)
-        outcome = "misses" if match is None else (yield from self._splice(text, match, digests))
-        if not isinstance(outcome, str):
-            return outcome
-        # Miss or fallback: full encode, then cache the text.
-        enc = yield text
-        ids = enc.ids
-        pos, idx = array("i"), array("i")
-        sample_seams(
-            enc,
-            len(ids),
-            stride=self.config.seam_stride_tokens,
-            tail_tokens=self.config.seam_tail_tokens,
-            tail_stride=self.config.seam_tail_stride_tokens,
-            first_token=0,
-            min_rel_pos=0,
-            pos_offset=0,
-            idx_offset=0,
-            out_pos=pos,
-            out_idx=idx,
-        )
-        known = match.shared_chunks if match is not None else 0
-        arr = ids_array(ids)
-        index.insert(
-            text, tuple(ids), (pos, idx), index.entry_digests(text, digests), known_keys=known, arr=arr
-        )
-        self._count(lookups=1, tokens_encoded=len(ids), **{outcome: 1})
-        return ids, 0, arr
-
-    def _splice(self, text: str, match: Match, digests: str) -> _Steps[tuple[list[int], int, U32Array] | str]:
-        """Reuse ``match.entry``'s tokens for ``text``; else name the counter to bump ("misses"...)."""
-        entry = match.entry
-        m = match.common
-        n_cached = len(entry.ids)
-        if m == len(text) == len(entry.text):
-            self._count(lookups=1, hits=1, exact_hits=1, tokens_reused=n_cached)
-            return head_list(entry.ids, n_cached), n_cached, entry.arr
-        seam_pos, seam_idx = entry.seams()
-        plan = plan_splice(
-            seam_pos,
-            seam_idx,
-            m,
-            text,
-            margin=self.config.margin_chars + self._added_margin.extra(text, m),
-            overlap=self.config.overlap_chars,
-            prefer_space=self._prefer_space,
-        )
-        if plan is None:
-            return "misses"
-        enc = yield text[plan.pos_b0 :]
-        new = enc.ids  # each access converts the whole list: read it once
-        if not verify_splice(enc, new, entry.ids, plan):
-            return "fallbacks"
-        tail = new[plan.idx_b - plan.idx_b0 :]
-        out = head_list(entry.ids, plan.idx_b)
-        out += tail
-        arr = np.concatenate((entry.arr[: plan.idx_b], ids_array(tail)))
-        self._count(lookups=1, hits=1, tokens_reused=plan.idx_b, tokens_encoded=len(new))
-        # (a text within the entry's is covered by it; one a short tail past the shared prefix is not worth
-        # an entry: ``CacheConfig.min_new_chars``)
-        if len(text) > m and len(text) - m >= max(1, self.config.min_new_chars):
-            ids = spliced(entry.ids, plan.idx_b, tail)
-            self._cache_spliced(text, entry, m, plan, enc, len(new), ids, arr, digests, match.shared_chunks)
-        return out, plan.idx_b, arr
-
-    def _cache_spliced(
-        self,
-        text: str,
-        entry: Entry,
-        m: int,
-        plan: Splice,
-        enc: Any,
-        n_new: int,
-        ids: Ids,
-        arr: U32Array,
-        digests: str,
-        shared_chunks: int,
-    ) -> None:
-        """Cache the query: the entry's seams up to b are valid for it (same words), then G's, sampled
-        when the new entry is first spliced from (``LazySeams``: it keeps ``enc`` until then)."""
-        seams = _SplicedSeams(entry, plan, enc, n_new, self.config)
-        supersedes = entry if m == len(entry.text) else None
-        entry_digests = self._index.entry_digests(text, digests)
-        self._index.insert(
-            text, ids, seams, entry_digests, known_keys=shared_chunks, supersedes=supersedes, arr=arr
-        )
-
-
-class _SplicedSeams(LazySeams):
-    """A spliced entry's seams: its base entry's up to b (same words there), then those of the new part
-    ``enc`` = f(T[b':]) past b, sampled on first use.  It holds the base's seam arrays (already built:
-    planning the splice read them), not the base entry, which stays free to be evicted."""
-
-    __slots__ = ("base_idx", "base_pos", "cfg", "enc", "n_new", "plan")
-
-    def __init__(self, base: Entry, plan: Splice, enc: Any, n_new: int, cfg: CacheConfig) -> None:
-        self.base_pos, self.base_idx = base.seams()
-        super().__init__(len(self.base_pos) + n_new, _ENCODING_BYTES_PER_TOKEN * n_new)
-        self.plan, self.enc, self.n_new, self.cfg = plan, enc, n_new, cfg
-
-    def make(self) -> tuple[array[int], array[int]]:
-        plan, cfg, keep = self.plan, self.cfg, self.plan.seam_index + 1
-        pos, idx = self.base_pos[:keep], self.base_idx[:keep]
-        sample_seams(
-            self.enc,
-            self.n_new,
-            stride=cfg.seam_stride_tokens,
-            tail_tokens=cfg.seam_tail_tokens,
-            tail_stride=cfg.seam_tail_stride_tokens,
-            first_token=plan.idx_b - plan.idx_b0,
-            min_rel_pos=plan.pos_b - plan.pos_b0,
-            pos_offset=plan.pos_b0,
-            idx_offset=plan.idx_b0,
-            out_pos=pos,
-            out_idx=idx,
-        )
-        return pos, idx
 
 
 def _model_directory(path: str) -> str:

@@ -200,36 +200,8 @@ class ChatRenderer:
             return own.get("default")
         return own
 
-    # -- the argument-style API ------------------------------------------------------------------
 
-    def render(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        chat_template_kwargs: Mapping[str, Any] | None = None,
-        *,
-        add_generation_prompt: bool = True,
-        continue_final_message: bool = False,
-        chat_template: str | None = None,
-        documents: Sequence[Mapping[str, Any]] | None = None,
-    ) -> str:
-        """The text vLLM renders for a request with these fields (``RenderedChat.text``)."""
-        return self.render_plan(
-            self.plan(
-                request_body(
-                    messages,
-                    tools,
-                    chat_template_kwargs,
-                    add_generation_prompt=add_generation_prompt,
-                    continue_final_message=continue_final_message,
-                    chat_template=chat_template,
-                    documents=documents,
-                )
-            )
-        ).text
-
-
-def request_body(
+def chat_body(
     messages: Any,
     tools: Any = None,
     chat_template_kwargs: Any = None,
@@ -240,7 +212,8 @@ def request_body(
     documents: Any = None,
     add_special_tokens: bool = False,
 ) -> dict[str, Any]:
-    """The chat request body the argument-style API stands for (only fields that were given)."""
+    """A ``/v1/chat/completions`` body with these fields (the optional ones only when given), for
+    ``CachedTokenizer.encode_chat_request`` from arguments."""
     body: dict[str, Any] = {"messages": messages}
     if tools is not None:
         body["tools"] = tools

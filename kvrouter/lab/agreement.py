@@ -28,6 +28,7 @@ from kvrouter.lab.loadgen import LiveRecord, drive
 from kvrouter.lab.workloads import make_workload, materialize, tokenize_with
 from kvrouter.lab.workloads.spec import Workload
 from kvrouter.routing import KV_AWARE, RouterConfig
+from tokenizer_cache import chat_body
 
 DEFAULT_OVERRIDES: Mapping[str, Any] = MappingProxyType(
     {
@@ -130,7 +131,13 @@ async def run_live(
     )
     async with SimFleet(fleet_cfg) as fleet:
         tok = fleet.tokenizer
-        mat = materialize(workload, tokenize_with(tok.encode_prompt, tok.encode_chat))
+        mat = materialize(
+            workload,
+            tokenize_with(
+                lambda text: tok.encode_prompt(text).tokens,
+                lambda messages: tok.encode_chat_request(chat_body(messages)).tokens,
+            ),
+        )
         raw = {**fleet.fleet_dict(), "routing": {"policy": cfg.policy, "shadow": False}}
         if cfg.workers:
             from kvrouter.lab.agreement_served import drive_served

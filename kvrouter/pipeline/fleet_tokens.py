@@ -82,7 +82,7 @@ class FleetTokens:
             elif req.kind == "chat":
                 enc = await tok.aencode_chat_request(b)  # every field vLLM reads, as vLLM reads it
             elif isinstance(req.prompt, str):
-                enc = await tok.aencode_prompt_ex(
+                enc = await tok.aencode_prompt(
                     req.prompt, add_special_tokens=b.get("add_special_tokens", True) is not False
                 )
             else:

@@ -11,8 +11,9 @@ is like anyway; tests that need a cold tokenizer build their registry without a 
 from __future__ import annotations
 
 import threading
+from typing import Any
 
-from tokenizer_cache import CachedTokenizer, TokenizerRegistry
+from tokenizer_cache import CachedTokenizer, TokenizerRegistry, chat_body
 
 
 class SharedTokenizers:
@@ -32,3 +33,13 @@ class SharedTokenizers:
 
 
 SHARED = SharedTokenizers()
+
+
+def chat_ids(tok: CachedTokenizer, messages: Any, *args: Any, **kwargs: Any) -> list[int]:
+    """The prompt ids of a chat body with these fields (``tokenizer_cache.chat_body``)."""
+    return tok.encode_chat_request(chat_body(messages, *args, **kwargs)).tokens
+
+
+def chat_text(tok: CachedTokenizer, messages: Any, *args: Any, **kwargs: Any) -> str:
+    """The rendered prompt text of a chat body with these fields."""
+    return tok.render_chat_request(chat_body(messages, *args, **kwargs)).text

@@ -14,12 +14,14 @@ import msgspec
 import pytest
 
 from tests.support.tokenizer_kit import SPECIAL_STRINGS, build_bytelevel, build_metaspace, corpus_text
+from tests.support.tokenizers import chat_ids, chat_text
 from tokenizer_cache import (
     CacheConfig,
     CachedTokenizer,
     InvalidPromptError,
     TokenizerLoadError,
     TokenizerRegistry,
+    chat_body,
     default_tokenizer_path,
     load_chat_template,
 )
@@ -49,7 +51,7 @@ def test_default_tokenizer_loads_offline(deepseek: CachedTokenizer) -> None:
     path = Path(default_tokenizer_path())
     assert (path / "tokenizer.json").is_file() and (path / "tokenizer_config.json").is_file()
     assert deepseek.reuse_blockers == [] and deepseek.stats().reuse_enabled
-    assert deepseek.encode_prompt("Hello world") == [19923, 2058]  # no BOS: add_bos_token is false
+    assert deepseek.encode_prompt("Hello world").tokens == [19923, 2058]  # no BOS: add_bos_token is false
     assert deepseek.hf_tokenizer.chat_template is None
 
 
@@ -70,8 +72,8 @@ def test_load_chat_template(tmp_path: Path) -> None:
 
 
 def test_token_id_prompts_pass_through_validated(deepseek: CachedTokenizer) -> None:
-    assert deepseek.encode_prompt([1, 2, 3]) == [1, 2, 3]
-    assert deepseek.encode_prompt_ex((5, 6)).tokens == [5, 6]
+    assert deepseek.encode_prompt([1, 2, 3]).tokens == [1, 2, 3]
+    assert deepseek.encode_prompt((5, 6)).tokens == [5, 6]
     for bad in ([1, -1], [deepseek.vocab_size], [True], [1.0], b"abc", 7):
         with pytest.raises(InvalidPromptError):
             deepseek.encode_prompt(bad)  # type: ignore[arg-type]
@@ -106,7 +108,7 @@ def test_unproven_pipeline_runs_uncached(dirs: dict[str, str], tmp_path: Path) -
     assert ct.reuse_blockers == ["Split regex uses \\b"]
     text = corpus_text(random.Random(1), 100)
     for _ in range(2):
-        assert ct.encode_prompt(text) == ct.encode_uncached(text)
+        assert ct.encode_prompt(text).tokens == ct.encode_uncached(text)
     st = ct.stats()
     assert not st.reuse_enabled and st.entries == 0 and st.hits == 0
 
@@ -115,9 +117,9 @@ def test_stats_and_reused_prefix_length(deepseek: CachedTokenizer) -> None:
     deepseek.clear()
     before = deepseek.stats()
     text = corpus_text(random.Random(2), 200)
-    first = deepseek.encode_prompt_ex(text)
-    again = deepseek.encode_prompt_ex(text)
-    longer = deepseek.encode_prompt_ex(text + " and a new question?")
+    first = deepseek.encode_prompt(text)
+    again = deepseek.encode_prompt(text)
+    longer = deepseek.encode_prompt(text + " and a new question?")
     st = deepseek.stats()
     assert first.reused_tokens == 0 and again.reused_tokens == len(again.tokens)
     assert 0 < longer.reused_tokens < len(longer.tokens)
@@ -142,7 +144,7 @@ def test_registry_default_overrides_and_single_load(dirs: dict[str, str]) -> Non
     for t in threads:
         t.join()
     assert len({id(t) for t in got}) == 1, "loaded more than once"
-    assert reg.get("small").encode_prompt("hi")[0] == 0  # bytelevel's BOS
+    assert reg.get("small").encode_prompt("hi").tokens[0] == 0  # bytelevel's BOS
     assert reg.get(None) is reg.get("unknown-model") is reg.get("alias")  # same path: one cache
     fleet = {"tokenizer": dirs["deepseek"], "models": {"m1": {"tokenizer": dirs["metaspace"]}, "m2": {}}}
     reg2 = TokenizerRegistry.from_fleet(fleet, config=TIGHT)
@@ -157,7 +159,7 @@ def test_registry_chat_template_from_fleet(dirs: dict[str, str]) -> None:
     reg = TokenizerRegistry.from_fleet(
         {"tokenizer": dirs["deepseek"], "chat_template": template}, config=TIGHT
     )
-    assert reg.get("any").render_chat([{"role": "user", "content": "hi"}]) == "[user] hi\n"
+    assert chat_text(reg.get("any"), [{"role": "user", "content": "hi"}]) == "[user] hi\n"
     reg.close()
 
 
@@ -173,7 +175,7 @@ def test_concurrent_threads_get_exact_tokens(dirs: dict[str, str]) -> None:
     def worker(k: int) -> None:
         order = texts[k::4] + texts[: k * 7]
         for t in order:
-            if ct.encode_prompt(t) != want[t]:
+            if ct.encode_prompt(t).tokens != want[t]:
                 errors.append(t)
 
     threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
@@ -209,24 +211,25 @@ async def test_async_variants_keep_long_encodes_off_the_loop(dirs: dict[str, str
     ct._encode = spy_encode  # type: ignore[method-assign]
     ct._renderer.render_plan = spy_render  # type: ignore[method-assign]
     text = corpus_text(random.Random(4), 80)
-    first = await ct.aencode_prompt(text)  # a miss: the whole text, on the executor
-    results = await asyncio.gather(*(ct.aencode_prompt(text + str(i)) for i in range(8)))
+    first = (await ct.aencode_prompt(text)).tokens  # a miss: the whole text, on the executor
+    results = [e.tokens for e in await asyncio.gather(*(ct.aencode_prompt(text + str(i)) for i in range(8)))]
     assert first == ct.encode_uncached(text)
     assert results == [ct.encode_uncached(text + str(i)) for i in range(8)]
     assert all(on_loop == (n <= limit) for n, on_loop in calls), calls
     assert any(on_loop for _, on_loop in calls) and any(not on_loop for _, on_loop in calls), calls
     assert ct.stats().hits >= 8
-    assert await ct.aencode_prompt("a short one") == ct.encode_uncached("a short one")
+    assert (await ct.aencode_prompt("a short one")).tokens == ct.encode_uncached("a short one")
     assert calls[-1] == (len("a short one"), True)
     msgs = [{"role": "user", "content": text}]
-    assert await ct.aencode_chat(msgs) == ct.encode_chat(msgs)
-    assert (await ct.aencode_chat_ex(msgs)).tokens == ct.encode_chat(msgs)
+    assert (await ct.aencode_chat_request(chat_body(msgs))).tokens == chat_ids(ct, msgs)
     assert rendered_on_loop[0] and rendered_on_loop[1]  # plain messages: rendered on the loop
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     rendered_on_loop.clear()
-    assert await ct.aencode_chat(msgs, tools=tools) == ct.encode_chat(msgs, tools=tools)
+    assert (await ct.aencode_chat_request(chat_body(msgs, tools=tools))).tokens == chat_ids(
+        ct, msgs, tools=tools
+    )
     assert rendered_on_loop[0] is False  # tools: rendered on the executor
-    assert (await ct.aencode_prompt_ex([1, 2])).tokens == [1, 2]
+    assert (await ct.aencode_prompt([1, 2])).tokens == [1, 2]
     ct.close()
 
 
@@ -240,7 +243,7 @@ def test_memory_bound_holds_under_churn(dirs: dict[str, str]) -> None:
     base = corpus_text(rng, 120)
     for i in range(150):
         text = (base if i % 3 else corpus_text(rng, 80))[: rng.randrange(60, 700)] + corpus_text(rng, 4)
-        assert ct.encode_prompt(text) == ct.encode_uncached(text)
+        assert ct.encode_prompt(text).tokens == ct.encode_uncached(text)
         assert ct.stats().bytes_held <= cap
     ct.check_invariants()
     st = ct.stats()
@@ -270,7 +273,7 @@ async def test_event_loop_keeps_running_while_tokenizing(dirs: dict[str, str]) -
     while not task.done():
         ticks += 1
         await asyncio.sleep(0)
-    assert (await task) == ct.encode_uncached(text)
+    assert (await task).tokens == ct.encode_uncached(text)
     assert ticks > 20, ticks
     ct.close()
 
@@ -290,7 +293,7 @@ def test_pipeline_without_word_splits_stays_exact(dirs: dict[str, str], tmp_path
     base = corpus_text(rng, 60)
     for cut in range(0, len(base), 17):
         text = base[:cut] + corpus_text(rng, 3)
-        assert ct.encode_prompt(text) == ct.encode_uncached(text)
+        assert ct.encode_prompt(text).tokens == ct.encode_uncached(text)
     assert ct.stats().hits == ct.stats().exact_hits
 
 
@@ -308,5 +311,5 @@ def test_a_registry_builds_through_its_loader_and_leaves_closing_to_it(dirs: dic
     assert first.get() is first.get("alias") and calls == [(dirs["bytelevel"], None)]
     first.close()  # the loader's tokenizers are the loader's to close: still usable
     second = TokenizerRegistry(dirs["bytelevel"], loader=loader)
-    assert second.get() is first.get() and second.get().encode_prompt("hi")[0] == 0
+    assert second.get() is first.get() and second.get().encode_prompt("hi").tokens[0] == 0
     assert len(calls) == 2

@@ -13,12 +13,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.support.tokenizer_kit import CHATML_TEMPLATE, build_bytelevel, corpus_text
+from tests.support.tokenizers import chat_ids, chat_text
 from tokenizer_cache import (
     CacheConfig,
     CachedTokenizer,
     ChatTemplateError,
     NoChatTemplateError,
     UnsupportedContentError,
+    chat_body,
     default_tokenizer_path,
 )
 from tokenizer_cache.messages import conversation, postprocess
@@ -60,26 +62,26 @@ def _reference(ct: CachedTokenizer, conversation: list[dict[str, Any]], **kwargs
 
 def test_plain_chat_matches_transformers(chat_tok: CachedTokenizer) -> None:
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there 🙂"}]
-    assert chat_tok.encode_chat(msgs) == _reference(chat_tok, msgs, add_generation_prompt=True)
-    text = chat_tok.render_chat(msgs)
+    assert chat_ids(chat_tok, msgs) == _reference(chat_tok, msgs, add_generation_prompt=True)
+    text = chat_text(chat_tok, msgs)
     assert text.endswith("<|im_start|>assistant\n")
-    assert chat_tok.encode_chat(msgs, add_generation_prompt=False) == _reference(chat_tok, msgs)
+    assert chat_ids(chat_tok, msgs, add_generation_prompt=False) == _reference(chat_tok, msgs)
 
 
 def test_continue_final_message_and_kwargs(chat_tok: CachedTokenizer) -> None:
     msgs = [{"role": "user", "content": "Count:"}, {"role": "assistant", "content": "one, two"}]
-    text = chat_tok.render_chat(msgs, add_generation_prompt=False, continue_final_message=True)
+    text = chat_text(chat_tok, msgs, add_generation_prompt=False, continue_final_message=True)
     assert text.endswith("one, two")
     with pytest.raises(ChatTemplateError, match="both"):
-        chat_tok.render_chat(msgs, continue_final_message=True)
-    thinking_off = chat_tok.render_chat(msgs[:1], chat_template_kwargs={"enable_thinking": False})
+        chat_tok.render_chat_request(chat_body(msgs, continue_final_message=True))
+    thinking_off = chat_text(chat_tok, msgs[:1], chat_template_kwargs={"enable_thinking": False})
     assert thinking_off.endswith("<think></think>")
     # the request's own fields override its kwargs, as in vLLM's merge; unknown keys are dropped
-    text = chat_tok.render_chat(msgs[:1], chat_template_kwargs={"add_generation_prompt": False, "junk": 1})
+    text = chat_text(chat_tok, msgs[:1], chat_template_kwargs={"add_generation_prompt": False, "junk": 1})
     assert text.endswith("assistant\n")
     # tokenize=True in the kwargs: the template's text is the prompt, without added special tokens
     body = {"messages": msgs[:1], "chat_template_kwargs": {"tokenize": True}, "add_special_tokens": True}
-    assert chat_tok.encode_chat_request(body).tokens == chat_tok.encode_chat(msgs[:1])
+    assert chat_tok.encode_chat_request(body).tokens == chat_ids(chat_tok, msgs[:1])
 
 
 def test_vllm_message_normalization() -> None:
@@ -123,7 +125,7 @@ def test_content_format_detection() -> None:
 
 
 def test_openai_content_format_renders_parts(chat_tok: CachedTokenizer) -> None:
-    text = chat_tok.render_chat([{"role": "user", "content": "hi"}], chat_template=PARTS_TEMPLATE)
+    text = chat_text(chat_tok, [{"role": "user", "content": "hi"}], chat_template=PARTS_TEMPLATE)
     assert text == "<|im_start|>user\n[text]hi<|im_end|>\n"
 
 
@@ -143,9 +145,9 @@ def test_tools_and_tool_calls_render_like_vllm(chat_tok: CachedTokenizer) -> Non
         },
         {"role": "tool", "content": '{"temp": 21}', "tool_call_id": "1"},
     ]
-    text = chat_tok.render_chat(msgs, tools=TOOLS)
+    text = chat_text(chat_tok, msgs, tools=TOOLS)
     assert '"description": null' in text and '<tool_call>get_weather {"city": "Paris"}</tool_call>' in text
-    assert chat_tok.encode_chat(msgs, tools=TOOLS) == chat_tok.encode_uncached(text, add_special_tokens=False)
+    assert chat_ids(chat_tok, msgs, tools=TOOLS) == chat_tok.encode_uncached(text, add_special_tokens=False)
 
 
 @pytest.mark.parametrize(
@@ -191,19 +193,19 @@ def test_bad_requests_raise_typed_errors(
     chat_tok: CachedTokenizer, messages: Any, kwargs: dict[str, Any], error: type[Exception]
 ) -> None:
     with pytest.raises(error):
-        chat_tok.encode_chat(messages, **kwargs)
+        chat_tok.encode_chat_request(chat_body(messages, **kwargs))
 
 
 def test_deepseek_has_no_template_unless_configured(deepseek: CachedTokenizer) -> None:
     msgs = [{"role": "user", "content": "hello"}]
     with pytest.raises(NoChatTemplateError, match="no chat template"):
-        deepseek.encode_chat(msgs)
+        deepseek.encode_chat_request(chat_body(msgs))
     with_template = CachedTokenizer(deepseek.hf_tokenizer, chat_template=CHATML_TEMPLATE)
-    text = with_template.render_chat(msgs)
+    text = chat_text(with_template, msgs)
     assert text == "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"
-    assert with_template.encode_chat(msgs) == deepseek.encode_uncached(text, add_special_tokens=False)
+    assert chat_ids(with_template, msgs) == deepseek.encode_uncached(text, add_special_tokens=False)
     # a per-request template wins over none
-    assert deepseek.render_chat(msgs, chat_template=CHATML_TEMPLATE) == text
+    assert chat_text(deepseek, msgs, chat_template=CHATML_TEMPLATE) == text
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -219,8 +221,8 @@ def test_growing_conversation_with_tool_calls(chat_tok: CachedTokenizer, seed: i
     reused = 0
     for t in range(turns):
         msgs.append({"role": "user", "content": corpus_text(rng, rng.randrange(1, 30))})
-        res = chat_tok.encode_chat_ex(msgs, tools=tools)
-        want = chat_tok.encode_uncached(chat_tok.render_chat(msgs, tools=tools), add_special_tokens=False)
+        res = chat_tok.encode_chat_request(chat_body(msgs, tools=tools))
+        want = chat_tok.encode_uncached(chat_text(chat_tok, msgs, tools=tools), add_special_tokens=False)
         assert res.tokens == want, f"seed={seed} turn={t}"
         reused += res.reused_tokens
         if rng.random() < 0.5:

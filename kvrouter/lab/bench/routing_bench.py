@@ -30,7 +30,7 @@ from kvrouter.routing import RouteInput, Router, route_input
 from kvrouter.routing.policies import PrefixHashSettings
 from kvrouter.routing.router import Target
 from kvrouter.types import InstanceId, RequestId
-from tokenizer_cache import CachedTokenizer, Encoded, default_tokenizer_path
+from tokenizer_cache import CachedTokenizer, Encoded, chat_body, default_tokenizer_path
 
 
 def _words(rng: random.Random, n: int) -> str:
@@ -59,7 +59,8 @@ def main(a: argparse.Namespace) -> dict[str, Any]:
     targets = [Target(InstanceId(f"vllm-{i}")) for i in range(a.instances)]
     enc = PayloadEncoder()
     # the system prompt (and an earlier question) cached on vllm-3, as its events would say
-    warm = tok.encode_chat([{"role": "system", "content": system}, {"role": "user", "content": "warm up"}])
+    warm_msgs = [{"role": "system", "content": system}, {"role": "user", "content": "warm up"}]
+    warm = tok.encode_chat_request(chat_body(warm_msgs)).tokens
     n = len(warm) // 16
     ix.apply_payload(
         "vllm-3", enc.batch([enc.stored(list(range(1, n + 1)), None, warm[: n * 16], 16)], ts=1.0)
@@ -89,7 +90,7 @@ def main(a: argparse.Namespace) -> dict[str, Any]:
             {"role": "user", "content": _words(rng, a.question_words)},
         ]
         t0 = time.perf_counter()
-        ids = _as_gateway_hashes_them(tok.encode_chat_ex(msgs))
+        ids = _as_gateway_hashes_them(tok.encode_chat_request(chat_body(msgs)))
         t1 = time.perf_counter()
         inp = route_input_of(str(i), ids, msgs)
         t2 = time.perf_counter()
@@ -116,7 +117,7 @@ def main(a: argparse.Namespace) -> dict[str, Any]:
                 {"role": "user", "content": _words(rng, a.question_words)},
             ]
             t0 = time.perf_counter()
-            ids = _as_gateway_hashes_them(await tok.aencode_chat_ex(msgs))
+            ids = _as_gateway_hashes_them(await tok.aencode_chat_request(chat_body(msgs)))
             d = router.route(route_input_of(f"a{i}", ids, msgs), targets, now=float(i), shadow=False)
             out.append(time.perf_counter() - t0)
             router.shadow(d)

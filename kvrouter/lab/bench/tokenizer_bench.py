@@ -5,7 +5,7 @@ new question of ``--question-tokens`` tokens, ``--queries`` times, the cache war
 one question.  Reported, on the same texts in the same run: ``cached`` (``encode_prompt``) against
 ``full`` (the Rust tokenizer from scratch) and ``question_alone`` (the floor); ``cold`` (texts that share
 nothing with the cache) against plain tokenization, timed alternately; bytes held per cached token; the
-same for chat through ``encode_chat`` (rendering included); and, in ``mm_bench``, the router's CPU for
+same for chat through ``encode_chat_request`` (rendering included); and, in ``mm_bench``, the router's CPU for
 an image named by ``uuid`` and for a ``data:`` URL image against the same request without it.
 
 Invariant: every cached result is compared with the full tokenization; ``mismatches`` must be 0.
@@ -23,7 +23,7 @@ from typing import Any
 
 from kvrouter.lab.bench.mm_bench import bench_multimodal
 from kvrouter.percentiles import summary_us
-from tokenizer_cache import CacheConfig, CachedTokenizer, default_tokenizer_path
+from tokenizer_cache import CacheConfig, CachedTokenizer, chat_body, default_tokenizer_path
 
 # A ChatML-style template for tokenizers that ship none (the default DeepSeek tokenizer has none).
 BENCH_CHAT_TEMPLATE = (
@@ -105,7 +105,7 @@ def bench_prompts(a: argparse.Namespace, ct: CachedTokenizer, rng: random.Random
     cached: list[float] = []
     results: list[tuple[int, ...]] = []  # tuples: the GC stops tracking them (lists would slow it)
     for text in texts:
-        dt, got = _timed(ct.encode_prompt, text)
+        dt, got = _timed(lambda t: ct.encode_prompt(t).tokens, text)
         cached.append(dt)
         results.append(tuple(got))
     alone = [_timed(_ids, backend, q, False)[0] for q in questions[1:]]
@@ -150,7 +150,7 @@ def bench_cold(a: argparse.Namespace, rng: random.Random) -> dict[str, Any]:
                     best_plain = min(best_plain, dt)
                 else:
                     ct.clear()
-                    dt, got = _timed(ct.encode_prompt, text)
+                    dt, got = _timed(lambda t: ct.encode_prompt(t).tokens, text)
                     best_cold = min(best_cold, dt)
         mismatches += got != want
         cold.append(best_cold)
@@ -179,7 +179,7 @@ def bench_memory(a: argparse.Namespace, rng: random.Random) -> dict[str, Any]:
     gc.collect()
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
-    kept = [ct.encode_prompt(t) for t in texts]
+    kept = [ct.encode_prompt(t).tokens for t in texts]
     n_tokens = sum(len(k) for k in kept)
     del kept
     gc.collect()
@@ -203,19 +203,25 @@ def bench_chat(a: argparse.Namespace, ct: CachedTokenizer, rng: random.Random) -
     def messages(turn: str) -> list[dict[str, str]]:
         return [{"role": "system", "content": system}, {"role": "user", "content": turn}]
 
-    ct.encode_chat(messages(turns[0]))
+    def encode_chat(msgs: list[dict[str, str]]) -> list[int]:
+        return ct.encode_chat_request(chat_body(msgs)).tokens
+
+    def render_chat(msgs: list[dict[str, str]]) -> str:
+        return ct.render_chat_request(chat_body(msgs)).text
+
+    encode_chat(messages(turns[0]))
     convs = [messages(turn) for turn in turns[1:]]
     cached: list[float] = []
     results: list[tuple[int, ...]] = []
     for msgs in convs:
-        dt, got = _timed(ct.encode_chat, msgs)
+        dt, got = _timed(encode_chat, msgs)
         cached.append(dt)
         results.append(tuple(got))
-    render = [_timed(ct.render_chat, msgs)[0] for msgs in convs]
+    render = [_timed(render_chat, msgs)[0] for msgs in convs]
     full = [
-        _timed(lambda m: _ids(backend, ct.render_chat(m), False), msgs)[0] for msgs in convs[: a.full_samples]
+        _timed(lambda m: _ids(backend, render_chat(m), False), msgs)[0] for msgs in convs[: a.full_samples]
     ]
-    mismatches = sum(got != tuple(_ids(backend, ct.render_chat(m), False)) for got, m in zip(results, convs))
+    mismatches = sum(got != tuple(_ids(backend, render_chat(m), False)) for got, m in zip(results, convs))
     s_cached, s_full = summary_us(cached), summary_us(full)
     return {
         "cached": s_cached,

@@ -7,7 +7,7 @@
           '-- http_request(r) -> POST /v1/chat/completions {"messages": ...}   '-- kvrouter eval (same ids)
 
 ``materialize`` fills ``token_ids`` of text requests with the caller's tokenizer (for example the tokenizer
-cache's ``encode_chat(messages)`` / ``encode_prompt(text)``), so the simulation sees the very tokens the
+cache's ``encode_chat_request`` / ``encode_prompt``), so the simulation sees the very tokens the
 served model will see; that is what makes live and simulated hit rates comparable.  Token-only requests
 (Mooncake, tokens form) need no tokenizer: they are sent as ``prompt: [ids]`` to ``/v1/completions``.
 """
@@ -35,9 +35,9 @@ def tokenize_with(
     encode_prompt: Callable[[str], list[int]],
     encode_chat: Callable[[list[dict[str, str]]], list[int]] | None = None,
 ) -> Tokenize:
-    """A ``Tokenize`` from a tokenizer's two entry points, e.g. the tokenizer cache's
-    ``tokenize_with(tok.encode_prompt, tok.encode_chat)``: completion text through ``encode_prompt``,
-    chat messages (as OpenAI dicts) through ``encode_chat`` (the chat template included)."""
+    """A ``Tokenize`` from a tokenizer's two entry points: completion text through ``encode_prompt``, chat
+    messages (as OpenAI dicts) through ``encode_chat`` (the chat template included; with the tokenizer
+    cache, ``encode_chat_request`` of ``tokenizer_cache.chat_body(messages)``)."""
 
     def tokenize(request: Request) -> list[int]:
         if request.messages is not None:

@@ -90,7 +90,7 @@ def _vector(tokens: list[int], dims: int = 8) -> list[float]:
 
 async def _prefill(request: web.Request, inst: SimInstance, text: str, lora: str | None) -> list[int]:
     """Run ``text`` through the engine (a one-token request: its prefix is cached and published)."""
-    tokens = await inst.tokenizer.aencode_prompt(text)
+    tokens = (await inst.tokenizer.aencode_prompt(text)).tokens
     req = inst.submit(
         "pool",
         tokens,

@@ -44,7 +44,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     check_alive(inst)
     args = parse_completion(await read_json(request))
     lora = inst.lora_for(args.model)
-    tokens = await inst.tokenizer.aencode_prompt(args.prompt)
+    tokens = (await inst.tokenizer.aencode_prompt(args.prompt)).tokens
     await inst.api_server(arrived, len(tokens), "completion" if isinstance(args.prompt, str) else "token_ids")
     return await _generate(request, inst, "cmpl", tokens, args, lora)
 

@@ -175,7 +175,7 @@ async def tokenize(request: web.Request) -> web.Response:
             raise BadRequest("'prompt' must be a string", param="prompt")
         if not isinstance(special, bool):
             raise BadRequest("'add_special_tokens' must be a bool", param="add_special_tokens")
-        tokens = await inst.tokenizer.aencode_prompt(prompt, add_special_tokens=special)
+        tokens = (await inst.tokenizer.aencode_prompt(prompt, add_special_tokens=special)).tokens
     out = {"count": len(tokens), "max_model_len": inst.max_model_len, "tokens": tokens, "token_strs": None}
     return json_response(_encode(out))
 

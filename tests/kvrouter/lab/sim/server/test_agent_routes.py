@@ -201,7 +201,7 @@ async def test_pooling_routes_cache_their_prompts(http: aiohttp.ClientSession) -
             emb = await r.json()
         assert emb["object"] == "list" and len(emb["data"][0]["embedding"]) == 8
         tok, _ = shared_tokenizer()
-        assert s.instance.ranks[0].engine.cached_prefix_blocks(tok.encode_prompt(text)) > 0
+        assert s.instance.ranks[0].engine.cached_prefix_blocks(tok.encode_prompt(text).tokens) > 0
         for path, body in (
             ("/score", {"model": MODEL, "text_1": "q", "text_2": ["a", "b"]}),
             ("/v2/rerank", {"model": MODEL, "query": "q", "documents": ["a", "b", "c"], "top_n": 2}),

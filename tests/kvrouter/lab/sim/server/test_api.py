@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvrouter.lab.sim.server.server import SimServer
 from tests.support.sim_server import BS, instance_config, long_text, running, shared_tokenizer, sse_events
+from tests.support.tokenizers import chat_ids
 from tests.support.wait import until
 
 MODEL = "sim-model"
@@ -51,7 +52,7 @@ def expected_cached(server: SimServer, tokens: list[int], rank: int = 0) -> int:
 async def test_completion_text_usage_and_cached_tokens(server: SimServer, client: openai.AsyncOpenAI) -> None:
     tok, _vocab = shared_tokenizer()
     prompt = long_text(300)
-    tokens = tok.encode_prompt(prompt)
+    tokens = tok.encode_prompt(prompt).tokens
     r1 = await client.completions.create(model=MODEL, prompt=prompt, max_tokens=7)
     assert r1.object == "text_completion" and r1.model == MODEL
     assert r1.choices[0].finish_reason == "length"
@@ -59,7 +60,7 @@ async def test_completion_text_usage_and_cached_tokens(server: SimServer, client
     assert r1.usage.completion_tokens == 7 and r1.usage.total_tokens == len(tokens) + 7
     assert r1.usage.prompt_tokens_details is not None and r1.usage.prompt_tokens_details.cached_tokens == 0
     # The text is the detokenized answer: whole words that re-tokenize to 7 tokens.
-    assert len(tok.encode_prompt(r1.choices[0].text)) == 7
+    assert len(tok.encode_prompt(r1.choices[0].text).tokens) == 7
     want = expected_cached(server, tokens)
     assert want >= len(tokens) - 2 * BS  # the whole prompt stayed cached
     r2 = await client.completions.create(model=MODEL, prompt=prompt + " and a new tail", max_tokens=3)
@@ -100,16 +101,16 @@ async def test_chat_nonstream_with_tools_and_kwargs(server: SimServer, client: o
         extra_body={"chat_template_kwargs": {"thinking": True}},
     )
     assert r.object == "chat.completion" and r.choices[0].message.role == "assistant"
-    want = tok.encode_chat(msgs, tools, {"thinking": True})
+    want = chat_ids(tok, msgs, tools, {"thinking": True})
     assert r.usage is not None and r.usage.prompt_tokens == len(want)
-    assert want != tok.encode_chat(msgs, tools), "chat_template_kwargs change the prompt"
+    assert want != chat_ids(tok, msgs, tools), "chat_template_kwargs change the prompt"
     # The next turn quotes the answer: its prefix, answer included, is cached.
     msgs2 = [
         *msgs,
         {"role": "assistant", "content": r.choices[0].message.content},
         {"role": "user", "content": "ok"},
     ]
-    tokens2 = tok.encode_chat(msgs2, tools, {"thinking": True})
+    tokens2 = chat_ids(tok, msgs2, tools, {"thinking": True})
     cached = expected_cached(server, tokens2)
     r2 = await client.chat.completions.create(
         model=MODEL,
@@ -292,12 +293,12 @@ async def test_tokenize_detokenize_models_health_version(
     text = "Tokenize me, please: 数据 🙂"
     async with http.post(f"{server.url}/tokenize", json={"prompt": text}) as r:
         got = await r.json()
-    assert got["tokens"] == tok.encode_prompt(text) and got["count"] == len(got["tokens"])
+    assert got["tokens"] == tok.encode_prompt(text).tokens and got["count"] == len(got["tokens"])
     assert got["max_model_len"] == server.instance.max_model_len
     msgs = [{"role": "user", "content": text}]
     async with http.post(f"{server.url}/tokenize", json={"messages": msgs}) as r:
-        assert (await r.json())["tokens"] == tok.encode_chat(msgs)
-    async with http.post(f"{server.url}/detokenize", json={"tokens": tok.encode_prompt(text)}) as r:
+        assert (await r.json())["tokens"] == chat_ids(tok, msgs)
+    async with http.post(f"{server.url}/detokenize", json={"tokens": tok.encode_prompt(text).tokens}) as r:
         assert (await r.json())["prompt"] == text
     async with http.get(f"{server.url}/v1/models") as r:
         models = await r.json()
@@ -415,7 +416,7 @@ async def test_lora_adapters_are_served_and_keyed_apart(http: aiohttp.ClientSess
         assert hits[0] == 0 and hits[1] == 0 and hits[2] > 0  # the adapter's blocks are not the base model's
         tok, _ = shared_tokenizer()
         engine = server.instance.ranks[0].engine
-        tokens = tok.encode_prompt(prompt)
+        tokens = tok.encode_prompt(prompt).tokens
         assert (
             engine.cached_prefix_blocks(tokens, lora_name="tuned") == engine.cached_prefix_blocks(tokens) > 0
         )

@@ -103,7 +103,7 @@ async def test_both_legs_as_vllm_answers_them(fleet: SimFleet) -> None:
             assert ds["kv_transfer"]["pulled"] == 1
             # the decode instance computed one token of the prompt, and announced what it received
             d_engine = fleet.servers[1].instance.ranks[0].engine
-            tokens = await fleet.tokenizer.aencode_prompt(prompt)
+            tokens = (await fleet.tokenizer.aencode_prompt(prompt)).tokens
             assert d_engine.cached_prefix_blocks(tokens) == len(tokens) // BS
             await until(
                 lambda: (
