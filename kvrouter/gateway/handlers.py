@@ -62,7 +62,8 @@ async def errors_mw(
         resp = await handler(request)
     except (Overloaded, ServiceUnavailable) as e:
         # The client should come back, not wait here.
-        resp = error_response(e, gw.cfg.limits.retry_after_s, path=request.path)
+        retry = getattr(e, "retry_after_s", None) or gw.cfg.limits.retry_after_s
+        resp = error_response(e, retry, path=request.path)
     except ApiError as e:
         resp = error_response(e, path=request.path)
     except web.HTTPException as e:
