@@ -12,15 +12,20 @@ the same classes.
 
 from .config import FAIRNESS, Fairness, FlowsConfig, TenantFlow
 from .identity import identify
-from .rate import RateLimiter
-from .scheduler import Flow, FlowQueue, Refused, Waiter, request_cost
+from .rate import Buckets, BucketStore, LocalBuckets, RateLimiter
+from .scheduler import Flow, FlowAccounts, FlowQueue, LocalAccounts, Refused, Waiter, request_cost
 
 __all__ = [
     "FAIRNESS",
+    "BucketStore",
+    "Buckets",
     "Fairness",
     "Flow",
+    "FlowAccounts",
     "FlowQueue",
     "FlowsConfig",
+    "LocalAccounts",
+    "LocalBuckets",
     "RateLimiter",
     "Refused",
     "TenantFlow",

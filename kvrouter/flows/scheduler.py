@@ -21,9 +21,9 @@ Invariants:
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
-from typing import Generic, NamedTuple, TypeVar
+from typing import Generic, NamedTuple, Protocol, TypeVar
 
 from .config import Fairness
 
@@ -67,17 +67,66 @@ def request_cost(fairness: Fairness, prompt_tokens: int, cached_tokens: int, out
     return float(max(0, prompt_tokens - cached_tokens) + output_tokens)
 
 
+class FlowAccounts(Protocol):
+    """The flows' counters, the priorities' virtual times and who is backlogged: this process's
+    (``LocalAccounts``) or the host's, shared by its worker processes (``kvrouter.host.HostFlows``)."""
+
+    def counter(self, flow: Flow) -> float: ...
+
+    def lift(self, flow: Flow, own_waiting: Mapping[Flow, int]) -> float:
+        """The counter ``flow`` would have on becoming backlogged (nothing changes)."""
+
+    def set_counter(self, flow: Flow, value: float) -> None: ...
+
+    def charge(self, flow: Flow, amount: float) -> None:
+        """The priority's virtual time rises to the flow's counter, which grows by ``amount`` (atomically
+        where several processes charge)."""
+
+    def set_waiting(self, flow: Flow, n: int) -> None:
+        """This process's waiters of ``flow`` (the host's accounts see every process's backlog)."""
+
+
+class LocalAccounts:
+    def __init__(self) -> None:
+        self.counters: dict[Flow, float] = {}
+        """Service counted per flow (cost / weight), lifted as the invariant says."""
+        self.vtime: dict[int, float] = {}
+        """Per priority: the greatest counter a charge found there."""
+
+    def counter(self, flow: Flow) -> float:
+        return self.counters.get(flow, 0.0)
+
+    def lift(self, flow: Flow, own_waiting: Mapping[Flow, int]) -> float:
+        peers = [self.counter(f) for f, n in own_waiting.items() if n and f.priority == flow.priority]
+        base = min(peers) if peers else self.vtime.get(flow.priority, 0.0)
+        return max(self.counter(flow), base)
+
+    def set_counter(self, flow: Flow, value: float) -> None:
+        self.counters[flow] = value
+
+    def charge(self, flow: Flow, amount: float) -> None:
+        c = self.counter(flow)
+        self.vtime[flow.priority] = max(self.vtime.get(flow.priority, 0.0), c)
+        self.counters[flow] = c + amount
+
+    def set_waiting(self, flow: Flow, n: int) -> None:
+        pass  # the queue's own table is the only backlog
+
+
 class FlowQueue(Generic[T]):
-    def __init__(self, size: int, fairness: Fairness, weight: Callable[[str], float] | None = None) -> None:
+    def __init__(
+        self,
+        size: int,
+        fairness: Fairness,
+        weight: Callable[[str], float] | None = None,
+        accounts: FlowAccounts | None = None,
+    ) -> None:
         self.size = size
         self.fairness = fairness
         self.weight = weight or (lambda tenant: 1.0)
         self._queues: dict[Flow, deque[Waiter[T]]] = {}
         self._n = 0
-        self.counters: dict[Flow, float] = {}
-        """Service counted per flow (cost / weight), lifted as the invariant says."""
-        self.vtime: dict[int, float] = {}
-        """Per priority: the greatest counter a charge found there."""
+        self.accounts: FlowAccounts = accounts or LocalAccounts()
 
     def __len__(self) -> int:
         return self._n
@@ -91,19 +140,20 @@ class FlowQueue(Generic[T]):
         return [f for f, q in self._queues.items() if q]
 
     def counter(self, flow: Flow) -> float:
-        return self.counters.get(flow, 0.0)
+        return self.accounts.counter(flow)
 
     def _floor(self, flow: Flow) -> float:
         """What ``flow``'s counter is lifted to when it becomes backlogged."""
-        peers = [self.counter(f) for f, q in self._queues.items() if q and f.priority == flow.priority]
-        base = min(peers) if peers else self.vtime.get(flow.priority, 0.0)
-        return max(self.counter(flow), base)
+        return self.accounts.lift(flow, {f: len(q) for f, q in self._queues.items()})
 
     def rank(self, w: Waiter[T]) -> tuple[int, float, int]:
         """Smaller is served first."""
+        return self.rank_of(w.flow, w.ticket)
+
+    def rank_of(self, flow: Flow, ticket: int) -> tuple[int, float, int]:
         if self.fairness == "fifo":
-            return (0, 0.0, w.ticket)
-        return (-w.flow.priority, self.counter(w.flow), w.ticket)
+            return (0, 0.0, ticket)
+        return (-flow.priority, self.counter(flow), ticket)
 
     def heads(self) -> list[Waiter[T]]:
         """Every flow's longest waiter, in the order they would be served."""
@@ -113,25 +163,27 @@ class FlowQueue(Generic[T]):
         hs = [q[0] for q in self._queues.values() if q]
         return min(hs, key=self.rank) if hs else None
 
-    def push(self, w: Waiter[T]) -> Waiter[T] | None:
+    def push(self, w: Waiter[T], waiting: int | None = None) -> Waiter[T] | None:
         """Let ``w`` wait.  Returns the waiter it displaced (to be refused: 429), or None; ``Refused`` when
-        ``w`` may not wait."""
+        ``w`` may not wait.  ``waiting``: how many wait where ``size`` bounds them (the host's queue, when
+        several processes share it; only this queue's own waiters can be displaced)."""
         if self.fairness != "fifo" and w.flow.priority < 0:
             raise Refused("sheddable")
         q = self._queues.get(w.flow)
         lifted = self.counter(w.flow) if q else self._floor(w.flow)
         victim = None
-        if self._n >= self.size:
+        if (self._n if waiting is None else waiting) >= self.size:
             victim = self._victim(w.flow, lifted)
             if victim is None:
                 raise Refused("queue_full")
             self.remove(victim)
             q = self._queues.get(w.flow)
         if not q:
-            self.counters[w.flow] = lifted
+            self.accounts.set_counter(w.flow, lifted)
             q = self._queues[w.flow] = deque()
         q.append(w)
         self._n += 1
+        self.accounts.set_waiting(w.flow, len(q))
         return victim
 
     def _victim(self, flow: Flow, counter: float) -> Waiter[T] | None:
@@ -160,12 +212,11 @@ class FlowQueue(Generic[T]):
         except ValueError:
             return False
         self._n -= 1
+        self.accounts.set_waiting(w.flow, len(q))
         if not q:
             del self._queues[w.flow]
         return True
 
     def charge(self, flow: Flow, cost: float) -> None:
         """``flow`` was given ``cost`` of service (negative: a correction once the true cost is known)."""
-        c = self.counter(flow)
-        self.vtime[flow.priority] = max(self.vtime.get(flow.priority, 0.0), c)
-        self.counters[flow] = c + cost / self.weight(flow.tenant)
+        self.accounts.charge(flow, cost / self.weight(flow.tenant))

@@ -42,10 +42,11 @@ class SharedQueue(Protocol):
 
     def waiting_total(self) -> int: ...
 
-    def set_waiting(self, n: int, head_ticket: int) -> None: ...
+    def set_waiting(self, n: int, head: tuple[Flow, int] | None) -> None:
+        """This worker's waiters, and its best one's flow and ticket."""
 
-    def first(self, ticket: int) -> bool:
-        """No other worker's waiter is older than ``ticket``."""
+    def heads(self) -> list[tuple[Flow, int]]:
+        """Every other worker's best waiter (flow, ticket)."""
 
 
 class _Pending(Generic[T]):
@@ -95,7 +96,7 @@ class CapacityGate:
     def _publish(self, flow: Flow) -> None:
         if self.shared is not None:
             best = self.queue.best()
-            self.shared.set_waiting(len(self.queue), best.ticket if best is not None else 0)
+            self.shared.set_waiting(len(self.queue), None if best is None else (best.flow, best.ticket))
         if self.on_depth is not None:
             self.on_depth(self.waiting)
         if self.on_flow_depth is not None:
@@ -131,7 +132,7 @@ class CapacityGate:
         pending: _Pending[T] = _Pending(loop.create_future(), attempt, cost)
         w = Waiter(pending, flow, time.monotonic_ns(), group)
         try:
-            displaced = self.queue.push(w)
+            displaced = self.queue.push(w, None if self.shared is None else self.shared.waiting_total())
         except Refused as e:
             raise QueueFull(e.reason) from None
         if displaced is not None:
@@ -172,7 +173,7 @@ class CapacityGate:
             if not heads:
                 break
             w = heads[0]
-            if self.shared is not None and not self.shared.first(w.ticket):
+            if self.shared is not None and not self._first(w):
                 break  # another worker's waiter comes first
             p = w.item
             try:
@@ -191,6 +192,12 @@ class CapacityGate:
             self._publish(w.flow)
             served += 1
         return served
+
+    def _first(self, w: Waiter[_Pending[Any]]) -> bool:
+        """No other worker's best waiter outranks ``w`` (ranked with the host's accounts)."""
+        assert self.shared is not None
+        mine = self.queue.rank(w)
+        return all(self.queue.rank_of(f, t) > mine for f, t in self.shared.heads())
 
     def release(self) -> None:
         """Capacity was freed: hand it to the best-ranked waiter that can use it."""

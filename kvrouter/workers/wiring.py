@@ -6,6 +6,7 @@
                                             router.host          = RingSync       (speculative entries)
                                             pool.board           = HealthBoard    (health, ejections)
                                             pipeline.gate.shared = QueueBoard     (the limits' queue)
+                                            gate accounts, rates = HostFlows      (flows' shares, limits)
                                             pipeline.held_host   = QueueBoard     (max_requests)
                                             host_scrape          = HostScrape     (the host's /metrics)
 
@@ -104,6 +105,8 @@ class WorkerHost:
         gw.pool.board = self.health
         gw.pool.scrape_engines = self.leader
         gw.pipeline.gate.shared = self.queue
+        gw.pipeline.gate.queue.accounts = self.queue.flows
+        gw.pipeline.rate.store = self.queue.flows
         gw.pipeline.held_host = self.queue
         gw.pipeline.id_prefix = f"w{self.me}-r"
         gw.metrics.worker.labels(str(self.me)).set(1)

@@ -1,13 +1,14 @@
 """The flow queue against a plain reference model, under random push / serve / leave / charge sequences,
 in every fairness mode.
 
-The model keeps one list of waiters and the counters; every choice (who is served, who is displaced, what
-a backlogged flow's counter is lifted to) is made by scanning that list from scratch, as the rules in
-``kvrouter.flows.scheduler`` state them.
+The accounts are this process's or the host's shared memory (one contract for both).  The model keeps one
+list of waiters and the counters; every choice (who is served, who is displaced, what a backlogged flow's
+counter is lifted to) is made by scanning that list from scratch, as ``kvrouter.flows.scheduler`` states.
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 from hypothesis import HealthCheck, settings
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from kvrouter.flows import FAIRNESS, Flow, FlowQueue, Refused, Waiter
+from kvrouter.host import HostFlows, HostLayout, HostMemory
 
 TENANTS = ["a", "b", "c"]
 WEIGHTS = {"a": 1.0, "b": 2.0, "c": 0.5}
@@ -92,9 +94,14 @@ class Model:
 
 
 class FlowQueueMachine(RuleBasedStateMachine):
-    @initialize(size=st.integers(0, 6), fairness=st.sampled_from(FAIRNESS))
-    def start(self, size: int, fairness: str) -> None:
-        self.q: FlowQueue[int] = FlowQueue(size, fairness, WEIGHTS.__getitem__)  # type: ignore[arg-type]
+    @initialize(size=st.integers(0, 6), fairness=st.sampled_from(FAIRNESS), host=st.booleans())
+    def start(self, size: int, fairness: str, host: bool) -> None:
+        """``host``: the accounts in the host's shared memory (``HostFlows``), as worker 0 of 1."""
+        accounts = None
+        if host:
+            layout = HostLayout(workers=1, targets=1, instances=1, ring_words=8, metric_bytes=64, flows=32)
+            accounts = HostFlows(HostMemory(layout, bytearray(layout.size()), threading.Lock()), 0)
+        self.q: FlowQueue[int] = FlowQueue(size, fairness, WEIGHTS.__getitem__, accounts)  # type: ignore[arg-type]
         self.model = Model(size, fairness)
         self.by_ticket: dict[int, Waiter[int]] = {}
         self.ticket = 0
