@@ -14,7 +14,9 @@ and the figures the issue asks for, against ``fifo`` in the same runs:
     ttft_p99_vs_alone         each interactive tenant's TTFT p99 in ``full`` / the same tenant ``alone``
     high_p99_vs_no_batch      priority 1's TTFT p99 in ``full`` / in ``no_batch``
     jain_work                 Jain's index between the equal-weight priority-1 tenants (interactive and
-                              noisy) of tokens computed / their max-min fair share of what the group got
+                              noisy) of tokens computed while the trace arrives (requests finished by its
+                              end) / their max-min fair share of what the group got (demand: every
+                              request of the tenant, as computed when served)
     throughput_vs_fifo        tokens computed per second of makespan / fifo's
 
 Tokens computed: prompt tokens vLLM did not serve from cache plus output tokens, of answered requests; a
@@ -126,15 +128,17 @@ def run_case(spec: FlowsSpec, load: float, fairness: str, variant: str) -> dict[
     )
     router = RouterConfig(policy=KV_AWARE, max_in_flight=spec.max_in_flight, shadow=False)
     run = VirtualFleet(w, fleet, router).run()
-    return summarize_flows(run, w)
+    return summarize_flows(run, w, spec.duration_s)
 
 
-def summarize_flows(run: FleetRun, w: Workload) -> dict[str, Any]:
+def summarize_flows(run: FleetRun, w: Workload, until_s: float) -> dict[str, Any]:
     by_id = {r.id: r for r in w.requests}
     per: dict[str, dict[str, Any]] = {}
     for rec in run.records:
         t = by_id[rec.id].tenant or "default"
-        d = per.setdefault(t, {"ttft": [], "computed": 0, "demand": 0, "rejected": 0, "requests": 0})
+        d = per.setdefault(
+            t, {"ttft": [], "computed": 0, "demand": 0, "rejected": 0, "requests": 0, "in_window": 0}
+        )
         d["requests"] += 1
         r = by_id[rec.id]
         if rec.rejected or rec.first_token_s is None:
@@ -144,6 +148,8 @@ def summarize_flows(run: FleetRun, w: Workload) -> dict[str, Any]:
         work = max(0, rec.prompt_tokens - rec.cached_tokens) + rec.output_tokens
         d["computed"] += work
         d["demand"] += work
+        if rec.finish_s is not None and rec.finish_s <= until_s:
+            d["in_window"] += work
         d["ttft"].append(rec.first_token_s - rec.arrival_s)
     out: dict[str, Any] = {"makespan_s": run.makespan_s, "tenants": {}}
     total = 0
@@ -156,6 +162,7 @@ def summarize_flows(run: FleetRun, w: Workload) -> dict[str, Any]:
             "ttft_p99_s": quantile(d["ttft"], 0.99),
             "tokens_computed": d["computed"],
             "tokens_demanded": d["demand"],
+            "tokens_computed_in_window": d["in_window"],
         }
     out["tokens_computed"] = total
     out["throughput_tokens_per_s"] = total / run.makespan_s if run.makespan_s else 0.0
@@ -189,7 +196,7 @@ def jain(xs: list[float]) -> float:
 def _jain_work(res: dict[str, Any], group: list[str]) -> float:
     ts = res["tenants"]
     demands = [float(ts[t]["tokens_demanded"]) for t in group if t in ts]
-    got = [float(ts[t]["tokens_computed"]) for t in group if t in ts]
+    got = [float(ts[t]["tokens_computed_in_window"]) for t in group if t in ts]
     fair = max_min_shares(demands, sum(got))
     return jain([g / f if f else 1.0 for g, f in zip(got, fair)])
 
