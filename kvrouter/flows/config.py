@@ -7,6 +7,7 @@ priority) and how the queue is shared when every instance is at its cap.
       fairness: work                 # fifo | requests | vtc | work
       tenant_header: x-tenant-id     # tenants without an API key name themselves here (null: off)
       priority_header: x-priority    # an integer; honoured only for tenants allowed to set it
+      objectives: {premium: 2, batch: -1}   # InferenceObjective name -> its spec.priority
       default_priority: 0
       expected_output_tokens: 256    # the decode charged before vLLM says (capped by max_tokens)
       tenants:
@@ -53,6 +54,12 @@ class FlowsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """A header naming the tenant of requests whose API key names none (a key's tenant always wins, and a
     tenant that has a key is never taken from the header)."""
     priority_header: str | None = "x-priority"
+    objective_header: str | None = "x-gateway-inference-objective"
+    """The header naming the request's ``InferenceObjective`` (the Gateway API Inference Extension's)."""
+    objectives: dict[str, int] = {}
+    """Each ``InferenceObjective``'s priority, by name.  A named objective sets the priority of requests
+    from tenants whose priority is not configured here (``tenants``); for those that are, it may lower it,
+    and raise it only with ``allow_priority_header``.  An unknown name is ignored (counted)."""
     default_priority: int = 0
     """The priority of requests from tenants not configured here."""
     default_tenant: str = "default"

@@ -2,7 +2,8 @@
 priority (the tenant's, or what the request asks for where the tenant may ask).  Pure: headers in, a flow
 and the reasons of any header that was ignored out (the shell counts them).
 
-Rules: a key's tenant always wins over the header; a header naming a tenant that has an API key is
+Rules: a key's tenant always wins over the header; a named ``InferenceObjective`` gives the priority of
+tenants whose own is not configured, and may only lower a configured one (raise it only where allowed); a header naming a tenant that has an API key is
 ignored (a client without the key never borrows that tenant's priority or share); a priority header that
 is not an integer is ignored; a priority above the tenant's is honoured only with
 ``allow_priority_header`` (and capped at ``max_priority``), a lower one always.
@@ -40,6 +41,17 @@ def identify(
         tenant = cfg.default_tenant
     t = cfg.tenant(tenant)
     priority = t.priority
+    objective = headers.get(cfg.objective_header) if cfg.objective_header else None
+    if objective is not None:
+        wanted = cfg.objectives.get(objective.strip())
+        if wanted is None:
+            warnings.append("objective:unknown")
+        elif tenant not in cfg.tenants or wanted <= priority:
+            priority = wanted
+        elif not t.allow_priority_header:
+            warnings.append("objective:not_allowed")
+        else:
+            priority = wanted if t.max_priority is None else min(wanted, t.max_priority)
     asked = headers.get(cfg.priority_header) if cfg.priority_header else None
     if asked is not None:
         try:

@@ -37,6 +37,24 @@ def test_a_client_raises_its_priority_only_where_allowed() -> None:
     assert identify(CFG, "free", {"x-priority": "high"}, KEYED) == (Flow("free", 0), ["priority:malformed"])
 
 
+def test_an_inference_objective_sets_the_priority_a_configured_tenant_cannot_be_raised_by() -> None:
+    cfg = FlowsConfig(
+        tenant_header="x-tenant",
+        objectives={"premium": 5, "sheddable": -1},
+        tenants={
+            "gold": TenantFlow(priority=2),
+            "free": TenantFlow(allow_priority_header=True, max_priority=3),
+        },
+    )
+    obj = "x-gateway-inference-objective"
+    assert identify(cfg, None, {obj: "premium"}, KEYED) == (Flow("default", 5), [])
+    assert identify(cfg, None, {obj: "premium", "x-priority": "1"}, KEYED) == (Flow("default", 1), [])
+    assert identify(cfg, "gold", {obj: "premium"}, KEYED) == (Flow("gold", 2), ["objective:not_allowed"])
+    assert identify(cfg, "gold", {obj: "sheddable"}, KEYED) == (Flow("gold", -1), [])
+    assert identify(cfg, "free", {obj: "premium"}, KEYED) == (Flow("free", 3), [])
+    assert identify(cfg, None, {obj: "nope"}, KEYED) == (Flow("default", 0), ["objective:unknown"])
+
+
 def test_rate_limits_refuse_with_the_time_to_wait_and_refill() -> None:
     lim = RateLimiter(
         {"t": TenantFlow(requests_per_minute=2, tokens_per_minute=600)}.get  # type: ignore[arg-type]
