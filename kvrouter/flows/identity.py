@@ -2,11 +2,12 @@
 priority (the tenant's, or what the request asks for where the tenant may ask).  Pure: headers in, a flow
 and the reasons of any header that was ignored out (the shell counts them).
 
-Rules: a key's tenant always wins over the header; a named ``InferenceObjective`` gives the priority of
-tenants whose own is not configured, and may only lower a configured one (raise it only where allowed); a header naming a tenant that has an API key is
-ignored (a client without the key never borrows that tenant's priority or share); a priority header that
-is not an integer is ignored; a priority above the tenant's is honoured only with
-``allow_priority_header`` (and capped at ``max_priority``), a lower one always.
+Rules: a key's tenant always wins over the header; a header naming a tenant that has an API key is
+ignored (a client without the key never borrows that tenant's priority or share); a named
+``InferenceObjective`` gives the priority of tenants whose own is not configured, and may only lower a
+configured one (raise it only where allowed); a priority header that is not an integer is ignored; a
+priority above the tenant's is honoured only with ``allow_priority_header`` (and capped at
+``max_priority``), a lower one always.
 """
 
 from __future__ import annotations
