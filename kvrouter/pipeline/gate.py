@@ -12,7 +12,9 @@ admitted request is charged to its flow by ``cost`` at the moment it gets capaci
 With several worker processes on one host, ``shared`` makes the queue the host's: ``size`` bounds the
 waiters of every worker together, and a worker's best waiter takes freed capacity only when no other
 worker's best waiter outranks it.  Capacity freed in another worker cannot wake this one's event loop: a
-worker with waiters looks again every ``poll_s``."""
+worker with waiters looks again every ``poll_s``.  Alone, the best waiter looks again every ``recheck_s``:
+capacity can come back without a release (an instance back in rotation, an ejection over), and a waiter
+must not sit out its timeout beside it."""
 
 from __future__ import annotations
 
@@ -72,6 +74,7 @@ class CapacityGate:
         weight: Callable[[str], float] | None = None,
         shared: SharedQueue | None = None,
         poll_s: float = 0.002,
+        recheck_s: float = 0.05,
         on_depth: Callable[[int], None] | None = None,
         on_flow_depth: Callable[[Flow, int], None] | None = None,
     ) -> None:
@@ -82,6 +85,7 @@ class CapacityGate:
         self.timeout_s = timeout_s
         self.shared = shared
         self.poll_s = poll_s
+        self.recheck_s = recheck_s
         self.queue: FlowQueue[_Pending[Any]] = FlowQueue(size, fairness, weight)
 
     @property
@@ -146,18 +150,20 @@ class CapacityGate:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     raise QueueFull("queue_timeout")
-                wait = remaining if self.shared is None else min(remaining, self.poll_s)
+                wait = min(remaining, self.recheck_s if self.shared is None else self.poll_s)
                 try:
                     return await asyncio.wait_for(asyncio.shield(pending.fut), wait)
                 except TimeoutError:
-                    if self.shared is None or loop.time() >= deadline:
+                    if loop.time() >= deadline:
                         raise QueueFull("queue_timeout") from None
                     if self.queue.best() is w:
                         self.pump(1)
         except BaseException:
             fut = pending.fut
             if fut.done() and not fut.cancelled() and fut.exception() is None and undo is not None:
-                undo(fut.result())  # handed capacity, but this request left first: give it back
+                undo(fut.result())  # handed capacity, but this request left first: give it back ...
+                self.queue.remove(w)
+                self.release()  # ... to the next
             raise
         finally:
             if self.queue.remove(w):

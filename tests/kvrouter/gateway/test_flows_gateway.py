@@ -12,6 +12,7 @@ import pytest
 import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvrouter.flows import Flow
 from kvrouter.lab.sim.server.fleet import SimFleet
 from tests.support.gateway import MODEL, gateway, sim_fleet
 from tests.support.wait import until
@@ -113,9 +114,13 @@ async def test_under_saturation_the_high_priority_tenant_goes_first(fleet: SimFl
             flood = [asyncio.create_task(one("sk-noisy", f"noisy {i}")) for i in range(8)]
             await until(lambda: gw.pipeline.gate.waiting >= 6, what="the noisy tenant's backlog")
             vip = asyncio.create_task(one("sk-vip", "vip"))
+            await until(lambda: gw.pipeline.gate.queue.depth(Flow("vip", 2)) == 1, what="vip waiting")
+            older = gw.pipeline.gate.queue.depth(Flow("noisy", 0))
+            assert older >= 2  # older waiters it must overtake
             await asyncio.gather(*flood, vip)
-            # the two in flight and at most the next two (handed capacity as vip arrived) finish first
-            assert done.index("vip") <= 4, done
+            # The next slot freed is vip's: before it end only the noisy requests not waiting when it came
+            # (done or in flight), and perhaps the one sent to the other slot freed with it.
+            assert done.index("vip") <= 8 - older + 1, (older, done)
             async with s.get(f"{base}/metrics") as r:
                 assert r.status == 200
                 m = await r.text()
@@ -127,3 +132,26 @@ async def test_under_saturation_the_high_priority_tenant_goes_first(fleet: SimFl
             for srv in fleet.servers:
                 async with s.post(f"{srv.url}/sim/faults", json={"latency_s": 0.0}) as r:
                     assert r.status == 200
+
+
+async def test_a_tenants_work_is_its_uncached_prompt_and_its_decode(fleet: SimFleet) -> None:
+    async with gateway(fleet, **FLOWS) as (_, base), aiohttp.ClientSession() as s:
+        body = {
+            "model": MODEL,
+            "max_tokens": 3,
+            "messages": [{"role": "user", "content": "a prompt no one has sent before, about work"}],
+        }
+        async with s.post(
+            f"{base}/v1/chat/completions", json=body, headers={"Authorization": "Bearer sk-vip"}
+        ) as r:
+            assert r.status == 200
+            usage = (await r.json())["usage"]
+        async with s.get(f"{base}/metrics") as r:
+            assert r.status == 200
+            work = samples(await r.text(), "kvrouter_flow_work_tokens_total")
+        # nothing of it was cached anywhere: all its prompt, plus the tokens vLLM reports it generated
+        assert usage["prompt_tokens_details"]["cached_tokens"] == 0
+        assert (
+            work[(("priority", "2"), ("tenant", "vip"))]
+            == usage["prompt_tokens"] + usage["completion_tokens"]
+        )
