@@ -7,7 +7,7 @@ rate.  For each load and each fairness mode (``flows.FAIRNESS``), three runs of 
 
     full       every tenant
     no_batch   without the batch tenant: what high priority gets when no low-priority flood comes
-    alone      one interactive tenant by itself (once per load: no one to share with)
+    alone      each interactive tenant by itself (once per load: no one to share with)
 
 and the figures the issue asks for, against ``fifo`` in the same runs:
 
@@ -116,7 +116,8 @@ def _priorities(spec: FlowsSpec) -> dict[str, int]:
 
 
 def run_case(spec: FlowsSpec, load: float, fairness: str, variant: str) -> dict[str, Any]:
-    only = "interactive-0" if variant == "alone" else None
+    """``variant``: ``full``, ``no_batch`` or ``alone:<tenant>``."""
+    only = variant.partition(":")[2] if variant.startswith("alone:") else None
     w = flows_trace(spec, load, batch=variant != "no_batch", only=only)
     fleet = FleetSimConfig(
         instances=spec.instances,
@@ -213,7 +214,8 @@ def evaluate_flows(
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     cases = [(load, f, v) for load in spec.loads for f in fairness for v in ("full", "no_batch")]
-    cases += [(load, "fifo", "alone") for load in spec.loads]
+    interactive = [f"interactive-{i}" for i in range(spec.interactive)]
+    cases += [(load, "fifo", f"alone:{t}") for load in spec.loads for t in interactive]
     with ProcessPoolExecutor(max_workers=jobs) as ex:
         futs = {c: ex.submit(run_case, spec, *c) for c in cases}
         results = {}
@@ -221,17 +223,16 @@ def evaluate_flows(
             results[c] = fut.result()
             if progress is not None:
                 progress(f"load x{c[0]:g} {c[1]} {c[2]}")
-    interactive = [f"interactive-{i}" for i in range(spec.interactive)]
     group = [*interactive, "noisy"]
     report: dict[str, Any] = {"spec": msgspec.to_builtins(spec), "loads": {}}
     for load in spec.loads:
-        alone = results[(load, "fifo", "alone")]["tenants"]["interactive-0"]["ttft_p99_s"]
+        alone = {t: results[(load, "fifo", f"alone:{t}")]["tenants"][t]["ttft_p99_s"] for t in interactive}
         fifo_tp = results[(load, "fifo", "full")]["throughput_tokens_per_s"]
         rows = {}
         for f in fairness:
             full, nob = results[(load, f, "full")], results[(load, f, "no_batch")]
             rows[f] = {
-                "ttft_p99_vs_alone": {t: full["tenants"][t]["ttft_p99_s"] / alone for t in interactive},
+                "ttft_p99_vs_alone": {t: full["tenants"][t]["ttft_p99_s"] / alone[t] for t in interactive},
                 "high_p99_vs_no_batch": _high_p99(full, interactive) / _high_p99(nob, interactive),
                 "jain_work": _jain_work(full, group),
                 "throughput_vs_fifo": full["throughput_tokens_per_s"] / fifo_tp,
