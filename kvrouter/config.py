@@ -18,6 +18,7 @@
     tenants:
       require_api_key: false
       api_keys: {"sk-team-a": {name: team-a, salt: "a9f3..."}}
+    flows: {fairness: work, tenants: {team-a: {priority: 1}}}   # see kvrouter.flows.config
     gateway: {request_timeout_s: 600, first_byte_timeout_s: 60, max_retries: 2, admin_token: null}
     responses: {affinity_ttl_s: 86400, max_entries: 500000, probe: true}
     lora: {load_on_demand: false, adapters: {sql-lora: {path: /adapters/sql, base: llama}}}
@@ -35,6 +36,7 @@ import msgspec
 from indexer.config import FleetConfig, load_yaml, parse_fleet
 from indexer.errors import ConfigError
 
+from .flows.config import FlowsConfig
 from .membership.config import DiscoveryConfig, MembershipConfig
 from .replicas.config import SharedStateConfig, SnapshotConfig
 from .routing import KV_AWARE, DisaggSettings, PolicySettings
@@ -227,6 +229,8 @@ class RouterFleetConfig(FleetConfig, frozen=True, forbid_unknown_fields=True):
     limits: LimitsConfig = LimitsConfig()
     tenants: TenantsConfig = TenantsConfig()
     gateway: GatewayConfig = GatewayConfig()
+    flows: FlowsConfig = FlowsConfig()
+    """Tenants' priorities, fair shares and rate limits, for requests that wait for capacity."""
     replicas: SharedStateConfig = SharedStateConfig()
     """Replicas sharing in-flight load and speculative entries through Redis (``KVROUTER_REDIS_URL``)."""
     snapshot: SnapshotConfig = SnapshotConfig()
@@ -260,6 +264,7 @@ class RouterFleetConfig(FleetConfig, frozen=True, forbid_unknown_fields=True):
         if g.ejection_s < 0 or g.ejection_max_s < g.ejection_s:
             raise ConfigError("gateway.ejection_s must be >= 0 and <= gateway.ejection_max_s")
         self.replicas.validate()
+        self.flows.validate()
         self.snapshot.validate()
         self.membership.validate()
         self.parity.validate()

@@ -67,6 +67,8 @@ class Overloaded(ApiError):
     status = 429
     err_type = "TooManyRequestsError"
     reason = "overloaded"
+    retry_after_s: int | None = None
+    """When the client may come back, if this refusal knows (a rate limit); else the configured default."""
 
 
 class InternalError(ApiError):

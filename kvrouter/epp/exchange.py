@@ -197,7 +197,7 @@ class Exchange:
         code = status or e.status
         self._refused = code
         self.picker.metrics.immediate.labels(str(code), e.reason).inc()
-        retry = self.picker.cfg.limits.retry_after_s
+        retry = getattr(e, "retry_after_s", None) or self.picker.cfg.limits.retry_after_s
         headers = {"retry-after": str(retry)} if isinstance(e, (Overloaded, ServiceUnavailable)) else None
         return protocol.immediate(code, e.body(), headers)
 

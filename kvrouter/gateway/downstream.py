@@ -67,8 +67,11 @@ class Downstream(Protocol):
 
 def error_answer(e: ApiError, retry_after_s: float | None, path: str) -> tuple[int, dict[str, str], bytes]:
     """The error answer, in the route's own shape (vLLM answers the Messages routes Anthropic's way);
-    ``Retry-After`` for the errors a client should come back after (overloaded, unavailable)."""
+    ``Retry-After`` for the errors a client should come back after (overloaded, unavailable): the error's
+    own ``retry_after_s`` when it knows better (a rate limit knows when its bucket refills), else
+    ``retry_after_s``."""
     headers = {"Content-Type": "application/json"}
+    retry_after_s = getattr(e, "retry_after_s", None) or retry_after_s
     if retry_after_s is not None and isinstance(e, (Overloaded, ServiceUnavailable)):
         headers["Retry-After"] = str(retry_after_s)
     body = anthropic_error_body(e.status, e.message) if path.startswith("/v1/messages") else e.body()

@@ -7,6 +7,7 @@ shared memory: what keeps N processes routing as one.
     loads.py      HostLoads: per-worker load rows, engine and external load  (routing.LoadTracker's seam)
     health.py     HealthBoard: health and ejections                          (gateway.UpstreamPool's)
     queue.py      QueueBoard: the limits' queue and the held-requests bound  (pipeline.CapacityGate's)
+    flows.py      HostFlows: the flows' accounts, backlogs and rate buckets  (flows.FlowQueue's, too)
     spec_ring.py  SpeculativeRings: speculative entries, one ring per worker (routing.Router's HostSync)
     metrics_board.py  MetricsBoard: each worker's last metrics snapshot, and the scrape generation
     metric_merge.py   Snapshot, merge: the host's one /metrics out of every worker's registry
@@ -15,6 +16,7 @@ Pure: plain memory (numpy views over a buffer the caller made) and a lock the ca
 shared mapping and the processes is ``kvrouter.workers``'s job.
 """
 
+from .flows import HostFlows
 from .health import HealthBoard
 from .loads import HostLoads
 from .memory import HostLayout, HostLock, HostMemory, SlotDirectory, SlotsExhausted
@@ -24,6 +26,7 @@ from .spec_ring import PeerEntry, SpeculativeRings
 
 __all__ = [
     "HealthBoard",
+    "HostFlows",
     "HostLayout",
     "HostLoads",
     "HostLock",

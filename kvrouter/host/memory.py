@@ -8,9 +8,10 @@
                               ── view("external") int64 [targets, 2]            other hosts' load (replicas)
                               ── view("health")   float64 [instances, 6]        health and ejections
                               ── view("queue")    int64 [workers, 4]            the limits' queue, per worker
+                              ── view("flow_*")   the flows' accounts, backlog and rate buckets (host/flows)
                               ── view("rings")    int64 [workers, ring_words]   speculative entries
                               ── view("metric_*") each worker's last metrics snapshot (metrics_board)
-                              ── SlotDirectory    names -> slots (targets; instances)
+                              ── SlotDirectory    names -> slots (targets; instances; flows)
 
 The buffer comes from the caller (an anonymous shared mapping made before the workers fork, or a plain
 ``bytearray`` in one process and in tests): nothing here opens a file or a socket.  Every field is an
@@ -57,6 +58,9 @@ class HostLayout(msgspec.Struct, frozen=True):
     """Size of each worker's ring of speculative entries, in 8-byte words (2 MiB by default)."""
     metric_bytes: int = 1 << 20
     """Room for each worker's last metrics snapshot (``metrics_board``), in bytes."""
+    flows: int = 1024
+    """Distinct flow accounts (a tenant at a priority, a priority's virtual time, a tenant's rate
+    buckets) the host keeps; past them, new ones share one overflow account."""
 
     def fields(self) -> list[tuple[str, str, tuple[int, ...]]]:
         w, t, i = self.workers, self.targets, self.instances
@@ -72,6 +76,9 @@ class HostLayout(msgspec.Struct, frozen=True):
             ("ring_heads", "i8", (w, 8)),
             ("rings", "i8", (w, self.ring_words)),
             ("metric_heads", "i8", (w, 8)),
+            ("flow_names", "u1", (self.flows, NAME_BYTES + 8)),
+            ("flow_accounts", "f8", (self.flows, 4)),
+            ("flow_waiting", "i8", (w, self.flows)),
             ("metric_bytes", "u1", (w, self.metric_bytes)),
         ]
 
@@ -100,6 +107,7 @@ class HostMemory:
             off += _nbytes(dt, shape)
         self.targets = SlotDirectory(self._views["target_names"], lock)
         self.instances = SlotDirectory(self._views["instance_names"], lock)
+        self.flows = SlotDirectory(self._views["flow_names"], lock)
 
     def view(self, name: str) -> np.ndarray:
         return self._views[name]

@@ -43,6 +43,7 @@ GAUGES: dict[str, Merge] = {
     "kvrouter_shared_state_peers": Merge.LEADER,
     "kvrouter_index_snapshot_bytes": Merge.LEADER,
     "kvrouter_epp_open_streams": Merge.SUM,
+    "kvrouter_flow_queue_depth": Merge.SUM,
 }
 """Gauges with a host-wide meaning; any other gauge is per worker (labelled)."""
 

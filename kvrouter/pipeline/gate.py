@@ -1,46 +1,74 @@
-"""A bounded wait for capacity: requests that find every instance at its cap wait here, in order, for at
-most ``timeout``; when ``size`` already wait, the next one is turned away at once (429 + Retry-After).
+"""A bounded wait for capacity: requests that find every instance at their cap wait here for at most
+``timeout``, as flows (``kvrouter.flows.FlowQueue``): the highest priority first, then the flow with the
+least service; when ``size`` already wait, the newcomer displaces a waiter it outranks or is turned away
+(429 + Retry-After).
+
+Capacity freed (``release``) is handed out here, not raced for: ``pump`` tries the head ranked first and
+gives it what its ``attempt`` got (a decision with a slot claimed); a head that finds no capacity makes
+its group (its model) wait, and the next group's head is tried.  A newcomer goes straight to ``attempt``
+only when no request of its group waits, so a late arrival never overtakes one that waits.  Every
+admitted request is charged to its flow by ``cost`` at the moment it gets capacity.
 
 With several worker processes on one host, ``shared`` makes the queue the host's: ``size`` bounds the
-waiters of every worker together, and a worker's longest waiter takes freed capacity only when no other
-worker's waiter is older (the host serves its waiters in arrival order).  Capacity freed in another
-worker cannot wake this one's event loop: a worker with waiters looks again every ``poll_s``."""
+waiters of every worker together, and a worker's best waiter takes freed capacity only when no other
+worker's best waiter outranks it.  Capacity freed in another worker cannot wake this one's event loop: a
+worker with waiters looks again every ``poll_s``.  Alone, the best waiter looks again every ``recheck_s``:
+capacity can come back without a release (an instance back in rotation, an ejection over), and a waiter
+must not sit out its timeout beside it."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
-from collections.abc import Callable
-from typing import Protocol, TypeVar
+from collections.abc import Callable, Hashable
+from typing import Any, Generic, Protocol, TypeVar
+
+from ..flows import BucketStore, Fairness, Flow, FlowAccounts, FlowQueue, Refused, Waiter
 
 T = TypeVar("T")
 
+DEFAULT_FLOW = Flow("default", 0)
+
 
 class QueueFull(Exception):
+    """``queue_full``, ``queue_timeout``, ``sheddable`` (a flow below priority 0 finds no capacity) or
+    ``displaced`` (a waiter pushed out by one that outranks it)."""
+
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
 
 
+class SharedFlows(FlowAccounts, BucketStore, Protocol):
+    """The flows' accounts and rate buckets in the host's memory (``kvrouter.host.HostFlows``)."""
+
+
 class SharedQueue(Protocol):
-    """The host's queue rows (``kvrouter.host.QueueBoard``)."""
+    """The host's queue rows (``kvrouter.host.QueueBoard``), and its flows' accounts and rate buckets."""
+
+    @property
+    def flows(self) -> SharedFlows: ...
 
     def waiting_total(self) -> int: ...
 
-    def set_waiting(self, n: int, head_ticket: int) -> None: ...
+    def set_waiting(self, n: int, head: tuple[Flow, int] | None) -> None:
+        """This worker's waiters, and its best one's flow and ticket."""
 
-    def first(self, ticket: int) -> bool:
-        """No other worker's waiter is older than ``ticket``."""
+    def heads(self) -> list[tuple[Flow, int]]:
+        """Every other worker's best waiter (flow, ticket)."""
 
 
-class _Waiter:
-    __slots__ = ("fut", "ticket")
+class _Pending(Generic[T]):
+    __slots__ = ("attempt", "cost", "fut")
 
-    def __init__(self, fut: asyncio.Future[None], ticket: int) -> None:
+    def __init__(self, fut: asyncio.Future[T], attempt: Callable[[], T | None], cost: Callable[[T], float]):
         self.fut = fut
-        self.ticket = ticket
-        """``time.monotonic_ns()`` when it began to wait: its place in the host's order."""
+        self.attempt = attempt
+        self.cost = cost
+
+
+def _free(_: Any) -> float:
+    return 0.0
 
 
 class CapacityGate:
@@ -49,69 +77,142 @@ class CapacityGate:
         size: int,
         timeout_s: float,
         *,
+        fairness: Fairness = "fifo",
+        weight: Callable[[str], float] | None = None,
         shared: SharedQueue | None = None,
         poll_s: float = 0.002,
+        recheck_s: float = 0.05,
         on_depth: Callable[[int], None] | None = None,
+        on_flow_depth: Callable[[Flow, int], None] | None = None,
     ) -> None:
         self.on_depth = on_depth
         """Told the number waiting whenever a request begins or ends waiting (a gauge)."""
-        self.size = size
+        self.on_flow_depth = on_flow_depth
+        """Told a flow's number waiting whenever it changes."""
         self.timeout_s = timeout_s
         self.shared = shared
         self.poll_s = poll_s
-        self._waiters: deque[_Waiter] = deque()
+        self.recheck_s = recheck_s
+        self.queue: FlowQueue[_Pending[Any]] = FlowQueue(size, fairness, weight)
+
+    @property
+    def size(self) -> int:
+        return self.queue.size
 
     @property
     def waiting(self) -> int:
         """Requests waiting (in every worker of the host when the queue is shared)."""
-        return self.shared.waiting_total() if self.shared is not None else len(self._waiters)
+        return self.shared.waiting_total() if self.shared is not None else len(self.queue)
 
-    def _publish(self) -> None:
+    def _publish(self, flow: Flow) -> None:
         if self.shared is not None:
-            self.shared.set_waiting(len(self._waiters), self._waiters[0].ticket if self._waiters else 0)
+            best = self.queue.best()
+            self.shared.set_waiting(len(self.queue), None if best is None else (best.flow, best.ticket))
         if self.on_depth is not None:
             self.on_depth(self.waiting)
+        if self.on_flow_depth is not None:
+            self.on_flow_depth(flow, self.queue.depth(flow))
 
-    async def acquire(self, attempt: Callable[[], T | None]) -> T:
-        """``attempt()`` until it returns a value; in between, wait for a release (FIFO)."""
-        got = attempt()
-        if got is not None:
-            return got
-        if self.waiting >= self.size:
-            raise QueueFull("queue_full")
+    def _group_waits(self, group: Hashable) -> bool:
+        if self.shared is not None and self.shared.waiting_total() > len(self.queue):
+            return True  # another worker's waiters: their groups are not known here
+        return any(h.group == group for h in self.queue.heads())
+
+    def charge(self, flow: Flow, cost: float) -> None:
+        """Service given to ``flow`` outside an admission (a correction once vLLM reports the true cost)."""
+        self.queue.charge(flow, cost)
+
+    async def acquire(
+        self,
+        attempt: Callable[[], T | None],
+        flow: Flow = DEFAULT_FLOW,
+        *,
+        group: Hashable = None,
+        cost: Callable[[T], float] = _free,
+        undo: Callable[[T], None] | None = None,
+    ) -> T:
+        """What ``attempt()`` gets once it gets something: at once if no request of ``group`` waits and
+        there is capacity, else when ``pump`` hands this request capacity.  ``cost(got)`` is charged to
+        ``flow``; ``undo(got)`` gives back capacity handed to a request that left meanwhile."""
+        if not self._group_waits(group):
+            got = attempt()
+            if got is not None:
+                self.queue.charge(flow, cost(got))
+                return got
         loop = asyncio.get_running_loop()
+        pending: _Pending[T] = _Pending(loop.create_future(), attempt, cost)
+        w = Waiter(pending, flow, time.monotonic_ns(), group)
+        try:
+            displaced = self.queue.push(w, None if self.shared is None else self.shared.waiting_total())
+        except Refused as e:
+            raise QueueFull(e.reason) from None
+        if displaced is not None:
+            displaced.item.fut.set_exception(QueueFull("displaced"))
+            self._publish(displaced.flow)
+        self._publish(flow)
+        self.pump(1)  # capacity for this group, now that it waits in its place
         deadline = loop.time() + self.timeout_s
-        w = _Waiter(loop.create_future(), time.monotonic_ns())
-        self._waiters.append(w)
-        self._publish()
         try:
             while True:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     raise QueueFull("queue_timeout")
-                wait = remaining if self.shared is None else min(remaining, self.poll_s)
+                wait = min(remaining, self.recheck_s if self.shared is None else self.poll_s)
                 try:
-                    await asyncio.wait_for(asyncio.shield(w.fut), wait)
+                    return await asyncio.wait_for(asyncio.shield(pending.fut), wait)
                 except TimeoutError:
-                    if self.shared is None or loop.time() >= deadline:
+                    if loop.time() >= deadline:
                         raise QueueFull("queue_timeout") from None
-                # Shared: only this worker's longest waiter may take capacity, and only if no other
-                # worker's waiter is older.
-                if self.shared is None or (self._waiters[0] is w and self.shared.first(w.ticket)):
-                    got = attempt()
-                    if got is not None:
-                        return got
-                if w.fut.done():
-                    w.fut = loop.create_future()  # keep our place
+                    if self.queue.best() is w:
+                        self.pump(1)
+        except BaseException:
+            fut = pending.fut
+            if fut.done() and not fut.cancelled() and fut.exception() is None and undo is not None:
+                undo(fut.result())  # handed capacity, but this request left first: give it back ...
+                self.queue.remove(w)
+                self.release()  # ... to the next
+            raise
         finally:
-            self._waiters.remove(w)
-            if not w.fut.done():
-                w.fut.cancel()
-            self._publish()
+            if self.queue.remove(w):
+                self._publish(flow)
+
+    def pump(self, limit: int | None = None) -> int:
+        """Hand capacity to waiters, best-ranked first, until ``limit`` got some or every waiting group's
+        head found none.  Returns how many got capacity."""
+        failed: set[Hashable] = set()
+        served = 0
+        while limit is None or served < limit:
+            heads = [h for h in self.queue.heads() if h.group not in failed]
+            if not heads:
+                break
+            w = heads[0]
+            if self.shared is not None and not self._first(w):
+                break  # another worker's waiter comes first
+            p = w.item
+            try:
+                got = p.attempt()
+            except Exception as e:  # the waiter's own failure (no healthy target...), raised where it waits
+                self.queue.remove(w)
+                p.fut.set_exception(e)
+                self._publish(w.flow)
+                continue
+            if got is None:
+                failed.add(w.group)
+                continue
+            self.queue.remove(w)
+            self.queue.charge(w.flow, p.cost(got))
+            p.fut.set_result(got)
+            self._publish(w.flow)
+            served += 1
+        return served
+
+    def _first(self, w: Waiter[_Pending[Any]]) -> bool:
+        """No other worker's best waiter outranks ``w`` (ranked with the host's accounts)."""
+        assert self.shared is not None
+        mine = self.queue.rank(w)
+        return all(self.queue.rank_of(f, t) > mine for f, t in self.shared.heads())
 
     def release(self) -> None:
-        """Capacity was freed: wake the longest waiter not already woken."""
-        for w in self._waiters:
-            if not w.fut.done():
-                w.fut.set_result(None)
-                return
+        """Capacity was freed: hand it to the best-ranked waiter that can use it."""
+        if self.queue:
+            self.pump(1)

@@ -35,6 +35,10 @@ class CachedHistogram(_KeepsChildren, Histogram):
     pass
 
 
+class CachedGauge(_KeepsChildren, Gauge):
+    pass
+
+
 _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
@@ -130,6 +134,57 @@ class PipelineMetrics:
             registry=r,
         )
         self.pd = DisaggMetrics(r)
+        self.flows = FlowMetrics(r)
+
+
+class FlowMetrics:
+    """Per flow (tenant, priority): the queue, its waits, refusals and the work admitted.  Tenants not in
+    the fleet file (named by a header) are counted as ``other``: the labels stay bounded."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.depth = CachedGauge(
+            "kvrouter_flow_queue_depth",
+            "Requests waiting for capacity, per flow",
+            ["tenant", "priority"],
+            registry=r,
+        )
+        self.wait = CachedHistogram(
+            "kvrouter_flow_queue_wait_seconds",
+            "Time from admission to capacity, per flow (0 for requests that did not wait)",
+            ["tenant", "priority"],
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=r,
+        )
+        self.admitted = CachedCounter(
+            "kvrouter_flow_admitted", "Requests given capacity, per flow", ["tenant", "priority"], registry=r
+        )
+        self.shed = CachedCounter(
+            "kvrouter_flow_shed",
+            "Requests refused for want of capacity, per flow and reason (queue_full, queue_timeout, "
+            "displaced, sheddable)",
+            ["tenant", "priority", "reason"],
+            registry=r,
+        )
+        self.rate_limited = CachedCounter(
+            "kvrouter_flow_rate_limited",
+            "Requests refused by their tenant's rate limits (requests or tokens per minute)",
+            ["tenant"],
+            registry=r,
+        )
+        self.work = CachedCounter(
+            "kvrouter_flow_work_tokens",
+            "Tokens the fleet was asked to compute per flow: prompt tokens not cached where each request "
+            "went, plus its decode (expected at admission, corrected by vLLM's report): the share of work",
+            ["tenant", "priority"],
+            registry=r,
+        )
+        self.header_warnings = CachedCounter(
+            "kvrouter_flow_header_warnings",
+            "Tenant or priority headers ignored, by header and reason (malformed, needs_key, not_allowed)",
+            ["header", "reason"],
+            registry=r,
+        )
 
 
 class DisaggMetrics:

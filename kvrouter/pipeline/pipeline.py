@@ -6,7 +6,9 @@
               [previous_response_id: pinned to the instance holding it] ──tokenize (tokenizer cache)──▶
               request_chains ──▶ route_input ──▶ [remote indexer lookup]             = Prepared
     admit     Prepared ──Router.route (limits)──▶ Decision; every target at its cap: wait in the
-              CapacityGate (FIFO, bounded) or Overloaded; no target: ServiceUnavailable
+              CapacityGate (by flow: priority, then fair share; bounded) or Overloaded; no target:
+              ServiceUnavailable.  Its flow (tenant, priority: ``kvrouter.flows``) is read in prepare,
+              where the tenant's rate limits apply too
     dispatch  the front door sends it to ``chosen``: load accounted, speculative entries, predicted tokens
     first_token / finished(usage)
               load released (and the gate woken), vLLM's reported cached tokens against the prediction
@@ -27,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import itertools
+import math
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
@@ -48,6 +51,7 @@ from ..api.responses import ResponseNotFound
 from ..api.routes import is_admin
 from ..api.usage import UsageReport
 from ..config import RouterFleetConfig
+from ..flows import Flow, RateLimiter, identify, request_cost
 from ..routing import Candidate, Decision, DisaggPlanner, PDPlan, RouteInput, Router, Target, route_input
 from ..routing.disagg import explain_plan
 from ..routing.response_affinity import Holder, ResponseAffinity
@@ -55,7 +59,7 @@ from ..routing.tier_value import DEFAULT_TIER_VALUES, TierValues
 from ..telemetry import RequestRecord, Telemetry
 from ..types import RequestId, leg_id
 from .event_watch import EventWatch
-from .gate import CapacityGate, QueueFull, SharedQueue
+from .gate import DEFAULT_FLOW, CapacityGate, QueueFull, SharedQueue
 from .metrics import PipelineMetrics
 from .parity import ParityTracker
 from .response_history import ResponseHistory
@@ -114,6 +118,13 @@ class Prepared(msgspec.Struct):
     """Its trace and access-log facts (None: neither traced nor logged, nothing is recorded)."""
     attempts: int = 0
     """Upstream attempts and legs sent so far."""
+    flow: Flow = DEFAULT_FLOW
+    """Its tenant and priority (``kvrouter.flows.identify``)."""
+    expected_output: int = 0
+    """Decode tokens charged to its flow at admission (corrected by vLLM's report once)."""
+    corrected: bool = False
+    flow_notes: list[str] = []
+    """Tenant or priority headers ignored (``header:reason``)."""
 
     def exemplar(self) -> dict[str, str] | None:
         """Exemplar labels for an observation made for this request (a traced request's trace id)."""
@@ -166,12 +177,23 @@ class RequestPipeline:
         self.affinity = ResponseAffinity(cfg.responses.affinity_ttl_s, cfg.responses.max_entries)
         self.history = ResponseHistory(cfg.responses.history_entries, cfg.responses.history_bytes)
         self.find_response = find_response if cfg.responses.probe else None
+        flows = cfg.flows
         self.gate = CapacityGate(
             cfg.limits.queue_size,
             cfg.limits.queue_timeout_s,
+            fairness=flows.fairness,
+            weight=lambda tenant: flows.tenant(tenant).weight,
             on_depth=self.metrics.queue_depth.set,
+            on_flow_depth=self._flow_depth,
             shared=host_queue,
         )
+        self.rate = RateLimiter(flows.tenant, None if host_queue is None else host_queue.flows)
+        if host_queue is not None:  # the flows' accounts are the host's: one scheduler over every worker
+            self.gate.queue.accounts = host_queue.flows
+        self._keyed = frozenset(t.name for t in cfg.tenants.api_keys.values())
+        """Tenants that have an API key: never taken from a header."""
+        self._named = self._keyed | set(flows.tenants) | {flows.default_tenant}
+        """Tenants with a metrics label of their own (the others are ``other``)."""
         self.planner = DisaggPlanner(router, cfg.routing.disaggregation)
         self.active = 0
         """Requests held right now (reading, routing, queued or proxied)."""
@@ -269,6 +291,7 @@ class RequestPipeline:
         if salt is not None and req.cache_salt != salt:
             # A tenant's salt is enforced, never chosen by the client: its cache stays its own.
             req.set_salt(salt)
+        flow, notes = self.flow_of(headers)
         base = self.fleet.base_model(req.model)
         if base is not None:  # a LoRA adapter: its blocks are keyed by its name, its tokenizer is its base's
             req.lora_name, req.base_model = req.model, base
@@ -330,7 +353,66 @@ class RequestPipeline:
         )
         if rec is not None:
             rec.facts.update(request_id=inp.request_id, prompt_tokens=inp.num_tokens)
-        return Prepared(req, inp, tokens, remote, t0, None if pinned is None else pinned.instance, rec)
+        expected = _expected_output(req.body, self.cfg.flows.expected_output_tokens)
+        self.rate_limit(flow, inp.num_tokens + expected)
+        return Prepared(
+            req,
+            inp,
+            tokens,
+            remote,
+            t0,
+            None if pinned is None else pinned.instance,
+            rec,
+            flow=flow,
+            expected_output=expected,
+            flow_notes=notes,
+        )
+
+    # ------------------------------------------------------------------ flows
+    def flow_of(self, headers: Mapping[str, str]) -> tuple[Flow, list[str]]:
+        """The request's flow; each header ignored is counted (a warning, never an error)."""
+        key = self.cfg.tenants.api_keys.get(bearer(headers.get("Authorization")))
+        flow, notes = identify(self.cfg.flows, None if key is None else key.name, headers, self._keyed)
+        for n in notes:
+            header, _, reason = n.partition(":")
+            self.metrics.flows.header_warnings.labels(header, reason).inc()
+        return flow, notes
+
+    def flow_labels(self, flow: Flow) -> tuple[str, str]:
+        return (flow.tenant if flow.tenant in self._named else "other", str(flow.priority))
+
+    def _flow_depth(self, flow: Flow, depth: int) -> None:
+        self.metrics.flows.depth.labels(*self.flow_labels(flow)).set(depth)
+
+    def rate_limit(self, flow: Flow, tokens: int) -> None:
+        """``Overloaded`` (429 with Retry-After) when ``flow``'s tenant is past its requests or tokens per
+        minute; otherwise the request is taken from its allowance."""
+        wait = self.rate.take(flow.tenant, tokens, time.monotonic())
+        if wait > 0:
+            self.metrics.flows.rate_limited.labels(self.flow_labels(flow)[0]).inc()
+            err = Overloaded(
+                f"tenant {flow.tenant!r} is over its rate limit; retry in {wait:.1f} s", reason="rate_limited"
+            )
+            err.retry_after_s = max(1, math.ceil(wait))
+            raise self.rejected(err)
+
+    def _charge(self, p: Prepared, cached_tokens: int) -> float:
+        """What admitting ``p`` costs its flow (``cached_tokens``: where it goes); its work is counted."""
+        n = p.inp.num_tokens
+        self.metrics.flows.work.labels(*self.flow_labels(p.flow)).inc(max(0, n - cached_tokens))
+        return request_cost(self.cfg.flows.fairness, n, cached_tokens, p.expected_output)
+
+    def _output_known(self, p: Prepared, usage: UsageReport | None) -> None:
+        """The decode charged at admission, put right by what vLLM reports it generated (once)."""
+        if p.corrected:
+            return
+        out = usage.completion_tokens if usage is not None else None
+        if out is None:
+            return
+        p.corrected = True
+        self.metrics.flows.work.labels(*self.flow_labels(p.flow)).inc(out)
+        if self.cfg.flows.fairness != "requests":
+            self.gate.charge(p.flow, out - p.expected_output)
 
     # ------------------------------------------------------------------ stored responses
     async def holder(self, response_id: str) -> Holder:
@@ -449,7 +531,7 @@ class RequestPipeline:
             d = self._claimed(p, (), only)
             return None if d.reason == "at_capacity" else d
 
-        d = await self._wait(attempt)
+        d = await self._wait(p, attempt, lambda d: self._charge(p, d.predicted_cached_tokens))
         self._record(d)
         self.metrics.decision_seconds.observe(time.perf_counter() - p.started, p.exemplar())
         if p.rec is not None:
@@ -488,13 +570,25 @@ class RequestPipeline:
         if wait_ns:
             rec.phase("kvrouter.queue_wait", began, last, {"kvrouter.queue_depth": self.gate.waiting})
 
-    async def _wait(self, attempt: Callable[[], _T | None]) -> _T:
+    async def _wait(self, p: Prepared, attempt: Callable[[], _T | None], cost: Callable[[_T], float]) -> _T:
+        labels = self.flow_labels(p.flow)
+        t0 = time.monotonic()
         try:
-            return await self.gate.acquire(attempt)  # (the gate keeps the queue-depth gauge)
+            got = await self.gate.acquire(  # (the gate keeps the queue-depth gauges)
+                attempt,
+                p.flow,
+                group=(p.inp.model, p.pinned),
+                cost=cost,
+                undo=lambda _: self.unclaim(p),
+            )
         except QueueFull as e:
+            self.metrics.flows.shed.labels(*labels, e.reason).inc()
             raise self.rejected(
                 Overloaded(f"all instances at capacity ({e.reason})", reason=e.reason)
             ) from None
+        self.metrics.flows.admitted.labels(*labels).inc()
+        self.metrics.flows.wait.labels(*labels).observe(time.monotonic() - t0)
+        return got
 
     # ------------------------------------------------------------------ disaggregated models
     def disaggregated(self, p: Prepared) -> bool:
@@ -539,7 +633,11 @@ class RequestPipeline:
                 return None  # another worker took its last slot: plan again when capacity frees
             return plan
 
-        plan = await self._wait(attempt)
+        def cost(plan: PDPlan) -> float:
+            leg = plan.prefill if plan.split and plan.prefill is not None else plan.decode
+            return self._charge(p, leg.predicted_cached_tokens)
+
+        plan = await self._wait(p, attempt, cost)
         self.metrics.pd.plans.labels("disaggregated" if plan.split else "aggregated", plan.reason).inc()
         self.metrics.decisions.labels("pd-decode", plan.decode.reason).inc()
         if plan.prefill is not None and plan.split:
@@ -669,6 +767,7 @@ class RequestPipeline:
         waiting request may take the freed capacity.  ``usage``: what vLLM reported, if it did (a split
         request's decode leg reports its prefill instance's cache hit: pass None)."""
         self.router.finished(p.inp.request_id)
+        self._output_known(p, usage)
         self.gate.release()  # (the gate keeps the queue-depth gauge)
         self._reported(p, chosen, usage)
         if p.rec is not None:
@@ -700,8 +799,17 @@ class RequestPipeline:
                     self.metrics.parity_checks.labels(*labels).inc()
 
     def released(self) -> None:
-        """Capacity was freed outside a request (an instance became healthy): wake a waiting request."""
-        self.gate.release()
+        """Capacity was freed outside a request (an instance became healthy): hand it to waiting requests."""
+        self.gate.pump()
+
+
+def _expected_output(body: dict[str, Any], default: int) -> int:
+    """Decode tokens a request is expected to cost: ``default``, at most the ``max_tokens`` it asks."""
+    for key in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
+        v = body.get(key)
+        if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+            return min(v, default)
+    return default
 
 
 def explain(
@@ -752,6 +860,7 @@ def explain(
             "value": {"GPU": 1.0, "CPU": values.cpu, "STORAGE": values.storage, **values.shared},
         },
         "decision_ms": round(elapsed_s * 1e3, 3),
+        "flow": {"tenant": p.flow.tenant, "priority": p.flow.priority, "ignored_headers": p.flow_notes},
     }
     if plan is not None:
         out["disaggregation"] = explain_plan(plan)

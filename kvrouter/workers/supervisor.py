@@ -134,6 +134,7 @@ class Supervisor:
         # Its requests died with it: its load and queue rows count nothing any more.
         self.mem.view("loads")[k] = 0
         self.mem.view("queue")[k] = 0
+        self.mem.view("flow_waiting")[k] = 0
         MetricsBoard(self.mem, k).clear_row(k)  # its last snapshot stays: its replacement starts from it
         now = time.monotonic()
         recent = [t for t in self.deaths[k] if now - t < 60.0]

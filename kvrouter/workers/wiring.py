@@ -6,6 +6,8 @@
                                                    Router(host=RingSync)          (speculative entries)
                                                    UpstreamPool(board=HealthBoard) (health, ejections)
                                                    RequestPipeline(host_queue=QueueBoard, held_host=...)
+                                                     (the limits' queue; its HostFlows: flows' shares
+                                                     and rate limits)
                                                    host_scrape = HostScrape       (the host's /metrics)
 
 Worker 0 is the leader: it alone scrapes engine load (the others read it from the shared loads), runs the

@@ -1,7 +1,10 @@
 """``kvrouter eval --trace FILE | --workload NAME --instances N [--policies ...] [--json OUT]``.
 
 ``--roles 3P1D``: a disaggregated fleet of those instances, run aggregated, disaggregated and conditionally
-disaggregated, each with a kv-aware and a load-only prefill choice (``--setups``), instead of policies."""
+disaggregated, each with a kv-aware and a load-only prefill choice (``--setups``), instead of policies.
+
+``--flows``: the multi-tenant trace (interactive tenants, a noisy one, a low-priority batch one) at each
+``--loads`` multiplier, under every fairness mode in the same runs (``lab.evaluation.flows``)."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from typing import Any
 import msgspec
 
 from kvrouter.lab.evaluation.compare import DEFAULT_POLICIES, EvalSpec, evaluate, table, to_csv
+from kvrouter.lab.evaluation.flows import FlowsSpec, evaluate_flows, flows_table
 from kvrouter.lab.evaluation.pd import DEFAULT_SETUPS, evaluate_pd, pd_table
 from kvrouter.lab.evaluation.virtual_fleet import FleetSimConfig
 from kvrouter.routing import DisaggSettings
@@ -25,6 +29,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src.add_argument("--trace", help="a Mooncake-format JSONL trace")
     src.add_argument("--workload", help="a generated workload (see --list)")
     src.add_argument("--list", action="store_true", help="list the generated workloads and exit")
+    src.add_argument(
+        "--flows", action="store_true", help="tenants and priorities: every fairness mode, same runs"
+    )
+    f = p.add_argument_group("--flows")
+    f.add_argument("--loads", default="1,3", help="arrival-rate multipliers, comma-separated")
+    f.add_argument("--duration", type=float, default=FlowsSpec().duration_s, help="seconds of trace")
+    f.add_argument("--interactive-rate", type=float, default=FlowsSpec().interactive_rate)
+    f.add_argument("--batch-rate", type=float, default=FlowsSpec().batch_rate)
+    f.add_argument("--flows-instances", type=int, default=FlowsSpec().instances)
+    f.add_argument("--flows-max-in-flight", type=int, default=FlowsSpec().max_in_flight)
     p.add_argument(
         "--set", action="append", default=[], metavar="KEY=JSON", help="workload parameter override"
     )
@@ -161,6 +175,8 @@ def run(a: argparse.Namespace) -> int:
         return 0
     if a.tier_grid:
         return _tier_grid(a)
+    if a.flows:
+        return _flows(a)
     try:
         spec = spec_from_args(a)
         if a.roles:
@@ -211,4 +227,31 @@ def _tier_grid(a: argparse.Namespace) -> int:
     if a.json_out:
         with open(a.json_out, "wb") as f:
             f.write(msgspec.json.format(msgspec.json.encode(results), indent=1))
+    return 0
+
+
+def _flows(a: argparse.Namespace) -> int:
+    try:
+        spec = FlowsSpec(
+            loads=tuple(float(x) for x in a.loads.split(",") if x),
+            duration_s=a.duration,
+            interactive_rate=a.interactive_rate,
+            batch_rate=a.batch_rate,
+            instances=a.flows_instances,
+            profile=a.profile,
+            max_in_flight=a.flows_max_in_flight,
+            seed=a.seed,
+        )
+        report = evaluate_flows(
+            spec,
+            jobs=a.jobs,
+            progress=None if a.no_progress else lambda m: print(m, file=sys.stderr, flush=True),
+        )
+    except (ValueError, OSError) as e:
+        print(f"kvrouter eval: {e}", file=sys.stderr)
+        return 2
+    print(flows_table(report))
+    if a.json_out:
+        with open(a.json_out, "wb") as f:
+            f.write(msgspec.json.format(msgspec.json.encode(report), indent=1))
     return 0

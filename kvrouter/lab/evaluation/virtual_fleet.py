@@ -12,8 +12,9 @@ Nothing here routes or models an engine: routing is ``kvrouter.routing.Router`` 
 engine is ``kvrouter.lab.sim.engine.engine.Engine`` behind its ``FrontEnd`` (vLLM's API server: HTTP, the
 renderer's queue, the hop to the engine core, the way back of each output).  This module only keeps the
 clock: a heap of timed actions.
-When the router finds every instance at its cap, requests wait in a FIFO queue (bounded; beyond it they
-are rejected), as in the gateway.
+When the router finds every instance at its cap, requests wait in the gateway's flow queue
+(``kvrouter.flows.FlowQueue``: bounded; by priority and fair share unless ``fairness`` is ``fifo``; a
+request's flow is its ``tenant`` at the priority ``priorities`` gives it), charged as the gateway charges.
 
 A fleet with prefill/decode ``roles`` is planned by ``routing.disagg.DisaggPlanner`` (the gateway's
 ``RequestPipeline.admit_plan`` calls the same), and a split request runs as the gateway runs it::
@@ -31,7 +32,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import random
-from collections import deque
 from collections.abc import Callable
 from functools import partial
 
@@ -40,6 +40,7 @@ import msgspec
 from indexer import Indexer, SourceKey
 from indexer.hashing import I64Array
 from kvrouter.api.requests import prefix_text as api_prefix_text
+from kvrouter.flows import Fairness, Flow, FlowQueue, Refused, Waiter, request_cost
 from kvrouter.lab.sim.engine.engine import CacheConfig, Engine, EngineConfig
 from kvrouter.lab.sim.engine.frontend import FrontEnd
 from kvrouter.lab.sim.engine.payload import PayloadWriter
@@ -83,6 +84,10 @@ class FleetSimConfig(msgspec.Struct, frozen=True):
     """Publish KV events to the router's index.  Policies that never read the index (prefix-hash and the
     baselines) route identically without them, so ``kvrouter eval`` turns them off there to save time."""
     queue_size: int = 100_000
+    fairness: Fairness = "fifo"
+    """How waiting requests are ordered (``kvrouter.flows.config.FAIRNESS``)."""
+    priorities: dict[str, int] = {}
+    """Priority per tenant (``Request.tenant``; others 0)."""
     sample_interval_s: float = 1.0
     seed: int = 0
     frontend: bool = True
@@ -260,7 +265,10 @@ class VirtualFleet:
         self.records: dict[str, RequestRecord] = {}
         self.by_id = {r.id: r for r in workload.requests}
         self.inputs: dict[str, RouteInput] = {}
-        self.queue: deque[str] = deque()
+        self.queue: FlowQueue[str] = FlowQueue(cfg.queue_size, cfg.fairness)
+        self._tickets = itertools.count()
+        self.charged: dict[str, float] = {}
+        """Tokens charged per tenant at admission in the work measure (uncached prompt + output)."""
         self.dependents: dict[str, list[Request]] = {}
         self.finished = 0
         self.load_times: list[float] = []
@@ -351,6 +359,7 @@ class VirtualFleet:
         rec = self.records[rid]
         rec.instance, rec.dispatch_s = d.chosen.target, now
         rec.predicted_cached_tokens = d.chosen.hit_tokens
+        self._charge(rid, d.predicted_cached_tokens)
         self.router.dispatched(inp, d.chosen, now)
         i = self.index[d.chosen.instance]
         self._to_engine(i, rid, now)
@@ -375,12 +384,26 @@ class VirtualFleet:
             at_engine, partial(self._engine_add, i, rid, prefill_leg=prefill_leg, decode_leg=decode_leg)
         )
 
+    def flow(self, rid: str) -> Flow:
+        tenant = self.by_id[rid].tenant or "default"
+        return Flow(tenant, self.cfg.priorities.get(tenant, 0))
+
+    def _charge(self, rid: str, cached_tokens: int) -> None:
+        """Admitted: its flow is charged as the gateway charges it (its output known exactly here)."""
+        r, f = self.by_id[rid], self.flow(rid)
+        n, out = r.num_prompt_tokens, r.max_output_tokens
+        self.queue.charge(f, request_cost(self.cfg.fairness, n, cached_tokens, out))
+        self.charged[f.tenant] = self.charged.get(f.tenant, 0.0) + max(0, n - cached_tokens) + out
+
     def _unrouted(self, rid: str, reason: str, queue_if_full: bool) -> None:
         if reason == "at_capacity" and queue_if_full:
-            if len(self.queue) >= self.cfg.queue_size:
+            try:
+                displaced = self.queue.push(Waiter(rid, self.flow(rid), next(self._tickets)))
+            except Refused:
                 self._reject(rid)
-            else:
-                self.queue.append(rid)
+                return
+            if displaced is not None:
+                self._reject(displaced.item)
         elif queue_if_full:
             self._reject(rid)
 
@@ -395,6 +418,7 @@ class VirtualFleet:
         rec = self.records[rid]
         rec.instance, rec.dispatch_s, rec.pd_reason = d.target, now, plan.reason
         pc = plan.prefill_target
+        self._charge(rid, (pc or d).hit_tokens)
         if pc is None:
             rec.predicted_cached_tokens = d.hit_tokens
             self.router.dispatched(inp, d, now)
@@ -443,8 +467,8 @@ class VirtualFleet:
         self._drain_queue()
 
     def _drain_queue(self) -> None:
-        while self.queue and self._try_route(self.queue[0], queue_if_full=False):
-            self.queue.popleft()
+        while (w := self.queue.best()) is not None and self._try_route(w.item, queue_if_full=False):
+            self.queue.remove(w)
 
     def _prefill_done(self, rid: str, cached: int) -> None:
         """A prefill leg answered: its load is released, its decode leg sent with its params."""

@@ -36,18 +36,21 @@ async def rig() -> AsyncIterator[tuple[SimFleet, Picker, grpc.aio.Channel]]:
     opts = PickerOptions(grpc_port=free_port(), fallbacks=3)
     async with (
         sim_fleet(3) as fleet,
-        picker(fleet, options=opts) as (pk, server),
+        picker(fleet, options=opts, flows={"objectives": {"premium": 5}}) as (pk, server),
         grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch,
     ):
         yield fleet, pk, ch
 
 
-def headers(path: str, *, eos: bool = False, method: str = "POST") -> ProcessingRequest:
+def headers(
+    path: str, *, eos: bool = False, method: str = "POST", extra: dict[str, str] | None = None
+) -> ProcessingRequest:
     hm = HeaderMap(
         headers=[
             HeaderValue(key=":method", raw_value=method.encode()),
             HeaderValue(key=":path", raw_value=path.encode()),
             HeaderValue(key="content-type", raw_value=b"application/json"),
+            *(HeaderValue(key=k, raw_value=v.encode()) for k, v in (extra or {}).items()),
         ]
     )
     return ProcessingRequest(request_headers=HttpHeaders(headers=hm, end_of_stream=eos))
@@ -241,3 +244,24 @@ async def test_a_tenant_key_reaches_the_pipeline_through_the_picker(
             else:
                 assert out.immediate_response.status.code == want, out
             await s.close()
+
+
+async def test_the_inference_objective_names_the_priority(
+    rig: tuple[SimFleet, Picker, grpc.aio.Channel],
+) -> None:
+    _, pk, ch = rig
+    admitted = pk.gw.pipeline.metrics.flows.admitted
+    before = admitted.labels("default", "5")._value.get()
+    s = Stream(ch)
+    await s.send(headers("/v1/completions", extra={"x-gateway-inference-objective": "premium"}), 0)
+    out = await s.send(body(prompt()), 2)
+    assert destination(out[0])
+    await s.close()
+    assert admitted.labels("default", "5")._value.get() == before + 1
+    warnings = pk.gw.pipeline.metrics.flows.header_warnings
+    s = Stream(ch)
+    await s.send(headers("/v1/completions", extra={"x-gateway-inference-objective": "nope"}), 0)
+    out = await s.send(body(prompt()), 2)
+    assert destination(out[0])
+    await s.close()
+    assert warnings.labels("objective", "unknown")._value.get() == 1

@@ -39,11 +39,13 @@ class HeldFleet:
         self.held = 0
         self.served: dict[int, int] = {p: 0 for p in self.ports}
         self.failing: set[int] = set()
+        self.arrived: list[str] = []
+        """Prompts in the order they reached any instance."""
         self._runners: list[web.AppRunner] = []
 
     def app(self, port: int) -> web.Application:
         async def completions(request: web.Request) -> web.Response:
-            await request.read()
+            self.arrived.append((await request.json()).get("prompt", ""))
             self.served[port] += 1
             if port in self.failing:
                 return web.json_response({"error": "boom"}, status=500)
@@ -138,14 +140,16 @@ def children(pid: int) -> list[int]:
         return []
 
 
-async def fresh(method: str, url: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+async def fresh(
+    method: str, url: str, body: dict[str, Any] | None = None, headers: dict[str, str] | None = None
+) -> tuple[int, Any]:
     """One request on a connection of its own (so the kernel picks a worker for it)."""
     conn = aiohttp.TCPConnector(force_close=True)
     # Bounded: a request the gateway wrongly forwards to a held upstream fails the test, not hangs it.
     timeout = aiohttp.ClientTimeout(total=90)
     async with (
         aiohttp.ClientSession(connector=conn, timeout=timeout) as s,
-        s.request(method, url, json=body) as r,
+        s.request(method, url, json=body, headers=headers) as r,
     ):
         return r.status, await r.json(content_type=None)
 
@@ -234,3 +238,60 @@ async def test_the_limits_queue_is_the_hosts(tmp_path: Path) -> None:
 
 
 pytestmark = pytest.mark.skipif(os.cpu_count() is None, reason="needs /proc")
+
+
+async def queue_depth(base: str) -> float:
+    conn = aiohttp.TCPConnector(force_close=True)
+    async with aiohttp.ClientSession(connector=conn) as s, s.get(base + "/metrics") as r:
+        assert r.status == 200
+        for line in (await r.text()).splitlines():
+            if line.startswith("kvrouter_queue_depth "):
+                return float(line.split()[1])
+    return -1.0
+
+
+async def test_priorities_and_rate_limits_are_the_hosts(tmp_path: Path) -> None:
+    """Waiters in both workers are served as one queue: the high-priority tenant's request, queued last,
+    is among the first dispatched; a tenant's rate limit counts its requests in every worker."""
+    flows = {
+        "limits": {"max_in_flight": 1, "queue_size": 16, "queue_timeout_s": 60},
+        "flows": {
+            "tenant_header": "x-tenant",
+            "tenants": {"vip": {"priority": 1}, "capped": {"requests_per_minute": 3}},
+        },
+    }
+    async with HeldFleet(2) as fleet, serve(tmp_path, {**fleet.fleet(), **flows}) as (base, _):
+        first = [asyncio.create_task(fresh("POST", base + "/v1/completions", body(i))) for i in range(2)]
+        await until(lambda: fleet.held == 2, what="both instances at their cap")
+        low = {"x-tenant": "low"}
+        queued = [
+            asyncio.create_task(fresh("POST", base + "/v1/completions", body(10 + i), low)) for i in range(6)
+        ]
+        depth = 0.0
+
+        async def waiting(n: int) -> bool:
+            nonlocal depth
+            depth = await queue_depth(base)
+            return depth >= n
+
+        for _ in range(600):
+            if await waiting(6):
+                break
+            await asyncio.sleep(0.05)
+        assert depth == 6
+        vip = asyncio.create_task(fresh("POST", base + "/v1/completions", body(99), {"x-tenant": "vip"}))
+        for _ in range(600):
+            if await waiting(7):
+                break
+            await asyncio.sleep(0.05)
+        assert depth == 7
+        fleet.release.set()
+        assert [st for st, _ in await asyncio.gather(*first, *queued, vip)] == [200] * 9
+        after = fleet.arrived[2:]
+        assert after.index("prompt number 99") <= 1, after  # two slots freed at once: vip is in the first two
+
+        capped = [
+            await fresh("POST", base + "/v1/completions", body(50 + i), {"x-tenant": "capped"})
+            for i in range(8)
+        ]
+        assert sorted(st for st, _ in capped) == [200] * 3 + [429] * 5

@@ -1,0 +1,35 @@
+"""When and for whom: flows (a tenant at a priority), the queue that serves them by priority and fair
+share, and per-tenant rate limits.  Pure; the request path (``kvrouter.pipeline``) and the evaluator use
+the same classes.
+
+::
+
+    config.py     FlowsConfig, TenantFlow: the fleet file's ``flows:`` section
+    identity.py   identify: a request's flow from its API key's tenant and its headers
+    scheduler.py  FlowQueue: priority first, then the least-served flow; sheds lowest first
+    rate.py       RateLimiter: requests and tokens per minute per tenant
+"""
+
+from .config import FAIRNESS, Fairness, FlowsConfig, TenantFlow
+from .identity import identify
+from .rate import Buckets, BucketStore, LocalBuckets, RateLimiter
+from .scheduler import Flow, FlowAccounts, FlowQueue, LocalAccounts, Refused, Waiter, request_cost
+
+__all__ = [
+    "FAIRNESS",
+    "BucketStore",
+    "Buckets",
+    "Fairness",
+    "Flow",
+    "FlowAccounts",
+    "FlowQueue",
+    "FlowsConfig",
+    "LocalAccounts",
+    "LocalBuckets",
+    "RateLimiter",
+    "Refused",
+    "TenantFlow",
+    "Waiter",
+    "identify",
+    "request_cost",
+]

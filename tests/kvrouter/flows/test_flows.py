@@ -1,0 +1,164 @@
+"""Flows: who a request is for, its rate limits, and the gate that serves waiters by priority and share."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from kvrouter.flows import Flow, FlowsConfig, RateLimiter, TenantFlow, identify
+from kvrouter.pipeline import CapacityGate, QueueFull
+
+CFG = FlowsConfig(
+    tenant_header="x-tenant",
+    tenants={
+        "gold": TenantFlow(priority=2),
+        "free": TenantFlow(priority=0, allow_priority_header=True, max_priority=1),
+        "keyed": TenantFlow(priority=3),
+    },
+)
+KEYED = {"keyed"}
+
+
+def test_a_key_wins_over_the_header_and_a_keyed_tenant_is_never_borrowed() -> None:
+    assert identify(CFG, "gold", {"x-tenant": "free"}, KEYED) == (Flow("gold", 2), [])
+    assert identify(CFG, None, {"x-tenant": "gold"}, KEYED) == (Flow("gold", 2), [])
+    assert identify(CFG, None, {"x-tenant": "keyed"}, KEYED) == (Flow("default", 0), ["tenant:needs_key"])
+    assert identify(CFG, None, {"x-tenant": "x" * 65}, KEYED) == (Flow("default", 0), ["tenant:malformed"])
+    assert identify(CFG, None, {"x-tenant": "  "}, KEYED) == (Flow("default", 0), ["tenant:malformed"])
+    assert identify(CFG, None, {}, KEYED) == (Flow("default", 0), [])
+    assert identify(CFG, None, {"x-tenant": "newco"}, KEYED) == (Flow("newco", 0), [])
+
+
+def test_a_client_raises_its_priority_only_where_allowed() -> None:
+    assert identify(CFG, "gold", {"x-priority": "5"}, KEYED) == (Flow("gold", 2), ["priority:not_allowed"])
+    assert identify(CFG, "gold", {"x-priority": "-1"}, KEYED) == (Flow("gold", -1), [])
+    assert identify(CFG, "free", {"x-priority": "9"}, KEYED) == (Flow("free", 1), [])
+    assert identify(CFG, "free", {"x-priority": "high"}, KEYED) == (Flow("free", 0), ["priority:malformed"])
+
+
+def test_an_inference_objective_sets_the_priority_a_configured_tenant_cannot_be_raised_by() -> None:
+    cfg = FlowsConfig(
+        tenant_header="x-tenant",
+        objectives={"premium": 5, "sheddable": -1},
+        tenants={
+            "gold": TenantFlow(priority=2),
+            "free": TenantFlow(allow_priority_header=True, max_priority=3),
+        },
+    )
+    obj = "x-gateway-inference-objective"
+    assert identify(cfg, None, {obj: "premium"}, KEYED) == (Flow("default", 5), [])
+    assert identify(cfg, None, {obj: "premium", "x-priority": "1"}, KEYED) == (Flow("default", 1), [])
+    assert identify(cfg, "gold", {obj: "premium"}, KEYED) == (Flow("gold", 2), ["objective:not_allowed"])
+    assert identify(cfg, "gold", {obj: "sheddable"}, KEYED) == (Flow("gold", -1), [])
+    assert identify(cfg, "free", {obj: "premium"}, KEYED) == (Flow("free", 3), [])
+    assert identify(cfg, None, {obj: "nope"}, KEYED) == (Flow("default", 0), ["objective:unknown"])
+
+
+def test_rate_limits_refuse_with_the_time_to_wait_and_refill() -> None:
+    lim = RateLimiter(
+        {"t": TenantFlow(requests_per_minute=2, tokens_per_minute=600)}.get  # type: ignore[arg-type]
+    )
+    assert lim.take("t", 100, 0.0) == 0.0
+    assert lim.take("t", 100, 0.0) == 0.0
+    assert lim.take("t", 100, 0.0) == pytest.approx(30.0)  # one request refills in 30 s
+    assert lim.take("t", 100, 30.0) == 0.0
+    assert lim.take("t", 600, 60.0) == 0.0  # both buckets full again (a minute's allowance at most)
+    assert lim.take("t", 100, 60.0) == pytest.approx(30.0)  # the request bucket is the longer wait
+    tokens = RateLimiter({"t": TenantFlow(tokens_per_minute=600)}.get)  # type: ignore[arg-type]
+    assert tokens.take("t", 900, 0.0) == 0.0  # larger than a minute's: passes on a full bucket, in debt
+    assert tokens.take("t", 100, 0.0) == pytest.approx(40.0)  # 300 owed + 100, at 10 tokens/s
+    unlimited = RateLimiter(lambda name: TenantFlow())
+    assert all(unlimited.take("x", 10**9, 0.0) == 0.0 for _ in range(100))
+
+
+class Slots:
+    """Capacity as a counter of free slots: what ``attempt`` claims in the pipeline."""
+
+    def __init__(self, n: int) -> None:
+        self.free = n
+
+    def attempt(self) -> int | None:
+        if self.free <= 0:
+            return None
+        self.free -= 1
+        return 1
+
+    def give_back(self, gate: CapacityGate) -> None:
+        self.free += 1
+        gate.release()
+
+
+async def test_the_gate_serves_higher_priority_first_then_the_least_served_flow() -> None:
+    gate = CapacityGate(16, 5.0, fairness="work")
+    slots = Slots(1)
+    assert await gate.acquire(slots.attempt, Flow("noisy", 0), cost=lambda _: 100.0) == 1
+    order: list[str] = []
+
+    async def one(flow: Flow, name: str) -> None:
+        await gate.acquire(slots.attempt, flow, cost=lambda _: 100.0)
+        order.append(name)
+
+    tasks = [asyncio.create_task(one(Flow("noisy", 0), f"n{i}")) for i in range(3)]
+    await asyncio.sleep(0)
+    tasks.append(asyncio.create_task(one(Flow("calm", 0), "c0")))
+    tasks.append(asyncio.create_task(one(Flow("batch", -1), "b0")))  # sheddable: refused at once
+    tasks.append(asyncio.create_task(one(Flow("vip", 1), "v0")))
+    await asyncio.sleep(0)
+    assert len(gate.queue) == 5
+    for _ in range(5):
+        slots.give_back(gate)
+        await asyncio.sleep(0)
+    done = await asyncio.gather(*tasks, return_exceptions=True)
+    assert isinstance(done[4], QueueFull) and done[4].reason == "sheddable"
+    # vip first; calm's counter is lifted to noisy's (no banked credit), so the tie goes to the earlier
+    # ticket; then calm, whose counter is now the least, before the noisy flow's second request
+    assert order == ["v0", "n0", "c0", "n1", "n2"], order
+
+
+async def test_a_full_queue_displaces_the_lowest_priority_newest_waiter() -> None:
+    gate = CapacityGate(2, 5.0, fairness="work")
+    slots = Slots(0)
+    low = [asyncio.create_task(gate.acquire(slots.attempt, Flow("low", 0))) for _ in range(2)]
+    await asyncio.sleep(0)
+    high = asyncio.create_task(gate.acquire(slots.attempt, Flow("high", 1)))
+    await asyncio.sleep(0)
+    with pytest.raises(QueueFull) as e:
+        await low[1]
+    assert e.value.reason == "displaced" and not low[0].done()
+    with pytest.raises(QueueFull) as e2:  # a newcomer that outranks nobody is refused
+        await gate.acquire(slots.attempt, Flow("low", 0))
+    assert e2.value.reason == "queue_full"
+    slots.give_back(gate)
+    assert await high == 1
+    slots.give_back(gate)
+    assert await low[0] == 1
+
+
+async def test_capacity_handed_to_a_waiter_that_left_is_given_back() -> None:
+    gate = CapacityGate(4, 5.0)
+    slots = Slots(0)
+    undone: list[int] = []
+    t = asyncio.create_task(gate.acquire(slots.attempt, undo=undone.append))
+    await asyncio.sleep(0)
+    slots.free = 1
+    t.cancel()  # the waiter leaves, but before it runs again ...
+    gate.release()  # ... capacity is handed to it
+    with pytest.raises(asyncio.CancelledError):
+        await t
+    assert undone == [1] and len(gate.queue) == 0 and slots.free == 0
+
+
+async def test_a_newcomer_does_not_overtake_a_waiter_of_its_group() -> None:
+    gate = CapacityGate(4, 5.0)
+    slots = Slots(0)
+    first = asyncio.create_task(gate.acquire(slots.attempt, Flow("a", 0), group="m"))
+    await asyncio.sleep(0)
+    slots.free = 1  # freed without a release: the next newcomer of the group must not take it ...
+    late = asyncio.create_task(gate.acquire(slots.attempt, Flow("b", 0), group="m"))
+    await asyncio.sleep(0)
+    assert await first == 1  # ... it waits, and its arrival hands the slot to the one that waited
+    assert not late.done()
+    other = await gate.acquire(lambda: 7, Flow("c", 0), group="other")  # another model is not held up
+    assert other == 7
+    late.cancel()

@@ -1,0 +1,157 @@
+"""Flows through the gateway, in front of a simulated fleet: tenants by API key, priority under saturation,
+per-tenant rate limits, bad flow headers counted and served."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+import pytest_asyncio
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvrouter.flows import Flow
+from kvrouter.lab.sim.server.fleet import SimFleet
+from tests.support.gateway import MODEL, gateway, sim_fleet
+from tests.support.wait import until
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+FLOWS: dict[str, Any] = {
+    "tenants": {
+        "api_keys": {
+            "sk-calm": {"name": "calm"},
+            "sk-noisy": {"name": "noisy"},
+            "sk-vip": {"name": "vip"},
+            "sk-limited": {"name": "limited"},
+        }
+    },
+    "flows": {
+        "tenant_header": "x-tenant",
+        "tenants": {"vip": {"priority": 2}, "limited": {"requests_per_minute": 2}},
+    },
+}
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def fleet() -> AsyncIterator[SimFleet]:
+    async with sim_fleet(2) as f:
+        yield f
+
+
+def samples(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == name:
+                out[tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
+async def chat(s: aiohttp.ClientSession, base: str, key: str, text: str, **headers: str) -> tuple[int, dict]:  # type: ignore[type-arg]
+    h = {"Authorization": f"Bearer {key}", **headers}
+    body = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": text}]}
+    async with s.post(f"{base}/v1/chat/completions", json=body, headers=h) as r:
+        await r.read()
+        return r.status, dict(r.headers)
+
+
+async def test_rate_limited_tenant_gets_429_with_retry_after_and_others_do_not(fleet: SimFleet) -> None:
+    async with gateway(fleet, **FLOWS) as (_, base), aiohttp.ClientSession() as s:
+        got = [await chat(s, base, "sk-limited", f"hello {i}") for i in range(3)]
+        assert [st for st, _ in got] == [200, 200, 429]
+        assert int(got[2][1]["Retry-After"]) >= 25  # a request refills in 30 s
+        assert (await chat(s, base, "sk-calm", "hello"))[0] == 200
+        async with s.get(f"{base}/metrics") as r:
+            assert r.status == 200
+            m = await r.text()
+        assert samples(m, "kvrouter_flow_rate_limited_total") == {(("tenant", "limited"),): 1.0}
+        assert samples(m, "kvrouter_rejections_total")[(("reason", "rate_limited"),)] == 1.0
+
+
+async def test_bad_flow_headers_are_counted_and_served_at_the_default(fleet: SimFleet) -> None:
+    async with gateway(fleet, **FLOWS) as (_, base), aiohttp.ClientSession() as s:
+        # no key: the header may not name a tenant that has a key, nor raise a priority
+        assert (await chat(s, base, "", "a", **{"x-tenant": "vip", "x-priority": "7"}))[0] == 200
+        assert (await chat(s, base, "sk-calm", "b", **{"x-priority": "urgent!"}))[0] == 200
+        assert (await chat(s, base, "", "c", **{"x-tenant": "t" * 100}))[0] == 200
+        async with s.post(
+            f"{base}/v1/route/explain",
+            json={"model": MODEL, "messages": [{"role": "user", "content": "d"}]},
+            headers={"x-tenant": "vip"},
+        ) as r:
+            assert r.status == 200
+            assert (await r.json())["flow"] == {
+                "tenant": "default",
+                "priority": 0,
+                "ignored_headers": ["tenant:needs_key"],
+            }
+        async with s.get(f"{base}/metrics") as r:
+            assert r.status == 200
+            w = samples(await r.text(), "kvrouter_flow_header_warnings_total")
+        assert w[(("header", "tenant"), ("reason", "needs_key"))] == 2.0
+        assert w[(("header", "priority"), ("reason", "not_allowed"))] == 1.0
+        assert w[(("header", "priority"), ("reason", "malformed"))] == 1.0
+        assert w[(("header", "tenant"), ("reason", "malformed"))] == 1.0
+
+
+async def test_under_saturation_the_high_priority_tenant_goes_first(fleet: SimFleet) -> None:
+    over = {**FLOWS, "limits": {"max_in_flight": 1, "queue_size": 64, "queue_timeout_s": 30}}
+    async with gateway(fleet, **over) as (gw, base), aiohttp.ClientSession() as s:
+        for srv in fleet.servers:
+            async with s.post(f"{srv.url}/sim/faults", json={"latency_s": 0.3}) as r:
+                assert r.status == 200
+        try:
+            done: list[str] = []
+
+            async def one(key: str, name: str) -> None:
+                st, _ = await chat(s, base, key, name)
+                assert st == 200
+                done.append(name)
+
+            flood = [asyncio.create_task(one("sk-noisy", f"noisy {i}")) for i in range(8)]
+            await until(lambda: gw.pipeline.gate.waiting >= 6, what="the noisy tenant's backlog")
+            vip = asyncio.create_task(one("sk-vip", "vip"))
+            await until(lambda: gw.pipeline.gate.queue.depth(Flow("vip", 2)) == 1, what="vip waiting")
+            older = gw.pipeline.gate.queue.depth(Flow("noisy", 0))
+            assert older >= 2  # older waiters it must overtake
+            await asyncio.gather(*flood, vip)
+            # The next slot freed is vip's: before it end only the noisy requests not waiting when it came
+            # (done or in flight), and perhaps the one sent to the other slot freed with it.
+            assert done.index("vip") <= 8 - older + 1, (older, done)
+            async with s.get(f"{base}/metrics") as r:
+                assert r.status == 200
+                m = await r.text()
+            admitted = samples(m, "kvrouter_flow_admitted_total")
+            assert admitted[(("priority", "2"), ("tenant", "vip"))] == 1.0
+            assert admitted[(("priority", "0"), ("tenant", "noisy"))] == 8.0
+            assert samples(m, "kvrouter_flow_work_tokens_total")[(("priority", "0"), ("tenant", "noisy"))] > 0
+        finally:
+            for srv in fleet.servers:
+                async with s.post(f"{srv.url}/sim/faults", json={"latency_s": 0.0}) as r:
+                    assert r.status == 200
+
+
+async def test_a_tenants_work_is_its_uncached_prompt_and_its_decode(fleet: SimFleet) -> None:
+    async with gateway(fleet, **FLOWS) as (_, base), aiohttp.ClientSession() as s:
+        body = {
+            "model": MODEL,
+            "max_tokens": 3,
+            "messages": [{"role": "user", "content": "a prompt no one has sent before, about work"}],
+        }
+        async with s.post(
+            f"{base}/v1/chat/completions", json=body, headers={"Authorization": "Bearer sk-vip"}
+        ) as r:
+            assert r.status == 200
+            usage = (await r.json())["usage"]
+        async with s.get(f"{base}/metrics") as r:
+            assert r.status == 200
+            work = samples(await r.text(), "kvrouter_flow_work_tokens_total")
+        # nothing of it was cached anywhere: all its prompt, plus the tokens vLLM reports it generated
+        assert usage["prompt_tokens_details"]["cached_tokens"] == 0
+        assert (
+            work[(("priority", "2"), ("tenant", "vip"))]
+            == usage["prompt_tokens"] + usage["completion_tokens"]
+        )

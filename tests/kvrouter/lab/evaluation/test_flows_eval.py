@@ -1,0 +1,35 @@
+"""The multi-tenant evaluation: its fairness measures, and the virtual fleet's flow queue at work."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvrouter.lab.evaluation.flows import FlowsSpec, flows_trace, jain, max_min_shares, run_case
+
+
+def test_max_min_shares_fill_the_small_demands_and_split_the_rest() -> None:
+    assert max_min_shares([10, 100, 100], 90) == [10, 40, 40]
+    assert max_min_shares([10, 20], 100) == [10, 20]
+    assert jain([1, 1, 1]) == 1.0
+    assert jain([1, 0, 0]) == pytest.approx(1 / 3)
+
+
+def test_a_tenants_requests_are_the_same_in_every_variant() -> None:
+    spec = FlowsSpec(duration_s=5)
+    full = [r.id for r in flows_trace(spec, 1.0).requests if r.tenant == "interactive-1"]
+    nob = [r.id for r in flows_trace(spec, 1.0, batch=False).requests if r.tenant == "interactive-1"]
+    assert full == nob and full
+    assert {r.tenant for r in flows_trace(spec, 1.0, only="interactive-0").requests} == {"interactive-0"}
+
+
+def test_under_overload_fair_queueing_protects_interactive_tenants_that_fifo_does_not() -> None:
+    spec = FlowsSpec(duration_s=8)
+    fifo = run_case(spec, 3.0, "fifo", "full")["tenants"]
+    work = run_case(spec, 3.0, "work", "full")["tenants"]
+    worst = {
+        k: max(t[f"interactive-{i}"]["ttft_p99_s"] for i in range(3))
+        for k, t in (("fifo", fifo), ("work", work))
+    }
+    assert worst["work"] * 3 < worst["fifo"], worst
+    # the low-priority batch tenant waits behind everyone instead
+    assert work["batch"]["ttft_p99_s"] > fifo["batch"]["ttft_p99_s"]
