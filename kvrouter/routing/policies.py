@@ -164,14 +164,23 @@ class KvAware:
         over: set[str] = set()
         busy: set[str] = set()
         if self.s.load_bound and len(cands) > 1:
-            mean = sum(c.in_flight / max(c.weight, 1e-6) for c in cands) / len(cands)
+            n = len(cands)
+            mean = sum(c.in_flight / max(c.weight, 1e-6) for c in cands) / n
             cap = self.s.load_bound * mean + self.s.load_slack
             over = {c.target for c in cands if c.in_flight / max(c.weight, 1e-6) > cap}
             if len(over) == len(cands):
                 over = set()
-            # without load_slack of headroom: a burst of a new prefix placed there would be split by the
-            # bound; in the band such a target comes after those with room
-            busy = {c.target for c in cands if c.in_flight / max(c.weight, 1e-6) > cap - self.s.load_slack}
+            # busy: a burst of a new prefix (load_slack requests) placed there would be split by the bound,
+            # which rises with the burst's own share of the mean; in the band such a target comes after
+            # those with room.  At a few requests in flight none is: replicas whose counts differ by one
+            # or two (their peers' requests, seen a round trip late) then still order the band alike.
+            k = self.s.load_slack
+            busy = {
+                c.target
+                for c in cands
+                if (c.in_flight + k) / max(c.weight, 1e-6)
+                > self.s.load_bound * (mean + k / max(c.weight, 1e-6) / n) + k
+            }
         out = sorted(cands, key=lambda c: (c.target in over, c.score, c.in_flight, -c.cached_tokens))
         band = self._band(out, over)
         if band > 1:
