@@ -164,6 +164,9 @@ async def health(request: web.Request) -> web.Response:
     }
     if gw.host_state is not None:
         body["worker"] = gw.host_state()
+    replicas = gw.replicas_state()
+    if replicas is not None:
+        body["replicas"] = replicas
     return web.json_response(body, status=200 if healthy else 503)
 
 
