@@ -75,6 +75,9 @@ class Candidate(msgspec.Struct):
     hit_tokens: int = 0
     """Prompt tokens vLLM is predicted to report as cached there (every tier in full)."""
     in_flight: int = 0
+    peers_in_flight: int = 0
+    """Of ``in_flight``, what other router replicas have there (shared state, a round trip old; 0 with one
+    router)."""
     pending_prefill_tokens: int = 0
     decoding: int = 0
     weight: float = 1.0
@@ -172,14 +175,18 @@ class KvAware:
                 over = set()
             # busy: a burst of a new prefix (load_slack requests) placed there would be split by the bound,
             # which rises with the burst's own share of the mean; in the band such a target comes after
-            # those with room.  At a few requests in flight none is: replicas whose counts differ by one
-            # or two (their peers' requests, seen a round trip late) then still order the band alike.
+            # those with room.  Judged on this router's own requests: other replicas' come a round trip
+            # late, and a threshold on them puts one target on different sides in different replicas,
+            # which then split a burst of one prefix (each places its share of it by its own view).  The
+            # bound itself counts every replica's requests.
+            own = {c.target: (c.in_flight - c.peers_in_flight) / max(c.weight, 1e-6) for c in cands}
+            own_mean = sum(own.values()) / n
             k = self.s.load_slack
             busy = {
                 c.target
                 for c in cands
-                if (c.in_flight + k) / max(c.weight, 1e-6)
-                > self.s.load_bound * (mean + k / max(c.weight, 1e-6) / n) + k
+                if own[c.target] + k / max(c.weight, 1e-6)
+                > self.s.load_bound * (own_mean + k / max(c.weight, 1e-6) / n) + k
             }
         out = sorted(cands, key=lambda c: (c.target in over, c.score, c.in_flight, -c.cached_tokens))
         band = self._band(out, over)
