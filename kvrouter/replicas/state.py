@@ -2,13 +2,22 @@
 
 ::
 
-    Router.load (own in flight, own prefill) ──┐
-    Indexer.speculative_outbox (entries sent) ──┤
+    Router.load (own in flight, own prefill) ──┐  (several workers: the host's, refreshed)
+    Indexer.speculative_outbox (entries sent) ──┤  only those whose blocks are not stored yet
     ResponseAffinity.outbox (response ids seen) ┴─ request(now) ─▶ SyncRequest ─▶ store (Redis / memory)
                                                                                      │ one round trip
     LoadTracker.set_external(sum of peers) ◀──┬─ apply(reply, now) ◀─ SyncReply ◀────┘
     BlockIndex.add_speculative(peer entries) ◀┤   (with what is left of each entry's TTL)
+    Router.peer_prefill (peer entries) ◀──────┤   (their queued prefill, until the events show it done)
+    Router.host.peers(peer entries) ◀─────────┤   (several workers: to the others, through the rings)
     ResponseAffinity.learned(peer entries) ◀──┘
+
+What a peer reports is a round trip old when read, and older by the next one: a prefill of a few
+milliseconds (a fast fleet, or round trips a busy event loop delays) is long done by then.  So a peer's
+queued prefill counts only as far as its entries' blocks are not yet stored (``routing.PeerPrefill``: the
+events every replica takes in end it at about the same moment everywhere), and an entry whose blocks were
+stored (or stored and evicted again, or expired) before its replica could publish it is not published:
+peers would count the target as holding those blocks for the rest of the entry's TTL.
 
 A published batch is one msgpack map ``{"s": [SpecWire...], "a": [SharedHolder...]}`` (a batch from a
 replica of the release before, a bare list of ``SpecWire``, is still read).  Response ids reach the peers
