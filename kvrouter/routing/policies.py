@@ -75,9 +75,9 @@ class Candidate(msgspec.Struct):
     hit_tokens: int = 0
     """Prompt tokens vLLM is predicted to report as cached there (every tier in full)."""
     in_flight: int = 0
-    peers_in_flight: int = 0
-    """Of ``in_flight``, what other router replicas have there (shared state, a round trip old; 0 with one
-    router)."""
+    others_in_flight: int = 0
+    """Of ``in_flight``, what is not this router's own: other router replicas' requests (shared state, a
+    round trip old) and whatever more the engine reports running or waiting (its last scrape)."""
     pending_prefill_tokens: int = 0
     decoding: int = 0
     weight: float = 1.0
@@ -176,10 +176,11 @@ class KvAware:
             # busy: a burst of a new prefix (load_slack requests) placed there would be split by the bound,
             # which rises with the burst's own share of the mean; in the band such a target comes after
             # those with room.  Judged on this router's own requests: other replicas' come a round trip
-            # late, and a threshold on them puts one target on different sides in different replicas,
-            # which then split a burst of one prefix (each places its share of it by its own view).  The
-            # bound itself counts every replica's requests.
-            own = {c.target: (c.in_flight - c.peers_in_flight) / max(c.weight, 1e-6) for c in cands}
+            # late and the engines' counts a scrape late, each replica's at another moment, and a
+            # threshold on them puts one target on different sides in different replicas, which then
+            # split a burst of one prefix (each places its share of it by its own view).  The bound
+            # itself counts everything in flight.
+            own = {c.target: (c.in_flight - c.others_in_flight) / max(c.weight, 1e-6) for c in cands}
             own_mean = sum(own.values()) / n
             k = self.s.load_slack
             busy = {

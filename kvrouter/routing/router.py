@@ -208,7 +208,7 @@ class Router:
                 t.dp_rank,
                 t.key,
                 in_flight=load.effective_in_flight(),
-                peers_in_flight=min(load.external_in_flight, load.effective_in_flight()),
+                others_in_flight=max(0, load.effective_in_flight() - load.in_flight),
                 pending_prefill_tokens=load.pending_prefill_tokens + self._peers_prefill(t, load, now),
                 decoding=max(load.decoding, load.engine_running - load.prefilling),
                 weight=t.weight,

@@ -240,10 +240,11 @@ def test_deciders_a_request_or_two_apart_in_flight_pick_the_same_target_for_a_ne
 def test_deciders_that_see_each_others_requests_late_pick_the_same_target_for_a_new_prefix(
     n: int, key: int, data: st.DataObject
 ) -> None:
-    """Two replicas with the same requests of their own in flight see each other's a round trip late (a few,
-    on any target; fewer in all than the bound's slack, so none is over it): they still send a new prompt
-    to the same target.  Judged busy on every replica's requests, the target that the last burst went to
-    sat on different sides of the threshold in the two views, and the next burst was split (issue 29)."""
+    """Two replicas with the same requests of their own in flight see each other's a round trip late, and
+    the engines' counts a scrape late (a few more, on any target; fewer in all than the bound's slack, so
+    none is over it): they still send a new prompt to the same target.  Judged busy on everything in
+    flight, the target that the last burst went to sat on different sides of the threshold in the two
+    views, and the next burst was split (issue 29)."""
     footprint = data.draw(st.lists(st.integers(0, 3000), min_size=n, max_size=n))
     own = data.draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))
     views = []
@@ -255,10 +256,10 @@ def test_deciders_that_see_each_others_requests_late_pick_the_same_target_for_a_
                     **{
                         f: getattr(c, f)
                         for f in c.__struct_fields__
-                        if f not in ("in_flight", "peers_in_flight")
+                        if f not in ("in_flight", "others_in_flight")
                     },
                     in_flight=own[c_i] + peers[c_i],
-                    peers_in_flight=peers[c_i],
+                    others_in_flight=peers[c_i],
                 )
                 for c_i, c in enumerate(cand(i, footprint=footprint[i]) for i in range(n))
             ]
