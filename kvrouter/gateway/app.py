@@ -181,6 +181,22 @@ class Gateway:
             return encoder(self.metrics.registry), content_type
         return encoder(Merged(await self.host_scrape.families())), content_type
 
+    def replicas_state(self) -> dict[str, object] | None:
+        """For /health: this process's part in sharing state with other router replicas (None: it shares
+        nothing).  The leader of several workers makes the round trips; another worker reads the other
+        replicas' load from the host's memory and their entries from the leader's ring."""
+        if self.shared is None:
+            return None
+        if self.leader:
+            return {"round_trips": True, **self.shared.status()}
+        self.router.load.refresh()
+        loads = self.router.load.loads.values()
+        return {
+            "round_trips": False,
+            "peers_in_flight": sum(load.external_in_flight for load in loads),
+            "peers_prefill_tokens": sum(load.external_prefill_tokens for load in loads),
+        }
+
     def _health_changed(self, name: str, healthy: bool) -> None:
         for t in self.pool.upstreams[name].targets():
             self.metrics.healthy.labels(t.key).set(1 if healthy else 0)

@@ -194,4 +194,6 @@ class SharedState:
             "peers": self.state.peers,
             "down_for_s": None if self._down_since is None else round(now - self._down_since, 3),
             "unsent_speculative": len(self.state.unsent),
+            "peer_speculative_applied": self.state.applied_entries,
+            "done_before_published": self.state.done_unsent,
         }

@@ -22,9 +22,11 @@ import numpy as np
 
 from indexer import Indexer, InstanceMatch, LookupResult, SourceKey, Trust
 from indexer.hashing import I64Array
+from indexer.indexer import SpeculativeEntry
 
 from ..types import InstanceId, RequestId, Role, TargetKey, target_key
-from .load import LoadTracker
+from .load import InstanceLoad, LoadTracker
+from .peer_prefill import PeerPrefill
 from .policies import KV_AWARE, Candidate, Policy, PolicySettings, RouteView, SessionTable
 from .tier_value import DEFAULT_TIER_VALUES, OWN_TIERS, TierValues, credited_split
 
@@ -131,6 +133,11 @@ class HostSync(Protocol):
     def push(self) -> None:
         """After a dispatch: share this worker's new speculative entries."""
 
+    def peers(self, entries: list[SpeculativeEntry]) -> None:
+        """Other router replicas' entries this worker just took in (its round trip to them): the other
+        workers take them in too, as those replicas' (``now`` is set so that ``now`` + the indexer's TTL
+        is when each ends)."""
+
 
 class Router:
     def __init__(
@@ -140,6 +147,9 @@ class Router:
         self.config = config or RouterConfig()
         self.load = load or LoadTracker()
         self.host: HostSync | None = None
+        self.peer_prefill: PeerPrefill | None = None
+        """Other router replicas' prefill not yet done per target, by the events (``kvrouter.replicas``
+        sets it when replicas share speculative entries): their reported queued prefill counts up to it."""
         self.sessions = SessionTable(self.config.settings.session)
         self._policies: dict[str, Policy] = {}
         self.policy_names = self.config.settings.names()
@@ -200,7 +210,8 @@ class Router:
                 t.dp_rank,
                 t.key,
                 in_flight=load.effective_in_flight(),
-                pending_prefill_tokens=load.effective_pending_prefill_tokens(),
+                others_in_flight=max(0, load.effective_in_flight() - load.in_flight),
+                pending_prefill_tokens=load.pending_prefill_tokens + self._peers_prefill(t, load, now),
                 decoding=max(load.decoding, load.engine_running - load.prefilling),
                 weight=t.weight,
             )
@@ -231,6 +242,14 @@ class Router:
             c.saturated = bool(limit) and c.in_flight >= limit
             out.append(c)
         return out
+
+    def _peers_prefill(self, t: Target, load: InstanceLoad, now: float | None) -> int:
+        """Other replicas' queued prefill at ``t``: their reports, as of their last round trip, capped by
+        what their speculative entries there still have to compute (``PeerPrefill``)."""
+        reported = load.external_prefill_tokens
+        if not reported or self.peer_prefill is None:
+            return reported
+        return min(reported, self.peer_prefill.tokens(SourceKey(t.instance, t.dp_rank), now, self.indexer))
 
     # ------------------------------------------------------------------ deciding
     def route(
