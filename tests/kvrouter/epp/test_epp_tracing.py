@@ -51,7 +51,7 @@ async def test_the_pickers_exchange_is_one_trace_into_vllm(fleet: SimFleet, tmp_
                 got = [tp for srv in fleet.servers for tp in srv.instance.trace_contexts]
                 sink = pk.gw.telemetry.sink
                 assert sink is not None
-                await until(lambda: pk.m.open_streams._value.get() == 0, 20, "the stream closed")
+                await until(lambda: pk.metrics.open_streams._value.get() == 0, what="the stream closed")
                 await asyncio.get_running_loop().run_in_executor(None, sink.force_flush)
                 trace_id = f"{client_trace:032x}"
                 await until(lambda: len(rx.trace(trace_id)) >= 9, 20, "the picker's spans")
