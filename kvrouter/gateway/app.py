@@ -39,7 +39,7 @@ from ..api.requests import ParsedRequest
 from ..config import RouterFleetConfig
 from ..host.metric_merge import Merged
 from ..pipeline import PassThroughTokens, RequestPipeline, TokenSource
-from ..replicas import SharedState, WarmRestart, mark_restored, store_for
+from ..replicas import PrefixClaims, SharedState, WarmRestart, mark_restored, store_for
 from ..routing import Router
 from ..telemetry import Telemetry
 from ..telemetry.metrics import TelemetryCollector
@@ -122,6 +122,14 @@ class Gateway:
             if rep.redis_url
             else None
         )
+        self.claims = (
+            PrefixClaims(rep, self.indexer.speculative_ttl, registry=self.metrics.registry)
+            if self.shared is not None and rep.speculative and rep.claim_new_prefixes
+            else None
+        )
+        if self.shared is not None and self.claims is not None:
+            self.pipeline.claims = self.claims
+            self.pipeline.publish_now = self.shared.nudge
         store = store_for(cfg.snapshot, rep.redis_url)
         self.warm = (
             WarmRestart(
@@ -389,6 +397,8 @@ class Gateway:
         await self.membership.stop()
         if self.shared is not None and self.leader:
             await self.shared.stop()
+        if self.claims is not None:
+            await self.claims.close()
         await self.pool.stop()
         if self.subscriber:
             await self.subscriber.stop()

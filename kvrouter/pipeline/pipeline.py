@@ -129,6 +129,15 @@ def bearer(authorization: str | None) -> str:
     return a[7:].strip() if a.lower().startswith("bearer ") else ""
 
 
+class PlacementClaims(Protocol):
+    """Where router replicas agree to place a prompt no target holds (``replicas.PrefixClaims``)."""
+
+    async def claim(self, chain: int, target: str) -> str | None:
+        """The target for the prompt whose first block is ``chain``: ``target`` if this call claimed it,
+        another replica's claim if one lives, None if unknown (then the local view decides)."""
+        ...
+
+
 class RequestPipeline:
     def __init__(
         self,
@@ -163,6 +172,10 @@ class RequestPipeline:
         """Requests held right now (reading, routing, queued or proxied)."""
         self.held_host: HeldCount | None = None
         """The host's count of held requests (several workers: ``limits.max_requests`` bounds them all)."""
+        self.claims: PlacementClaims | None = None
+        self.publish_now: Callable[[], None] | None = None
+        """Router replicas sharing state (``replicas.claim_new_prefixes``): a prompt no target holds is
+        placed where the first replica to place it claimed, and its placement published at once."""
         self._ids = itertools.count()
         self.id_prefix = "r"
         """Request ids are ``<prefix><n>``: unique in this process (each worker of a host has its own)."""
@@ -405,6 +418,7 @@ class RequestPipeline:
         ``Overloaded`` (queue full or timed out), ``ServiceUnavailable`` (no healthy target)."""
 
         tries = [time.time_ns() if p.rec is not None else 0, 0, 0]  # admission began, last try began, tries
+        await self._follow_claim(p, only)
 
         def attempt() -> Decision | None:
             if p.rec is not None:
@@ -452,6 +466,29 @@ class RequestPipeline:
         if wait_ns:
             rec.phase("kvrouter.queue_wait", began, last, {"kvrouter.queue_depth": self.gate.waiting})
 
+    async def _follow_claim(self, p: Prepared, only: Collection[str] | None) -> None:
+        """A prompt no target holds: the target this router would pick is claimed for it among the
+        replicas, or another replica's claim is followed (the prompt is expected there, so the decision
+        that follows weighs it as any expected prefix, load bound included)."""
+        chains = p.inp.chains
+        if self.claims is None or p.pinned is not None or chains is None or not self.router.new_prefix(p.inp):
+            return
+        d = self.decide(p, only=only, dry_run=True, shadow=False)
+        if d.chosen is None:
+            return
+        owner = await self.claims.claim(int(chains[0]), d.chosen.target)
+        if owner is None or owner == d.chosen.target:
+            return
+        for c in d.ranked:
+            if c.target == owner:
+                self.router.expect(p.inp, c, time.monotonic())
+                return
+
+    def _placed(self, chosen: Candidate) -> None:
+        """Sent where nothing of the prompt was expected: the other replicas are told at once."""
+        if self.publish_now is not None and chosen.cached_tokens == 0:
+            self.publish_now()
+
     async def _wait(self, attempt: Callable[[], _T | None]) -> _T:
         try:
             return await self.gate.acquire(attempt)  # (the gate keeps the queue-depth gauge)
@@ -490,6 +527,7 @@ class RequestPipeline:
         instance) has capacity, waiting in the gate while every decode instance is at its cap."""
 
         tries = [time.time_ns() if p.rec is not None else 0, 0, 0]
+        await self._follow_claim(p, None)
 
         def attempt() -> PDPlan | None:
             if p.rec is not None:
@@ -534,6 +572,7 @@ class RequestPipeline:
         """A split request's prefill leg is on its way to ``chosen`` (its own load, under ``leg_id``)."""
         self.router.dispatched(p.inp, chosen, time.monotonic(), request_id=leg_id(p.inp.request_id))
         self._predicted(chosen)
+        self._placed(chosen)
         self.metrics.pd.legs.labels("prefill", chosen.target).inc()
         self._upstream(p, "prefill", chosen)
 
@@ -597,6 +636,7 @@ class RequestPipeline:
             self.metrics.pd.legs.labels("decode", chosen.target).inc()
         else:
             self._predicted(chosen)
+            self._placed(chosen)
         self.parity.routed(p.req, p.tokens, chosen.instance)
         self._upstream(p, "decode" if received else "whole", chosen)
 

@@ -7,6 +7,9 @@
                        past lease_s without success, drop the peers' load; read the whole window again
                        on the first success after an outage (resynchronised)
 
+    after placing a prompt no target held (``nudge``): the next round trip at once, to publish it
+                       (``replicas.claim_new_prefixes``)
+
 Lifecycle: ``await start()`` once the router exists (it turns on ``Indexer.speculative_outbox``),
 ``await stop()`` on shutdown (cancels the task, drops this replica's lease in the store at once, bounded
 by ``timeout_s``).  Nothing here runs on the request path.
@@ -95,6 +98,8 @@ class SharedState:
         self._down_since: float | None = None
         self._started = 0.0
         self._reported = (0, 0)  # (applied, dropped) already added to the counters
+        self._kick = asyncio.Event()
+        """Set: the loop starts its next round trip now rather than at the end of the interval."""
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -128,8 +133,18 @@ class SharedState:
         interval = self.config.interval_s
         while True:
             t0 = self.clock()
+            self._kick.clear()
             await self.sync_once()
-            await asyncio.sleep(max(0.0, interval - (self.clock() - t0)))
+            left = interval - (self.clock() - t0)
+            if left > 0 and not self._kick.is_set():
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(left):
+                        await self._kick.wait()
+
+    def nudge(self) -> None:
+        """Start the next round trip now (this replica just placed a new prompt: publish it)."""
+        if self._task is not None:
+            self._kick.set()
 
     # ------------------------------------------------------------------ one round trip
     async def sync_once(self) -> bool:

@@ -22,6 +22,7 @@ import numpy as np
 
 from indexer import Indexer, InstanceMatch, LookupResult, SourceKey, Trust
 from indexer.hashing import I64Array
+from indexer.index import BlockIndex
 from indexer.indexer import SpeculativeEntry
 
 from ..types import InstanceId, RequestId, Role, TargetKey, target_key
@@ -329,6 +330,22 @@ class Router:
         return out
 
     # ------------------------------------------------------------------ accounting
+    def new_prefix(self, inp: RouteInput) -> bool:
+        """No target holds the prompt's first block, stored or expected (a local index only): placing it
+        is a choice the router makes from its view of the load alone."""
+        chains = inp.chains
+        index = self.indexer.index
+        if chains is None or not len(chains) or not isinstance(index, BlockIndex):
+            return False
+        return not index.held_by_any(int(chains[0]))
+
+    def expect(self, inp: RouteInput, at: Candidate, now: float) -> None:
+        """Another router replica is placing this prompt at ``at`` (its claim): expect its blocks there as
+        a speculative entry of this index alone (that replica publishes its own)."""
+        if inp.chains is not None and len(inp.chains) and isinstance(self.indexer.index, BlockIndex):
+            src = SourceKey(at.instance, at.dp_rank)
+            self.indexer.index.add_speculative(src, inp.chains, now=now, ttl=self.indexer.speculative_ttl)
+
     def dispatched(
         self,
         inp: RouteInput,

@@ -81,6 +81,7 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--groups", type=int, default=16)
     # Each of these replaces the scenario's own value (replicas_scenarios.SCENARIOS) in every scenario run.
     ap.add_argument("--capacity-blocks", type=int, default=None, help="KV blocks per instance (16 tokens)")
+    ap.add_argument("--profile", default=None, help="the fleet's timing profile (kvrouter sim --profile)")
     ap.add_argument("--speed", type=float, default=None, help="the fleet runs this many times its profile")
     ap.add_argument("--system-words", type=int, default=None)
     ap.add_argument("--question-words", type=int, default=None)
@@ -110,6 +111,7 @@ def scenario(a: argparse.Namespace, name: str) -> Scenario:
     """The named scenario with the command line's replacements."""
     fields = {
         "capacity_blocks": a.capacity_blocks,
+        "profile": a.profile,
         "speed": a.speed,
         "system_words": a.system_words,
         "question_words": a.question_words,
@@ -225,6 +227,7 @@ class Stack:
             "--speed", str(sc.speed),
             "--answer-tokens", "0",
             "--seed", str(a.seed),
+            *(("--profile", sc.profile) if sc.profile else ()),
         )  # fmt: skip
         self.serves: list[ServeProcess] = []
         self.urls: list[str] = []

@@ -4,9 +4,10 @@
 paced    the bench's own: a slow fleet (a quarter of its profile's speed, 400 blocks per instance), one
          client at Poisson 3 req/s (interleaved, 10 prompts per group) or bursts of 8 of one new prompt
          every 0.5 s, 1,400-token prompts, 40-token questions, 24 output tokens
-clients  issue 29's: a fast fleet (20 x its profile, 420 blocks: not every prompt fits), 8 concurrent
-         clients (closed loop: each sends its next request when the last one is answered), 10 chats of
-         a short question per prompt, 4 output tokens; prompts of 1,800 tokens (about 1,400 English words)
+clients  issue 29's: a fast fleet (the ``test`` profile at 20x, 420 blocks: not every prompt fits),
+         8 concurrent clients (closed loop: each sends its next request when the last one is answered),
+         10 chats of a short question per prompt, 4 output tokens; prompts of 1,800 tokens (about 1,400
+         English words)
 
 The live requests go round-robin over the routers (request i to router i mod N), as from a load balancer.
 """
@@ -23,6 +24,8 @@ WORKLOADS = ("interleaved", "bursts")
 
 
 class Scenario(msgspec.Struct, frozen=True, kw_only=True):
+    profile: str | None = None
+    """The simulated fleet's timing profile (``kvrouter sim --profile``; None: the simulator's default)."""
     speed: float
     """The simulated fleet runs this many times faster than its profile (``kvrouter sim --speed``)."""
     capacity_blocks: int
@@ -54,6 +57,7 @@ SCENARIOS: dict[str, Scenario] = {
         burst=8,
     ),
     "clients": Scenario(
+        profile="test",
         speed=20.0,
         capacity_blocks=420,
         system_words=1800,

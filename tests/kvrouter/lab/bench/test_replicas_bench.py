@@ -50,7 +50,13 @@ def test_the_clients_scenario_is_issue_29s() -> None:
     come back)."""
     a = args()
     sc = rb.scenario(a, "clients")
-    assert (sc.clients, sc.speed, sc.capacity_blocks, sc.output_tokens) == (8, 20.0, 420, 4)
+    assert (sc.clients, sc.profile, sc.speed, sc.capacity_blocks, sc.output_tokens) == (
+        8,
+        "test",
+        20.0,
+        420,
+        4,
+    )
     i = workload(sc, "interleaved", groups=16, seed=0)
     b = workload(sc, "bursts", groups=16, seed=0)
     assert len(i.requests) == len(b.requests) == 160
@@ -59,6 +65,8 @@ def test_the_clients_scenario_is_issue_29s() -> None:
     assert sorted(r.id for r in i.requests) == sorted(r.id for r in b.requests)
     assert rb.scenario(args("--clients", "4", "--speed", "5"), "clients").clients == 4
     assert rb.scenario(args("--speed", "5"), "paced").speed == 5.0
+    assert rb.scenario(args("--profile", "qwen3-32b-2xh100"), "clients").profile == "qwen3-32b-2xh100"
+    assert rb.scenario(args(), "paced").profile is None  # the simulator's default
     with pytest.raises(ValueError, match="workload"):
         workload(sc, "steady", groups=16, seed=0)
 
