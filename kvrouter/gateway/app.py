@@ -130,6 +130,7 @@ class Gateway:
         if self.shared is not None and self.claims is not None:
             self.pipeline.claims = self.claims
             self.pipeline.publish_now = self.shared.nudge
+            self.pipeline.peers_fresh = self.shared.fresh
         store = store_for(cfg.snapshot, rep.redis_url)
         self.warm = (
             WarmRestart(

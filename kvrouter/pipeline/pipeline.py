@@ -174,8 +174,10 @@ class RequestPipeline:
         """The host's count of held requests (several workers: ``limits.max_requests`` bounds them all)."""
         self.claims: PlacementClaims | None = None
         self.publish_now: Callable[[], None] | None = None
+        self.peers_fresh: Callable[[], Awaitable[None]] | None = None
         """Router replicas sharing state (``replicas.claim_new_prefixes``): a prompt no target holds is
-        placed where the first replica to place it claimed, and its placement published at once."""
+        placed once the other replicas' latest placements are known (``peers_fresh``, the worker that makes
+        the round trips), where the first replica to place it claimed, and published at once."""
         self._ids = itertools.count()
         self.id_prefix = "r"
         """Request ids are ``<prefix><n>``: unique in this process (each worker of a host has its own)."""
@@ -473,6 +475,10 @@ class RequestPipeline:
         chains = p.inp.chains
         if self.claims is None or p.pinned is not None or chains is None or not self.router.new_prefix(p.inp):
             return
+        if self.peers_fresh is not None:
+            await self.peers_fresh()
+            if not self.router.new_prefix(p.inp):
+                return  # a peer's entry for it came in: the decision follows it
         d = self.decide(p, only=only, dry_run=True, shadow=False)
         if d.chosen is None:
             return

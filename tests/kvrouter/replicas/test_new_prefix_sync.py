@@ -80,7 +80,8 @@ async def test_a_replica_that_follows_a_claim_routes_to_the_claimed_target(claim
 
 
 async def test_an_unreachable_store_costs_one_wait_then_none() -> None:
-    """No Redis answers: the claim fails once (counted), and is not asked for again for ``lease_s``."""
+    """No Redis answers: the claim fails once (counted), and is not asked for again for ``lease_s``; a
+    decision does not wait for a round trip either."""
     reg = CollectorRegistry()
     c = PrefixClaims(config(f"redis://127.0.0.1:{free_port()}/0", "c", timeout_s=0.2), 5.0, registry=reg)
     try:
@@ -89,10 +90,20 @@ async def test_an_unreachable_store_costs_one_wait_then_none() -> None:
         assert (sample(reg, "error"), sample(reg, "skipped")) == (1.0, 1.0)
     finally:
         await c.close()
+    s = SharedState(router(), config(f"redis://127.0.0.1:{free_port()}/0", "c", timeout_s=0.2))
+    await s.start()
+    try:
+        await s.fresh()  # no round trip can succeed: not waited for
+        assert s.fresh_waits == 0 and not s.status()["up"]
+    finally:
+        await s.stop()
 
 
-async def test_a_new_placement_is_published_without_waiting_for_the_interval(ns_flush: RedisServer) -> None:
-    """At a 30 s interval only a nudge publishes a's entry before the test ends."""
+async def test_a_new_placement_is_published_and_read_without_waiting_for_the_interval(
+    ns_flush: RedisServer,
+) -> None:
+    """At a 30 s interval only a nudge (after a's placement) and a fresh round trip (before b's) carry a's
+    entry to b before the test ends."""
     ra, rb = router(), router()
     slow = {"interval_s": 30.0, "lease_s": 60.0}
     a = SharedState(ra, config(ns_flush.url, "a", **slow), registry=CollectorRegistry())
@@ -104,7 +115,9 @@ async def test_a_new_placement_is_published_without_waiting_for_the_interval(ns_
         assert first.chosen is not None
         a.nudge()
         await until(lambda: ra.indexer.speculative_outbox == [] and a.state.unsent == [], what="published")
-        assert await b.sync_once()
+        assert rb.new_prefix(prompt(5))
+        await b.fresh()  # before b places a new prompt: a round trip now, not at the interval
+        assert (b.fresh_waits, b.fresh_timeouts) == (1, 0)
         assert not rb.new_prefix(prompt(5))
         d = rb.route(prompt(5), TARGETS, time.monotonic())
         assert d.chosen is not None and d.chosen.target == first.chosen.target and d.reason == "cache"
