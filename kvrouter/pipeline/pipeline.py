@@ -470,8 +470,8 @@ class RequestPipeline:
 
     async def _follow_claim(self, p: Prepared, only: Collection[str] | None) -> None:
         """A prompt no target holds: the target this router would pick is claimed for it among the
-        replicas, or another replica's claim is followed (the prompt is expected there, so the decision
-        that follows weighs it as any expected prefix, load bound included)."""
+        replicas, or another replica's claim is followed; either way the prompt is then expected there, so
+        the decision that follows weighs it as any expected prefix (load bound included)."""
         chains = p.inp.chains
         if self.claims is None or p.pinned is not None or chains is None or not self.router.new_prefix(p.inp):
             return
@@ -483,8 +483,8 @@ class RequestPipeline:
         if d.chosen is None:
             return
         owner = await self.claims.claim(int(chains[0]), d.chosen.target)
-        if owner is None or owner == d.chosen.target:
-            return
+        # The claim's target, this router's own included: the view may change while the claim is made,
+        # and a decision on the new view must still go where the others will follow.
         for c in d.ranked:
             if c.target == owner:
                 self.router.expect(p.inp, c, time.monotonic())

@@ -80,8 +80,9 @@ class PrefixClaims:
         self._script = client.register_script(_CLAIM)
         self.outcomes = Counter(
             "kvrouter_shared_state_prefix_claims",
-            "Placements of a prompt no target held: claimed first (won), another replica's claim followed, "
-            "or none (error: the claim failed; skipped: not asked, a recent one failed)",
+            "Placements of a prompt no target held: the claim names the target this router chose (won: "
+            "its own claim, or one that agrees), another target (followed), or none (error: the claim "
+            "failed; skipped: not asked, a recent one failed)",
             ["outcome"],
             registry=registry,
         )
