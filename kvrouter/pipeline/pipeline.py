@@ -177,7 +177,8 @@ class RequestPipeline:
         self.peers_fresh: Callable[[], Awaitable[None]] | None = None
         """Router replicas sharing state (``replicas.claim_new_prefixes``): a prompt no target holds is
         placed once the other replicas' latest placements are known (``peers_fresh``, the worker that makes
-        the round trips), where the first replica to place it claimed, and published at once."""
+        the round trips), where the first replica to place it claimed, and published at once (a
+        disaggregated plan is made on this router's view alone)."""
         self._ids = itertools.count()
         self.id_prefix = "r"
         """Request ids are ``<prefix><n>``: unique in this process (each worker of a host has its own)."""
@@ -420,7 +421,7 @@ class RequestPipeline:
         ``Overloaded`` (queue full or timed out), ``ServiceUnavailable`` (no healthy target)."""
 
         tries = [time.time_ns() if p.rec is not None else 0, 0, 0]  # admission began, last try began, tries
-        await self._follow_claim(p, only)
+        new = await self._new_prompt(p)
 
         def attempt() -> Decision | None:
             if p.rec is not None:
@@ -430,6 +431,9 @@ class RequestPipeline:
             return None if d.reason == "at_capacity" else d
 
         d = await self._wait(attempt)
+        if new and d.chosen is not None and await self._claim_elsewhere(p, d):
+            self.unclaim(p)  # decided again, for the claimed target
+            d = await self._wait(attempt)
         self._record(d)
         self.metrics.decision_seconds.observe(time.perf_counter() - p.started, p.exemplar())
         if p.rec is not None:
@@ -468,27 +472,28 @@ class RequestPipeline:
         if wait_ns:
             rec.phase("kvrouter.queue_wait", began, last, {"kvrouter.queue_depth": self.gate.waiting})
 
-    async def _follow_claim(self, p: Prepared, only: Collection[str] | None) -> None:
-        """A prompt no target holds: the target this router would pick is claimed for it among the
-        replicas, or another replica's claim is followed; either way the prompt is then expected there, so
-        the decision that follows weighs it as any expected prefix (load bound included)."""
-        chains = p.inp.chains
-        if self.claims is None or p.pinned is not None or chains is None or not self.router.new_prefix(p.inp):
-            return
+    async def _new_prompt(self, p: Prepared) -> bool:
+        """Whether ``p`` is a prompt no target holds and router replicas claim such placements; the other
+        replicas' latest placements are taken in first (``peers_fresh``), which may answer no."""
+        if self.claims is None or p.pinned is not None or not self.router.new_prefix(p.inp):
+            return False
         if self.peers_fresh is not None:
             await self.peers_fresh()
-            if not self.router.new_prefix(p.inp):
-                return  # a peer's entry for it came in: the decision follows it
-        d = self.decide(p, only=only, dry_run=True, shadow=False)
-        if d.chosen is None:
-            return
-        owner = await self.claims.claim(int(chains[0]), d.chosen.target)
-        # The claim's target, this router's own included: the view may change while the claim is made,
-        # and a decision on the new view must still go where the others will follow.
+        return self.router.new_prefix(p.inp)
+
+    async def _claim_elsewhere(self, p: Prepared, d: Decision) -> bool:
+        """Claim ``d``'s target for the new prompt among the replicas.  True when another replica's claim
+        names another target: the prompt is then expected there (as a peer's speculative entry would say),
+        and the decision must be made again, weighing it as any expected prefix (load bound included)."""
+        assert self.claims is not None and d.chosen is not None and p.inp.chains is not None
+        owner = await self.claims.claim(int(p.inp.chains[0]), d.chosen.target)
+        if owner is None or owner == d.chosen.target:
+            return False
         for c in d.ranked:
             if c.target == owner:
                 self.router.expect(p.inp, c, time.monotonic())
-                return
+                return True
+        return False
 
     def _placed(self, chosen: Candidate) -> None:
         """Sent where nothing of the prompt was expected: the other replicas are told at once."""
@@ -533,7 +538,6 @@ class RequestPipeline:
         instance) has capacity, waiting in the gate while every decode instance is at its cap."""
 
         tries = [time.time_ns() if p.rec is not None else 0, 0, 0]
-        await self._follow_claim(p, None)
 
         def attempt() -> PDPlan | None:
             if p.rec is not None:
