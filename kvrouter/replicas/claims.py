@@ -3,9 +3,10 @@ Redis; a replica placing the same prompt while the claim lives follows it.
 
 ::
 
-    pipeline: new prefix (no target holds its first block) ─▶ decide (dry run): target T
+    pipeline: new prefix (no target holds its first block) ─▶ decide: target T
               ─▶ PrefixClaims.claim(first block's chain, T) ─▶ one Lua call: the claim's target, T if none
-              ─▶ owner ≠ T: the owner is expected to hold the prompt (a speculative entry there) ─▶ decide
+              ─▶ owner ≠ T: T's slot given back, the owner expected to hold the prompt (a speculative
+                 entry there, in this index alone) ─▶ decide again
 
     P:claim:<chain>   string  target key    PX ttl      (P = ``{namespace}:replicas``, as the sync keys)
 
