@@ -42,6 +42,9 @@ _U64 = (1 << 64) - 1
 # fifth of the vectorised path's temporary maps.
 _SMALL_BATCH = 16
 MEDIA = tuple(Medium)
+SPECULATIVE_BIT = 1 << SPECULATIVE
+"""``holding``'s bit for a speculative entry; bit ``m`` is medium ``m``."""
+STORED_BITS = SPECULATIVE_BIT - 1
 _NO_COUNTS = np.zeros(3, dtype=np.int64)
 
 
@@ -418,6 +421,15 @@ class BlockIndex:
 
     def speculative_entries(self) -> int:
         return sum(len(m) for m in self._spec_expiry.values())
+
+    def holding(self, source: SourceKey, chains: I64Array) -> npt.NDArray[np.uint8]:
+        """Per chain, how ``source`` holds it: bit ``m`` for each medium ``m`` it is stored in (GPU 0, CPU 1,
+        STORAGE 2) and ``SPECULATIVE_BIT`` while a speculative entry counts it (0: not at all).  An entry
+        past its expiry that no ``expire`` has dropped yet still shows."""
+        slot = self._slots.get(source)
+        if slot is None or not len(chains):
+            return np.zeros(len(chains), dtype=np.uint8)
+        return self._chains.kinds(np.ascontiguousarray(chains, dtype=np.int64), slot // GROUP, _bit(slot))
 
     @property
     def _spec(self) -> list[dict[int, int]]:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 import numpy as np
+import numpy.typing as npt
 
 from . import fast_apply, fast_wire
 from . import snapshot as _snapshot
@@ -391,6 +392,13 @@ class Indexer:
         traffic sent there fills.  Every router that takes in the same events and speculative entries
         counts the same."""
         return self.index.blocks(source)[Medium.GPU] + self.index.speculative_blocks(source)
+
+    def holding(self, source: SourceKey, chains: I64Array) -> npt.NDArray[np.uint8] | None:
+        """Per chain, how ``source`` holds it (``BlockIndex.holding``: one bit per medium stored in, and
+        ``SPECULATIVE_BIT`` for an entry not yet confirmed).  None when the index lives out of process."""
+        if not isinstance(self.index, BlockIndex):
+            return None
+        return self.index.holding(source, chains)
 
     # ------------------------------------------------------------------ speculative entries
     def add_speculative(self, source: SourceKey, chains: I64Array, *, now: float) -> None:

@@ -40,8 +40,9 @@ from ..config import RouterFleetConfig
 from ..host import HealthBoard, HostLoads, QueueBoard
 from ..host.metric_merge import Merged
 from ..pipeline import PassThroughTokens, RequestPipeline, TokenSource
-from ..replicas import SharedState, WarmRestart, mark_restored, store_for
+from ..replicas import PrefixClaims, SharedState, WarmRestart, mark_restored, store_for
 from ..routing import LoadTracker, Router
+from ..routing.peer_prefill import PeerPrefill
 from ..routing.router import HostSync
 from ..telemetry import Telemetry
 from ..telemetry.metrics import TelemetryCollector
@@ -80,7 +81,9 @@ class WorkerShare(Protocol):
     @property
     def leader(self) -> bool: ...
 
-    def ring_sync(self, indexer: Indexer, *, keep_outbox: bool) -> HostSync:
+    def ring_sync(
+        self, indexer: Indexer, *, keep_outbox: bool, peer_prefill: PeerPrefill | None = None
+    ) -> HostSync:
         """The router's exchange of speculative entries with the other workers."""
 
     def scrape(
@@ -115,14 +118,20 @@ class Gateway:
         remote_index = cfg.gateway.indexer_url is not None
         self.indexer = Indexer.for_fleet(cfg, reserve=not remote_index)
         self.subscriber = EventSubscriber(self.indexer, cfg) if subscribe and not remote_index else None
+        rep = cfg.replicas
+        # Other replicas' queued prefill, when replicas share speculative entries (``replicas.state``).
+        peer_prefill = PeerPrefill(cfg.block_size) if rep.redis_url and rep.speculative else None
         self.router = Router(
             self.indexer,
             cfg.router_config(policy),
             load=LoadTracker(host.loads if host is not None else None),
             # The leader keeps the whole host's entries for the replicas to publish, when they share.
-            host=host.ring_sync(self.indexer, keep_outbox=host.leader and bool(cfg.replicas.redis_url))
+            host=host.ring_sync(
+                self.indexer, keep_outbox=host.leader and bool(rep.redis_url), peer_prefill=peer_prefill
+            )
             if host is not None
             else None,
+            peer_prefill=peer_prefill,
         )
         self.metrics = GatewayMetrics()
         self.metrics.registry.register(IndexerCollector(self.indexer, self.subscriber))
@@ -158,12 +167,20 @@ class Gateway:
             id_prefix=f"w{host.me}-r" if host is not None else "r",
         )
         self.adapters = AdapterManager(self.pool, self.pipeline, cfg.lora)
-        rep = cfg.replicas
         self.shared = (
             SharedState(self.router, rep, registry=self.metrics.registry, affinity=self.pipeline.affinity)
             if rep.redis_url
             else None
         )
+        self.claims = (
+            PrefixClaims(rep, self.indexer.speculative_ttl, registry=self.metrics.registry)
+            if self.shared is not None and rep.speculative and rep.claim_new_prefixes
+            else None
+        )
+        if self.shared is not None and self.claims is not None:
+            self.pipeline.claims = self.claims
+            self.pipeline.publish_now = self.shared.nudge
+            self.pipeline.peers_fresh = self.shared.fresh
         store = store_for(cfg.snapshot, rep.redis_url)
         self.warm = (
             WarmRestart(
@@ -226,6 +243,22 @@ class Gateway:
             self.refresh_gauges()
             return encoder(self.metrics.registry), content_type
         return encoder(Merged(await self.host_scrape.families())), content_type
+
+    def replicas_state(self) -> dict[str, object] | None:
+        """For /health: this process's part in sharing state with other router replicas (None: it shares
+        nothing).  The leader of several workers makes the round trips; another worker reads the other
+        replicas' load from the host's memory and their entries from the leader's ring."""
+        if self.shared is None:
+            return None
+        if self.leader:
+            return {"round_trips": True, **self.shared.status()}
+        self.router.load.refresh()
+        loads = self.router.load.loads.values()
+        return {
+            "round_trips": False,
+            "peers_in_flight": sum(load.external_in_flight for load in loads),
+            "peers_prefill_tokens": sum(load.external_prefill_tokens for load in loads),
+        }
 
     def _health_changed(self, name: str, healthy: bool) -> None:
         for t in self.pool.upstreams[name].targets():
@@ -419,6 +452,8 @@ class Gateway:
         await self.membership.stop()
         if self.shared is not None and self.leader:
             await self.shared.stop()
+        if self.claims is not None:
+            await self.claims.close()
         await self.pool.stop()
         if self.subscriber:
             await self.subscriber.stop()

@@ -118,6 +118,9 @@ async def health(request: web.Request) -> web.Response:
             if s.name.endswith("_total")
         }
         body["worker"] = {**gw.host_state(), "answered": answered}
+    replicas = gw.replicas_state()
+    if replicas is not None:
+        body["replicas"] = replicas
     return web.json_response(body, status=200 if healthy else 503)
 
 

@@ -5,7 +5,8 @@
     worker k dispatches ──▶ Indexer.speculative_outbox ──push──▶ rings[k]   (head advanced after the data)
     worker j routes     ──pull──▶ every rings[k != j] from its cursor to the head ──▶ its own index
 
-    record (int64 words): [words, instance slot, dp rank, now (float64 bits), n, chain_0 .. chain_n-1]
+    record (int64 words): [words, instance slot, dp rank, now (float64 bits), flags, n, chain_0 .. chain_n-1]
+    flags: bit 0 set for an entry another router replica made (the leader's round trip took it in)
     a record that would cross the ring's end is preceded by a wrap word (-1) and starts at offset 0
 
 A reader more than a ring behind (a writer that lapped it) jumps to the head and counts the entries it lost:
@@ -23,14 +24,18 @@ from indexer.indexer import SpeculativeEntry
 
 from .memory import HostMemory
 
-_HEADER = 5
+_HEADER = 6
 _WRAP = -1
+_FROM_REPLICA = 1
 
 
 class PeerEntry(msgspec.Struct, gc=False):
     source: SourceKey
     chains: np.ndarray
     now: float
+    from_replica: bool = False
+    """Made by another router replica (not by a worker of this host): its blocks count as that replica's
+    queued prefill here (``routing.PeerPrefill``)."""
 
 
 class SpeculativeRings:
@@ -45,7 +50,7 @@ class SpeculativeRings:
         """Entries of other workers this one never applied (lapped, or too large for a ring)."""
 
     # ------------------------------------------------------------------ writing (own ring)
-    def push(self, entries: list[SpeculativeEntry]) -> None:
+    def push(self, entries: list[SpeculativeEntry], *, from_replica: bool = False) -> None:
         ring, size = self._rings[self.me], self.size
         head = int(self._heads[self.me])
         for e in entries:
@@ -63,7 +68,8 @@ class SpeculativeRings:
             ring[pos + 1] = self.mem.instances.slot(e.source.instance)
             ring[pos + 2] = e.source.dp_rank
             ring[pos + 3 : pos + 4] = np.array([e.now], dtype=np.float64).view(np.int64)
-            ring[pos + 4] = n
+            ring[pos + 4] = _FROM_REPLICA if from_replica else 0
+            ring[pos + 5] = n
             ring[pos + _HEADER : pos + words] = e.chains
             head += words
         self._heads[self.me] = head  # after the data: a reader never reads a record being written
@@ -95,10 +101,12 @@ class SpeculativeRings:
                 break  # overwritten under us: checked below
             inst = self.mem.instances.name(int(ring[pos + 1]))
             now = float(ring[pos + 3 : pos + 4].view(np.float64)[0])
-            n = int(ring[pos + 4])
+            flags = int(ring[pos + 4])
+            n = int(ring[pos + 5])
             if inst is not None and n == words - _HEADER:
                 chains = ring[pos + _HEADER : pos + words].copy()
-                out.append(PeerEntry(SourceKey(inst, int(ring[pos + 2])), chains, now))
+                src = SourceKey(inst, int(ring[pos + 2]))
+                out.append(PeerEntry(src, chains, now, bool(flags & _FROM_REPLICA)))
             cur += words
         if int(self._heads[k]) - self._cursor[k] > size:
             # The writer came round while we read: what we copied may be half new; drop this batch.

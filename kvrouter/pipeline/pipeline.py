@@ -145,6 +145,15 @@ def bearer(authorization: str | None) -> str:
     return a[7:].strip() if a.lower().startswith("bearer ") else ""
 
 
+class PlacementClaims(Protocol):
+    """Where router replicas agree to place a prompt no target holds (``replicas.PrefixClaims``)."""
+
+    async def claim(self, chain: int, target: str) -> str | None:
+        """The target for the prompt whose first block is ``chain``: ``target`` if this call claimed it,
+        another replica's claim if one lives, None if unknown (then the local view decides)."""
+        ...
+
+
 class RequestPipeline:
     def __init__(
         self,
@@ -199,6 +208,13 @@ class RequestPipeline:
         """Requests held right now (reading, routing, queued or proxied)."""
         self.held_host = held_host
         """The host's count of held requests (several workers: ``limits.max_requests`` bounds them all)."""
+        self.claims: PlacementClaims | None = None
+        self.publish_now: Callable[[], None] | None = None
+        self.peers_fresh: Callable[[], Awaitable[None]] | None = None
+        """Router replicas sharing state (``replicas.claim_new_prefixes``): a prompt no target holds is
+        placed once the other replicas' latest placements are known (``peers_fresh``, the worker that makes
+        the round trips), where the first replica to place it claimed, and published at once (a
+        disaggregated plan is made on this router's view alone)."""
         self._ids = itertools.count()
         self._decisions = 0
         self.id_prefix = id_prefix
@@ -523,6 +539,7 @@ class RequestPipeline:
         ``Overloaded`` (queue full or timed out), ``ServiceUnavailable`` (no healthy target)."""
 
         tries = [time.time_ns() if p.rec is not None else 0, 0, 0]  # admission began, last try began, tries
+        new = await self._new_prompt(p)
 
         def attempt() -> Decision | None:
             if p.rec is not None:
@@ -531,7 +548,13 @@ class RequestPipeline:
             d = self._claimed(p, (), only)
             return None if d.reason == "at_capacity" else d
 
-        d = await self._wait(p, attempt, lambda d: self._charge(p, d.predicted_cached_tokens))
+        def cost(d: Decision) -> float:
+            return self._charge(p, d.predicted_cached_tokens)
+
+        d = await self._wait(p, attempt, cost)
+        if new and d.chosen is not None and await self._claim_elsewhere(p, d):
+            self.unclaim(p)  # decided again, for the claimed target (its flow charged for one decision)
+            d = await self._wait(p, attempt, lambda _: 0.0)
         self._record(d)
         self.metrics.decision_seconds.observe(time.perf_counter() - p.started, p.exemplar())
         if p.rec is not None:
@@ -569,6 +592,34 @@ class RequestPipeline:
                 rec.facts["predicted_cached_tokens"] = plan.prefill.predicted_cached_tokens
         if wait_ns:
             rec.phase("kvrouter.queue_wait", began, last, {"kvrouter.queue_depth": self.gate.waiting})
+
+    async def _new_prompt(self, p: Prepared) -> bool:
+        """Whether ``p`` is a prompt no target holds and router replicas claim such placements; the other
+        replicas' latest placements are taken in first (``peers_fresh``), which may answer no."""
+        if self.claims is None or p.pinned is not None or not self.router.new_prefix(p.inp):
+            return False
+        if self.peers_fresh is not None:
+            await self.peers_fresh()
+        return self.router.new_prefix(p.inp)
+
+    async def _claim_elsewhere(self, p: Prepared, d: Decision) -> bool:
+        """Claim ``d``'s target for the new prompt among the replicas.  True when another replica's claim
+        names another target: the prompt is then expected there (as a peer's speculative entry would say),
+        and the decision must be made again, weighing it as any expected prefix (load bound included)."""
+        assert self.claims is not None and d.chosen is not None and p.inp.chains is not None
+        owner = await self.claims.claim(int(p.inp.chains[0]), d.chosen.target)
+        if owner is None or owner == d.chosen.target:
+            return False
+        for c in d.ranked:
+            if c.target == owner:
+                self.router.expect(p.inp, c, time.monotonic())
+                return True
+        return False
+
+    def _placed(self, chosen: Candidate) -> None:
+        """Sent where nothing of the prompt was expected: the other replicas are told at once."""
+        if self.publish_now is not None and chosen.cached_tokens == 0:
+            self.publish_now()
 
     async def _wait(self, p: Prepared, attempt: Callable[[], _T | None], cost: Callable[[_T], float]) -> _T:
         labels = self.flow_labels(p.flow)
@@ -668,6 +719,7 @@ class RequestPipeline:
         """A split request's prefill leg is on its way to ``chosen`` (its own load, under ``leg_id``)."""
         self.router.dispatched(p.inp, chosen, time.monotonic(), request_id=leg_id(p.inp.request_id))
         self._predicted(chosen)
+        self._placed(chosen)
         self.metrics.pd.legs.labels("prefill", chosen.target).inc()
         self._upstream(p, "prefill", chosen)
 
@@ -735,6 +787,7 @@ class RequestPipeline:
             self.metrics.pd.legs.labels("decode", chosen.target).inc()
         else:
             self._predicted(chosen)
+            self._placed(chosen)
         self.parity.routed(p.req, p.tokens, chosen.instance)
         self._upstream(p, "decode" if received else "whole", chosen)
 

@@ -7,9 +7,18 @@
                        past lease_s without success, drop the peers' load; read the whole window again
                        on the first success after an outage (resynchronised)
 
+    before placing a prompt no target holds (``fresh``): a round trip begun after the call, so that
+                       where peers placed their last new prompts is known; after it (``nudge``): the
+                       next round trip at once, to publish it (``replicas.claim_new_prefixes``)
+
 Lifecycle: ``await start()`` once the router exists (it turns on ``Indexer.speculative_outbox``),
 ``await stop()`` on shutdown (cancels the task, drops this replica's lease in the store at once, bounded
-by ``timeout_s``).  Nothing here runs on the request path.
+by ``timeout_s``).  Only ``fresh`` runs on the request path, for a prompt no target holds.
+
+Why: peers learn of a placement a round trip after it (``interval_s`` on average).  Under concurrent
+clients new prompts reach several replicas within that time, and each places its own on the cache it sees
+least filled, the same one where a peer has just placed another (issue 29): a round trip on either side of
+such a placement makes them about one round trip apart.
 """
 
 from __future__ import annotations
@@ -95,6 +104,16 @@ class SharedState:
         self._down_since: float | None = None
         self._started = 0.0
         self._reported = (0, 0)  # (applied, dropped) already added to the counters
+        self._kick = asyncio.Event()
+        """Set: the loop starts its next round trip now rather than at the end of the interval."""
+        self._begun = 0
+        """Round trips begun; ``_ended``: the latest of them that ended (ok or not)."""
+        self._ended = 0
+        self._progress = asyncio.Event()
+        """Set (and replaced) whenever a round trip ends: ``fresh`` waits on it."""
+        self.fresh_waits = 0
+        """Decisions that waited for a round trip (``fresh``), and of those the ones that gave up."""
+        self.fresh_timeouts = 0
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -128,12 +147,48 @@ class SharedState:
         interval = self.config.interval_s
         while True:
             t0 = self.clock()
+            self._kick.clear()
             await self.sync_once()
-            await asyncio.sleep(max(0.0, interval - (self.clock() - t0)))
+            left = interval - (self.clock() - t0)
+            if left > 0 and not self._kick.is_set():
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(left):
+                        await self._kick.wait()
+
+    def nudge(self) -> None:
+        """Start the next round trip now (this replica just placed a new prompt: publish it)."""
+        if self._task is not None:
+            self._kick.set()
+
+    async def fresh(self) -> None:
+        """Return once a round trip begun after this call has ended, or after ``timeout_s`` (then the
+        decision uses what is known).  Concurrent callers share that round trip; while the store does not
+        answer (or in a worker that makes no round trips) it returns at once."""
+        if self._task is None or self._down_since is not None or self._last_ok is None:
+            return
+        want = self._begun + 1
+        self.fresh_waits += 1
+        self._kick.set()
+        try:
+            async with asyncio.timeout(self.config.timeout_s):
+                while self._ended < want:
+                    await self._progress.wait()
+        except TimeoutError:
+            self.fresh_timeouts += 1
 
     # ------------------------------------------------------------------ one round trip
     async def sync_once(self) -> bool:
         """Publish and read once.  Never raises: failures are counted and the local view stays in use."""
+        self._begun += 1
+        n = self._begun
+        try:
+            return await self._sync()
+        finally:
+            self._ended = max(self._ended, n)
+            done, self._progress = self._progress, asyncio.Event()
+            done.set()
+
+    async def _sync(self) -> bool:
         c = self.config
         now = self.clock()
         req = self.state.request(now, lease_s=c.lease_s, window_s=c.speculative_window_s, max_read=c.max_read)
@@ -194,4 +249,8 @@ class SharedState:
             "peers": self.state.peers,
             "down_for_s": None if self._down_since is None else round(now - self._down_since, 3),
             "unsent_speculative": len(self.state.unsent),
+            "peer_speculative_applied": self.state.applied_entries,
+            "done_before_published": self.state.done_unsent,
+            "fresh_waits": self.fresh_waits,
+            "fresh_timeouts": self.fresh_timeouts,
         }

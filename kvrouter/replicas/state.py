@@ -2,13 +2,22 @@
 
 ::
 
-    Router.load (own in flight, own prefill) ──┐
-    Indexer.speculative_outbox (entries sent) ──┤
+    Router.load (own in flight, own prefill) ──┐  (several workers: the host's, refreshed)
+    Indexer.speculative_outbox (entries sent) ──┤  only those whose blocks are not stored yet
     ResponseAffinity.outbox (response ids seen) ┴─ request(now) ─▶ SyncRequest ─▶ store (Redis / memory)
                                                                                      │ one round trip
     LoadTracker.set_external(sum of peers) ◀──┬─ apply(reply, now) ◀─ SyncReply ◀────┘
     BlockIndex.add_speculative(peer entries) ◀┤   (with what is left of each entry's TTL)
+    Router.peer_prefill (peer entries) ◀──────┤   (their queued prefill, until the events show it done)
+    Router.host.peers(peer entries) ◀─────────┤   (several workers: to the others, through the rings)
     ResponseAffinity.learned(peer entries) ◀──┘
+
+What a peer reports is a round trip old when read, and older by the next one: a prefill of a few
+milliseconds (a fast fleet, or round trips a busy event loop delays) is long done by then.  So a peer's
+queued prefill counts only as far as its entries' blocks are not yet stored (``routing.PeerPrefill``: the
+events every replica takes in end it at about the same moment everywhere), and an entry whose blocks were
+stored (or stored and evicted again, or expired) before its replica could publish it is not published:
+peers would count the target as holding those blocks for the rest of the entry's TTL.
 
 A published batch is one msgpack map ``{"s": [SpecWire...], "a": [SharedHolder...]}`` (a batch from a
 replica of the release before, a bare list of ``SpecWire``, is still read).  Response ids reach the peers
@@ -30,10 +39,11 @@ import msgspec
 import numpy as np
 
 from indexer import SourceKey
-from indexer.index import SourceMatch
+from indexer.index import SPECULATIVE_BIT, STORED_BITS, SourceMatch
 from indexer.indexer import SpeculativeEntry
 
 from ..routing import Router
+from ..routing.peer_prefill import PeerPrefill
 from ..routing.response_affinity import ResponseAffinity, SharedHolder
 from ..types import TargetKey
 
@@ -131,6 +141,15 @@ class ReplicaState:
         self.applied_entries = 0
         self.decode_errors = 0
         self.dropped_entries = 0
+        self.done_unsent = 0
+        """Own entries not published: their blocks were stored (or their entry gone) by then."""
+        # The router's own when it was built with one (the gateway's wiring), so its workers' ring counts
+        # into the same place.
+        self.peer_prefill = (
+            (router.peer_prefill or PeerPrefill(router.indexer.block_size)) if speculative else None
+        )
+        if self.peer_prefill is not None:
+            router.peer_prefill = self.peer_prefill
 
     # ------------------------------------------------------------------ outgoing
     def take_outbox(self, now: float) -> None:
@@ -147,8 +166,29 @@ class ReplicaState:
             self.unsent_affinity.extend(self.affinity.take_outbox(now))
             self.unsent_affinity = self.unsent_affinity[-self.max_unsent :]
 
+    def _pending(self) -> list[SpeculativeEntry]:
+        """The unsent entries whose blocks this replica's index still counts on the entry alone.  One
+        whose last block is stored (the request computed them all: the peers see the same events) or
+        gone (stored and evicted since, or expired) would only claim blocks the target may no longer
+        hold, for as long as its TTL, in every peer."""
+        out: list[SpeculativeEntry] = []
+        ix = self.router.indexer
+        for e in self.unsent:
+            held = ix.holding(e.source, e.chains[-1:])
+            if held is None or (held[0] & SPECULATIVE_BIT and not held[0] & STORED_BITS):
+                out.append(e)
+        self.done_unsent += len(self.unsent) - len(out)
+        return out
+
     def request(self, now: float, *, lease_s: float, window_s: float, max_read: int) -> SyncRequest:
+        if self.router.host is not None:
+            # Several workers (``kvrouter.workers``): the other workers' entries reach this one's outbox
+            # when it takes them in, which it otherwise does only before a decision of its own.
+            self.router.host.pull()
         self.take_outbox(now)
+        self.unsent = self._pending()
+        if self.router.load.shared is not None:
+            self.router.load.refresh()  # the whole host's requests, as of now, not of its last decision
         loads: LoadReport = {
             str(inst): (load.in_flight, load.pending_prefill_tokens)
             for inst, load in self.router.load.loads.items()
@@ -197,6 +237,8 @@ class ReplicaState:
         self.router.load.set_external(totals)
         self.cursor = reply.cursor
         index = self.router.indexer.index
+        ttl = self.router.indexer.speculative_ttl
+        taken: list[SpeculativeEntry] = []
         for published_ms, raw in reply.peer_specs:
             try:
                 batch = decode_batch(raw)
@@ -221,12 +263,19 @@ class ReplicaState:
                 chains = chains[_stored(index.match(chains), src) :]
                 if len(chains):
                     index.add_speculative(src, chains, now=now, ttl=left)
+                    if self.peer_prefill is not None:
+                        self.peer_prefill.add(src, chains, expiry=now + left, now=now)
+                    taken.append(SpeculativeEntry(src, chains, now + left - ttl))
                 self.applied_entries += 1
+        if taken and self.router.host is not None:
+            self.router.host.peers(taken)
 
     def forget_peers(self) -> None:
         """Peers' load is unknown (the store is unreachable past a lease): route on the local view."""
         self.router.load.set_external({})
         self.peers = 0
+        if self.peer_prefill is not None:
+            self.peer_prefill.clear()
 
     def resync(self) -> None:
         """Read the whole window again at the next round trip (after an outage or a store restart)."""

@@ -22,9 +22,12 @@ import numpy as np
 
 from indexer import Indexer, InstanceMatch, LookupResult, SourceKey, Trust
 from indexer.hashing import I64Array
+from indexer.index import BlockIndex
+from indexer.indexer import SpeculativeEntry
 
 from ..types import InstanceId, RequestId, Role, TargetKey, target_key
-from .load import LoadTracker
+from .load import InstanceLoad, LoadTracker
+from .peer_prefill import PeerPrefill
 from .policies import KV_AWARE, Candidate, Policy, PolicySettings, RouteView, SessionTable
 from .tier_value import DEFAULT_TIER_VALUES, OWN_TIERS, TierValues, credited_split
 
@@ -131,6 +134,11 @@ class HostSync(Protocol):
     def push(self) -> None:
         """After a dispatch: share this worker's new speculative entries."""
 
+    def peers(self, entries: list[SpeculativeEntry]) -> None:
+        """Other router replicas' entries this worker just took in (its round trip to them): the other
+        workers take them in too, as those replicas' (``now`` is set so that ``now`` + the indexer's TTL
+        is when each ends)."""
+
 
 class Router:
     def __init__(
@@ -140,13 +148,18 @@ class Router:
         *,
         load: LoadTracker | None = None,
         host: HostSync | None = None,
+        peer_prefill: PeerPrefill | None = None,
     ) -> None:
         """``load``: the tracker to count on (with several workers, one over the host's shared loads);
-        ``host``: the other workers' speculative entries (None: one process)."""
+        ``host``: the other workers' speculative entries (None: one process); ``peer_prefill``: the other
+        router replicas' queued prefill (None: no replicas share entries)."""
         self.indexer = indexer
         self.config = config or RouterConfig()
         self.load = load or LoadTracker()
         self.host = host
+        self.peer_prefill = peer_prefill
+        """Other router replicas' prefill not yet done per target, by the events (replicas sharing
+        speculative entries): their reported queued prefill counts up to it."""
         self.sessions = SessionTable(self.config.settings.session)
         self._policies: dict[str, Policy] = {}
         self.policy_names = self.config.settings.names()
@@ -207,7 +220,8 @@ class Router:
                 t.dp_rank,
                 t.key,
                 in_flight=load.effective_in_flight(),
-                pending_prefill_tokens=load.effective_pending_prefill_tokens(),
+                others_in_flight=max(0, load.effective_in_flight() - load.in_flight),
+                pending_prefill_tokens=load.pending_prefill_tokens + self._peers_prefill(t, load, now),
                 decoding=max(load.decoding, load.engine_running - load.prefilling),
                 weight=t.weight,
             )
@@ -238,6 +252,14 @@ class Router:
             c.saturated = bool(limit) and c.in_flight >= limit
             out.append(c)
         return out
+
+    def _peers_prefill(self, t: Target, load: InstanceLoad, now: float | None) -> int:
+        """Other replicas' queued prefill at ``t``: their reports, as of their last round trip, capped by
+        what their speculative entries there still have to compute (``PeerPrefill``)."""
+        reported = load.external_prefill_tokens
+        if not reported or self.peer_prefill is None:
+            return reported
+        return min(reported, self.peer_prefill.tokens(SourceKey(t.instance, t.dp_rank), now, self.indexer))
 
     # ------------------------------------------------------------------ deciding
     def route(
@@ -317,6 +339,22 @@ class Router:
         return out
 
     # ------------------------------------------------------------------ accounting
+    def new_prefix(self, inp: RouteInput) -> bool:
+        """No target holds the prompt's first block, stored or expected (a local index only): placing it
+        is a choice the router makes from its view of the load alone."""
+        chains = inp.chains
+        index = self.indexer.index
+        if chains is None or not len(chains) or not isinstance(index, BlockIndex):
+            return False
+        return not index.held_by_any(int(chains[0]))
+
+    def expect(self, inp: RouteInput, at: Candidate, now: float) -> None:
+        """Another router replica is placing this prompt at ``at`` (its claim): expect its blocks there as
+        a speculative entry of this index alone (that replica publishes its own)."""
+        if inp.chains is not None and len(inp.chains) and isinstance(self.indexer.index, BlockIndex):
+            src = SourceKey(at.instance, at.dp_rank)
+            self.indexer.index.add_speculative(src, inp.chains, now=now, ttl=self.indexer.speculative_ttl)
+
     def dispatched(
         self,
         inp: RouteInput,

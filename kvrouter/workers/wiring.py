@@ -12,7 +12,9 @@
 
 Worker 0 is the leader: it alone scrapes engine load (the others read it from the shared loads), runs the
 start-up fleet check, index snapshots and the replicas' round trips to Redis, which publish the
-whole host's load and speculative entries.
+whole host's load and speculative entries.  What the round trips bring in reaches every worker: the other
+replicas' load through the shared external cells, their speculative entries through the leader's ring
+(flagged as another replica's, so each worker counts them as that replica's queued prefill too).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from indexer import Indexer
 from indexer.indexer import SpeculativeEntry
 
 from ..host import HealthBoard, HostLoads, HostMemory, MetricsBoard, QueueBoard, SpeculativeRings
+from ..routing.peer_prefill import PeerPrefill
 from .scrape import HostScrape, WakePipes
 
 
@@ -35,10 +38,22 @@ class RingSync:
     leader, when replicas share through Redis) the outbox is left for ``SharedState`` to publish, and the
     other workers' entries are added to it, so other hosts learn the whole host's entries."""
 
-    def __init__(self, indexer: Indexer, rings: SpeculativeRings, *, keep_outbox: bool = False) -> None:
+    def __init__(
+        self,
+        indexer: Indexer,
+        rings: SpeculativeRings,
+        *,
+        keep_outbox: bool = False,
+        peer_prefill: PeerPrefill | None = None,
+    ) -> None:
+        """``peer_prefill``: the worker's count of other replicas' queued prefill (``Router.peer_prefill``),
+        fed with their entries as they arrive through the leader's ring."""
         self.indexer = indexer
         self.rings = rings
         self.keep_outbox = keep_outbox
+        self.peer_prefill = peer_prefill
+        self.from_replicas = 0
+        """Other replicas' entries taken in through the rings (a worker that is not the leader)."""
         self._pos = 0
         if indexer.speculative_outbox is None:
             indexer.speculative_outbox = []
@@ -66,12 +81,20 @@ class RingSync:
         for e in got:
             # Straight into the index (not Indexer.add_speculative): an entry is shared once, by its origin.
             index.add_speculative(e.source, e.chains, now=e.now, ttl=ttl)
+            if e.from_replica:
+                self.from_replicas += 1
+                if self.peer_prefill is not None:
+                    self.peer_prefill.add(e.source, e.chains, expiry=e.now + ttl, now=e.now)
         if self.keep_outbox:
             self.push()
             box = self.indexer.speculative_outbox
             assert box is not None
-            box.extend(SpeculativeEntry(e.source, e.chains, e.now) for e in got)
+            # this host's entries only: another replica's went round already
+            box.extend(SpeculativeEntry(e.source, e.chains, e.now) for e in got if not e.from_replica)
             self._pos = len(box)
+
+    def peers(self, entries: list[SpeculativeEntry]) -> None:
+        self.rings.push(entries, from_replica=True)
 
 
 class WorkerHost:
@@ -97,9 +120,12 @@ class WorkerHost:
     def workers(self) -> int:
         return self.mem.layout.workers
 
-    def ring_sync(self, indexer: Indexer, *, keep_outbox: bool) -> RingSync:
-        """The router's exchange of speculative entries with the other workers, over ``indexer``."""
-        self.sync = RingSync(indexer, self.rings, keep_outbox=keep_outbox)
+    def ring_sync(
+        self, indexer: Indexer, *, keep_outbox: bool, peer_prefill: PeerPrefill | None = None
+    ) -> RingSync:
+        """The router's exchange of speculative entries with the other workers, over ``indexer``;
+        ``peer_prefill``: where other replicas' entries reaching this worker through the leader count."""
+        self.sync = RingSync(indexer, self.rings, keep_outbox=keep_outbox, peer_prefill=peer_prefill)
         return self.sync
 
     def scrape(
@@ -112,11 +138,15 @@ class WorkerHost:
         return HostScrape(MetricsBoard(self.mem, self.me), self.pipes, collect, refresh=refresh)
 
     def state(self) -> dict[str, object]:
-        """For /health: this worker, what it lost of the others' speculative entries, and the host's limits
-        queue (every worker's rows: the same answer from any worker)."""
-        return {
+        """For /health: this worker, what it lost of the others' speculative entries, the host's limits
+        queue (every worker's rows: the same answer from any worker), and how many other replicas' entries
+        reached it through the leader."""
+        out: dict[str, object] = {
             "worker": self.me,
             "workers": self.workers,
             "speculative_lost": self.rings.lost,
             "queue": {"waiting": self.queue.waiting_total(), "held": self.queue.held_total()},
         }
+        if self.sync is not None:
+            out["replica_entries_via_leader"] = self.sync.from_replicas
+        return out

@@ -10,7 +10,7 @@ from hypothesis.stateful import initialize
 
 from indexer import Indexer, SourceKey
 from indexer.encode import RELEASES, PayloadEncoder
-from indexer.index import BlockIndex
+from indexer.index import SPECULATIVE_BIT, BlockIndex
 from tests.support.index_model import BS, SOURCES, IndexMachine
 
 TestIndexAgainstReference = IndexMachine.TestCase
@@ -128,3 +128,7 @@ def test_speculative_entries_against_a_reference(
             with_bit = {c for c in smap if smap[c] & bit}
             # expired-but-not-yet-dropped entries may linger until the next expire(): only as <= now
             assert held <= with_bit and all(exp[c] <= now for c in with_bit - held), s
+            # ``holding`` shows the speculative bit exactly where the group map has it (no medium: no events)
+            probe = np.array(sorted(with_bit | {1, 2}), dtype=np.int64)
+            bits = ix.holding(s, probe).tolist()
+            assert bits == [SPECULATIVE_BIT if c in with_bit else 0 for c in probe.tolist()], s

@@ -209,3 +209,19 @@ class IndexMachine(RuleBasedStateMachine):
                         )
                     )
                     assert got == want, (s, salt, got, want)
+                self._holding_agrees(salt, toks)
+
+    def _holding_agrees(self, salt: str | None, toks: list[int]) -> None:
+        """``Indexer.holding``: per block of the prompt, the media each source holds it in (as the model's
+        refcounts say), and no speculative bit (this machine makes no speculative entries)."""
+        chains = self.ix.chain_hashes(toks, cache_salt=salt)
+        for s in SOURCES:
+            got = self.ix.holding(s, chains)
+            if got is None:  # an index out of process: nothing to compare
+                return
+            media: dict[tuple[object, ...], set[str]] = defaultdict(set)
+            for key, held in self.ref.blocks[s].values():
+                media[key] |= set(held)
+            for i, bits in enumerate(got.tolist()):
+                want = sum(1 << MEDIA.index(m) for m in media.get((salt, *toks[: (i + 1) * BS]), ()))
+                assert bits == want, (s, salt, i, bits, want)

@@ -32,6 +32,19 @@ The live fleet runs at a quarter of its profile's speed, so its 3 req/s and 0.5 
 12 req/s and 0.125 s here."""
 _SMALL_FLEET = {"instances": 4, "profile": "qwen3-32b-2xh100", "capacity_blocks": 400}
 """The live bench's fleet: 4 instances whose caches hold about 4 of the 16 prompts each."""
+_ISSUE29 = {
+    "num_groups": 16,
+    "system_len": 1800,
+    "question_len": 16,
+    "output_len": 4,
+    "prompts_per_group": 10,
+    "arrival": {"type": "closed-loop", "concurrency": 8},
+}
+"""The live bench's ``clients`` scenario (issue 29): 16 prompts of 1,800 tokens, 10 chats each, 8 clients."""
+_FAST_FLEET = {"instances": 4, "profile": "test", "capacity_blocks": 420, "net_latency_s": 0.03}
+"""Its fleet: caches that hold under four prompts each, prefills of a millisecond; the 30 ms each way
+stand for the live routers' time per request on this machine (tens of milliseconds), so a request lives
+about as long as a round trip between replicas."""
 
 AGREEMENT_CASES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "llmd-precise@60qps": (
@@ -65,6 +78,18 @@ AGREEMENT_CASES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
         },
         _SMALL_FLEET,
     ),
+    "16-prompts-bursts-of-8@0.05s": (
+        "sglang-gsp",
+        {
+            **_ISSUE19,
+            "prompts_per_group": 8,
+            "grouped": True,
+            "arrival": {"type": "bursts", "size": 8, "interval_s": 0.05},
+        },
+        _SMALL_FLEET,
+    ),
+    "16-prompts-8-clients": ("sglang-gsp", {**_ISSUE29, "grouped": False}, _FAST_FLEET),
+    "16-prompts-8-clients-bursts": ("sglang-gsp", {**_ISSUE29, "grouped": True}, _FAST_FLEET),
 }
 """name -> (workload, its parameters, fleet settings over ``FleetSimConfig(instances=--instances)``)."""
 

@@ -14,14 +14,18 @@ the engines' own report (``usage.prompt_tokens_details.cached_tokens``).
 The fleet's caches are small enough that not every prefix fits everywhere, so a prefix computed on two
 instances costs another prefix its place.
 
-Workloads (chat requests, ``groups`` shared system prompts of ``system_words`` words):
+Scenarios (``replicas_scenarios``; chat requests, ``groups`` shared system prompts), each run interleaved
+(the groups' prompts shuffled) and in bursts (each group's prompts one after another):
 
-interleaved  the groups' prompts shuffled, Poisson arrivals at ``rate`` req/s
-bursts       each group one burst of ``burst`` requests at once, a group every ``burst_gap_s``: the
-             burst is shorter than a sync interval, so replicas cannot learn of each other's requests;
-             at the default gap a burst meets a busy fleet (earlier groups still prefill), where the
-             replicas' views of the load differ.  With a gap long enough for the fleet to go idle
-             (``--burst-gap-s 2``) the views are exactly tied and any tie-break agrees.
+paced    the bench's own: a slow fleet, one client at Poisson 3 req/s, or a burst of 8 of one new prompt
+         every 0.5 s (``--burst-gap-s``): the burst is shorter than a sync interval, so replicas cannot
+         learn of each other's requests; at the default gap a burst meets a busy fleet (earlier groups
+         still prefill), where the replicas' views of the load differ
+clients  issue 29's: a fast fleet whose caches cannot hold every prompt, 8 concurrent clients (each sends
+         its next request when the last is answered): requests take milliseconds, round trips between
+         replicas take longer, and under cache pressure a prefix placed twice costs another its place
+
+Every router is ``kvrouter serve --workers N`` (``--workers``; default: serve's own, one per core).
 
 The setups run in a rotated order from run to run, so a slow phase of this shared machine does not always
 hit the same one; compare the setups within a run.
@@ -55,44 +59,38 @@ from kvrouter.lab.reliability.procs import (
     wait_http,
 )
 from kvrouter.lab.reliability.stack import MODEL, merge
-from kvrouter.lab.workloads import make_workload
-from kvrouter.lab.workloads.arrivals import Bursts, Poisson
 from kvrouter.lab.workloads.spec import Workload
 from kvrouter.percentiles import quantile
 
+from .replicas_scenarios import SCENARIOS, WORKLOADS, Scenario, workload
+
 SETUPS = ("one", "shared", "alone")
-WORKLOADS = ("interleaved", "bursts")
 
 
 def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--runs", type=int, default=3, help="repetitions of every workload x setup")
+    ap.add_argument("--scenarios", nargs="+", default=list(SCENARIOS), choices=list(SCENARIOS))
     ap.add_argument("--replicas", type=int, default=4)
     ap.add_argument("--instances", type=int, default=4)
     ap.add_argument(
-        "--capacity-blocks",
+        "--workers",
         type=int,
-        default=400,
-        help="KV blocks per instance (16 tokens each): room for about 4 of the 16 system prompts",
-    )
-    ap.add_argument(
-        "--speed",
-        type=float,
-        default=0.25,
-        help="the fleet runs this many times faster than its profile (slower: less at a busy CPU's mercy)",
+        default=None,
+        help="kvrouter serve --workers of every router (default: serve's own, one per core)",
     )
     ap.add_argument("--groups", type=int, default=16)
-    ap.add_argument("--system-words", type=int, default=1400)
-    ap.add_argument("--question-words", type=int, default=40)
-    ap.add_argument("--output-tokens", type=int, default=24)
-    ap.add_argument("--per-group", type=int, default=10, help="interleaved: prompts per group")
-    ap.add_argument("--rate", type=float, default=3.0, help="interleaved: Poisson arrivals, req/s")
-    ap.add_argument("--burst", type=int, default=8, help="bursts: requests per group, all at once")
-    ap.add_argument(
-        "--burst-gap-s",
-        type=float,
-        default=0.5,
-        help="bursts: seconds between groups (0.5: a group arrives while the last ones still prefill)",
-    )
+    # Each of these replaces the scenario's own value (replicas_scenarios.SCENARIOS) in every scenario run.
+    ap.add_argument("--capacity-blocks", type=int, default=None, help="KV blocks per instance (16 tokens)")
+    ap.add_argument("--profile", default=None, help="the fleet's timing profile (kvrouter sim --profile)")
+    ap.add_argument("--speed", type=float, default=None, help="the fleet runs this many times its profile")
+    ap.add_argument("--system-words", type=int, default=None)
+    ap.add_argument("--question-words", type=int, default=None)
+    ap.add_argument("--output-tokens", type=int, default=None)
+    ap.add_argument("--per-group", type=int, default=None, help="prompts per group")
+    ap.add_argument("--clients", type=int, default=None, help="concurrent clients (closed loop)")
+    ap.add_argument("--rate", type=float, default=None, help="open loop, interleaved: Poisson req/s")
+    ap.add_argument("--burst", type=int, default=None, help="open loop, bursts: requests per group")
+    ap.add_argument("--burst-gap-s", type=float, default=None, help="open loop, bursts: seconds between")
     ap.add_argument("--interval-s", type=float, default=0.05, help="replicas.interval_s (sync period)")
     ap.add_argument("--setups", nargs="+", default=list(SETUPS), choices=SETUPS)
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
@@ -109,24 +107,22 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     )
 
 
-def workload(a: argparse.Namespace, which: str, seed: int) -> Workload:
-    common = {
-        "form": "chat",
-        "seed": seed,
-        "num_groups": a.groups,
-        "system_len": a.system_words,
-        "question_len": a.question_words,
-        "output_len": a.output_tokens,
+def scenario(a: argparse.Namespace, name: str) -> Scenario:
+    """The named scenario with the command line's replacements."""
+    fields = {
+        "capacity_blocks": a.capacity_blocks,
+        "profile": a.profile,
+        "speed": a.speed,
+        "system_words": a.system_words,
+        "question_words": a.question_words,
+        "output_tokens": a.output_tokens,
+        "per_group": a.per_group,
+        "clients": a.clients,
+        "rate": a.rate,
+        "burst": a.burst,
+        "burst_gap_s": a.burst_gap_s,
     }
-    if which == "interleaved":
-        return make_workload("sglang-gsp", **common, prompts_per_group=a.per_group, arrival=Poisson(a.rate))
-    return make_workload(
-        "sglang-gsp",
-        **common,
-        prompts_per_group=a.burst,
-        grouped=True,
-        arrival=Bursts(a.burst, a.burst_gap_s),
-    )
+    return msgspec.structs.replace(SCENARIOS[name], **{k: v for k, v in fields.items() if v is not None})
 
 
 def overrides(items: list[str]) -> dict[str, Any]:
@@ -163,17 +159,29 @@ def summarize(recs: list[LiveRecord], wl: Workload) -> dict[str, Any]:
     }
 
 
-async def _ready(s: aiohttp.ClientSession, base: str, instances: int, peers: int) -> None:
-    """Until the router is subscribed to every instance and (sharing) sees every peer."""
+async def _ready(base: str, instances: int, peers: int, workers: int | None) -> None:
+    """Until the router is subscribed to every instance and (sharing) its round trips see every peer.  On
+    fresh connections: with several workers the kernel picks one per connection, and the worker that makes
+    the round trips (the leader) says so in /health."""
     deadline = time.monotonic() + 60
+    connected, seen = 0, 0
+    timeout = aiohttp.ClientTimeout(total=5)
     while time.monotonic() < deadline:
-        async with s.get(base + "/health") as r:
+        async with (
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True), timeout=timeout) as s,
+            s.get(base + "/health") as r,
+        ):
             body = await r.json()
         connected = sum(1 for src in body.get("index", []) if src.get("connected"))
-        if connected >= instances and await metric(s, base, "kvrouter_shared_state_peers") >= peers:
+        rep = body.get("replicas") or {}
+        if rep.get("round_trips"):
+            seen = int(rep.get("peers", 0))
+        if connected >= instances and seen >= peers:
             return
         await asyncio.sleep(0.1)
-    raise RuntimeError(f"{base} not ready: subscribed to {connected} of {instances} instances")
+    raise RuntimeError(
+        f"{base} not ready: subscribed to {connected} of {instances} instances, {seen} of {peers} peers seen"
+    )
 
 
 async def _diagnostics(s: aiohttp.ClientSession, bases: list[str]) -> dict[str, float]:
@@ -197,9 +205,15 @@ class Stack:
     every router's index is empty and its speculative entries have expired, as on a fresh fleet."""
 
     def __init__(
-        self, a: argparse.Namespace, setup: str, redis_url: str | None, workdir: Path, log: IO[bytes]
+        self,
+        a: argparse.Namespace,
+        sc: Scenario,
+        setup: str,
+        redis_url: str | None,
+        workdir: Path,
+        log: IO[bytes],
     ):
-        self.a, self.setup = a, setup
+        self.a, self.sc, self.setup = a, sc, setup
         self.n = 1 if setup == "one" else a.replicas
         self.dir = workdir / setup
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -209,10 +223,11 @@ class Stack:
             self.dir,
             log,
             "--instances", str(a.instances),
-            "--capacity-blocks", str(a.capacity_blocks),
-            "--speed", str(a.speed),
+            "--capacity-blocks", str(sc.capacity_blocks),
+            "--speed", str(sc.speed),
             "--answer-tokens", "0",
             "--seed", str(a.seed),
+            *(("--profile", sc.profile) if sc.profile else ()),
         )  # fmt: skip
         self.serves: list[ServeProcess] = []
         self.urls: list[str] = []
@@ -230,18 +245,20 @@ class Stack:
             if self.setup == "shared":
                 rep = {
                     "redis_url": self.redis_url,
-                    "namespace": f"bench-{self.dir.parent.name}",
+                    "namespace": f"bench-{self.dir.parent.parent.name}-{self.dir.parent.name}",
                     "replica_id": f"r{i}",
                     "interval_s": self.a.interval_s,
                 }
                 mine = merge(cfg, {"replicas": rep})
-            self.serves.append(ServeProcess("serve", mine, self.dir, self.log, f"router{i}"))
+            self.serves.append(
+                ServeProcess("serve", mine, self.dir, self.log, f"router{i}", workers=self.a.workers)
+            )
         for sv in self.serves:
             sv.proc.start()
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as s:
-            for sv in self.serves:
-                await wait_http(sv.base + "/livez", timeout_s=300, proc=sv.proc)
-                await _ready(s, sv.base, self.a.instances, self.n - 1 if self.setup == "shared" else 0)
+        for sv in self.serves:
+            await wait_http(sv.base + "/livez", timeout_s=300, proc=sv.proc)
+            peers = self.n - 1 if self.setup == "shared" else 0
+            await _ready(sv.base, self.a.instances, peers, self.a.workers)
 
     async def reset(self, speculative_ttl_s: float) -> None:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as s:
@@ -263,7 +280,7 @@ class Stack:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as s:
             before = await _diagnostics(s, self.bases)
             t0 = time.perf_counter()
-            recs = await drive(self.bases, wl, model=MODEL)
+            recs = await drive(self.bases, wl, model=MODEL, concurrency=self.sc.clients)
             wall = time.perf_counter() - t0
             await asyncio.sleep(0.2)
             after = await _diagnostics(s, self.bases)
@@ -293,76 +310,94 @@ async def run_all(a: argparse.Namespace) -> dict[str, Any]:
     workdir.mkdir(parents=True, exist_ok=True)
     log = (workdir / "processes.log").open("ab")
     redis: RedisProcess | None = None
-    stacks: dict[str, Stack] = {}
-    rows: dict[str, dict[str, list[dict[str, Any]]]] = {w: {s: [] for s in a.setups} for w in a.workloads}
+    rows: Rows = {sc: {w: {s: [] for s in a.setups} for w in a.workloads} for sc in a.scenarios}
     try:
         if "shared" in a.setups:
             redis = RedisProcess(log, workdir)
             await redis.start()
+        for name in a.scenarios:  # one fleet speed and size each: their own stacks, one scenario at a time
+            await run_scenario(a, name, redis, workdir / name, log, rows[name])
+    finally:
+        if redis is not None:
+            redis.kill()
+        log.close()
+        if not a.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return {"runs": rows, "summary": summary(rows)}
+
+
+Rows = dict[str, dict[str, dict[str, list[dict[str, Any]]]]]
+"""scenario -> workload -> setup -> one result per run."""
+
+
+async def run_scenario(
+    a: argparse.Namespace,
+    name: str,
+    redis: RedisProcess | None,
+    workdir: Path,
+    log: IO[bytes],
+    rows: dict[str, dict[str, list[dict[str, Any]]]],
+) -> None:
+    sc = scenario(a, name)
+    stacks: dict[str, Stack] = {}
+    try:
         for setup in a.setups:
-            stacks[setup] = Stack(a, setup, redis.url if redis else None, workdir, log)
+            stacks[setup] = Stack(a, sc, setup, redis.url if redis else None, workdir, log)
         for st in stacks.values():  # one at a time: a dozen processes loading tokenizers at once time out
             await st.start()
         # speculative entries outlive the reset: waited out before each workload (the fleet file's TTL)
         spec_ttl = float(overrides(a.set).get("indexer", {}).get("speculative_ttl_s", 5.0))
         for run in range(a.runs):
             for w in a.workloads:
-                wl = workload(a, w, a.seed + run)
+                wl = workload(sc, w, groups=a.groups, seed=a.seed + run)
                 k = run % len(a.setups)
                 for setup in a.setups[k:] + a.setups[:k]:
                     await stacks[setup].reset(spec_ttl)
                     keep = workdir / f"requests-{run}-{w}-{setup}.json" if a.keep else None
                     res = await stacks[setup].drive(wl, keep)
                     rows[w][setup].append(res)
-                    print(f"run {run} {w} {setup}: {json.dumps(res)}", file=sys.stderr, flush=True)
+                    print(f"{name} run {run} {w} {setup}: {json.dumps(res)}", file=sys.stderr, flush=True)
     finally:
         for st in stacks.values():
             st.stop()
-        if redis is not None:
-            redis.kill()
-        log.close()
-        if not a.keep:
-            shutil.rmtree(workdir, ignore_errors=True)
-    return {"runs": rows, "summary": summary(a, rows)}
 
 
-def summary(a: argparse.Namespace, rows: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
-    """Hit rates per setup (every run, median), and each run's points below one gateway."""
+def summary(rows: Rows) -> dict[str, Any]:
+    """Per scenario and workload: hit rates per setup (every run, median), each run's points below one
+    gateway, and the targets: sharing replicas within 1 point of one gateway and not below replicas that
+    share nothing (medians over the runs; the setups of one run share its phase of this machine)."""
     out: dict[str, Any] = {}
-    for w, by_setup in rows.items():
-        entry: dict[str, Any] = {}
-        for setup, runs in by_setup.items():
-            hits = [r["hit_rate"] for r in runs]
-            entry[setup] = {
-                "hit_rates": hits,
-                "median": round(statistics.median(hits), 4) if hits else None,
-                "ttft_p50_ms": [r["ttft_p50_ms"] for r in runs],
-            }
-        one = by_setup.get("one", [])
-        for setup in ("shared", "alone"):
-            runs = by_setup.get(setup, [])
-            if one and runs:
-                entry[setup]["points_below_one"] = [
-                    round((o["hit_rate"] - r["hit_rate"]) * 100, 2) for o, r in zip(one, runs)
-                ]
-        out[w] = entry
-    shared_ok = all(
-        max(e["shared"].get("points_below_one", [99])) <= 1.0 for e in out.values() if "shared" in e
-    )
-    bursts = out.get("bursts", {})
-    ahead = (
-        [
-            round((s - al) * 100, 2)
-            for s, al in zip(bursts["shared"]["hit_rates"], bursts["alone"]["hit_rates"])
-        ]
-        if "shared" in bursts and "alone" in bursts
-        else []
-    )
-    out["targets"] = {
-        "shared_within_1_point_of_one_gateway": shared_ok,
-        "shared_ahead_of_alone_on_bursts_points": ahead,
-        "shared_ahead_of_alone_on_bursts": bool(ahead) and all(x > 0 for x in ahead),
-    }
+    targets: dict[str, dict[str, bool]] = {}
+    for sc, by_workload in rows.items():
+        for w, by_setup in by_workload.items():
+            entry: dict[str, Any] = {}
+            for setup, runs in by_setup.items():
+                hits = [r["hit_rate"] for r in runs]
+                entry[setup] = {
+                    "hit_rates": hits,
+                    "median": round(statistics.median(hits), 4) if hits else None,
+                    "ttft_p50_ms": [r["ttft_p50_ms"] for r in runs],
+                }
+            one = by_setup.get("one", [])
+            for setup in ("shared", "alone"):
+                runs = by_setup.get(setup, [])
+                if one and runs:
+                    below = [round((o["hit_rate"] - r["hit_rate"]) * 100, 2) for o, r in zip(one, runs)]
+                    entry[setup]["points_below_one"] = below
+                    entry[setup]["median_points_below_one"] = round(statistics.median(below), 2)
+            shared, alone = by_setup.get("shared", []), by_setup.get("alone", [])
+            if shared and alone:
+                ahead = [round((s["hit_rate"] - al["hit_rate"]) * 100, 2) for s, al in zip(shared, alone)]
+                entry["shared"]["points_ahead_of_alone"] = ahead
+            key = f"{sc}/{w}"
+            out[key] = entry
+            t: dict[str, bool] = {}
+            if "median_points_below_one" in entry.get("shared", {}):
+                t["shared_within_1_point_of_one_gateway"] = entry["shared"]["median_points_below_one"] <= 1.0
+            if shared and alone:
+                t["shared_not_below_alone"] = entry["shared"]["median"] >= entry["alone"]["median"]
+            targets[key] = t
+    out["targets"] = targets
     return out
 
 

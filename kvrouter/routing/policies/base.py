@@ -56,6 +56,9 @@ class Candidate(msgspec.Struct):
     hit_tokens: int = 0
     """Prompt tokens vLLM is predicted to report as cached there (every tier in full)."""
     in_flight: int = 0
+    others_in_flight: int = 0
+    """Of ``in_flight``, what is not this router's own: other router replicas' requests (shared state, a
+    round trip old) and whatever more the engine reports running or waiting (its last scrape)."""
     pending_prefill_tokens: int = 0
     decoding: int = 0
     weight: float = 1.0
@@ -71,6 +74,11 @@ class Candidate(msgspec.Struct):
     def load(self) -> float:
         """Requests in flight per unit of weight: what every load comparison between targets compares."""
         return self.in_flight / max(self.weight, MIN_WEIGHT)
+
+    @property
+    def own_load(self) -> float:
+        """This router's own requests in flight per unit of weight (``load`` less ``others_in_flight``)."""
+        return (self.in_flight - self.others_in_flight) / max(self.weight, MIN_WEIGHT)
 
 
 def load_cap(cands: list[Candidate], bound: float, slack: float) -> float | None:

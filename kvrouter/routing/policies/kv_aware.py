@@ -97,9 +97,7 @@ class KvAware:
             over = {c.target for c in cands if c.load > cap}
             if len(over) == len(cands):
                 over = set()
-            # without load_slack of headroom: a burst of a new prefix placed there would be split by the
-            # bound; in the band such a target comes after those with room
-            busy = {c.target for c in cands if c.load > cap - self.settings.load_slack}
+            busy = self._busy(cands)
         out = sorted(cands, key=lambda c: (c.target in over, c.score, c.in_flight, -c.cached_tokens))
         band = self._band(out, over)
         if band > 1:
@@ -114,6 +112,23 @@ class KvAware:
             fill = sum(c.footprint for c in cands) / len(cands)
             head.sort(key=lambda c: (c.target in busy, c.footprint > fill, order.get(c.target, len(order))))
             out = head + out[band:]
+        return out
+
+    def _busy(self, cands: list[Candidate]) -> set[str]:
+        """Targets where a burst of a new prefix (``load_slack`` requests) would be split by the bound, which
+        rises with the burst's own share of the mean; in the band they come after those with room.  At a
+        few requests in flight none is.  Judged on this router's own requests: other replicas' come a
+        round trip late and the engines' counts a scrape late, each replica's at another moment, and a
+        threshold on them puts one target on different sides in different replicas, which then split a
+        burst of one prefix (each places its share of it by its own view).  The bound (``over``) itself
+        counts everything in flight."""
+        k, n = self.settings.load_slack, len(cands)
+        own_mean = sum(c.own_load for c in cands) / n
+        out: set[str] = set()
+        for c in cands:
+            burst = k / max(c.weight, MIN_WEIGHT)
+            if c.own_load + burst > self.settings.load_bound * (own_mean + burst / n) + k:
+                out.add(c.target)
         return out
 
     def reason(self, chosen: Candidate) -> str:

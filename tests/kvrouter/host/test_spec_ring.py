@@ -31,33 +31,39 @@ def entry(i: int, n: int) -> SpeculativeEntry:
     )
 
 
-def key(source: SourceKey, chains: np.ndarray, now: float) -> tuple[str, int, tuple[int, ...], float]:
-    return (source.instance, source.dp_rank, tuple(chains.tolist()), now)
+Key = tuple[str, int, tuple[int, ...], float, bool]
+
+
+def key(source: SourceKey, chains: np.ndarray, now: float, from_replica: bool) -> Key:
+    return (source.instance, source.dp_rank, tuple(chains.tolist()), now, from_replica)
 
 
 steps = st.lists(
-    st.tuples(st.integers(0, WORKERS - 1), st.integers(1, 12), st.booleans()), min_size=1, max_size=60
+    st.tuples(st.integers(0, WORKERS - 1), st.integers(1, 12), st.booleans(), st.booleans()),
+    min_size=1,
+    max_size=60,
 )
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
 @given(steps=steps, ring_words=st.sampled_from([40, 64, 4096]))
 def test_readers_get_the_others_entries_once_in_order(
-    steps: list[tuple[int, int, bool]], ring_words: int
+    steps: list[tuple[int, int, bool, bool]], ring_words: int
 ) -> None:
+    """... with each entry's origin (a worker of this host, or another router replica) kept."""
     rings = host(ring_words)
-    pushed: list[list[tuple[str, int, tuple[int, ...], float]]] = [[] for _ in range(WORKERS)]
-    got: list[list[tuple[str, int, tuple[int, ...], float]]] = [[] for _ in range(WORKERS)]
-    for i, (writer, n, pull_now) in enumerate(steps):
+    pushed: list[list[Key]] = [[] for _ in range(WORKERS)]
+    got: list[list[Key]] = [[] for _ in range(WORKERS)]
+    for i, (writer, n, pull_now, from_replica) in enumerate(steps):
         e = entry(i, n)
-        rings[writer].push([e])
-        if 5 + n <= ring_words:
-            pushed[writer].append(key(e.source, e.chains, e.now))
+        rings[writer].push([e], from_replica=from_replica)
+        if 6 + n <= ring_words:
+            pushed[writer].append(key(e.source, e.chains, e.now, from_replica))
         if pull_now:
             for k in range(WORKERS):
-                got[k] += [key(p.source, p.chains, p.now) for p in rings[k].pull()]
+                got[k] += [key(p.source, p.chains, p.now, p.from_replica) for p in rings[k].pull()]
     for k in range(WORKERS):
-        got[k] += [key(p.source, p.chains, p.now) for p in rings[k].pull()]
+        got[k] += [key(p.source, p.chains, p.now, p.from_replica) for p in rings[k].pull()]
         others = [e for w in range(WORKERS) if w != k for e in pushed[w]]
         assert all(g in others for g in got[k])
         assert len(got[k]) == len(set(got[k]))  # every entry is distinct (the index i): none twice

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -24,7 +25,10 @@ from aiohttp import web
 
 from tests.support.gateway import with_front
 from tests.support.net import free_port
+from tests.support.redis_server import RedisServer, redis_server
 from tests.support.wait import until, until_async
+
+__all__ = ["redis_server"]
 
 MODEL = "held-model"
 
@@ -235,6 +239,74 @@ async def test_the_limits_queue_is_the_hosts(tmp_path: Path) -> None:
         assert fleet.held == 2
         fleet.release.set()
         assert [st for st, _ in await asyncio.gather(*first, *queued)] == [200] * 5
+
+
+async def health_per_worker(base: str, workers: int = 2) -> dict[int, dict[str, Any]]:
+    """/health as each worker answers it once both have seen an instance healthy (fresh connections until
+    every worker answered 200)."""
+    out: dict[int, dict[str, Any]] = {}
+    for _ in range(600):
+        st, got = await fresh("GET", base + "/health")
+        if st == 200:
+            out[got["worker"]["worker"]] = got
+            if len(out) == workers:
+                return out
+        else:
+            await asyncio.sleep(0.05)  # no health check has passed in that worker yet
+    raise AssertionError(f"only workers {sorted(out)} answered 200")
+
+
+async def test_every_worker_shares_with_the_other_replicas(tmp_path: Path, redis_server: RedisServer) -> None:
+    """Replica a is ``serve --workers 2``, replica b one process (in this test), through a real Redis.  The
+    leader makes the round trips for its host: what it publishes is the whole host's load as it is
+    (requests held in either worker, and none once they are done), and what it reads reaches the other
+    worker too (its /health says so: the metrics of one scrape are that one worker's)."""
+    from indexer import Indexer
+    from kvrouter.replicas import SharedState, SharedStateConfig
+    from kvrouter.routing import RouteInput, Router, RouterConfig
+    from kvrouter.routing.router import Target
+    from kvrouter.types import InstanceId, RequestId
+
+    rep = {"redis_url": redis_server.url, "namespace": "workers", "interval_s": 0.05}
+    async with (
+        HeldFleet(2) as fleet,
+        serve(tmp_path, fleet.fleet(replicas={**rep, "replica_id": "a"})) as (
+            base,
+            _,
+        ),
+    ):
+        rb = Router(Indexer(16), RouterConfig(shadow=False))
+        b = SharedState(rb, SharedStateConfig(**rep, replica_id="b"))  # type: ignore[arg-type]
+        await b.start()
+        try:
+            await health_per_worker(base)  # both workers route (each saw an instance healthy)
+            held = [asyncio.create_task(fresh("POST", base + "/v1/completions", body(i))) for i in range(8)]
+            await until(lambda: fleet.held == 8, 20, "8 requests held upstream")
+            # b sees a's whole host: both workers' requests (each worker took some: 8 fresh connections)
+            await until(
+                lambda: sum(x.external_in_flight for x in rb.load.loads.values()) == 8, 10, "a's load"
+            )
+            # b's request in flight at h0: each of a's workers counts it
+            inp = RouteInput(RequestId("b-1"), 400, None, b"x")
+            rb.dispatched(inp, rb.route(inp, [Target(InstanceId("h0"))]).chosen, time.monotonic())  # type: ignore[arg-type]
+
+            for _ in range(100):  # b's next round trip, then a's
+                h = await health_per_worker(base)
+                if h[1]["replicas"]["peers_in_flight"] == 1:
+                    break
+                await asyncio.sleep(0.1)
+            assert (
+                h[0]["replicas"]["round_trips"] and h[0]["replicas"]["up"] and h[0]["replicas"]["peers"] == 1
+            )
+            assert not h[1]["replicas"]["round_trips"] and h[1]["replicas"]["peers_in_flight"] == 1
+            assert h[1]["replicas"]["peers_prefill_tokens"] == 400
+            fleet.release.set()
+            assert [st for st, _ in await asyncio.gather(*held)] == [200] * 8
+            # and what a's workers finished leaves a's published load at once, whoever routes next (the
+            # leader published the host's load as of its own last decision: the others' requests stayed)
+            await until(lambda: sum(x.external_in_flight for x in rb.load.loads.values()) == 0, 10, "a idle")
+        finally:
+            await b.stop()
 
 
 pytestmark = pytest.mark.skipif(os.cpu_count() is None, reason="needs /proc")

@@ -1,0 +1,102 @@
+"""Two router replicas' request pipelines placing one new prompt at the same moment, on a real
+redis-server (issue 29): whatever each one's view of the load says, both send it where the first claim
+put it; the claimant predicts no hit for the prompt it computes, the follower expects it there."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import msgspec
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry
+
+from indexer import Indexer, SourceKey
+from indexer.config import parse_fleet
+from kvrouter.config import RouterFleetConfig
+from kvrouter.pipeline import PassThroughTokens, PipelineMetrics, RequestPipeline
+from kvrouter.replicas import PrefixClaims, SharedStateConfig
+from kvrouter.routing import Router, Target
+from kvrouter.types import InstanceId
+from tests.support.redis_server import RedisServer, redis_server
+
+__all__ = ["redis_server"]
+
+NAMES = ("a", "b", "c")
+FLEET = """
+block_size: 16
+instances:
+  - {name: a, url: "http://127.0.0.1:1"}
+  - {name: b, url: "http://127.0.0.1:2"}
+  - {name: c, url: "http://127.0.0.1:3"}
+routing: {policy: kv-aware, shadow: false}
+"""
+
+
+class Targets:
+    def targets(self, model: str | None) -> list[Target]:
+        return [Target(InstanceId(n)) for n in NAMES]
+
+    def known_model(self, model: str | None) -> bool:
+        return True
+
+    def base_model(self, model: str | None) -> str | None:
+        return None
+
+    def instance_targets(self, name: str) -> list[Target] | None:
+        return [Target(InstanceId(name))]
+
+
+def pipeline() -> RequestPipeline:
+    cfg = parse_fleet(yaml.safe_load(FLEET), RouterFleetConfig)
+    ix = Indexer(cfg.block_size)
+    for n in NAMES:
+        ix.register(SourceKey(n, 0))
+    router = Router(ix, cfg.router_config())
+    return RequestPipeline(cfg, router, Targets(), PassThroughTokens(), PipelineMetrics(CollectorRegistry()))
+
+
+def body(seed: int) -> bytes:
+    prompt = list(range(seed * 1000, seed * 1000 + 200))
+    return msgspec.json.encode({"model": "m", "prompt": prompt, "max_tokens": 1})
+
+
+@pytest.fixture
+async def claims(redis_server: RedisServer) -> AsyncIterator[tuple[PrefixClaims, PrefixClaims]]:
+    c = redis_server.client()
+    c.flushdb()
+    c.close()
+    cfg = SharedStateConfig(redis_url=redis_server.url, namespace="pipe")
+    one, two = PrefixClaims(cfg, 5.0), PrefixClaims(cfg, 5.0)
+    yield one, two
+    await one.close()
+    await two.close()
+
+
+async def test_replicas_with_different_views_place_a_new_prompt_where_it_was_claimed(
+    claims: tuple[PrefixClaims, PrefixClaims],
+) -> None:
+    first, second = pipeline(), pipeline()
+    first.claims = claims[0]
+    second.claims = claims[1]
+    # The second replica sees what the first will choose as busy: on its own it would go elsewhere.
+    p1 = await first.prepare(body(1), "completions", {})
+    own = first.decide(p1, dry_run=True).chosen
+    assert own is not None
+    second.router.load.set_external({InstanceId(own.target): (3, 800)})
+    p2 = await second.prepare(body(1), "completions", {})
+    alone = second.decide(p2, dry_run=True).chosen
+    assert alone is not None and alone.target != own.target
+
+    d1 = await first.admit(p1)  # claims own.target
+    assert d1.chosen is not None and d1.chosen.target == own.target
+    assert (d1.reason, d1.predicted_cached_tokens) == ("load", 0)
+    first.dispatched(p1, d1.chosen)
+    d2 = await second.admit(p2)  # follows the claim
+    assert d2.chosen is not None and d2.chosen.target == own.target
+    assert d2.reason == "cache" and d2.chosen.speculative_blocks == 200 // 16
+
+    # another prompt: its own claim, by the second replica's choice
+    p3 = await second.prepare(body(2), "completions", {})
+    d3 = await second.admit(p3)
+    assert d3.chosen is not None and await claims[0].claim(int(p3.inp.chains[0]), "x") == d3.chosen.target  # type: ignore[index]

@@ -1,0 +1,126 @@
+"""A prompt no target holds, asked for at several router replicas before any round trip could tell them of
+each other, on a real redis-server (issue 29): the first to place it claims where (``PrefixClaims``), the
+others follow that claim, and the placing replica publishes at once (``SharedState.nudge``)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from kvrouter.replicas import PrefixClaims, SharedState
+from kvrouter.types import InstanceId
+from tests.kvrouter.replicas.test_shared_state import TARGETS, config, ns_flush, prompt, router, send
+from tests.support.net import free_port
+from tests.support.redis_server import RedisServer, redis_server
+from tests.support.wait import until
+
+__all__ = ["ns_flush", "redis_server"]
+
+
+Claims = tuple[PrefixClaims, PrefixClaims, CollectorRegistry]
+
+
+def sample(reg: CollectorRegistry, outcome: str) -> float:
+    v = reg.get_sample_value("kvrouter_shared_state_prefix_claims_total", {"outcome": outcome})
+    return v or 0.0
+
+
+@pytest.fixture
+async def claims(
+    ns_flush: RedisServer,
+) -> AsyncIterator[tuple[PrefixClaims, PrefixClaims, CollectorRegistry]]:
+    reg = CollectorRegistry()
+    a = PrefixClaims(config(ns_flush.url, "a"), 5.0, registry=reg)
+    b = PrefixClaims(config(ns_flush.url, "b"), 5.0, registry=CollectorRegistry())
+    yield a, b, reg
+    await a.close()
+    await b.close()
+
+
+def test_a_prompt_is_new_until_some_target_holds_or_expects_it() -> None:
+    r = router()
+    inp = prompt(3)
+    assert r.new_prefix(inp)
+    send(r, inp)  # its speculative entry: the next request expects it there
+    assert not r.new_prefix(prompt(3))
+    assert r.new_prefix(prompt(4))
+
+
+async def test_the_first_claim_holds_and_later_ones_follow_it(claims: Claims) -> None:
+    a, b, reg = claims
+    assert await a.claim(11, "w1") == "w1"
+    assert await b.claim(11, "w2") == "w1"  # b would have placed it on w2
+    assert await a.claim(11, "w0") == "w1"
+    assert await b.claim(12, "w2") == "w2"  # another prompt: another claim
+    assert (sample(reg, "won"), sample(reg, "followed")) == (1.0, 1.0)
+
+
+async def test_a_replica_that_follows_a_claim_routes_to_the_claimed_target(claims: Claims) -> None:
+    """b's own view would put the prompt elsewhere (a's request is in flight where a put it); after
+    following a's claim it decides for that target, on the expected prefix, as a would."""
+    a, b, _ = claims
+    ra, rb = router(), router()
+    first = send(ra, prompt(9))
+    assert first.chosen is not None and await a.claim(int(prompt(9).chains[0]), first.chosen.target)  # type: ignore[index]
+    rb.load.set_external({InstanceId(first.chosen.target): (3, 0)})  # b sees that target busy
+    inp = prompt(9)
+    mine = rb.route(inp, TARGETS, time.monotonic(), dry_run=True)
+    assert mine.chosen is not None and mine.chosen.target != first.chosen.target
+    owner = await b.claim(int(inp.chains[0]), mine.chosen.target)  # type: ignore[index]
+    assert owner == first.chosen.target
+    (at,) = [c for c in mine.ranked if c.target == owner]
+    rb.expect(inp, at, time.monotonic())
+    assert not rb.new_prefix(inp)
+    d = rb.route(inp, TARGETS, time.monotonic())
+    assert d.chosen is not None and d.chosen.target == first.chosen.target
+    assert d.reason == "cache" and d.chosen.speculative_blocks == 8
+
+
+async def test_an_unreachable_store_costs_one_wait_then_none() -> None:
+    """No Redis answers: the claim fails once (counted), and is not asked for again for ``lease_s``; a
+    decision does not wait for a round trip either."""
+    reg = CollectorRegistry()
+    c = PrefixClaims(config(f"redis://127.0.0.1:{free_port()}/0", "c", timeout_s=0.2), 5.0, registry=reg)
+    try:
+        assert await c.claim(1, "w0") is None
+        assert await c.claim(2, "w0") is None
+        assert (sample(reg, "error"), sample(reg, "skipped")) == (1.0, 1.0)
+    finally:
+        await c.close()
+    s = SharedState(router(), config(f"redis://127.0.0.1:{free_port()}/0", "c", timeout_s=0.2))
+    await s.start()
+    try:
+        await s.fresh()  # no round trip can succeed: not waited for
+        assert s.fresh_waits == 0 and not s.status()["up"]
+    finally:
+        await s.stop()
+
+
+async def test_a_new_placement_is_published_and_read_without_waiting_for_the_interval(
+    ns_flush: RedisServer,
+) -> None:
+    """At a 30 s interval only a nudge (after a's placement) and a fresh round trip (before b's) carry a's
+    entry to b before the test ends."""
+    ra, rb = router(), router()
+    slow = {"interval_s": 30.0, "lease_s": 60.0}
+    a = SharedState(ra, config(ns_flush.url, "a", **slow), registry=CollectorRegistry())
+    b = SharedState(rb, config(ns_flush.url, "b", **slow), registry=CollectorRegistry())
+    await a.start()
+    await b.start()
+    try:
+        first = send(ra, prompt(5))
+        assert first.chosen is not None
+        a.nudge()
+        await until(lambda: ra.indexer.speculative_outbox == [] and a.state.unsent == [], what="published")
+        assert rb.new_prefix(prompt(5))
+        await b.fresh()  # before b places a new prompt: a round trip now, not at the interval
+        assert (b.fresh_waits, b.fresh_timeouts) == (1, 0)
+        assert not rb.new_prefix(prompt(5))
+        d = rb.route(prompt(5), TARGETS, time.monotonic())
+        assert d.chosen is not None and d.chosen.target == first.chosen.target and d.reason == "cache"
+    finally:
+        await a.stop()
+        await b.stop()
