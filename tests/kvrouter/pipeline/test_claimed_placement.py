@@ -66,7 +66,9 @@ async def claims(redis_server: RedisServer) -> AsyncIterator[tuple[PrefixClaims,
     c = redis_server.client()
     c.flushdb()
     c.close()
-    cfg = SharedStateConfig(redis_url=redis_server.url, namespace="pipe")
+    # A claim that takes longer than ``timeout_s`` is given up (placed on the local view): on a loaded
+    # machine the first round trip (connection, script load) can, and this test is about placement.
+    cfg = SharedStateConfig(redis_url=redis_server.url, namespace="pipe", timeout_s=10.0, lease_s=20.0)
     one, two = PrefixClaims(cfg, 5.0), PrefixClaims(cfg, 5.0)
     yield one, two
     await one.close()

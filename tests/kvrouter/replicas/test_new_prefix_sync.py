@@ -33,8 +33,11 @@ async def claims(
     ns_flush: RedisServer,
 ) -> AsyncIterator[tuple[PrefixClaims, PrefixClaims, CollectorRegistry]]:
     reg = CollectorRegistry()
-    a = PrefixClaims(config(ns_flush.url, "a"), 5.0, registry=reg)
-    b = PrefixClaims(config(ns_flush.url, "b"), 5.0, registry=CollectorRegistry())
+    # Round trips bounded generously: on a loaded machine the first (connection, script load) can take
+    # longer than the default 0.5 s, and these tests are about what a claim decides, not its deadline.
+    roomy = {"timeout_s": 10.0, "lease_s": 20.0}
+    a = PrefixClaims(config(ns_flush.url, "a", **roomy), 5.0, registry=reg)
+    b = PrefixClaims(config(ns_flush.url, "b", **roomy), 5.0, registry=CollectorRegistry())
     yield a, b, reg
     await a.close()
     await b.close()
@@ -105,7 +108,7 @@ async def test_a_new_placement_is_published_and_read_without_waiting_for_the_int
     """At a 30 s interval only a nudge (after a's placement) and a fresh round trip (before b's) carry a's
     entry to b before the test ends."""
     ra, rb = router(), router()
-    slow = {"interval_s": 30.0, "lease_s": 60.0}
+    slow = {"interval_s": 30.0, "lease_s": 60.0, "timeout_s": 10.0}
     a = SharedState(ra, config(ns_flush.url, "a", **slow), registry=CollectorRegistry())
     b = SharedState(rb, config(ns_flush.url, "b", **slow), registry=CollectorRegistry())
     await a.start()
