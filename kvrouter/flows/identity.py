@@ -7,7 +7,8 @@ ignored (a client without the key never borrows that tenant's priority or share)
 ``InferenceObjective`` gives the priority of tenants whose own is not configured, and may only lower a
 configured one (raise it only where allowed); a priority header that is not an integer is ignored; a
 priority above the tenant's is honoured only with ``allow_priority_header`` (and capped at
-``max_priority``), a lower one always.
+``max_priority``), a lower one always.  Header names are looked up in lower case (the picker's map is
+lower-cased; the others ignore case).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def identify(
     warnings: list[str] = []
     tenant = key_tenant
     if tenant is None and cfg.tenant_header:
-        named = headers.get(cfg.tenant_header)
+        named = headers.get(cfg.tenant_header.lower())
         if named is not None:
             named = named.strip()
             if not named or len(named) > cfg.max_tenant_name or not named.isprintable():
@@ -42,7 +43,7 @@ def identify(
         tenant = cfg.default_tenant
     t = cfg.tenant(tenant)
     priority = t.priority
-    objective = headers.get(cfg.objective_header) if cfg.objective_header else None
+    objective = headers.get(cfg.objective_header.lower()) if cfg.objective_header else None
     if objective is not None:
         wanted = cfg.objectives.get(objective.strip())
         if wanted is None:
@@ -53,7 +54,7 @@ def identify(
             warnings.append("objective:not_allowed")
         else:
             priority = wanted if t.max_priority is None else min(wanted, t.max_priority)
-    asked = headers.get(cfg.priority_header) if cfg.priority_header else None
+    asked = headers.get(cfg.priority_header.lower()) if cfg.priority_header else None
     if asked is not None:
         try:
             want = int(asked.strip())

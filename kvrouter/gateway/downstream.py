@@ -71,7 +71,8 @@ def error_answer(e: ApiError, retry_after_s: float | None, path: str) -> tuple[i
     own ``retry_after_s`` when it knows better (a rate limit knows when its bucket refills), else
     ``retry_after_s``."""
     headers = {"Content-Type": "application/json"}
-    retry_after_s = getattr(e, "retry_after_s", None) or retry_after_s
+    if isinstance(e, Overloaded) and e.retry_after_s is not None:
+        retry_after_s = e.retry_after_s
     if retry_after_s is not None and isinstance(e, (Overloaded, ServiceUnavailable)):
         headers["Retry-After"] = str(retry_after_s)
     body = anthropic_error_body(e.status, e.message) if path.startswith("/v1/messages") else e.body()

@@ -387,7 +387,7 @@ class RequestPipeline:
     # ------------------------------------------------------------------ flows
     def flow_of(self, headers: Mapping[str, str]) -> tuple[Flow, list[str]]:
         """The request's flow; each header ignored is counted (a warning, never an error)."""
-        key = self.cfg.tenants.api_keys.get(bearer(headers.get("Authorization")))
+        key = self.cfg.tenants.api_keys.get(bearer(headers.get("authorization")))
         flow, notes = identify(self.cfg.flows, None if key is None else key.name, headers, self._keyed)
         for n in notes:
             header, _, reason = n.partition(":")
