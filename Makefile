@@ -50,7 +50,9 @@ fuzz: kernels
 bench: $(STAMP)
 	$(BIN)/kvrouter bench all
 
-demo: $(STAMP)
+# Kernels compiled first (into Numba's on-disk cache): otherwise every simulated instance compiles its own
+# on the first request, and the first policy's run includes minutes of compiling on a small machine.
+demo: kernels
 	$(BIN)/kvrouter demo
 
 reliability: $(STAMP)
