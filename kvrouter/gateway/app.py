@@ -10,6 +10,7 @@
     │     └── ResponseAffinity: which instance holds each stored response (shared through SharedState)
     ├── AdapterManager: LoRA loads and unloads passed on, adapters loaded on demand
     ├── Proxy: the bytes, upstream and back (after ``start``: it needs the client session)
+    ├── LoopLag: how far the event loop is behind (admission; timeouts judged against it)
     └── DisaggProxy: a disaggregated model's two legs, over the Proxy
 
 The HTTP routes are in ``handlers``; ``build_gateway`` makes the aiohttp app.
@@ -34,6 +35,7 @@ from indexer.subscriber import EventSubscriber
 
 from ..api.requests import ParsedRequest
 from ..config import RouterFleetConfig
+from ..loop_lag import LoopLag
 from ..pipeline import PassThroughTokens, RequestPipeline, TokenSource
 from ..replicas import SharedState, WarmRestart, mark_restored, store_for
 from ..routing import Router
@@ -72,6 +74,8 @@ class Gateway:
         self.router = Router(self.indexer, cfg.router_config(policy))
         self.metrics = GatewayMetrics()
         self.metrics.registry.register(IndexerCollector(self.indexer, self.subscriber))
+        self.lag = LoopLag()
+        """This process's event-loop delay: admission reads it, and timeouts are judged against it."""
         g = cfg.gateway
         self.pool = UpstreamPool(
             cfg.instances,
@@ -84,6 +88,7 @@ class Gateway:
             ejection_max_s=g.ejection_max_s,
             on_change=self._health_transition,
             on_eject=lambda name, _span: self.metrics.ejections.labels(name).inc(),
+            lag=self.lag,
         )
         self.tokens = tokens or PassThroughTokens()
         self.pipeline = RequestPipeline(
@@ -94,11 +99,18 @@ class Gateway:
             self.metrics.pipeline,
             remote=self.remote_lookup if remote_index else None,
             find_response=self.find_response,
+            lag=self.lag,
         )
         self.adapters = AdapterManager(self.pool, self.pipeline, cfg.lora)
         rep = cfg.replicas
         self.shared = (
-            SharedState(self.router, rep, registry=self.metrics.registry, affinity=self.pipeline.affinity)
+            SharedState(
+                self.router,
+                rep,
+                registry=self.metrics.registry,
+                affinity=self.pipeline.affinity,
+                lag=self.lag,
+            )
             if rep.redis_url
             else None
         )
@@ -215,6 +227,7 @@ class Gateway:
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
+        self.lag.start()
         conn = aiohttp.TCPConnector(limit=0, ttl_dns_cache=10, enable_cleanup_closed=True)
         self.session = aiohttp.ClientSession(connector=conn, auto_decompress=False)
         g = self.cfg.gateway
@@ -229,6 +242,7 @@ class Gateway:
             max_retries=g.max_retries,
             upstream_api_key=g.upstream_api_key,
             http=self.http if g.lean_client else None,
+            lag=self.lag,
         )
         self.disagg = DisaggProxy(self.proxy)
         self.adapters.session = self.session
@@ -286,3 +300,4 @@ class Gateway:
         self.http.close()
         if self.session:
             await self.session.close()
+        self.lag.stop()

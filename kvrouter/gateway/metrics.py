@@ -54,6 +54,17 @@ class GatewayMetrics:
             "Tasks alive on the gateway's event loop when scraped (a steady climb is a leak)",
             registry=r,
         )
+        self.loop_lag = Gauge(
+            "kvrouter_event_loop_lag_seconds",
+            "How far the gateway's event loop is behind when scraped (its least delay over the last 0.1 s; "
+            "admission refuses past limits.max_loop_lag_s)",
+            registry=r,
+        )
+        self.loop_stall_max = Gauge(
+            "kvrouter_event_loop_stall_max_seconds",
+            "The longest the gateway's event loop stood still since start (a collection, a burst of work)",
+            registry=r,
+        )
         self.worker = Gauge(
             "kvrouter_worker",
             "1, labelled with the worker of the host that answered this scrape (kvrouter serve --workers N)",

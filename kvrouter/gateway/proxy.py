@@ -30,6 +30,7 @@ from ..api import messages as anthropic
 from ..api import responses as responses_api
 from ..api.errors import ApiError, BadGateway, sse_error
 from ..api.usage import UsageWatcher
+from ..loop_lag import LoopLag
 from ..pipeline import Prepared, RequestPipeline
 from ..routing import Candidate
 from .errors import AdapterMissing, ClientGone, UpstreamFailed
@@ -76,6 +77,17 @@ def _is_connect_timeout(e: BaseException) -> bool:
     return isinstance(e, cls) if cls is not None else "connect" in str(e).lower()
 
 
+def _failed(e: BaseException, timeout: aiohttp.ClientTimeout) -> UpstreamFailed:
+    """A client error as an attempt's failure.  aiohttp's read timeout is a connection error too: an
+    instance that accepted the request and never started its answer is a hang (a failure towards
+    ejection), not an unreachable host."""
+    if isinstance(e, TimeoutError):
+        if _is_connect_timeout(e):
+            return UpstreamFailed("connect", connection=True, limit_s=timeout.connect)
+        return UpstreamFailed("timeout", connection=False, limit_s=timeout.sock_read)
+    return UpstreamFailed("connect", connection=True)
+
+
 def set_nodelay(request: web.Request) -> None:
     sock = request.transport.get_extra_info("socket") if request.transport else None
     if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
@@ -96,7 +108,11 @@ class Proxy:
         max_retries: int,
         upstream_api_key: str | None = None,
         http: UpstreamHttp | None = None,
+        lag: LoopLag | None = None,
     ) -> None:
+        self.lag = lag
+        """This process's event-loop delay: a timeout that ran out while the loop stood still is not
+        held against the instance (it is retried all the same)."""
         self.http = http
         """The lean client for http:// upstreams (None: every request through ``session``)."""
         self.session = session
@@ -143,6 +159,7 @@ class Proxy:
         for attempt in range(self.max_retries + 1):
             tried.add(chosen.target)
             self.pipeline.dispatched(p, chosen)
+            mark = self.lag.mark() if self.lag is not None else 0.0
             try:
                 send = source if isinstance(source, bytes) else _once(source, started)
                 return await self._attempt(
@@ -157,7 +174,9 @@ class Proxy:
                 self.m.retries.labels("adapter_missing").inc()
                 chosen = nxt
             except UpstreamFailed as e:
-                self.pool.record_failure(chosen.instance, connection=e.connection)
+                if e.limit_s is None or self.lag is None or not self.lag.stalled(mark, e.limit_s):
+                    self.pool.record_failure(chosen.instance, connection=e.connection)
+                # else: the time ran out while this process stood still; the instance is not to blame
                 log.warning(
                     "upstream failed before the first byte",
                     extra={"instance": chosen.target, "reason": e.reason, "attempt": attempt},
@@ -247,11 +266,9 @@ class Proxy:
                 method, url, data=data, headers=headers, timeout=timeout, auto_decompress=False
             )
         except (aiohttp.ClientConnectionError, aiohttp.ClientOSError) as e:
-            if isinstance(e, TimeoutError) and not _is_connect_timeout(e):
-                raise UpstreamFailed("timeout", connection=False) from e
-            raise UpstreamFailed("connect", connection=True) from e
+            raise _failed(e, timeout) from e
         except TimeoutError as e:
-            raise UpstreamFailed("timeout", connection=False) from e
+            raise UpstreamFailed("timeout", connection=False, limit_s=timeout.sock_read) from e
 
     async def _post(
         self,
@@ -270,13 +287,9 @@ class Proxy:
                 url, data=body, headers=headers, timeout=timeout, auto_decompress=False
             )
         except (aiohttp.ClientConnectionError, aiohttp.ClientOSError) as e:
-            # aiohttp's read timeout is a connection error too: an instance that accepted the request and
-            # never started its answer is a hang (a failure towards ejection), not an unreachable host.
-            if isinstance(e, TimeoutError) and not _is_connect_timeout(e):
-                raise UpstreamFailed("timeout", connection=False) from e
-            raise UpstreamFailed("connect", connection=True) from e
+            raise _failed(e, timeout) from e
         except TimeoutError as e:
-            raise UpstreamFailed("timeout", connection=False) from e
+            raise UpstreamFailed("timeout", connection=False, limit_s=timeout.sock_read) from e
 
     async def _read_all(self, resp: Answer) -> bytes:
         try:

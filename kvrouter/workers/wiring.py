@@ -6,7 +6,7 @@
                                             router.host          = RingSync       (speculative entries)
                                             pool.board           = HealthBoard    (health, ejections)
                                             pipeline.gate.shared = QueueBoard     (the limits' queue)
-                                            pipeline.held_host   = QueueBoard     (max_requests)
+                                            pipeline.admission.held_host = QueueBoard  (max_requests)
 
 Worker 0 is the leader: it alone scrapes engine load (the others read it from the shared loads), runs the
 start-up fleet check, index snapshots and the replicas' round trips to Redis, which publish the
@@ -100,7 +100,7 @@ class WorkerHost:
         gw.pool.board = self.health
         gw.pool.scrape_engines = self.leader
         gw.pipeline.gate.shared = self.queue
-        gw.pipeline.held_host = self.queue
+        gw.pipeline.admission.held_host = self.queue
         gw.pipeline.id_prefix = f"w{self.me}-r"
         gw.metrics.worker.labels(str(self.me)).set(1)
         gw.host_state = self.state

@@ -1,0 +1,92 @@
+"""LoopLag: the standing delay against a reference model (the least lag of the window's ticks, two ticks at
+least), the stall total against a sum, and the timer on a real loop that is blocked once."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvrouter.loop_lag import LoopLag
+from tests.support.wait import until
+
+WINDOW = 0.1
+
+
+def reference_standing(ticks: list[tuple[float, float]], window: float) -> float:
+    """The least lag among the ticks of the last ``window`` before the newest; the last two if fewer."""
+    now = ticks[-1][0]
+    kept = [lag for t, lag in ticks if t >= now - window]
+    if len(kept) < 2:
+        kept = [lag for _, lag in ticks[-2:]]
+    return min(kept)
+
+
+@given(
+    st.lists(
+        st.tuples(st.floats(0.0, 0.2), st.floats(-0.01, 0.5)),  # (time since the tick before, lag)
+        min_size=1,
+        max_size=60,
+    )
+)
+def test_standing_delay_is_the_least_lag_of_the_window(steps: list[tuple[float, float]]) -> None:
+    lag = LoopLag(window_s=WINDOW)
+    ticks: list[tuple[float, float]] = []
+    now = 100.0
+    for dt, late in steps:
+        now += dt
+        lag.observe(late, now)
+        ticks.append((now, max(0.0, late)))
+        assert lag.standing_s == reference_standing(ticks, WINDOW)
+    assert lag.blocked_s == sum(late for _, late in ticks)
+    assert lag.max_s == max(late for _, late in ticks)
+
+
+def test_one_long_stall_is_not_a_standing_delay_but_a_busy_loop_is() -> None:
+    lag = LoopLag(window_s=WINDOW)
+    now = 0.0
+    for _ in range(20):  # on time
+        now += 0.01
+        lag.observe(0.0, now)
+    now += 0.5
+    lag.observe(0.5, now)  # a collection: one tick half a second late
+    assert lag.standing_s == 0.0  # the tick before it was on time
+    now += 0.01
+    lag.observe(0.0, now)
+    assert lag.standing_s == 0.0
+    for _ in range(10):  # busy every turn: every tick 30-40 ms late
+        now += 0.04
+        lag.observe(0.03 + 0.001 * (now % 7), now)
+    assert 0.03 <= lag.standing_s <= 0.04
+
+
+def test_stalled_compares_the_delay_since_a_mark_with_the_timeout() -> None:
+    lag = LoopLag()
+    mark = lag.mark()
+    lag.observe(0.2, 1.0)
+    assert lag.blocked_since(mark) == 0.2
+    assert not lag.stalled(mark, 0.5)  # 0.2 of 0.5 s: the peer had most of the time
+    lag.observe(0.1, 1.1)
+    assert lag.stalled(mark, 0.5)  # 0.3 of 0.5 s: the timeout is this process's
+
+
+async def test_the_timer_sees_a_blocked_loop_and_then_a_free_one() -> None:
+    lag = LoopLag(tick_s=0.01, window_s=0.05)
+    lag.start()
+    try:
+        await until(lambda: len(lag._ticks) >= 2, what="first ticks")
+        mark = lag.mark()
+        time.sleep(0.3)  # the loop stands still
+        assert lag.blocked_since(mark) >= 0.25  # overdue already counts, before the tick has run
+        await until(lambda: lag.max_s >= 0.25, what="the late tick reported")
+        assert lag.stalled(mark, 0.5)
+        await until(lambda: lag.standing_s < 0.05, what="ticks on time again")
+    finally:
+        lag.stop()
+    assert not lag.running
+    await asyncio.sleep(0.05)  # stopped: no tick runs any more
+    n = lag.blocked_s
+    await asyncio.sleep(0.05)
+    assert lag.blocked_s == n
