@@ -9,9 +9,11 @@
     refused when  requests held (this worker, or the host's with several) >= limits.max_requests
                   ("gateway_full": a bound on memory and on the backlog)
              or   this worker's event loop is always behind, by more than limits.max_loop_lag_s
-                  (``LoopLag.standing_s``: "gateway_busy", its CPU is the bottleneck; refused with a
-                  probability that grows from 0 at the bound to 1 at twice it, so the delay settles
-                  near the bound; one long stall, a collection, refuses nothing)
+                  (``LoopLag.standing_s``), and never idle (``LoopLag.demand`` >= MIN_DEMAND):
+                  "gateway_busy", its CPU is the bottleneck; refused with a probability that grows
+                  from 0 at the bound to 1 at twice it, so the delay settles near the bound.  One long
+                  stall (a collection) refuses nothing, nor does a loop that is late only because other
+                  processes hold the CPUs while it has little to do
 
 Why the loop's delay and not only a count: when the router's own CPU is the bottleneck, a request admitted
 now makes every request in flight later, and a count reaches its bound only once the backlog is already
@@ -44,6 +46,11 @@ class HeldCount(Protocol):
     def held_total(self) -> int: ...
 
     def add_held(self, d: int) -> None: ...
+
+
+MIN_DEMAND = 0.9
+"""A loop whose thread was runnable (on a CPU or queued for one) less than this share of the window had
+time to spare: its delay is the machine's, and refusing would not shorten it."""
 
 
 def busy_share(lag_s: float, bound_s: float) -> float:
@@ -83,8 +90,9 @@ class Admission:
         if cap and (self.active if self.held_host is None else self.held_host.held_total()) >= cap:
             return self._count(Overloaded(f"the gateway holds {cap} requests already", reason="gateway_full"))
         bound = self.limits.max_loop_lag_s
-        if bound > 0 and self.lag is not None and self.lag.running:
-            share = busy_share(self.lag.standing_s, bound)
+        lag = self.lag
+        if bound > 0 and lag is not None and lag.running and lag.demand >= MIN_DEMAND:
+            share = busy_share(lag.standing_s, bound)
             if share > 0 and (share >= 1.0 or self.rng() < share):
                 return self._count(Overloaded("the gateway is at its capacity", reason="gateway_busy"))
         return None

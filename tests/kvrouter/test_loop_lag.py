@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -15,33 +16,41 @@ from tests.support.wait import until
 WINDOW = 0.1
 
 
-def reference_standing(ticks: list[tuple[float, float]], window: float) -> float:
-    """The least lag among the ticks of the last ``window`` before the newest; the last two if fewer."""
+Tick = tuple[float, float, float]  # (when, lag, runnable seconds so far)
+
+
+def reference(ticks: list[Tick], window: float) -> tuple[float, float]:
+    """(standing delay, demand): over the ticks of the last ``window`` before the newest (the last two if
+    fewer), the least lag, and the runnable seconds over the seconds between the first and the newest."""
     now = ticks[-1][0]
-    kept = [lag for t, lag in ticks if t >= now - window]
+    kept = [t for t in ticks if t[0] >= now - window]
     if len(kept) < 2:
-        kept = [lag for _, lag in ticks[-2:]]
-    return min(kept)
+        kept = ticks[-2:]
+    span = now - kept[0][0]
+    demand = min(1.0, max(0.0, (kept[-1][2] - kept[0][2]) / span)) if span > 0 else 0.0
+    return min(t[1] for t in kept), demand
 
 
 @given(
     st.lists(
-        st.tuples(st.floats(0.0, 0.2), st.floats(-0.01, 0.5)),  # (time since the tick before, lag)
+        # (time since the tick before, lag, share of it runnable)
+        st.tuples(st.floats(0.0, 0.2), st.floats(-0.01, 0.5), st.floats(0.0, 1.0)),
         min_size=1,
         max_size=60,
     )
 )
-def test_standing_delay_is_the_least_lag_of_the_window(steps: list[tuple[float, float]]) -> None:
+def test_standing_delay_and_demand_against_the_window(steps: list[tuple[float, float, float]]) -> None:
     lag = LoopLag(window_s=WINDOW)
-    ticks: list[tuple[float, float]] = []
-    now = 100.0
-    for dt, late in steps:
+    ticks: list[Tick] = []
+    now, runnable = 100.0, 5.0
+    for dt, late, share in steps:
         now += dt
-        lag.observe(late, now)
-        ticks.append((now, max(0.0, late)))
-        assert lag.standing_s == reference_standing(ticks, WINDOW)
-    assert lag.blocked_s == sum(late for _, late in ticks)
-    assert lag.max_s == max(late for _, late in ticks)
+        runnable += dt * share
+        lag.observe(late, now, runnable)
+        ticks.append((now, max(0.0, late), runnable))
+        assert (lag.standing_s, lag.demand) == pytest.approx(reference(ticks, WINDOW))
+    assert lag.blocked_s == pytest.approx(sum(t[1] for t in ticks))
+    assert lag.max_s == max(t[1] for t in ticks)
 
 
 def test_one_long_stall_is_not_a_standing_delay_but_a_busy_loop_is() -> None:
@@ -78,11 +87,18 @@ async def test_the_timer_sees_a_blocked_loop_and_then_a_free_one() -> None:
     try:
         await until(lambda: len(lag._ticks) >= 2, what="first ticks")
         mark = lag.mark()
-        time.sleep(0.3)  # the loop stands still
+        time.sleep(0.3)  # the loop stands still (asleep: not runnable)
         assert lag.blocked_since(mark) >= 0.25  # overdue already counts, before the tick has run
         await until(lambda: lag.max_s >= 0.25, what="the late tick reported")
         assert lag.stalled(mark, 0.5)
         await until(lambda: lag.standing_s < 0.05, what="ticks on time again")
+        t_end = time.monotonic() + 0.3
+        while time.monotonic() < t_end:  # busy on the CPU, every turn
+            x = sum(range(20_000))
+            await asyncio.sleep(0)
+        assert x and lag.demand > 0.5  # runnable most of the window (the machine may share its CPUs)
+        await asyncio.sleep(0.2)  # idle: the loop waits for a timer
+        assert lag.demand < 0.5
     finally:
         lag.stop()
     assert not lag.running

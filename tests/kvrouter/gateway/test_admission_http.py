@@ -66,14 +66,19 @@ async def test_a_loop_behind_on_every_turn_refuses_and_recovers(fleet: SimFleet)
     ):
         stop = asyncio.Event()
 
-        async def hog() -> None:  # CPU work on the loop: every turn 60 ms late
+        async def hog() -> None:  # CPU work on the loop: every turn 60 ms late, never idle
             while not stop.is_set():
-                time.sleep(0.06)
+                end = time.monotonic() + 0.06
+                while time.monotonic() < end:
+                    pass
                 await asyncio.sleep(0)
 
         task = asyncio.create_task(hog())
         try:
-            await until(lambda: gw.lag.standing_s >= 0.045, what="a standing delay past twice the bound")
+            await until(
+                lambda: gw.lag.standing_s >= 0.045 and gw.lag.demand >= 0.9,
+                what="a standing delay past twice the bound, the loop never idle",
+            )
             status, headers, _ = await headers_only(base)
             assert status == 429 and "retry-after" in headers
             assert rejected(gw, "gateway_busy") >= 1

@@ -48,12 +48,14 @@ def admission(lag: LoopLag | None, draw: float = 0.5, **limits: object) -> Admis
     return Admission(cfg, PipelineMetrics(CollectorRegistry()), lag=lag, rng=Draws(draw))
 
 
-def busy(lag: LoopLag, delay: float, ticks: int = 12) -> None:
-    """The loop late by ``delay`` on every turn for ``ticks`` ticks 10 ms apart."""
-    now = lag._ticks[-1][0] if lag._ticks else 0.0
+def busy(lag: LoopLag, delay: float, ticks: int = 12, runnable: float = 1.0) -> None:
+    """The loop late by ``delay`` on every turn for ``ticks`` ticks 10 ms apart, its thread runnable for
+    ``runnable`` of the time."""
+    now, ran = (lag._ticks[-1][0], lag._ticks[-1][2]) if lag._ticks else (0.0, 0.0)
     for _ in range(ticks):
         now += 0.01 + delay
-        lag.observe(delay, now)
+        ran += (0.01 + delay) * runnable
+        lag.observe(delay, now, ran)
 
 
 @given(st.floats(0.0, 1.0), st.floats(0.0, 1.0))
@@ -113,9 +115,18 @@ async def test_a_standing_delay_refuses_a_share_and_twice_the_bound_refuses_all(
 
 async def test_one_long_stall_refuses_nothing(lag: LoopLag) -> None:
     busy(lag, 0.0)
-    now = lag._ticks[-1][0] + 0.5
-    lag.observe(0.5, now)  # a collection: half a second, once
+    now, ran = lag._ticks[-1][0] + 0.5, lag._ticks[-1][2] + 0.5
+    lag.observe(0.5, now, ran)  # a collection: half a second, once
     assert admission(lag, draw=0.0).refusal() is None
+
+
+async def test_a_loop_late_with_time_to_spare_refuses_nothing(lag: LoopLag) -> None:
+    """Late on every turn, but runnable a third of the time: other processes hold the CPUs."""
+    busy(lag, BOUND * 3, runnable=0.3)
+    assert lag.standing_s > 2 * BOUND and lag.demand < 0.5
+    assert admission(lag, draw=0.0).refusal() is None
+    busy(lag, BOUND * 3, runnable=0.95)  # the same delay, never idle: its own work
+    assert admission(lag, draw=0.999).refusal() is not None
 
 
 async def test_off_or_not_running_admits_on_the_count_alone(lag: LoopLag) -> None:
