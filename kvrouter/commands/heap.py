@@ -125,17 +125,21 @@ class HeapTrimmer:
             registry=registry,
         )
         self._task: asyncio.Task[None] | None = None
+        self._base: int | None = None
 
     def check(self) -> bool:
-        """Trim if enough is free; whether it trimmed."""
+        """Trim if ``min_free_bytes`` more are free than at the last trim (or the least seen since): the
+        free bytes count pages already given back too, so only their growth says a peak has passed."""
         free = heap_free_bytes()
         if free is None:
             return False
         self.free.set(free)
-        if free < self.min_free_bytes:
+        self._base = free if self._base is None else min(self._base, free)
+        if free - self._base < self.min_free_bytes:
             return False
         t0 = time.perf_counter()
         trim_heap()
+        self._base = free
         self.trims.inc()
         log.debug(
             "heap trimmed",

@@ -179,6 +179,7 @@ async def metrics(request: web.Request) -> web.Response:
         gw.metrics.in_flight.labels(key).set(load.effective_in_flight())
     gw.metrics.loop_tasks.set(len(asyncio.all_tasks()))
     gw.metrics.loop_lag.set(gw.lag.standing_s)
+    gw.metrics.loop_demand.set(gw.lag.demand)
     gw.metrics.loop_stall_max.set(gw.lag.max_s)
     return web.Response(
         body=generate_latest(gw.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}

@@ -7,6 +7,7 @@ run, on one ``kvrouter serve --workers 1`` in front of a simulated instance.
                                                    ▲ CPU: /proc/<pid>/stat before and after each phase
     raw HTTP/1.1 client, `connections` keep-alive connections, each one request at a time (closed loop)
 
+    floor     GET /livez: what the HTTP server costs per request before any handler work
     served    the instance answers at once: every request routed, proxied, answered 200
     refused   the instance holds every request (latency fault): `cap` requests fill the gateway, then
               every request is refused (429 + Retry-After) before its body is read
@@ -49,6 +50,10 @@ def cpu_s(pid: int) -> float:
     """User + system CPU seconds of ``pid`` (Linux ``/proc``)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def livez_bytes(port: int) -> bytes:
+    return f"GET /livez HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
 
 
 def request_bytes(port: int, body: dict[str, Any]) -> bytes:
@@ -140,6 +145,7 @@ def main(a: argparse.Namespace) -> dict[str, Any]:
         mix = PromptMix(0, max_tokens=1)
         payloads = [request_bytes(gw.port, mix.body()) for _ in range(a.refusal_n)]
         _phase(gw.proc.pid, gw.port, payloads[: min(2000, len(payloads))], a.connections)  # warm-up
+        floor = _phase(gw.proc.pid, gw.port, [livez_bytes(gw.port)] * len(payloads), a.connections)
         served = _phase(gw.proc.pid, gw.port, payloads, a.connections)
         refused = asyncio.run(_refused(gw, url, payloads, a))
     finally:
@@ -155,6 +161,7 @@ def main(a: argparse.Namespace) -> dict[str, Any]:
         and refused["with_retry_after"] == refused["requests"]
     )
     return {
+        "floor_livez": floor,
         "served": served,
         "refused": refused,
         "refusal_over_served_cpu": None if ratio is None else round(ratio, 3),

@@ -179,10 +179,13 @@ async def metric(session: aiohttp.ClientSession, base: str, name: str, labels: s
         return _sum_metric(await r.text(), name, labels)
 
 
-async def metric_per_worker(base: str, name: str, workers: int, tries: int = 200) -> dict[str, float]:
-    """``name`` as each of the ``workers`` gateway processes behind ``base`` reports it: scrapes on fresh
-    connections (the kernel picks the worker of each) until every worker answered once (its
-    ``kvrouter_worker`` label says which).  One process (no label): ``{"": value}``."""
+async def metric_per_worker(
+    base: str, name: str, workers: int, tries: int = 200, labels: str = ""
+) -> dict[str, float]:
+    """``name`` (its samples whose label text contains ``labels``) as each of the ``workers`` gateway
+    processes behind ``base`` reports it: scrapes on fresh connections (the kernel picks the worker of
+    each) until every worker answered once (its ``kvrouter_worker`` label says which).  One process (no
+    label): ``{"": value}``."""
     out: dict[str, float] = {}
     for _ in range(tries):
         async with (
@@ -191,7 +194,7 @@ async def metric_per_worker(base: str, name: str, workers: int, tries: int = 200
         ):
             text = await r.text()
         me = next((ln.split('"')[1] for ln in text.splitlines() if ln.startswith("kvrouter_worker{")), "")
-        out.setdefault(me, _sum_metric(text, name, ""))
+        out.setdefault(me, _sum_metric(text, name, labels))
         if len(out) >= workers or not me:
             return out
     raise ScenarioError(f"only workers {sorted(out)} of {workers} answered /metrics")
