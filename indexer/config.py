@@ -8,6 +8,7 @@
       - name: vllm-0
         url: http://vllm-0:8000             # its OpenAI server (the router proxies here)
         events: tcp://vllm-0:5557           # vLLM's --kv-events-config endpoint, as seen from kvrouter
+        events_mode: connect                # bind: vLLM connects out to events (its endpoint names a host)
         replay: tcp://vllm-0:5558           # optional: its replay_endpoint
         topic: ""                           # optional subscription prefix
         dp_size: 1                          # ranks 1.. use port+rank, as vLLM does
@@ -64,7 +65,7 @@ class InstanceConfig(msgspec.Struct, frozen=True):
     events: str | None = None
     """ZeroMQ endpoint of its KV-event publisher (connect mode); without it, routed by load alone."""
     replay: str | None = None
-    """ZeroMQ endpoint of its replay ROUTER (optional)."""
+    """ZeroMQ endpoint of its replay ROUTER (optional; vLLM always binds it)."""
     topic: str = ""
     """Subscription prefix (vLLM's ``topic``)."""
     dp_size: int = 1
@@ -77,6 +78,11 @@ class InstanceConfig(msgspec.Struct, frozen=True):
     """Its job in a disaggregated fleet (``Role``); every model it serves, unless ``model_roles`` says."""
     model_roles: dict[str, Role] = {}
     """Per served model, a role other than ``role`` (an instance that prefills one model, decodes another)."""
+    events_mode: Literal["connect", "bind"] = "connect"
+    """How the router reaches ``events``.  ``connect``: vLLM bound its PUB there (its endpoint is a wildcard,
+    ``tcp://*:P``, or ``ipc://``) and the router connects a SUB.  ``bind``: vLLM connects its PUB out to
+    ``events`` (its endpoint names a host, ``tcp://10.0.0.5:P``) and the router binds a SUB there, one per
+    instance and rank, so the address must be one of the router's own."""
 
     def role_for(self, model: str | None) -> Role:
         """Its role for requests naming ``model`` (None: the fleet's default model)."""
@@ -152,6 +158,11 @@ class FleetConfig(msgspec.Struct, frozen=True):
             for ep in (inst.events, inst.replay):
                 if ep is not None and not _ENDPOINT.match(ep):
                     raise ConfigError(f"{inst.name}: bad ZeroMQ endpoint {ep!r}")
+            if inst.events_mode == "bind" and (inst.events is None or "*" in inst.events):
+                raise ConfigError(
+                    f"{inst.name}: events_mode bind needs events naming this router's address "
+                    f"(where vLLM connects), got {inst.events!r}"
+                )
             if inst.url is not None and not inst.url.startswith(("http://", "https://")):
                 raise ConfigError(f"{inst.name}: url must be http(s)://, got {inst.url!r}")
             stray = [m for m in inst.model_roles if inst.models and m not in inst.models]

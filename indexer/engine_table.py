@@ -118,18 +118,18 @@ def et_rehash(E: Any, E2: Any) -> None:
 class EngineTable:
     """One source's engine hashes -> chain hashes."""
 
-    __slots__ = ("E", "n")
+    __slots__ = ("E", "count")
 
     def __init__(self, capacity: int = 16) -> None:
         self.E = np.zeros(capacity, dtype=BUCKET)
-        self.n = 0
+        self.count = 0
 
     def __len__(self) -> int:
-        return self.n
+        return self.count
 
     def put(self, keys: I64, vals: I64) -> None:
         self.reserve(len(keys))
-        self.n += int(et_put(self.E, keys, vals))
+        self.count += int(et_put(self.E, keys, vals))
 
     def get(self, keys: I64) -> tuple[I64, npt.NDArray[np.bool_]]:
         out = np.empty(len(keys), dtype=np.int64)
@@ -142,7 +142,7 @@ class EngineTable:
 
     def reserve(self, n: int) -> None:
         """Room for ``n`` more keys."""
-        need = self.n + n
+        need = self.count + n
         cap = len(self.E)
         if need > cap * MAX_LOAD:
             E2 = np.zeros(grown(cap, need), dtype=BUCKET)
@@ -151,7 +151,7 @@ class EngineTable:
 
     def discard(self, keys: I64) -> None:
         if len(keys):
-            self.n -= int(et_del(self.E, keys))
+            self.count -= int(et_del(self.E, keys))
 
     def items(self) -> tuple[I64, I64]:
         occ = self.E["o"] != 0

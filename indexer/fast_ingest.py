@@ -6,7 +6,7 @@
     Indexer.apply_payload ──BlockIndex.ingest──▶ fast_apply.ingest: parse_batch, apply_rows ──▶ index
         │                      (tables grown first when the payload needs room: then apply_rows alone)
         └─ declined, or applied up to an event the reference path must take ──▶ BatchDecoder, then
-           Indexer._stored / _removed for the rest (the reference path)
+           EventApplier._stored / _removed for the rest (the reference path)
 
 So counters, errors and trust come out exactly as if the reference path had done all of it.  Not
 thread-safe: one per ``Indexer``, used by its owner.

@@ -11,7 +11,7 @@ counted.  This module reads only the common shapes and declines everything else:
 
 Accepted (the caller may apply the rows instead of the reference decoder's events) only when the
 reference decoder would decode the payload to exactly these events with nothing skipped, and
-``Indexer._stored`` / ``_removed`` would take their plain path:
+``EventApplier._stored`` / ``_removed`` would take their plain path:
 
 * stored: ``block_size`` an int, the index's unless the event is an offload placeholder; ``token_ids``
   msgpack uints below 2**32 covering exactly the blocks, or the offload placeholder ``[]``; ``lora_name``

@@ -35,8 +35,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from . import fast_apply as fa
-from . import fast_wire as fw
+from . import fast_apply, fast_wire
 from .chain_table import MAX_GROUPS, SPECULATIVE, ChainTable, ct_store_chained
 from .engine_table import EngineTable
 from .errors import SourceOverCapacity
@@ -245,7 +244,7 @@ class BlockIndex:
             t.R, t.SP, t.st, em.E, content, np.uint64(prev & _U64), engine_hashes, slot // GROUP,
             _bit(slot), int(medium),
         )  # fmt: skip
-        em.n += added
+        em.count += added
         n_held = int(np.count_nonzero(held))
         counts[medium] += n - n_held
         if n_held:
@@ -266,12 +265,12 @@ class BlockIndex:
         assert em is not None
         t, g, bit, m, counts = self._chains, slot // GROUP, _bit(slot), int(medium), self._counts[slot]
         hashes = np.ascontiguousarray(engine_hashes, dtype=np.int64)
-        out = np.zeros(fa.OUT, dtype=np.int64)
+        out = np.zeros(fast_apply.OUT, dtype=np.int64)
         k = 0
         while k < n:
             # One call for the run; it stops at a held block only while further references exist.
             extra = bool(self._extra_refs)
-            k = fa.remove_hashes(t.R, t.SP, t.st, em.E, hashes, k, n, g, bit, m, extra, counts, out)
+            k = fast_apply.remove_hashes(t.R, t.SP, t.st, em.E, hashes, k, n, g, bit, m, extra, counts, out)
             if k == n:
                 break
             c = em.get_one(int(hashes[k]))
@@ -284,10 +283,12 @@ class BlockIndex:
                 else:
                     self._extra_refs[key] = refs - 1
             else:
-                fa.remove_hashes(t.R, t.SP, t.st, em.E, hashes, k, k + 1, g, bit, m, False, counts, out)
+                fast_apply.remove_hashes(
+                    t.R, t.SP, t.st, em.E, hashes, k, k + 1, g, bit, m, False, counts, out
+                )
             k += 1
-        em.n -= int(out[fa.ENGINES_REMOVED])
-        return int(out[fa.UNKNOWN_REMOVED])
+        em.count -= int(out[fast_apply.ENGINES_REMOVED])
+        return int(out[fast_apply.UNKNOWN_REMOVED])
 
     # ------------------------------------------------------------------ the ingest's fast path
     def ingest(
@@ -303,17 +304,17 @@ class BlockIndex:
         t = self._chains
         buf = np.frombuffer(payload, dtype=np.uint8)
         while True:
-            status, n_ev, ts, r, nb, done = fa.ingest(
-                buf, s.block_size, s.rows, s.engines, s.blocks, s.flags, t.R, t.SP, t.st, em.E, em.n,
+            status, n_ev, ts, r, nb, done = fast_apply.ingest(
+                buf, s.block_size, s.rows, s.engines, s.blocks, s.flags, t.R, t.SP, t.st, em.E, em.count,
                 slot // GROUP, _bit(slot), rank, bool(self._extra_refs), self._counts[slot],
                 self.max_blocks_per_source, s.out,
             )  # fmt: skip
-            if status != fw.GROW:
+            if status != fast_wire.GROW:
                 break
             s.grow(len(payload))
-        if status == fa.NEED_ROOM:
-            return fw.ACCEPTED, n_ev, ts, r, nb, self.apply_parsed(slot, s, n_ev, nb)
-        if status == fw.ACCEPTED:
+        if status == fast_apply.NEED_ROOM:
+            return fast_wire.ACCEPTED, n_ev, ts, r, nb, self.apply_parsed(slot, s, n_ev, nb)
+        if status == fast_wire.ACCEPTED:
             self._after(slot, em, s, done)
         return status, n_ev, ts, r, nb, done
 
@@ -324,7 +325,7 @@ class BlockIndex:
         t = self._chains
         t.reserve(n_blocks)
         em.reserve(n_blocks)
-        done: int = fa.apply_rows(
+        done: int = fast_apply.apply_rows(
             t.R, t.SP, t.st, em.E, s.rows, n_rows, s.engines, s.blocks, s.flags, slot // GROUP, _bit(slot),
             bool(self._extra_refs), self._counts[slot], self.max_blocks_per_source, s.out,
         )  # fmt: skip
@@ -335,19 +336,19 @@ class BlockIndex:
         """What the compiled call leaves to Python: the engine table's size, further references, the
         speculative entries the stored blocks confirm."""
         out = s.out
-        em.n += int(out[fa.ENGINES_ADDED] - out[fa.ENGINES_REMOVED])
+        em.count += int(out[fast_apply.ENGINES_ADDED] - out[fast_apply.ENGINES_REMOVED])
         exp = self._spec_expiry.get(slot)
-        if not out[fa.HELD] and (exp is None or not len(exp)):
+        if not out[fast_apply.HELD] and (exp is None or not len(exp)):
             return
         for kind, m, nb, _, _, _, bo, _ in s.rows[:done].tolist():
-            if kind != fw.STORED and kind != fw.LINK:
+            if kind != fast_wire.STORED and kind != fast_wire.LINK:
                 continue
             chains, f = s.blocks[bo : bo + nb], s.flags[bo : bo + nb]
-            for c in chains[f == fa.ALREADY_HELD].tolist():
+            for c in chains[f == fast_apply.ALREADY_HELD].tolist():
                 key = (slot, Medium(m), c)
                 self._extra_refs[key] = self._extra_refs.get(key, 0) + 1
             if exp is not None and len(exp):
-                self._confirm(slot, chains[f != fa.UNKNOWN])
+                self._confirm(slot, chains[f != fast_apply.UNKNOWN])
 
     def clear_source(self, source: SourceKey) -> None:
         """Forget every block of the source (AllBlocksCleared, engine restart).  The slot stays allocated."""

@@ -18,9 +18,9 @@ import time
 import numpy as np
 from numba.core.registry import CPUDispatcher
 
-from .core import Indexer
 from .encode import RELEASES, PayloadEncoder
 from .index import BlockIndex
+from .indexer import Indexer
 from .types import SourceKey
 
 MODULES = (

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .core import Indexer
+from .indexer import Indexer
 from .subscriber import EventSubscriber
 from .types import Medium, Trust
 
@@ -24,12 +24,12 @@ class IndexerCollector(Collector):
     def __init__(
         self, indexer: Indexer, subscriber: EventSubscriber | None = None, prefix: str = "kvrouter_indexer"
     ):
-        self.ix = indexer
-        self.sub = subscriber
-        self.p = prefix
+        self.indexer = indexer
+        self.subscriber = subscriber
+        self.prefix = prefix
 
     def collect(self) -> Iterator[Metric]:
-        p, ix, c = self.p, self.ix, self.ix.counters
+        p, ix, c = self.prefix, self.indexer, self.indexer.counters
         for name, value, doc in (
             ("batches", c.batches, "Event batches received"),
             ("events", c.events, "Events decoded"),
@@ -109,8 +109,8 @@ class IndexerCollector(Collector):
             dropped.add_metric([label], sync.dropped_pending)
             stale.add_metric([label], sync.stale_live)
             mismatch.add_metric([label], ix.block_size_mismatch.get(src, 0))
-            if self.sub is not None and src in self.sub.status:
-                connected.add_metric([label], 1.0 if self.sub.status[src].connected else 0.0)
+            if self.subscriber is not None and src in self.subscriber.status:
+                connected.add_metric([label], 1.0 if self.subscriber.status[src].connected else 0.0)
         yield from (
             blocks,
             trust,
@@ -125,11 +125,11 @@ class IndexerCollector(Collector):
             mismatch,
             connected,
         )
-        if self.sub is not None:
+        if self.subscriber is not None:
             fam = CounterMetricFamily(
                 f"{p}_transport", "Transport events (connects, replays, bad frames)", labels=["kind"]
             )
-            for kind, n in sorted(self.sub.counters.items()):
+            for kind, n in sorted(self.subscriber.counters.items()):
                 fam.add_metric([kind], n)
             yield fam
 

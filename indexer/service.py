@@ -22,8 +22,8 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from .config import FleetConfig
-from .core import Indexer
 from .hashing import TokenEncodingError
+from .indexer import Indexer
 from .metrics import make_registry
 from .subscriber import EventSubscriber
 from .types import Medium
@@ -135,6 +135,9 @@ def source_state(ix: Indexer, sub: EventSubscriber | None) -> list[dict[str, Any
                 "connected": None if st is None else st.connected,
                 "ever_connected": None if st is None else st.ever_connected,
                 "endpoint": None if st is None else st.endpoint,
+                "mode": None if st is None else st.mode,
+                "live_batches": None if st is None else st.messages,
+                "socket_error": None if st is None else st.error,
                 "gaps": sync.gaps,
                 "unfilled_gaps": sync.unfilled,
                 "replays": sync.replays,

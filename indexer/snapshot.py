@@ -26,12 +26,12 @@ import msgspec
 
 from .errors import IndexerError
 from .hashing import HASH_VERSION
-from .index import BlockIndex, SourceBlocks
+from .index import SourceBlocks
 from .sources import Phase
 from .types import SourceKey, Trust
 
 if TYPE_CHECKING:
-    from .core import Indexer
+    from .indexer import Indexer
 
 SNAPSHOT_FORMAT = 1
 """Bumped whenever the snapshot layout changes; older snapshots are refused, never misread."""
@@ -87,10 +87,7 @@ _SNAPSHOT = msgspec.msgpack.Decoder(Snapshot)
 
 
 def take(ix: Indexer, *, created_at: float = 0.0) -> bytes:
-    """Encode the indexer's state.  The index must be the in-process ``BlockIndex`` (a shared backend
-    keeps its own state, and its positions must live with it)."""
-    if not isinstance(ix.index, BlockIndex):
-        raise SnapshotError(f"{type(ix.index).__name__} keeps its own state; nothing to snapshot")
+    """Encode the indexer's state."""
     states = []
     for src in ix.sources():
         sync = ix.sync(src)
@@ -134,8 +131,6 @@ def restore(ix: Indexer, data: bytes, *, only: Collection[SourceKey] | None = No
     ``only`` keeps just those sources (e.g. the fleet file's, so instances that left are not revived).
     A source already registered keeps its ``has_replay`` (the fleet file is newer than the snapshot)."""
     snap = decode(data, block_size=ix.block_size)
-    if not isinstance(ix.index, BlockIndex):
-        raise SnapshotError(f"{type(ix.index).__name__} keeps its own state; cannot restore blocks into it")
     if ix.index.total_entries():
         raise SnapshotError("restore into an index that already holds blocks")
     keep = None if only is None else set(only)

@@ -32,7 +32,7 @@ import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from .config import FleetConfig, IndexerOptions, InstanceConfig
-from .core import Indexer
+from .indexer import Indexer
 from .types import SourceKey
 
 log = logging.getLogger("kvrouter.indexer.subscriber")
@@ -53,6 +53,11 @@ class SourceStatus(msgspec.Struct):
     last_message_at: float | None = None
     probed: bool = False
     """An idle probe (``IndexerOptions.idle_probe_s``) went out since the last message."""
+    mode: str = "connect"
+    """``connect``: our SUB connects to the engine's bound PUB; ``bind``: our SUB is bound at ``endpoint``
+    and the engine's PUB connects to it (``InstanceConfig.events_mode``)."""
+    error: str | None = None
+    """Why the socket is not set up (a bind that failed: the address is not ours, or taken)."""
 
 
 def replay_reply(frames: list[bytes]) -> tuple[bytes, bytes] | None:
@@ -126,13 +131,12 @@ class EventSubscriber:
             ep = inst.events_endpoint(src.dp_rank)
             rep = inst.replay_endpoint(src.dp_rank)
             self.indexer.register(src, has_replay=rep is not None)
-            self.status[src] = SourceStatus(ep, rep)
+            self.status[src] = SourceStatus(ep, rep, mode=inst.events_mode)
             if rep is not None:
                 self._replay_eps[src] = rep
             if ep is not None:
-                tasks.append(
-                    asyncio.create_task(self._source_loop(src, ep, inst.topic), name=f"kv-{src.label()}")
-                )
+                loop = self._source_loop(src, ep, inst.topic, bind=inst.events_mode == "bind")
+                tasks.append(asyncio.create_task(loop, name=f"kv-{src.label()}"))
         self._tasks[inst.name] = tasks
 
     async def remove_instance(self, name: str) -> None:
@@ -161,12 +165,37 @@ class EventSubscriber:
         s.setsockopt(zmq.RECONNECT_IVL_MAX, int(self.opts.reconnect_max_s * 1000))
         return s
 
-    async def _source_loop(self, src: SourceKey, endpoint: str, topic: str) -> None:
-        sub = self._sub_socket()
-        sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
-        mon = sub.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
-        sub.connect(endpoint)
+    async def _bound_sub(self, src: SourceKey, endpoint: str, status: SourceStatus) -> zmq.asyncio.Socket:
+        """A SUB bound at ``endpoint`` for one engine that connects out to it; retried while the address
+        cannot be bound (taken by a process not yet gone, or not this host's), the reason in ``status``."""
+        delay = 0.2
+        while True:
+            sub = self._sub_socket()
+            try:
+                sub.bind(endpoint)
+            except zmq.ZMQError as e:
+                sub.close(linger=0)
+                if status.error is None:
+                    log.error(
+                        "kv events: cannot bind where the engine connects",
+                        extra={"source": src.label(), "endpoint": endpoint, "error": str(e)},
+                    )
+                status.error = f"bind {endpoint}: {e}"
+                self.counters["bind_errors"] += 1
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.opts.reconnect_max_s)
+                continue
+            status.error = None
+            return sub
+
+    async def _source_loop(self, src: SourceKey, endpoint: str, topic: str, *, bind: bool = False) -> None:
         status = self.status[src]
+        sub = await self._bound_sub(src, endpoint, status) if bind else self._sub_socket()
+        sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
+        # A bound SUB sees the engine's PUB arrive as an accepted connection, a connecting one as connected.
+        mon = sub.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+        if not bind:
+            sub.connect(endpoint)
         poller = zmq.asyncio.Poller()
         poller.register(sub, zmq.POLLIN)
         poller.register(mon, zmq.POLLIN)
@@ -191,7 +220,7 @@ class EventSubscriber:
 
     def _on_monitor(self, src: SourceKey, status: SourceStatus, msg: Mapping[str, Any]) -> None:
         ev = msg.get("event")
-        if ev == zmq.EVENT_CONNECTED:
+        if ev in (zmq.EVENT_CONNECTED, zmq.EVENT_ACCEPTED):
             status.connected = True
             status.ever_connected = True
             status.disconnected_at = None

@@ -162,10 +162,6 @@ class SharedStores:
             return i
         return -1
 
-    def attached(self, store: int, instance: str) -> bool:
-        inst = self.stores[store].instances
-        return inst is None or instance in inst
-
 
 class AgeBook:
     """A store's blocks by last announcement (oldest first), bounded by count and by age.

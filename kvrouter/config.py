@@ -11,7 +11,7 @@
       policy: kv-aware                  # kv-aware | prefix-hash | least-loaded | round-robin | random |
                                         # session
       session: {header: x-session-id, ttl_s: 1800}
-      kv_aware: {compute_weight: 1.0, load_weight: 32}   # offload_value: a flat worth for every tier
+      kv_aware: {compute_weight: 8.0, load_weight: 32}   # offload_value: a flat worth for every tier
       prefix_hash: {prefix_length: 1024, load_bound: 1.25}
       disaggregation: {mode: conditional, local_prefill_tokens: 2048}   # fleets with prefill/decode roles
     limits: {concurrency_threshold: 0, max_in_flight: 0, queue_size: 256, queue_timeout_s: 30}
@@ -21,6 +21,8 @@
     gateway: {request_timeout_s: 600, first_byte_timeout_s: 60, max_retries: 2, admin_token: null}
     responses: {affinity_ttl_s: 86400, max_entries: 500000, probe: true}
     lora: {load_on_demand: false, adapters: {sql-lora: {path: /adapters/sql, base: llama}}}
+    tracing: {enabled: false, sample_rate: 0.01, endpoint: null}   # and the OTEL_* variables
+    access_log: {enabled: false, sample_rate: 1.0}
 """
 
 from __future__ import annotations
@@ -34,10 +36,10 @@ from indexer.errors import ConfigError
 
 from .membership.config import DiscoveryConfig, MembershipConfig
 from .replicas.config import SharedStateConfig, SnapshotConfig
-from .routing import DisaggSettings, PolicyName, policy_name
-from .routing.policies import KvAwareSettings, PolicySettings, PrefixHashSettings, SessionSettings
+from .routing import KV_AWARE, DisaggSettings, PolicySettings
 from .routing.router import RouterConfig
 from .routing.tier_value import tier_values
+from .telemetry.config import AccessLogConfig, TracingConfig
 
 
 class ModelConfig(msgspec.Struct, frozen=True):
@@ -47,26 +49,30 @@ class ModelConfig(msgspec.Struct, frozen=True):
     """A chat template file or string, when the tokenizer has none (vLLM's --chat-template)."""
     policy: str | None = None
     """Routing policy for this model (overrides routing.policy)."""
+    model_id: str | None = None
+    """A multimodal model's ``--model`` as its vLLM instances were started with (a hub name or a path):
+    vLLM hashes every image's bytes together with it, so the router needs the same string to name images
+    as vLLM does (docs/multimodal.md).  Default: the model's tokenizer."""
 
 
-class SessionConfig(SessionSettings, frozen=True):
-    header: str = "x-session-id"
-    """The request header naming a request's session (also read: the body's ``session_id``, as vLLM)."""
+class RoutingConfig(PolicySettings, frozen=True):
+    """The fleet file's ``routing:`` section: every policy's settings (``PolicySettings``, whose fields
+    register the policies) and the router's own choices."""
 
-
-class RoutingConfig(msgspec.Struct, frozen=True):
-    policy: str = PolicyName.KV_AWARE
-    kv_aware: KvAwareSettings = KvAwareSettings()
-    prefix_hash: PrefixHashSettings = PrefixHashSettings()
-    session: SessionConfig = SessionConfig()
-    """The session policy: its header, how long a session is remembered, how many."""
+    policy: str = KV_AWARE
+    """The default policy (``models.<name>.policy`` overrides it per model)."""
     speculative: bool = True
     """Speculative index entries for requests just sent (a burst of a new prefix stays together)."""
     shadow: bool = True
     """Shadow scoring: what every other policy would have chosen, as metrics."""
-    seed: int = 0
     disaggregation: DisaggSettings = DisaggSettings()
     """How models whose instances have prefill/decode roles are split (``routing.disagg``)."""
+
+    def validate(self) -> None:
+        """``ValueError`` for a setting out of range or a default policy that no policy has."""
+        super().validate()
+        self.config(self.policy)
+        self.disaggregation.validate(self.names())
 
 
 class LimitsConfig(msgspec.Struct, frozen=True):
@@ -128,7 +134,9 @@ class GatewayConfig(msgspec.Struct, frozen=True):
     server), twice as long after each further ejection within ``ejection_max_s``.  0: no ejection."""
     ejection_max_s: float = 300.0
     admin_token: str | None = None
-    """If set, /v1/route/explain, /v1/cache/lookup and /v1/fleet require `Authorization: Bearer <token>`."""
+    """If set, every admin path (``kvrouter.api.routes.ADMIN_PATHS``: the router's explain, lookup and fleet
+    routes and vLLM's operator routes, such as /sleep or /v1/load_lora_adapter) requires
+    `Authorization: Bearer <token>`, through the gateway and the endpoint picker alike."""
     upstream_api_key: str | None = None
     """If set, sent upstream as the bearer key instead of the client's."""
     indexer_url: str | None = None
@@ -220,6 +228,10 @@ class RouterFleetConfig(FleetConfig, frozen=True, forbid_unknown_fields=True):
     """Stored Responses API answers: which instance holds each id."""
     lora: LoraConfig = LoraConfig()
     """LoRA adapters the gateway may load on demand."""
+    tracing: TracingConfig = TracingConfig()
+    """OpenTelemetry traces of sampled requests, exported over OTLP (the ``OTEL_*`` variables apply)."""
+    access_log: AccessLogConfig = AccessLogConfig()
+    """One structured line per request (or per sampled request) on the ``kvrouter.access`` logger."""
 
     def served_models(self) -> list[str | None]:
         """Every model name the fleet serves, after None (the fleet's default tokenizer): what a gateway
@@ -239,26 +251,21 @@ class RouterFleetConfig(FleetConfig, frozen=True, forbid_unknown_fields=True):
         self.membership.validate()
         self.parity.validate()
         self.responses.validate()
+        self.tracing.validate()
+        self.access_log.validate()
         if self.discovery is not None:
             self.discovery.validate()
-        for name in [self.routing.policy, *(m.policy for m in self.models.values() if m.policy)]:
-            try:
-                policy_name(name)
-            except ValueError as e:
-                raise ConfigError(str(e)) from None
+        try:
+            self.routing.validate()
+            for m in self.models.values():
+                if m.policy:
+                    self.routing.config(m.policy)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         if self.limits.queue_size < 0 or self.limits.queue_timeout_s <= 0:
             raise ConfigError("limits: queue_size must be >= 0 and queue_timeout_s > 0")
         if self.limits.max_requests < 0 or self.limits.max_loop_lag_s < 0:
             raise ConfigError("limits: max_requests and max_loop_lag_s must be >= 0")
-        ov = self.routing.kv_aware.offload_value
-        if ov is not None and not 0 <= ov <= 1:
-            raise ConfigError("routing.kv_aware.offload_value must be between 0 and 1")
-        try:
-            self.routing.disaggregation.validate()
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
-        if self.routing.prefix_hash.prefix_length <= 0:
-            raise ConfigError("routing.prefix_hash.prefix_length must be positive")
 
     def router_config(self, policy: str | None = None) -> RouterConfig:
         r = self.routing
@@ -269,12 +276,7 @@ class RouterFleetConfig(FleetConfig, frozen=True, forbid_unknown_fields=True):
             max_in_flight=self.limits.max_in_flight,
             speculative=r.speculative,
             shadow=r.shadow,
-            settings=PolicySettings(
-                kv_aware=r.kv_aware,
-                prefix_hash=r.prefix_hash,
-                session=SessionSettings(ttl_s=r.session.ttl_s, max_sessions=r.session.max_sessions),
-                seed=r.seed,
-            ),
+            settings=r,
             tiers=tier_values(self.tiers),
         )
 
@@ -285,4 +287,8 @@ class RouterFleetConfig(FleetConfig, frozen=True, forbid_unknown_fields=True):
 
 def load_router_fleet(path: str | Path) -> RouterFleetConfig:
     cfg = parse_fleet(load_yaml(path), RouterFleetConfig)
-    return msgspec.structs.replace(cfg, replicas=cfg.replicas.with_env())
+    try:
+        tracing = cfg.tracing.with_env()
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    return msgspec.structs.replace(cfg, replicas=cfg.replicas.with_env(), tracing=tracing)

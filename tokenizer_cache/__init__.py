@@ -86,7 +86,7 @@ from .errors import (
     TokenizerLoadError,
 )
 from .loading import default_tokenizer_path, load_chat_template
-from .registry import TokenizerRegistry
+from .registry import Loader, TokenizerRegistry
 
 __all__ = [
     "CacheConfig",
@@ -95,6 +95,7 @@ __all__ = [
     "ChatTemplateError",
     "Encoded",
     "InvalidPromptError",
+    "Loader",
     "NoChatTemplateError",
     "RenderOptions",
     "RenderedChat",

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import functools
+import os
 import threading
 from array import array
 from collections.abc import Callable, Generator, Mapping, Sequence
@@ -38,8 +39,10 @@ from .anthropic_inputs import disabled_thinking_effort, messages_request
 from .chat import ChatRenderer, ContentFormat, RenderedChat, request_body
 from .chat_request import ChatPlan, TokenizeSpec
 from .config import CacheConfig, CacheStats, RenderOptions
-from .errors import InvalidPromptError, RequestValidationError
+from .errors import InvalidPromptError, RequestValidationError, UnsupportedContentError
 from .loading import HFTokenizer, load_chat_template, load_hf_tokenizer, raw_backend, special_wrap
+from .mm.processors import UnknownProcessor
+from .mm.prompt import MMItem, MultimodalModel
 from .prefix_index import (
     Entry,
     Ids,
@@ -95,6 +98,12 @@ class Encoded(NamedTuple):
     tokens: list[int]
     reused_tokens: int
     array: U32Array | None = None
+    mm: tuple[MMItem, ...] = ()
+    """The prompt's multimodal items (identifier, placeholder range), sorted by offset."""
+    complete: bool = True
+    """False: ``tokens`` are the exact prefix before a media item the router cannot expand."""
+    media_paths: tuple[str, ...] = ()
+    """How each media item was learnt (``tokenizer_cache.mm.items.ItemPath``), in prompt order."""
 
     def token_array(self) -> U32Array:
         return self.array if self.array is not None else ids_array(self.tokens)
@@ -122,8 +131,13 @@ class CachedTokenizer:
         content_format: ContentFormat | None = None,
         executor: Executor | None = None,
         render_options: RenderOptions | None = None,
+        multimodal: MultimodalModel | None = None,
     ) -> None:
+        """``multimodal``: the model's processor family and media resolver (``tokenizer_cache.mm``); without
+        it a request with media raises ``UnsupportedContentError``."""
         self.config = cfg = (config or CacheConfig()).validate()
+        self.multimodal = multimodal
+        self._placeholders = multimodal.placeholders if multimodal is not None else None
         self.hf_tokenizer = tok
         self.name_or_path: str = str(getattr(tok, "name_or_path", ""))
         self._raw, spec = raw_backend(tok)
@@ -164,8 +178,11 @@ class CachedTokenizer:
         content_format: ContentFormat | None = None,
         executor: Executor | None = None,
         render_options: RenderOptions | None = None,
+        mm_model_id: str | None = None,
     ) -> CachedTokenizer:
-        """Load the tokenizer at ``path`` (a directory or a hub name in the local HF cache)."""
+        """Load the tokenizer at ``path`` (a directory or a hub name in the local HF cache).  A directory
+        whose processor this package reproduces (``tokenizer_cache.mm``) also gets multimodal support, its
+        items hashed with ``mm_model_id`` (vLLM's ``--model`` as given; default ``path``)."""
         cfg = config or CacheConfig()
         overrides: dict[str, int] = {}
         if max_cache_bytes is not None:
@@ -175,13 +192,27 @@ class CachedTokenizer:
         if overrides:
             cfg = CacheConfig(**{**{f: getattr(cfg, f) for f in cfg.__struct_fields__}, **overrides})
         tok = load_hf_tokenizer(path, allow_download=allow_download)
+        opts = (render_options or RenderOptions()).validate()
+        mm = None
+        directory = _model_directory(path)
+        try:
+            mm = MultimodalModel.load(
+                directory,
+                tok,
+                model_id=mm_model_id or path,
+                mm_processor_kwargs=opts.mm_processor_kwargs,
+                max_image_pixels=opts.max_image_pixels,
+            )
+        except (UnknownProcessor, OSError, KeyError, ValueError):
+            mm = None  # not a model whose processor is reproduced: media requests route without ids
         return cls(
             tok,
             config=cfg,
             chat_template=chat_template,
             content_format=content_format,
             executor=executor,
-            render_options=render_options,
+            render_options=opts,
+            multimodal=mm,
         )
 
     # -- public sync API ------------------------------------------------------------------------
@@ -329,13 +360,13 @@ class CachedTokenizer:
     def _encode_planned(self, plan: ChatPlan) -> Encoded:
         if plan.reuse_ids is not None:
             return Encoded(self._reused(plan.reuse_ids, plan.tokenize), 0)
-        rendered = self._renderer.render_plan(plan)
+        rendered = self._renderer.render_plan(plan, self._placeholders)
+        self._media_supported(rendered, plan.tokenize)
         if self._truncates_in_tokenizer(rendered, plan.tokenize):
             return self._limited(Encoded(self._truncated(rendered, plan.tokenize), 0), plan.tokenize)
         text = self._text_for(rendered, plan.tokenize)
-        return self._limited(
-            self._encode_text(text, self._adds_specials(rendered, plan.tokenize)), plan.tokenize
-        )
+        enc = self._encode_text(text, self._adds_specials(rendered, plan.tokenize))
+        return self._limited(self._expanded(enc, rendered), plan.tokenize)
 
     async def aencode_chat_request(self, body: Mapping[str, Any]) -> Encoded:
         """``encode_chat_request`` from the event loop: short plain conversations are rendered here, others on
@@ -366,9 +397,10 @@ class CachedTokenizer:
     async def _aencode_planned(self, plan: ChatPlan, inline: bool) -> Encoded:
         if plan.reuse_ids is not None:
             return Encoded(self._reused(plan.reuse_ids, plan.tokenize), 0)
-        render = functools.partial(self._renderer.render_plan, plan)
-        rendered = await self._run(render, inline)
+        render = functools.partial(self._renderer.render_plan, plan, self._placeholders)
+        rendered = await self._run(render, inline and self._placeholders is None)
         spec = plan.tokenize
+        self._media_supported(rendered, spec)
         if self._truncates_in_tokenizer(rendered, spec):
             ids = await self._run(functools.partial(self._truncated, rendered, spec), False)
             return self._limited(Encoded(ids, 0), spec)
@@ -380,6 +412,8 @@ class CachedTokenizer:
             )
         else:
             enc = await self._adrive(self._text_steps(text, add))
+        if rendered.media:  # resolving items decodes and hashes their bytes: off the event loop
+            enc = await self._run(functools.partial(self._expanded, enc, rendered), False)
         return self._limited(enc, spec)
 
     def encode_completion_request(self, body: Mapping[str, Any]) -> list[Encoded]:
@@ -555,7 +589,24 @@ class CachedTokenizer:
         content = content[-keep:] if keep else []
         return wrap.apply(content) if wrap is not None else content
 
+    def _media_supported(self, rendered: RenderedChat, spec: TokenizeSpec) -> None:
+        if rendered.media and (spec.truncate_prompt_tokens is not None or rendered.pre_tokenized):
+            raise UnsupportedContentError("truncation of a multimodal prompt is not reproduced")
+
+    def _expanded(self, enc: Encoded, rendered: RenderedChat) -> Encoded:
+        """The ids with the media placeholders expanded as vLLM expands them (``tokenizer_cache.mm``)."""
+        if not rendered.media:
+            return enc
+        assert self.multimodal is not None  # media are only listed when a model has one
+        p = self.multimodal.expand(enc.tokens, rendered.media)
+        head = min(enc.reused_tokens, p.items[0].offset if p.items else len(p.ids), len(p.ids))
+        return Encoded(p.ids, head, None, p.items, p.complete, p.paths)
+
     def _limited(self, enc: Encoded, spec: TokenizeSpec) -> Encoded:
+        if enc.mm or not enc.complete:  # no truncation with media (refused before rendering)
+            if enc.complete:
+                check_ids_length(enc.tokens, self.render_options)
+            return enc
         ids = truncate_ids(enc.tokens, spec, self.render_options, TRUNCATION_SIDE)
         if ids is not enc.tokens:
             head = enc.reused_tokens if enc.tokens[: len(ids)] == ids else 0
@@ -789,3 +840,16 @@ class _SplicedSeams(LazySeams):
             out_idx=idx,
         )
         return pos, idx
+
+
+def _model_directory(path: str) -> str:
+    """The local directory of ``path``: itself, or a hub name's snapshot in the local HF cache (where its
+    processor files are, next to its tokenizer)."""
+    if os.path.isdir(path):
+        return path
+    try:
+        from huggingface_hub import snapshot_download
+
+        return str(snapshot_download(path, local_files_only=True, allow_patterns=["*.json", "*.jinja"]))
+    except Exception:  # not in the cache: no processor files to read
+        return path

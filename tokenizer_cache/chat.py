@@ -33,7 +33,8 @@ from .chat_request import ChatPlan, plan_chat
 from .config import RenderOptions
 from .errors import ChatTemplateError, NoChatTemplateError
 from .loading import HFTokenizer
-from .messages import UnsupportedContentError, conversation, developer_to_system, postprocess
+from .messages import MediaSink, UnsupportedContentError, conversation, developer_to_system, postprocess
+from .mm.items import MediaRef
 from .responses_request import plan_responses
 from .template import TemplateCache, detect_content_format
 
@@ -80,6 +81,8 @@ class RenderedChat:
 
     text: str
     pre_tokenized: bool = False
+    media: tuple[MediaRef, ...] = ()
+    """The prompt's media items in order (their placeholders are in ``text``, to be expanded)."""
 
 
 class ChatRenderer:
@@ -131,14 +134,17 @@ class ChatRenderer:
         variants: tuple[list[Any] | None, ...] = (None, [])
         return any(requires_system_first(self._resolve(self._template, tools)) for tools in variants)
 
-    def render_plan(self, plan: ChatPlan) -> RenderedChat:
-        """The prompt vLLM renders for a planned request (raises ``ChatTemplateError`` and subclasses)."""
+    def render_plan(self, plan: ChatPlan, placeholders: Mapping[str, str] | None = None) -> RenderedChat:
+        """The prompt vLLM renders for a planned request (raises ``ChatTemplateError`` and subclasses).
+        ``placeholders``: the model's placeholder text per modality when its processor is reproduced
+        (media parts are then kept and listed); None: media parts raise ``UnsupportedContentError``."""
         kwargs = dict(plan.kwargs)
         tools = kwargs.pop("tools", None)
         chosen = kwargs.pop("chat_template", None)
         tokenize = kwargs.pop("tokenize", True)
         fmt = self._format(plan.format_template, plan.kwargs.get("tools"))
-        conv = [conversation(m, fmt, n) for n, m in enumerate(plan.messages)]
+        sink = MediaSink(placeholders) if placeholders is not None else None
+        conv = [conversation(m, fmt, n, sink) for n, m in enumerate(plan.messages)]
         postprocess(conv)
         template = self._resolve(chosen, tools)
         if template is None:
@@ -174,7 +180,12 @@ class ChatRenderer:
             continue_final_message=passed.get("continue_final_message", False),
             variables={**self._specials, **variables},
         )
-        return RenderedChat(text, pre_tokenized=bool(tokenize))
+        media = tuple(sink.refs) if sink is not None else ()
+        if media and tokenize:
+            raise UnsupportedContentError(
+                "media with tokenize: true in chat_template_kwargs is not reproduced"
+            )
+        return RenderedChat(text, pre_tokenized=bool(tokenize), media=media)
 
     def _format(self, template: str | None, tools: Any) -> Literal["string", "openai"]:
         if self._content_format != "auto":

@@ -116,6 +116,13 @@ class RenderOptions(msgspec.Struct, frozen=True, kw_only=True):
     refused, ``truncate_prompt_tokens: -1`` keeps ``max_model_len - 1`` tokens, and ``max_tokens`` above it
     is refused.  None: no length checks (and ``-1`` truncates nothing)."""
 
+    mm_processor_kwargs: dict[str, Any] | None = None
+    """``--mm-processor-kwargs``: the server's processor arguments (they change placeholder counts, e.g.
+    Gemma 3's ``do_pan_and_scan`` or Qwen-VL's ``max_pixels``; not the items' hashes)."""
+
+    max_image_pixels: int = 0
+    """vLLM's ``VLLM_MAX_IMAGE_PIXELS`` (0: no limit): larger images are refused."""
+
     @classmethod
     def from_vllm_args(cls, args: list[str], *, max_model_len: int | None = None) -> RenderOptions:
         """The options of a vLLM server started with these command-line arguments (the flags above; others
@@ -145,6 +152,7 @@ class RenderOptions(msgspec.Struct, frozen=True, kw_only=True):
             trust_request_chat_template="--trust-request-chat-template" in args,
             tool_parser=value("--tool-call-parser") is not None,
             trust_request_mm_kwargs="--trust-request-mm-kwargs" in args,
+            mm_processor_kwargs=json_value("--mm-processor-kwargs"),
             max_model_len=int(length) if length is not None else max_model_len,
         ).validate()
 

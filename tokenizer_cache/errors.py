@@ -26,6 +26,7 @@ __all__ = [
     "RequestValidationError",
     "TokenizerCacheError",
     "TokenizerLoadError",
+    "UnsupportedContentError",
 ]
 
 
@@ -52,3 +53,12 @@ class NoChatTemplateError(ChatTemplateError):
 
 class RequestValidationError(ChatTemplateError):
     """The request body is one vLLM refuses before rendering it (its request model or validators: 400)."""
+
+
+class UnsupportedContentError(ChatTemplateError):
+    """A request vLLM accepts but the router cannot reproduce (media it cannot expand, options it does not
+    reproduce); the gateway routes such a request without token ids, counted by ``reason``."""
+
+    def __init__(self, message: str, reason: str = "unsupported") -> None:
+        super().__init__(message)
+        self.reason = reason

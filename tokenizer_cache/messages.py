@@ -7,8 +7,11 @@ Input: messages as ``request_schema.validate_message`` leaves them.  For each me
 2. each part: a string is text; a dict is read by its ``type`` (``text``/``input_text``/``output_text``
    -> ``text``, ``refusal`` -> ``refusal``, ``thinking`` -> ``thinking``, ``tool_reference`` -> ``name``);
    ``text`` and ``refusal`` parts without their field are skipped; a part without ``type`` (or with a
-   ``uuid``) must carry a media key; an unknown type is refused; media parts raise
-   ``UnsupportedContentError`` (their placeholder tokens come from the model's processor);
+   ``uuid``) must carry a media key; an unknown type is refused; image, audio and video URL parts go to
+   the ``MediaSink`` when the model's processor is reproduced (``tokenizer_cache.mm``): ``{"type":
+   <modality>}`` plus the part's undeclared keys in the "openai" format, the model's placeholder text
+   before the message's text in the "string" format; other media, or no sink, raise
+   ``UnsupportedContentError``;
 3. "string" format: the texts joined with ``\\n``; "openai" format: ``{"type": "text", "text": ...}``
    parts carrying the part's unknown keys (``cache_control``...), ``{"type": "tool_reference", "name"}``;
 4. the message is rebuilt in this key order: ``role``, ``content``; assistant: ``tool_calls`` (when
@@ -34,10 +37,11 @@ import json
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from .errors import ChatTemplateError, RequestValidationError
+from .errors import ChatTemplateError, RequestValidationError, UnsupportedContentError
+from .mm.items import MediaRef
 from .request_schema import LazyParts, materialize
 
-__all__ = ["UnsupportedContentError", "conversation", "developer_to_system", "postprocess"]
+__all__ = ["MediaSink", "UnsupportedContentError", "conversation", "developer_to_system", "postprocess"]
 
 ContentFormatName = Literal["string", "openai"]
 
@@ -100,11 +104,6 @@ _KNOWN_PART_KEYS = frozenset(
 _BILLING_HEADER = "x-anthropic-billing-header"
 
 
-class UnsupportedContentError(ChatTemplateError):
-    """A request vLLM accepts but the router cannot reproduce (media parts: their placeholders come from the
-    model's processor); the gateway routes such a request without token ids."""
-
-
 def _strip_billing_header(parts: list[Any]) -> list[Any]:
     out = []
     for part in parts:
@@ -124,7 +123,61 @@ def _strip_billing_header(parts: list[Any]) -> list[Any]:
     return out
 
 
-def _part(part: Any, openai: bool, where: str) -> Any:
+class MediaSink:
+    """Where media parts go when the model's processor is reproduced (``tokenizer_cache.mm``): each part's
+    ``MediaRef`` in prompt order, and the placeholder text a "string"-format message gets for it."""
+
+    def __init__(self, placeholders: Mapping[str, str]) -> None:
+        self.placeholders = placeholders
+        self.refs: list[MediaRef] = []
+        self.pending: list[str] = []
+        """Placeholders of the message being converted ("string" format: they go before its text)."""
+
+    def add(self, modality: str, url: Any, uuid: Any, where: str) -> str:
+        if modality not in self.placeholders:
+            raise UnsupportedContentError(f"{where}: {modality} items are not reproduced for this model")
+        if url is not None and not isinstance(url, str):
+            raise RequestValidationError(f"{where}: the media URL must be a string")
+        self.refs.append(MediaRef(modality, url or None, None if uuid is None else str(uuid)))  # type: ignore[arg-type]
+        return self.placeholders[modality]
+
+
+def _media(part: dict[str, Any], kind: str | None, openai: bool, where: str, sink: MediaSink | None) -> Any:
+    """A media part: ``{"type": <modality>, <undeclared keys>}`` ("openai") or None with its placeholder
+    queued ("string"); ``UnsupportedContentError`` without a sink or for media not reproduced."""
+    got = _media_kind(part, kind)
+    if sink is None or got is None:
+        raise UnsupportedContentError(f"{where}: media content is not supported by the router tokenizer")
+    modality, url = got
+    placeholder = sink.add(modality, url, part.get("uuid"), where)
+    if openai:
+        out = {"type": modality}
+        out.update((k, v) for k, v in part.items() if k not in _KNOWN_PART_KEYS)
+        return out
+    sink.pending.append(placeholder)
+    return None
+
+
+def _media_kind(part: dict[str, Any], kind: str | None) -> tuple[str, Any] | None:
+    """(modality, URL) of a part vLLM reads as an image, audio or video URL; None for other media."""
+    if kind is not None and part.get("uuid") is None:
+        if kind == "image_url":
+            v = part.get("image_url")
+            return "image", v.get("url") if isinstance(v, dict) else None
+        if kind == "input_image":
+            return "image", part.get("image_url")
+        if kind in ("audio_url", "video_url"):
+            v = part.get(kind)
+            return kind[:5], v.get("url") if isinstance(v, dict) else None
+        return None
+    for key, modality in (("image_url", "image"), ("audio_url", "audio"), ("video_url", "video")):
+        if key in part:
+            v = part[key]
+            return modality, v.get("url") if isinstance(v, dict) else v
+    return None
+
+
+def _part(part: Any, openai: bool, where: str, sink: MediaSink | None = None) -> Any:
     """One content part as text (a string, a dict in the "openai" format) or None (skipped)."""
     if isinstance(part, str):
         return {"type": "text", "text": part} if openai else part
@@ -133,7 +186,7 @@ def _part(part: Any, openai: bool, where: str) -> Any:
     kind = part.get("type")
     if part.get("uuid") is not None or kind is None:
         if any(k in part for k in _MEDIA_KEYS):
-            raise UnsupportedContentError(f"{where}: media content is not supported by the router tokenizer")
+            return _media(part, kind if isinstance(kind, str) else None, openai, where, sink)
         if "tool_reference" in part:
             return _tool_reference(part.get("name"), openai)
         raise RequestValidationError(f"{where}: Missing 'type' field in multimodal part.")
@@ -151,7 +204,7 @@ def _part(part: Any, openai: bool, where: str) -> Any:
     if kind == "tool_reference":
         return _tool_reference(part.get("name"), openai)
     if kind in _MEDIA_TYPES:
-        raise UnsupportedContentError(f"{where}: media content is not supported by the router tokenizer")
+        return _media(part, kind, openai, where, sink)
     raise RequestValidationError(f"{where}: Unsupported chat content part type: {kind!r}.")
 
 
@@ -159,7 +212,9 @@ def _tool_reference(name: Any, openai: bool) -> Any:
     return {"type": "tool_reference", "name": name} if openai else name
 
 
-def conversation(message: dict[str, Any], fmt: ContentFormatName, n: int) -> dict[str, Any]:
+def conversation(
+    message: dict[str, Any], fmt: ContentFormatName, n: int, media: MediaSink | None = None
+) -> dict[str, Any]:
     """One validated message as vLLM hands it to the template (steps 1-4 of the module doc)."""
     role = message["role"]
     reasoning = message.get("reasoning")
@@ -181,13 +236,20 @@ def conversation(message: dict[str, Any], fmt: ContentFormatName, n: int) -> dic
         parts = _strip_billing_header(parts)
     openai = fmt == "openai"
     # vLLM keeps only truthy parts: in the "string" format empty or missing texts vanish
-    texts = [t for t in (_part(p, openai, f"messages[{n}].content[{i}]") for i, p in enumerate(parts)) if t]
+    if media is not None:
+        media.pending = []
+    texts = [
+        t for t in (_part(p, openai, f"messages[{n}].content[{i}]", media) for i, p in enumerate(parts)) if t
+    ]
     if openai:
         out: dict[str, Any] = {"role": role, "content": texts}
     else:
         if any(not isinstance(t, str) for t in texts):
             raise ChatTemplateError(f"messages[{n}]: a text part is not a string")
-        out = {"role": role, "content": "\n".join(texts)}
+        text = "\n".join(texts)
+        if media is not None and media.pending:  # vLLM puts a message's placeholders before its text
+            text = "\n".join([*media.pending, text]) if text else "\n".join(media.pending)
+        out = {"role": role, "content": text}
     if role == "assistant":
         if message.get("tool_calls") is not None:
             out["tool_calls"] = list(message["tool_calls"])

@@ -12,6 +12,7 @@ refuses what vLLM refuses), the load generators and the reliability suite (readi
     messages.py   Anthropic's Messages API: the same, and its error shape
     usage.py      usage blocks (all three shapes): build one, read cached tokens, watch a stream for them
     bodies.py     vLLM's answers: completion and chat bodies, their SSE chunks, the usage chunk
+    routes.py     the routed paths and their kinds, stored-response routes, admin paths (both front doors)
 """
 
 from .errors import (

@@ -74,7 +74,17 @@ class ParsedRequest(msgspec.Struct):
     """Responses: the stored response this one continues (it must go where that one is stored)."""
     store: bool = True
     """Responses: the client asks the instance to store the answer (vLLM's default)."""
+    mm_items: tuple[tuple[str, int, int], ...] = ()
+    """The prompt's multimodal items as vLLM keys them, ``(identifier, offset, length)``: set by the token
+    source, mixed into the block hashes (``indexer.extra_keys``)."""
+    untokenized: str | None = None
+    """Why the token source gave no ids for a request it could have tokenized (the reason counted)."""
+    media_paths: tuple[str, ...] = ()
+    """How each media item of the prompt was learnt (``tokenizer_cache.mm.items.ItemPath``)."""
     modified: bool = False
+    reused_tokens: int | None = None
+    """Leading tokens the tokenizer cache reused when the router tokenized it (None: not tokenized by
+    the tokenizer cache): what a trace shows as the tokenize step's cache hit."""
 
     def prefix_text(self) -> str:
         return prefix_text(self.messages, self.prompt)

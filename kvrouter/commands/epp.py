@@ -14,9 +14,9 @@ from indexer.errors import ConfigError
 from ..config import load_router_fleet
 from ..epp import Picker, PickerOptions, build_admin
 from ..gateway import Gateway
+from ..heap import freeze_on_startup
 from ..pipeline import FleetTokens
 from ..routing import ALL_POLICIES
-from .heap import freeze_on_startup
 
 log = logging.getLogger("kvrouter.epp")
 

@@ -11,7 +11,7 @@ from indexer.config import load_fleet
 from indexer.errors import ConfigError
 from indexer.service import build
 
-from .heap import freeze_startup_heap
+from ..heap import freeze_startup_heap
 
 log = logging.getLogger("kvrouter.indexer")
 

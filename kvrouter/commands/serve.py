@@ -19,9 +19,9 @@ from indexer.errors import ConfigError
 
 from ..config import RouterFleetConfig, load_router_fleet
 from ..gateway import Gateway, build_gateway
+from ..heap import HeapTrimmer, freeze_on_startup, trim_heap
 from ..pipeline import FleetTokens
 from ..routing import ALL_POLICIES
-from .heap import HeapTrimmer, freeze_on_startup, trim_heap
 
 log = logging.getLogger("kvrouter.serve")
 

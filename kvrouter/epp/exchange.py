@@ -3,7 +3,9 @@ the request pipeline (``pipeline.RequestPipeline``), as the aiohttp proxy is.
 
 ::
 
-    request_headers ──(no body: GET)──────────────────────────▶ admit(bodyless) ─▶ destination
+    request_headers ──(an admin path without gateway.admin_token: 401; api.routes, as the gateway)
+                    ──(no body: GET)──────────────────────────▶ admit(bodyless) ─▶ destination
+                    ──(a body on a path outside api.routes.ROUTED: 404)
     request_body ... end_of_stream ──▶ prepare(body, headers) ─▶ admit(only=subset) ─▶ destination + body
                                         └─ ApiError ─▶ immediate response (429, 503, 400, 404 ...)
     response_headers ──▶ served endpoint (a fallback? the load moves to it); status to upstream health
@@ -18,50 +20,27 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import time
 from typing import TYPE_CHECKING
 
 from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest, ProcessingResponse
 
-from ..api.errors import ApiError, BadRequest, NotFound, Overloaded, ServiceUnavailable
+from ..api.errors import ApiError, BadRequest, NotFound, Overloaded, ServiceUnavailable, Unauthorized
 from ..api.requests import Kind
+from ..api.routes import kind_of, stored_response_id
 from ..api.usage import UsageWatcher
 from ..pipeline import Prepared
 from ..routing import Candidate, Decision
-from . import protocol as pr
+from ..telemetry import RequestRecord
+from . import protocol
 
 if TYPE_CHECKING:
     from .picker import Picker
 
 log = logging.getLogger("kvrouter.epp")
 
-ROUTES: dict[str, Kind] = {
-    "/v1/chat/completions": "chat",
-    "/v1/completions": "completions",
-    "/v1/responses": "responses",
-    "/v1/messages": "messages",
-    "/v1/messages/count_tokens": "count_tokens",
-    "/v1/embeddings": "pooling",
-    "/pooling": "pooling",
-    "/classify": "pooling",
-    "/score": "pooling",
-    "/v1/score": "pooling",
-    "/rerank": "pooling",
-    "/v1/rerank": "pooling",
-    "/v2/rerank": "pooling",
-}
-"""The routes whose body is read and routed by its prompt; any other request with a body is refused."""
-
-_STORED = re.compile(r"^/v1/responses/([^/?]+)(?:/cancel)?/?$")
-"""A stored response's routes (GET it, POST .../cancel): to the instance holding it."""
-
-_INTERNAL = (pr.ENDPOINT_HEADER, pr.SERVED_KEY)
+_INTERNAL = (protocol.ENDPOINT_HEADER, protocol.SERVED_KEY)
 """Headers between the gateway and the picker that the client never sees."""
-
-
-def kind_of(path: str) -> Kind | None:
-    return ROUTES.get(path.split("?", 1)[0].rstrip("/"))
 
 
 class Exchange:
@@ -87,6 +66,10 @@ class Exchange:
         self._watcher = UsageWatcher(self._response_id)
         self._dispatched_at = 0.0
         self.status: int | None = None
+        self.rec: RequestRecord | None = None
+        """This request's trace and access-log facts (None: neither traced nor logged)."""
+        self._refused: int | None = None
+        self._body_ns = 0
 
     # ------------------------------------------------------------------ the stream
     async def handle(self, msg: ProcessingRequest) -> list[ProcessingResponse]:
@@ -97,14 +80,14 @@ class Exchange:
             return await self._request_body(msg)
         if which == "request_trailers":
             out = await self._request_end(msg) if self.decision is None and self.kind is not None else []
-            return [*out, pr.trailers(request=True)]
+            return [*out, protocol.trailers(request=True)]
         if which == "response_headers":
             return [self._response_headers(msg)]
         if which == "response_body":
             return self._response_body(msg)
         if which == "response_trailers":
             self._end_of_response()
-            return [pr.trailers(request=False)]
+            return [protocol.trailers(request=False)]
         return []
 
     def close(self) -> None:
@@ -113,19 +96,27 @@ class Exchange:
             self.picker.pipeline.finished(self.prepared, self.serving, None)
             self.serving = None
         self._held.close()
+        status = self._refused or self.status or 499  # no answer at all: the client or Envoy went away
+        self.picker.pipeline.end(self.rec, status)
 
     # ------------------------------------------------------------------ request path
     async def _request_headers(self, msg: ProcessingRequest) -> list[ProcessingResponse]:
-        self.headers = pr.header_map(msg.request_headers.headers)
+        self.headers = protocol.header_map(msg.request_headers.headers)
+        path = self.headers.get(":path", "")
+        if not self.picker.pipeline.admin_allowed(path, self.headers.get("authorization")):
+            return [self._refuse(Unauthorized("admin token required"))]
+        self.rec = self.picker.pipeline.begin(path.split("?", 1)[0], self.headers)
+        if self.rec is not None:
+            self._body_ns = time.time_ns()
         try:
             self._held.enter_context(self.picker.pipeline.held())
         except (Overloaded, ServiceUnavailable) as e:
             return [self._refuse(e)]
         if msg.request_headers.end_of_stream:
             return await self._bodyless(msg)
-        self.kind = kind_of(self.headers.get(":path", ""))
+        self.kind = kind_of(path)
         if self.kind is None:
-            return [self._refuse(NotFound(f"no such route: {self.headers.get(':path', '')}"))]
+            return [self._refuse(NotFound(f"no such route: {path}"))]
         return []  # the answer waits for the whole body
 
     async def _request_body(self, msg: ProcessingRequest) -> list[ProcessingResponse]:
@@ -145,16 +136,21 @@ class Exchange:
         pl = self.picker.pipeline
         raw = b"".join(self._body)
         self._body = []
+        if self.rec is not None:
+            # The picker's side of the exchange: Envoy streamed the body from its headers to its end.
+            self.rec.phase(
+                "kvrouter.epp.request_body", self._body_ns, time.time_ns(), {"kvrouter.body_bytes": len(raw)}
+            )
         try:
-            subset = pr.subset_of(msg.metadata_context)
-            p = self.prepared = await pl.prepare(raw, self.kind, self.headers)
+            subset = protocol.subset_of(msg.metadata_context)
+            p = self.prepared = await pl.prepare(raw, self.kind, self.headers, rec=self.rec)
             only = self.picker.endpoints().targets(subset) if subset is not None else None
             d = await pl.admit(p, only=only)
         except ApiError as e:
             return [self._refuse(e)]
         self.decision = d
         self._stream = p.req.stream
-        return pr.routed(
+        return protocol.routed(
             self._dispatch(p, d), p.req.encoded_body(), self._route_headers(d), limit=self.picker.chunk_bytes
         )
 
@@ -163,26 +159,27 @@ class Exchange:
         response's GET or cancel to the instance holding it."""
         pl = self.picker.pipeline
         try:
-            subset = pr.subset_of(msg.metadata_context)
+            subset = protocol.subset_of(msg.metadata_context)
             p = self.prepared = pl.prepare_bodyless()
-            stored = _STORED.match(self.headers.get(":path", "").split("?", 1)[0])
+            p.rec = self.rec
+            stored = stored_response_id(self.headers.get(":path", ""))
             if stored is not None:
-                p.pinned = (await pl.holder(stored.group(1))).instance
+                p.pinned = (await pl.holder(stored)).instance
             only = self.picker.endpoints().targets(subset) if subset is not None else None
             d = await pl.admit(p, only=only)
         except ApiError as e:
             return [self._refuse(e)]
         self.decision = d
-        return [pr.bodyless_routed(self._dispatch(p, d), self._route_headers(d))]
+        return [protocol.bodyless_routed(self._dispatch(p, d), self._route_headers(d))]
 
-    def _dispatch(self, p: Prepared, d: Decision) -> list[pr.Endpoint]:
+    def _dispatch(self, p: Prepared, d: Decision) -> list[protocol.Endpoint]:
         assert d.chosen is not None
         emap = self.picker.endpoints()
         self.sent = emap.ordered(d.chosen, d.ranked, self.picker.fallbacks)
         self.serving = d.chosen
         self.picker.pipeline.dispatched(p, d.chosen)
         self._dispatched_at = time.monotonic()
-        self.picker.m.picks.labels(d.policy, d.reason).inc()
+        self.picker.metrics.picks.labels(d.policy, d.reason).inc()
         log.debug(
             "picked", extra={"request": p.inp.request_id, "target": d.chosen.target, "reason": d.reason}
         )
@@ -191,27 +188,31 @@ class Exchange:
     def _route_headers(self, d: Decision) -> dict[str, str]:
         """Request headers for the model server: the rank pin of a data-parallel instance."""
         assert d.chosen is not None
+        out = {} if self.prepared is None else self.prepared.trace_headers()  # vLLM's parent span
         inst = self.picker.pool.upstreams.get(d.chosen.instance)
         if inst is not None and inst.cfg.dp_size > 1:
-            return {"x-data-parallel-rank": str(d.chosen.dp_rank)}
-        return {}
+            out["x-data-parallel-rank"] = str(d.chosen.dp_rank)
+        return out
 
     def _refuse(self, e: ApiError, status: int | None = None) -> ProcessingResponse:
         code = status or e.status
-        self.picker.m.immediate.labels(str(code), e.reason).inc()
+        self._refused = code
+        self.picker.metrics.immediate.labels(str(code), e.reason).inc()
         retry = self.picker.cfg.limits.retry_after_s
         headers = {"retry-after": str(retry)} if isinstance(e, (Overloaded, ServiceUnavailable)) else None
-        return pr.immediate(code, e.body(), headers)
+        return protocol.immediate(code, e.body(), headers)
 
     # ------------------------------------------------------------------ response path
     def _response_headers(self, msg: ProcessingRequest) -> ProcessingResponse:
-        h = pr.header_map(msg.response_headers.headers)
+        h = protocol.header_map(msg.response_headers.headers)
         try:
             self.status = int(h.get(":status", "0"))
         except ValueError:
             self.status = 0
         self._stream = self._stream or h.get("content-type", "").startswith("text/event-stream")
-        served = self._served(pr.served_of(msg.metadata_context))
+        served = self._served(protocol.served_of(msg.metadata_context))
+        if self.prepared is not None and self.serving is not None:
+            self.picker.pipeline.answered(self.prepared, self.status)
         pool = self.picker.pool
         if served is not None and served.instance in pool.upstreams:
             if self.status >= 500:
@@ -221,9 +222,9 @@ class Exchange:
         out = self._decision_headers(served)
         if msg.response_headers.end_of_stream:
             self._end_of_response()
-        return pr.response_headers(out, remove=_INTERNAL)
+        return protocol.response_headers(out, remove=_INTERNAL)
 
-    def _served(self, ep: pr.Endpoint | None) -> Candidate | None:
+    def _served(self, ep: protocol.Endpoint | None) -> Candidate | None:
         """The target that served the request.  When the gateway fell back past the first, the first
         failed: its load and failure are recorded, and the load moves to the one that served."""
         cur = self.serving
@@ -234,12 +235,12 @@ class Exchange:
             return cur
         got = next((c for c in self.sent if emap.endpoint.get(c.instance) == ep), None)
         if got is None:
-            self.picker.m.served_unknown.inc()
+            self.picker.metrics.served_unknown.inc()
             return cur
         pl = self.picker.pipeline
         pl.finished(self.prepared, cur, None)
         self.picker.pool.record_failure(cur.instance, connection=True)
-        self.picker.m.fallbacks.labels(got.target).inc()
+        self.picker.metrics.fallbacks.labels(got.target).inc()
         pl.dispatched(self.prepared, got)
         self.serving = got
         return got
@@ -269,8 +270,8 @@ class Exchange:
             else:  # too large to keep: the answer passes, its usage goes unread
                 self._unary, self._unary_size = [], self.picker.options.max_response_buffer + 1
         out = [
-            pr.body_response(piece, eos and last, request=False)
-            for piece, last in pr.chunks(b.body, self.picker.chunk_bytes)
+            protocol.body_response(piece, eos and last, request=False)
+            for piece, last in protocol.chunks(b.body, self.picker.chunk_bytes)
         ]
         if eos:
             self._end_of_response()
@@ -285,8 +286,8 @@ class Exchange:
         assert self.prepared is not None and self.serving is not None
         self._first = False
         self.picker.pipeline.first_token(self.prepared)
-        self.picker.m.upstream_ttft.labels(self.serving.target).observe(
-            time.monotonic() - self._dispatched_at
+        self.picker.metrics.upstream_ttft.labels(self.serving.target).observe(
+            time.monotonic() - self._dispatched_at, self.prepared.exemplar()
         )
 
     def _end_of_response(self) -> None:

@@ -48,7 +48,7 @@ class Picker:
         self.cfg = gw.cfg
         self.pipeline = gw.pipeline
         self.pool = gw.pool
-        self.m = PickerMetrics(gw.metrics.registry)
+        self.metrics = PickerMetrics(gw.metrics.registry)
         self.fallbacks = options.fallbacks
         self.chunk_bytes = options.chunk_bytes
 

@@ -19,13 +19,13 @@ from collections.abc import AsyncIterator
 
 import grpc
 from aiohttp import web
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_grpc
 from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest, ProcessingResponse
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from ..api.errors import InternalError
 from ..gateway import handlers
-from . import protocol as pr
+from . import protocol
 from .exchange import Exchange
 from .picker import Picker
 
@@ -37,7 +37,7 @@ _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 _GRACE_S = 5.0
 
 
-class ExtProc(ep_grpc.ExternalProcessorServicer):
+class ExtProc(ext_proc_grpc.ExternalProcessorServicer):
     """One ext_proc stream per HTTP request; each message answered in order by its ``Exchange``."""
 
     def __init__(self, picker: Picker) -> None:
@@ -46,7 +46,7 @@ class ExtProc(ep_grpc.ExternalProcessorServicer):
     async def Process(
         self, requests: AsyncIterator[ProcessingRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[ProcessingResponse]:
-        m = self.picker.m
+        m = self.picker.metrics
         m.streams.inc()
         m.open_streams.inc()
         ex = Exchange(self.picker)
@@ -59,7 +59,9 @@ class ExtProc(ep_grpc.ExternalProcessorServicer):
                     # apply its failure mode to a request that reached us), logged without its contents.
                     log.exception("ext_proc exchange failed", extra={"error": type(e).__name__})
                     m.stream_errors.labels(type(e).__name__).inc()
-                    yield pr.immediate(500, InternalError(f"internal error ({type(e).__name__})").body())
+                    yield protocol.immediate(
+                        500, InternalError(f"internal error ({type(e).__name__})").body()
+                    )
                     return
                 for resp in out:
                     yield resp
@@ -82,13 +84,13 @@ class PickerServer:
         o = self.picker.options
         # No SO_REUSEPORT: a second picker on a taken port must fail, not share it.
         self.server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-        ep_grpc.add_ExternalProcessorServicer_to_server(ExtProc(self.picker), self.server)
+        ext_proc_grpc.add_ExternalProcessorServicer_to_server(ExtProc(self.picker), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.port = self.server.add_insecure_port(f"{o.grpc_host}:{o.grpc_port}")
         if not self.port:
             raise OSError(f"cannot listen on {o.grpc_host}:{o.grpc_port}")
         await self.health.set(LIVENESS, _SERVING)
-        for name in (READINESS, pr.SERVICE_NAME):
+        for name in (READINESS, protocol.SERVICE_NAME):
             await self.health.set(name, _NOT_SERVING)
         await self.server.start()
         self._ready = asyncio.create_task(self._when_ready(), name="epp-readiness")
@@ -98,7 +100,7 @@ class PickerServer:
         disc = self.picker.gw.membership.discovery
         if disc is not None:
             await disc.synced.wait()
-        for name in (READINESS, pr.SERVICE_NAME):
+        for name in (READINESS, protocol.SERVICE_NAME):
             await self.health.set(name, _SERVING)
 
     async def stop(self) -> None:

@@ -23,9 +23,12 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 import aiohttp
 import msgspec
+from prometheus_client.core import Metric
+from prometheus_client.exposition import choose_encoder
 
 from indexer import Indexer, LookupResult
 from indexer.config import InstanceConfig
@@ -35,10 +38,13 @@ from indexer.subscriber import EventSubscriber
 
 from ..api.requests import ParsedRequest
 from ..config import RouterFleetConfig
+from ..host.metric_merge import Merged
 from ..loop_lag import LoopLag
 from ..pipeline import PassThroughTokens, RequestPipeline, TokenSource
 from ..replicas import SharedState, WarmRestart, mark_restored, store_for
 from ..routing import Router
+from ..telemetry import Telemetry
+from ..telemetry.metrics import TelemetryCollector
 from .adapters import AdapterManager
 from .disagg_proxy import DisaggProxy
 from .event_sources import EventSourceResolver
@@ -50,6 +56,17 @@ from .parity_probe import ParityProber
 from .proxy import Proxy
 from .upstream import UpstreamPool
 from .upstream_http import UpstreamHttp
+
+
+class HostScrape(Protocol):
+    """The host's /metrics over every worker (``kvrouter.workers.scrape.HostScrape``)."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    async def families(self) -> list[Metric]: ...
+
 
 log = logging.getLogger("kvrouter.gateway")
 
@@ -91,6 +108,8 @@ class Gateway:
             lag=self.lag,
         )
         self.tokens = tokens or PassThroughTokens()
+        self.telemetry = Telemetry(cfg.tracing, cfg.access_log)
+        self.metrics.registry.register(TelemetryCollector(self.telemetry))
         self.pipeline = RequestPipeline(
             cfg,
             self.router,
@@ -100,6 +119,7 @@ class Gateway:
             remote=self.remote_lookup if remote_index else None,
             find_response=self.find_response,
             lag=self.lag,
+            telemetry=self.telemetry,
         )
         self.adapters = AdapterManager(self.pool, self.pipeline, cfg.lora)
         rep = cfg.replicas
@@ -145,11 +165,37 @@ class Gateway:
         self.proxy: Proxy | None = None
         self.disagg: DisaggProxy | None = None
         self._checks: asyncio.Task[None] | None = None
+        self._watch: asyncio.Task[None] | None = None
         self.leader = True
         """False in a worker of several on one host (``kvrouter.workers``): the leader alone writes index
         snapshots, syncs with other hosts' replicas and runs the start-up fleet check."""
         self.host_state: Callable[[], dict[str, object]] | None = None
         """This worker's place on its host, for /health (None: one process)."""
+        self.host_scrape: HostScrape | None = None
+        """The host's /metrics over every worker (None: one process, its own registry)."""
+
+    def refresh_gauges(self) -> None:
+        """Gauges read at scrape time: in flight per target (the host's, with workers), the queue, the event
+        loop (tasks, delay)."""
+        load = self.router.load
+        load.refresh()
+        for key, tl in load.loads.items():
+            self.metrics.in_flight.labels(key).set(tl.effective_in_flight())
+        self.metrics.pipeline.queue_depth.set(self.pipeline.gate.waiting)
+        with contextlib.suppress(RuntimeError):  # no running loop (a snapshot taken off the loop)
+            self.metrics.loop_tasks.set(len(asyncio.all_tasks()))
+        self.metrics.loop_lag.set(self.lag.standing_s)
+        self.metrics.loop_demand.set(self.lag.demand)
+        self.metrics.loop_stall_max.set(self.lag.max_s)
+
+    async def exposition(self, accept: str | None) -> tuple[bytes, str]:
+        """``/metrics``: this process's registry, or with workers the host's merged families; OpenMetrics
+        (with exemplars) when the scraper asks for it."""
+        encoder, content_type = choose_encoder(accept or "")
+        if self.host_scrape is None:
+            self.refresh_gauges()
+            return encoder(self.metrics.registry), content_type
+        return encoder(Merged(await self.host_scrape.families())), content_type
 
     def _health_changed(self, name: str, healthy: bool) -> None:
         for t in self.pool.upstreams[name].targets():
@@ -268,11 +314,61 @@ class Gateway:
         await self.parity.start(self.session)
         if self.leader:
             self._checks = asyncio.create_task(self._startup_checks(), name="fleet-check")
+        if self.subscriber is not None:
+            self._watch = asyncio.create_task(self._watch_events(), name="event-watch")
+        if self.host_scrape is not None:
+            self.host_scrape.start()
+
+    async def _watch_events(self, interval_s: float = 1.0) -> None:
+        """Every second: is a source deaf (its instance computes prompts, its live stream brings nothing)?
+        Said loudly: an error log line when it starts, ``kvrouter_event_source_deaf``, ``/health``."""
+        assert self.subscriber is not None
+        watch, sub = self.pipeline.event_watch, self.subscriber
+        while True:
+            await asyncio.sleep(interval_s)
+            live = {src: st.messages for src, st in sub.status.items() if st.endpoint is not None}
+            newly, heard = watch.check(live, time.monotonic())
+            for src in newly:
+                st = sub.status.get(src)
+                d = watch.deaf[src]
+                log.error(
+                    "kv events: source deaf while its instance computes prompts; routing on it approximate",
+                    extra={
+                        "source": d.source,
+                        "owed_requests": d.owed_requests,
+                        "endpoint": st.endpoint if st else None,
+                        "mode": st.mode if st else None,
+                        "connected": st.connected if st else None,
+                        "hint": "vLLM connects its PUB out when its endpoint names a host: kvrouter check "
+                        "tells which side must bind",
+                    },
+                )
+                self.metrics.events_deaf.labels(d.source).set(1)
+            for src in heard:
+                log.warning("kv events: source heard again", extra={"source": src.label()})
+                self.metrics.events_deaf.labels(src.label()).set(0)
+            for name in self.event_sources.refused:
+                self.metrics.events_refused.labels(name).set(1)
+
+    def events_state(self) -> dict[str, object]:
+        """For ``/health``: deaf sources and refused instances (empty when events are fine)."""
+        return {
+            "deaf": {d.source: msgspec.to_builtins(d) for d in self.pipeline.event_watch.deaf.values()},
+            "refused": dict(self.event_sources.refused),
+        }
 
     async def _startup_checks(self) -> None:
         """``kvrouter check`` at start-up, logged (token parity is the prober's: not checked twice)."""
         assert self.session is not None
-        reports = await check_fleet(self.cfg, self.pipeline, self.session, pool=self.pool, parity=False)
+        await self.event_sources.settled(timeout_s=10.0)
+        held = (
+            {st.endpoint for st in self.subscriber.status.values() if st.mode == "bind" and st.endpoint}
+            if self.subscriber is not None
+            else set()
+        )
+        reports = await check_fleet(
+            self.cfg, self.pipeline, self.session, pool=self.pool, parity=False, held=held
+        )
         for r in reports:
             for c in r.checks:
                 level = logging.INFO if c.verdict in ("ok", "skip") else logging.WARNING
@@ -283,10 +379,13 @@ class Gateway:
                 )
 
     async def stop(self) -> None:
-        if self._checks is not None:
-            self._checks.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._checks
+        if self.host_scrape is not None:
+            self.host_scrape.stop()
+        for task in (self._checks, self._watch):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self.parity.stop()
         await self.event_sources.stop()
         await self.membership.stop()
@@ -300,4 +399,5 @@ class Gateway:
         self.http.close()
         if self.session:
             await self.session.close()
+        await asyncio.get_running_loop().run_in_executor(None, self.telemetry.shutdown)  # flush spans
         self.lag.stop()

@@ -51,8 +51,8 @@ class DisaggProxy:
         self.proxy = proxy
         self.pipeline = proxy.pipeline
         self.pool = proxy.pool
-        self.m = proxy.m
-        self.pd = proxy.pipeline.m.pd
+        self.metrics = proxy.metrics
+        self.pd = proxy.pipeline.metrics.pd
 
     def _timeout(self) -> aiohttp.ClientTimeout:
         px = self.proxy
@@ -104,7 +104,7 @@ class DisaggProxy:
             )
             nxt = self.pipeline.reroute(p, {d.target})
             if nxt is None:
-                self.m.pipeline.rejections.labels("upstream_failed").inc()
+                self.metrics.pipeline.rejections.labels("upstream_failed").inc()
                 raise BadGateway(f"decode leg failed: {e.reason}, and no other instance is up") from None
             self.pd.fallbacks.labels("decode_failed").inc()
             extra["x-kvrouter-pd"], extra["x-kvrouter-pd-reason"] = "whole", "decode_failed"
@@ -154,7 +154,7 @@ class DisaggProxy:
             nxt = self.pipeline.reroute_prefill(p, plan, tried) if attempt < self.proxy.max_retries else None
             if nxt is None:
                 return None
-            self.m.retries.labels(reason).inc()
+            self.metrics.retries.labels(reason).inc()
             cur = nxt
         return None
 
@@ -166,6 +166,7 @@ class DisaggProxy:
         headers["X-Request-Id"] = rid
         t0 = time.monotonic()
         resp = await self.proxy._post(self.pool.url(cur.instance) + path, body, headers, self._timeout())
+        self.pipeline.answered(p, resp.status)
         try:
             data = await self.proxy._read_all(resp)
         finally:
@@ -191,9 +192,9 @@ class DisaggProxy:
     ) -> web.StreamResponse:
         """The decode leg; ``UpstreamFailed`` if it fails before its first byte."""
         body = msgspec.json.encode(decode_leg_body(p.req.body, params))
-        headers = self.proxy.upstream_headers(request, p, d)
-        headers["X-Request-Id"] = rid
         self.pipeline.dispatched(p, d, received=True)
+        headers = self.proxy.upstream_headers(request, p, d)  # (after: the decode leg's trace context)
+        headers["X-Request-Id"] = rid
         t0 = time.monotonic()
         on_id = None
         if p.req.kind == "responses":  # the decode instance stores the response: follow-ups go there
@@ -206,6 +207,7 @@ class DisaggProxy:
         done = False
         try:  # the leg's load is released in every path, exactly once (the finally)
             resp = await self.proxy._post(self.pool.url(d.instance) + path, body, headers, self._timeout())
+            self.pipeline.answered(p, resp.status)
             if resp.status >= 500:
                 raise UpstreamFailed(f"status_{resp.status}", connection=False)
             out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP}
@@ -216,7 +218,7 @@ class DisaggProxy:
                 data = await self.proxy._read_all(resp)
                 self.pool.record_success(d.instance)
                 self.pipeline.first_token(p)
-                self.m.upstream_ttft.labels(d.target).observe(time.monotonic() - t0)
+                self.metrics.upstream_ttft.labels(d.target).observe(time.monotonic() - t0, p.exemplar())
                 watcher.feed_body(data)
                 done = True
                 return web.Response(body=data, status=resp.status, headers=out_headers)

@@ -7,7 +7,9 @@
     instance back in rotation ──▶ asked again (a restart may have moved its publishers)
 
 Until its events are known the instance is routed by load (no cache credit), as any instance without
-events.  In bind mode (the router binds, instances connect) there is nothing to find.
+events.  In bind mode (the router binds, instances connect) there is nothing to find.  An instance whose
+vLLM connects its PUB out (its endpoint names a host) gets a SUB bound at that address when the address is
+this host's (``event_mode.settle_mode``); otherwise it is refused, loudly, with the fix in the log.
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ import logging
 from collections import Counter
 
 import aiohttp
+import zmq.asyncio
 
 from indexer.config import InstanceConfig
 
 from ..membership.errors import EventSourcesError
 from ..membership.event_sources import with_event_sources
+from .event_mode import settle_mode
 from .fleet_membership import FleetMembership
 
 log = logging.getLogger("kvrouter.gateway.event_sources")
@@ -47,6 +51,9 @@ class EventSourceResolver:
         self.counters: Counter[str] = Counter()
         """resolved, and failures by reason."""
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self.refused: dict[str, str] = {}
+        """Instances that publish events this router cannot receive, with why and the fix (for /health)."""
+        self._ctx: zmq.asyncio.Context | None = None
 
     @staticmethod
     def wanted(inst: InstanceConfig) -> bool:
@@ -66,6 +73,9 @@ class EventSourceResolver:
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
+        if self._ctx is not None:
+            self._ctx.destroy(linger=0)
+            self._ctx = None
 
     def watch(self, inst: InstanceConfig) -> None:
         """Ask ``inst`` for its publishers (again), in the background, until it answers."""
@@ -76,6 +86,13 @@ class EventSourceResolver:
             old.cancel()
         self._tasks[inst.name] = asyncio.create_task(self._resolve(inst), name=f"kv-sources-{inst.name}")
 
+    async def settled(self, timeout_s: float) -> None:
+        """Until the questions asked so far are answered (or ``timeout_s``): the start-up check then sees
+        the publishers as the subscriber does."""
+        tasks = list(self._tasks.values())
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout_s)
+
     def forget(self, name: str) -> None:
         t = self._tasks.pop(name, None)
         if t is not None:
@@ -85,25 +102,49 @@ class EventSourceResolver:
         delay = self.retry_s
         while True:
             try:
-                resolved = with_event_sources(inst, await self._ask(inst))
+                resolved = await self._settled(with_event_sources(inst, await self._ask(inst)))
             except EventSourcesError as e:
                 self.counters[e.reason] += 1
                 if e.reason != "unreachable":
-                    # The instance answered: it publishes nothing usable.  It stays routed by load.
-                    log.warning("no KV events from instance", extra={"instance": inst.name, "reason": str(e)})
+                    # The instance answered: it publishes nothing usable here.  It stays routed by load.
+                    level = logging.ERROR if e.reason in ("elsewhere", "taken") else logging.WARNING
+                    log.log(
+                        level, "no KV events from instance", extra={"instance": inst.name, "reason": str(e)}
+                    )
+                    self.refused[inst.name] = str(e)
                     self._tasks.pop(inst.name, None)
                     return
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.retry_max_s)
                 continue
             self.counters["resolved"] += 1
+            self.refused.pop(inst.name, None)
             self._tasks.pop(inst.name, None)
             await self.membership.rewire(resolved)
             log.info(
                 "kv events found",
-                extra={"instance": inst.name, "events": resolved.events, "dp_size": resolved.dp_size},
+                extra={
+                    "instance": inst.name,
+                    "events": resolved.events,
+                    "mode": resolved.events_mode,
+                    "dp_size": resolved.dp_size,
+                },
             )
             return
+
+    async def _settled(self, resolved: InstanceConfig) -> InstanceConfig:
+        """``resolved`` with a mode this router can carry out.  A bind this router already holds for the
+        same address is kept as it is (probing it would find our own SUB)."""
+        prev = self.membership.found(resolved.name)
+        if prev is not None and (prev.events, prev.events_mode, prev.dp_size) == (
+            resolved.events,
+            resolved.events_mode,
+            resolved.dp_size,
+        ):
+            return prev
+        if self._ctx is None:
+            self._ctx = zmq.asyncio.Context()
+        return await settle_mode(resolved, self._ctx)
 
     async def _ask(self, inst: InstanceConfig) -> bytes:
         assert self.session is not None and inst.url is not None

@@ -6,9 +6,11 @@ router does, whether its KV events arrive with the block size the fleet file say
     per instance   GET /v1/models        served models, LoRA adapters, max_model_len; the file's ones served?
                    POST /tokenize        the parity probe set, ids against the router's own (Responses
                                          and Messages probes: their render routes, when served)
-                   events                the file's endpoints, or GET /kv_event_sources; a replay request
-                                         (DEALER, from seq 0) or, without replay, the live stream; the first
-                                         stored batch's block size against the file's
+                   events                the file's endpoints, or GET /kv_event_sources; which side binds
+                                         (vLLM's PUB binds a wildcard endpoint, connects out to a host):
+                                         the live stream reached (a PUB handshake, or vLLM connecting to a
+                                         SUB bound here), then a replay request (DEALER, from seq 0) or the
+                                         live stream; the first stored batch's block size against the file's
 
 Used by ``kvrouter check`` (a table, or JSON; non-zero exit on any failure) and by ``kvrouter serve`` at
 start-up (logged).  An idle engine with no replay endpoint has sent nothing yet: a warning, not a failure.
@@ -34,6 +36,7 @@ from ..config import RouterFleetConfig
 from ..membership.errors import EventSourcesError
 from ..membership.event_sources import with_event_sources
 from ..pipeline import RequestPipeline
+from .event_mode import pub_answers, pub_connects, settle_mode
 from .parity_probe import ParityProber
 from .upstream import UpstreamPool
 
@@ -97,7 +100,9 @@ async def check_models(
 
 
 async def check_parity(prober: ParityProber, name: str) -> Check:
-    results = await prober.check_instance(name, "startup")
+    detail = await prober.check_instance_detail(name, "startup")
+    results = [r for _, r in detail]
+    images = [r for route, r in detail if route.endswith("+image") and r not in ("skipped", "unsupported")]
     counted = [r for r in results if r not in ("skipped", "unsupported")]
     if not counted:
         return Check("parity", "skip", "no tokenizer for its models")
@@ -110,6 +115,8 @@ async def check_parity(prober: ParityProber, name: str) -> Check:
     if errors == len(counted):
         return Check("parity", "fail", "/tokenize did not answer")
     note = ""
+    if images:
+        note += f" (images: {images.count('match')}/{len(images)} match)"
     if "unsupported" in results:
         note = " (no render routes for responses/messages: checked by reported cached tokens)"
     return Check("parity", "ok", f"{len(counted) - errors}/{len(counted)} probes match{note}")
@@ -150,7 +157,14 @@ async def first_batches(
     sub = ctx.socket(zmq.SUB)
     sub.setsockopt(zmq.LINGER, 0)
     sub.setsockopt(zmq.SUBSCRIBE, inst.topic.encode())
-    sub.connect(events)
+    try:
+        if inst.events_mode == "bind":
+            sub.bind(events)
+        else:
+            sub.connect(events)
+    except zmq.ZMQError as e:
+        sub.close(linger=0)
+        return [], f"cannot listen at {events}: {e}"
     try:
         async with asyncio.timeout(timeout_s):
             frames = await sub.recv_multipart()
@@ -161,30 +175,90 @@ async def first_batches(
         sub.close(linger=0)
 
 
+async def _announced(
+    session: aiohttp.ClientSession, inst: InstanceConfig, timeout_s: float
+) -> tuple[InstanceConfig | None, Check | None]:
+    """What the instance's ``/kv_event_sources`` announces (None if it has no such route), or the check
+    that ends here when the file gives no events and the answer cannot stand in for them."""
+    assert inst.url is not None
+    given = inst.events is not None
+    try:
+        status, body = await _get(session, inst.url.rstrip("/") + "/kv_event_sources", timeout_s)
+    except (aiohttp.ClientError, TimeoutError):
+        return None, None if given else Check(
+            "events", "fail", "no events given and /kv_event_sources unreachable"
+        )
+    if status != 200:
+        return None, None if given else Check(
+            "events", "warn", f"no events given and /kv_event_sources answered {status}"
+        )
+    try:
+        return with_event_sources(inst, body), None
+    except EventSourcesError as e:
+        return None, None if given else Check("events", "warn", f"routed by load only: {e}")
+
+
+async def live_stream(
+    ctx: zmq.asyncio.Context, inst: InstanceConfig, timeout_s: float
+) -> tuple[Verdict, str]:
+    """Can this router receive rank 0's live stream?  A replay endpoint answering says nothing about it."""
+    events = inst.events_endpoint(0)
+    assert events is not None
+    if inst.events_mode == "connect":
+        if await pub_answers(ctx, events, timeout_s):
+            return "ok", "live: a PUB answers"
+        return "fail", f"live: no PUB answers at {events} (vLLM down, a firewall, or it connects out instead)"
+    got = await pub_connects(ctx, events, timeout_s)
+    if got is None:
+        return "warn", f"live: cannot bind {events} here to listen (a running kvrouter serve holds it?)"
+    if got:
+        return "ok", "live: vLLM connected to our SUB"
+    return "fail", f"live: vLLM did not connect to {events} in {timeout_s} s"
+
+
 async def check_events(
     session: aiohttp.ClientSession,
     ctx: zmq.asyncio.Context,
     inst: InstanceConfig,
     block_size: int,
     timeout_s: float,
+    *,
+    held: set[str] | frozenset[str] = frozenset(),
 ) -> Check:
+    if inst.events is None and inst.url is None:
+        return Check("events", "skip", "no url and no events")
+    announced, ended = (None, None) if inst.url is None else await _announced(session, inst, timeout_s)
+    if ended is not None:
+        return ended
     if inst.events is None:
-        if inst.url is None:
-            return Check("events", "skip", "no url and no events")
+        assert announced is not None
         try:
-            status, body = await _get(session, inst.url.rstrip("/") + "/kv_event_sources", timeout_s)
-            if status != 200:
-                return Check("events", "warn", f"no events given and /kv_event_sources answered {status}")
-            inst = with_event_sources(inst, body)
-        except (aiohttp.ClientError, TimeoutError):
-            return Check("events", "fail", "no events given and /kv_event_sources unreachable")
+            if not (announced.events_mode == "bind" and announced.events in held):
+                announced = await settle_mode(announced, ctx, timeout_s)
+            inst = announced
         except EventSourcesError as e:
-            return Check("events", "warn", f"routed by load only: {e}")
+            return Check("events", "fail", str(e))
+    elif announced is not None and announced.events_mode == "bind" and inst.events_mode == "connect":
+        return Check(
+            "events",
+            "fail",
+            f"{inst.events}: vLLM connects its PUB out to {announced.events} (its /kv_event_sources endpoint "
+            "names a host), so a SUB connecting to it receives nothing. Fix: events_mode: bind for this "
+            "instance with events at that address (it must be this router's), or start vLLM with a "
+            "wildcard endpoint (tcp://*:PORT) so it binds",
+        )
+    mode = "router binds, vLLM connects" if inst.events_mode == "bind" else "router connects"
+    where = f"{inst.events} x{inst.dp_size} ({mode})" + (f", replay {inst.replay}" if inst.replay else "")
+    if inst.events_mode == "bind" and inst.events in held:
+        live, live_detail = "ok", "live: bound by this router's subscriber"
+    else:
+        live, live_detail = await live_stream(ctx, inst, timeout_s)
+    if live == "fail":
+        return Check("events", "fail", f"{where}: {live_detail}")
     payloads, how = await first_batches(ctx, inst, timeout_s)
-    where = f"{inst.events} x{inst.dp_size}" + (f", replay {inst.replay}" if inst.replay else "")
     if not payloads:
         verdict: Verdict = "fail" if how.startswith("replay endpoint") else "warn"
-        return Check("events", verdict, f"{where}: {how}")
+        return Check("events", verdict, f"{where}: {live_detail}; {how}")
     decoder, got, placeholders = BatchDecoder(), None, 0
     for payload in payloads:
         try:
@@ -201,9 +275,11 @@ async def check_events(
     seen = f"block size {got}" if got is not None else f"{len(payloads)} batches, no stored block in them"
     if placeholders:
         return Check(
-            "events", "warn", f"{where}: {seen} ({how}); {PLACEHOLDER_ADVICE.format(n=placeholders)}"
+            "events",
+            "warn",
+            f"{where}: {live_detail}; {seen} ({how}); {PLACEHOLDER_ADVICE.format(n=placeholders)}",
         )
-    return Check("events", "ok", f"{where}: {seen} ({how})")
+    return Check("events", "warn" if live == "warn" else "ok", f"{where}: {live_detail}; {seen} ({how})")
 
 
 PLACEHOLDER_ADVICE = (
@@ -222,9 +298,10 @@ async def check_fleet(
     timeout_s: float = 3.0,
     pool: UpstreamPool | None = None,
     parity: bool = True,
+    held: set[str] | frozenset[str] = frozenset(),
 ) -> list[InstanceReport]:
     """Every instance of ``cfg`` checked, concurrently (``parity`` False: a running gateway's prober does
-    that part)."""
+    that part; ``held``: endpoints the caller's own subscriber has bound, where vLLM connects to it)."""
     pool = pool or UpstreamPool(cfg.instances, pipeline.router.load)
     prober = ParityProber(pipeline, pool)
     prober.session = session
@@ -251,7 +328,7 @@ async def check_fleet(
                     u.served_models = list(ids)
                 if parity:
                     checks.append(await check_parity(prober, inst.name))
-        checks.append(await check_events(session, ctx, inst, cfg.block_size, timeout_s))
+        checks.append(await check_events(session, ctx, inst, cfg.block_size, timeout_s, held=held))
         return InstanceReport(inst.name, checks)
 
     try:

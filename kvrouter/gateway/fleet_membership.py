@@ -59,8 +59,17 @@ class FleetMembership:
         if f is None or inst.events is not None or inst.url != f.url:
             return inst
         return msgspec.structs.replace(
-            inst, events=f.events, replay=f.replay, topic=f.topic, dp_size=f.dp_size
+            inst,
+            events=f.events,
+            events_mode=f.events_mode,
+            replay=f.replay,
+            topic=f.topic,
+            dp_size=f.dp_size,
         )
+
+    def found(self, name: str) -> InstanceConfig | None:
+        """What ``/kv_event_sources`` last gave for ``name`` (as applied), if it was asked."""
+        return self._found.get(name)
 
     def discoverable(self, name: str) -> InstanceConfig | None:
         """The config to ask ``/kv_event_sources`` with, if ``name``'s events are not given (found before,

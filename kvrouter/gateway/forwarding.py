@@ -9,13 +9,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from ..api.errors import ApiError
 from ..api.requests import Kind, ParsedRequest
+from ..telemetry import RequestRecord
 from .app import Gateway
 from .proxy import BodySource
 
@@ -37,8 +40,37 @@ async def route_and_forward(
     to send instead of the parsed body; ``stored``: a stored response id, the request goes where it is)."""
     gw = request.app[GATEWAY]
     pl = gw.pipeline
+    rec = pl.begin(request.path, request.headers)
+    if rec is None:
+        return await _route_and_forward(request, gw, kind, path_of, raw, body, stored, None)
+    status = 500
+    try:
+        resp = await _route_and_forward(request, gw, kind, path_of, raw, body, stored, rec)
+        status = resp.status
+        return resp
+    except ApiError as e:
+        status = e.status
+        raise
+    except asyncio.CancelledError:
+        status = 499  # the client went away before its answer
+        raise
+    finally:
+        pl.end(rec, status)
+
+
+async def _route_and_forward(
+    request: web.Request,
+    gw: Gateway,
+    kind: Kind | None,
+    path_of: Callable[[ParsedRequest], str],
+    raw: bytes | None,
+    body: BodySource | None,
+    stored: str | None,
+    rec: RequestRecord | None,
+) -> web.StreamResponse:
+    pl = gw.pipeline
     with pl.held():
-        p = await pl.prepare(await request.read() if raw is None else raw, kind, request.headers)
+        p = await pl.prepare(await request.read() if raw is None else raw, kind, request.headers, rec=rec)
         if stored is not None:
             p.pinned = (await pl.holder(stored)).instance
         await gw.adapters.ensure(p)

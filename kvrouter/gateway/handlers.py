@@ -1,9 +1,8 @@
 """The gateway's HTTP routes: thin shells around the request pipeline and the gateway's state.
 
-POST /v1/completions  /v1/chat/completions     routed and proxied (streaming passed through)
-POST /v1/responses  /v1/messages  /v1/messages/count_tokens   the same (their chat request is tokenized)
-POST /v1/embeddings /pooling /classify /score /v1/score /rerank /v1/rerank /v2/rerank /v2/embed
-                                               by model and load (kv-aware on a single text input)
+POST every path of ``api.routes.ROUTED``       routed by the prompt and proxied (streaming passed
+                                               through): completions, chat, responses, messages;
+                                               pooling by model and load (kv-aware on a single text)
 GET  /v1/responses/{id}  POST .../cancel       to the instance holding it (``surface``)
 POST /v1/load_lora_adapter /v1/unload_lora_adapter   to the instances concerned (``adapters``)
 POST /v1/audio/transcriptions /v1/audio/translations multipart, streamed through (``surface``)
@@ -13,6 +12,8 @@ GET  /v1/models                                aggregated over the fleet
 GET  /health  /livez  /metrics                 fleet state and token parity; loop liveness; Prometheus
 POST /v1/route/explain                         every candidate's cache, tier, load, trust, score
 POST /v1/cache/lookup  GET /v1/fleet           the embedded indexer's API (+ token parity per model)
+
+``api.routes.ADMIN_PATHS`` need ``gateway.admin_token`` when one is set (``errors_mw``).
 
 Every error is answered by ``errors_mw`` with the one error body (``api.errors``): a client's mistake is a
 4xx with a reason, a bug a counted, logged 500 that carries no request contents.
@@ -27,41 +28,18 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from indexer import service as ixs
+from indexer import service as index_service
 
 from ..api.errors import ApiError, InternalError, Overloaded, ServiceUnavailable, Unauthorized, error_body
 from ..api.messages import anthropic_error_body
+from ..api.routes import ROUTED
 from ..pipeline import explain as explain_body
-from ..pipeline.pipeline import same_secret
 from .app import Gateway
 from .forwarding import GATEWAY, route_and_forward, routed
 from .surface import add_surface_routes
 
 log = logging.getLogger("kvrouter.gateway")
-
-ADMIN_PATHS = frozenset(
-    {
-        "/v1/route/explain",
-        "/v1/cache/lookup",
-        "/v1/fleet",
-        # vLLM's operator routes, passed through to the instances: never a client's to call
-        "/v1/load_lora_adapter",
-        "/v1/unload_lora_adapter",
-        "/reset_prefix_cache",
-        "/reset_mm_cache",
-        "/sleep",
-        "/wake_up",
-        "/pause",
-        "/resume",
-        "/collective_rpc",
-        "/scale_elastic_ep",
-        "/start_profile",
-        "/stop_profile",
-    }
-)
-"""Routes that need ``gateway.admin_token`` when one is set."""
 
 
 def error_response(e: ApiError, retry_after_s: float | None = None, *, path: str = "") -> web.Response:
@@ -77,12 +55,7 @@ async def errors_mw(
 ) -> web.StreamResponse:
     gw = request.app[GATEWAY]
     route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unknown"
-    token = gw.cfg.gateway.admin_token
-    if (
-        token
-        and request.path in ADMIN_PATHS
-        and not same_secret(request.headers.get("Authorization", ""), f"Bearer {token}")
-    ):
+    if not gw.pipeline.admin_allowed(request.path, request.headers.get("Authorization")):
         gw.metrics.requests.labels(route, "401").inc()
         return error_response(Unauthorized("admin token required"))
     try:
@@ -110,27 +83,6 @@ async def errors_mw(
     return resp
 
 
-async def completions(request: web.Request) -> web.StreamResponse:
-    return await route_and_forward(request, "completions", lambda r: "/v1/completions")
-
-
-async def chat(request: web.Request) -> web.StreamResponse:
-    return await route_and_forward(request, "chat", lambda r: "/v1/chat/completions")
-
-
-POOLING_ROUTES = (
-    "/v1/embeddings",
-    "/pooling",
-    "/classify",
-    "/score",
-    "/v1/score",
-    "/rerank",
-    "/v1/rerank",
-    "/v2/rerank",
-    "/v2/embed",
-)
-
-
 async def invocations(request: web.Request) -> web.StreamResponse:
     paths = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
     return await route_and_forward(request, None, lambda r: paths[r.kind])
@@ -154,16 +106,27 @@ async def health(request: web.Request) -> web.Response:
         for u in gw.pool.upstreams.values()
     }
     healthy = sum(1 for u in gw.pool.upstreams.values() if u.healthy)
+    events = gw.events_state()
+    # Deaf or refused event sources leave the gateway serving (200), but never quietly: "events_degraded".
+    degraded = bool(events["deaf"] or events["refused"])
     body = {
-        "status": "ok" if healthy else "no_healthy_instance",
+        "status": ("events_degraded" if degraded else "ok") if healthy else "no_healthy_instance",
         "instances": ups,
-        "index": ixs.source_state(gw.indexer, gw.subscriber),
+        "events": events,
+        "index": index_service.source_state(gw.indexer, gw.subscriber),
         "block_size_mismatch": {k.label(): v for k, v in gw.indexer.block_size_mismatch.items()},
         "membership": gw.membership.state(),
         "token_parity": gw.pipeline.parity.state(),
     }
     if gw.host_state is not None:
-        body["worker"] = gw.host_state()
+        # This worker's own answers (its /metrics shows the host's): how the kernel spread connections.
+        answered = {
+            f"{s.labels['route']} {s.labels['status']}": int(s.value)
+            for fam in gw.metrics.requests.collect()
+            for s in fam.samples
+            if s.name.endswith("_total")
+        }
+        body["worker"] = {**gw.host_state(), "answered": answered}
     return web.json_response(body, status=200 if healthy else 503)
 
 
@@ -174,16 +137,9 @@ async def models(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    gw = request.app[GATEWAY]
-    for key, load in gw.router.load.loads.items():
-        gw.metrics.in_flight.labels(key).set(load.effective_in_flight())
-    gw.metrics.loop_tasks.set(len(asyncio.all_tasks()))
-    gw.metrics.loop_lag.set(gw.lag.standing_s)
-    gw.metrics.loop_demand.set(gw.lag.demand)
-    gw.metrics.loop_stall_max.set(gw.lag.max_s)
-    return web.Response(
-        body=generate_latest(gw.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
-    )
+    """Prometheus: one process's registry, or the host's (every worker's, merged: ``kvrouter.host``)."""
+    body, content_type = await request.app[GATEWAY].exposition(request.headers.get("Accept"))
+    return web.Response(body=body, headers={"Content-Type": content_type})
 
 
 async def fleet(request: web.Request) -> web.Response:
@@ -191,7 +147,7 @@ async def fleet(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
     body = {
         "block_size": gw.indexer.block_size,
-        "sources": ixs.source_state(gw.indexer, gw.subscriber),
+        "sources": index_service.source_state(gw.indexer, gw.subscriber),
         "token_parity": gw.pipeline.parity.state(),
     }
     return web.json_response(body)
@@ -210,11 +166,11 @@ def build_gateway(gw: Gateway) -> web.Application:
     app = web.Application(client_max_size=gw.cfg.limits.max_body_bytes, middlewares=[errors_mw])
     app[GATEWAY] = gw
     # the indexer's own handlers, on this gateway's indexer
-    app[ixs.INDEXER] = gw.indexer
-    app[ixs.SUBSCRIBER] = gw.subscriber
-    encoder = gw.tokens if isinstance(gw.tokens, ixs.PromptEncoder) else None
-    app[ixs.ENCODER] = encoder
-    app[ixs.REGISTRY] = gw.metrics.registry
+    app[index_service.INDEXER] = gw.indexer
+    app[index_service.SUBSCRIBER] = gw.subscriber
+    encoder = gw.tokens if isinstance(gw.tokens, index_service.PromptEncoder) else None
+    app[index_service.ENCODER] = encoder
+    app[index_service.REGISTRY] = gw.metrics.registry
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         await gw.start()
@@ -223,13 +179,8 @@ def build_gateway(gw: Gateway) -> web.Application:
             await gw.stop()
 
     app.cleanup_ctx.append(lifecycle)
-    app.router.add_post("/v1/completions", completions)
-    app.router.add_post("/v1/chat/completions", chat)
-    app.router.add_post("/v1/responses", routed("responses"))
-    app.router.add_post("/v1/messages", routed("messages"))
-    app.router.add_post("/v1/messages/count_tokens", routed("count_tokens"))
-    for path in POOLING_ROUTES:
-        app.router.add_post(path, routed("pooling"))
+    for path, kind in ROUTED.items():
+        app.router.add_post(path, routed(kind))
     app.router.add_post("/invocations", invocations)
     app.router.add_get("/ping", ping)
     app.router.add_get("/livez", livez)
@@ -237,7 +188,7 @@ def build_gateway(gw: Gateway) -> web.Application:
     app.router.add_get("/v1/models", models)
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/v1/route/explain", explain)
-    app.router.add_post("/v1/cache/lookup", ixs.lookup)
+    app.router.add_post("/v1/cache/lookup", index_service.lookup)
     app.router.add_get("/v1/fleet", fleet)
     add_surface_routes(app)  # last: it ends with the catch-all
     return app

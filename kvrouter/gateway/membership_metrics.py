@@ -36,10 +36,10 @@ def _prefixed(c: Counter[str], prefix: str) -> list[tuple[str, int]]:
 
 class MembershipCollector(Collector):
     def __init__(self, runtime: MembershipRuntime) -> None:
-        self.rt = runtime
+        self.runtime = runtime
 
     def collect(self) -> Iterator[Metric]:
-        r = self.rt.reconciler
+        r = self.runtime.reconciler
         inst = GaugeMetricFamily(f"{_P}_instances", "Instances by membership state", labels=["state"])
         for state, n in (
             ("desired", len(r.desired)),
@@ -63,7 +63,7 @@ class MembershipCollector(Collector):
         for reason, n in _prefixed(r.counters, "errors_"):
             errors.add_metric(["reconcile", reason], n)
         errors.add_metric(["reconcile", "source_conflict"], r.counters["source_conflicts"])
-        w = self.rt.watcher
+        w = self.runtime.watcher
         if w is not None:
             for reason, n in _prefixed(w.counters, "errors_"):
                 errors.add_metric(["fleet_file", reason], n)
@@ -76,7 +76,7 @@ class MembershipCollector(Collector):
             for section in w.pending_restart:
                 pending.add_metric([section], 1)
             yield pending
-        d = self.rt.discovery
+        d = self.runtime.discovery
         if d is not None:
             for reason, n in _prefixed(d.counters, "errors_"):
                 errors.add_metric(["discovery", reason], n)

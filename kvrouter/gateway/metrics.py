@@ -54,6 +54,19 @@ class GatewayMetrics:
             "Tasks alive on the gateway's event loop when scraped (a steady climb is a leak)",
             registry=r,
         )
+        self.events_deaf = Gauge(
+            "kvrouter_event_source_deaf",
+            "1 while a source's live KV-event stream is silent though its instance computed prompts "
+            "(its events go elsewhere: routing on it is approximate)",
+            ["source"],
+            registry=r,
+        )
+        self.events_refused = Gauge(
+            "kvrouter_event_source_refused",
+            "1 for an instance whose announced KV-event stream this router cannot receive",
+            ["instance"],
+            registry=r,
+        )
         self.loop_lag = Gauge(
             "kvrouter_event_loop_lag_seconds",
             "How far the gateway's event loop is behind when scraped (its least delay over the last 0.1 s; "
@@ -73,7 +86,7 @@ class GatewayMetrics:
         )
         self.worker = Gauge(
             "kvrouter_worker",
-            "1, labelled with the worker of the host that answered this scrape (kvrouter serve --workers N)",
+            "1 per worker of the host, labelled with it (serve --workers N: every scrape shows them all)",
             ["worker"],
             registry=r,
         )

@@ -18,13 +18,16 @@ Logs carry the model, the instance, the reason and the first differing position,
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import io
 import logging
 import time
 from typing import Any
 
 import aiohttp
 import msgspec
+from PIL import Image
 
 from ..api.errors import ApiError
 from ..api.requests import Kind, parse_body
@@ -104,6 +107,51 @@ PROBE_SET: list[tuple[Kind, dict[str, Any]]] = [
 """What each model is checked with: plain chat, tools, a tool call with its result, and a completion."""
 
 
+def _probe_image(w: int, h: int, colour: tuple[int, int, int]) -> str:
+    """A small PNG as a ``data:`` URL (the probes' images: their size and bytes decide the ids)."""
+    out = io.BytesIO()
+    Image.new("RGB", (w, h), colour).save(out, "PNG")
+    return "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
+
+
+_IMAGE_A = _probe_image(320, 200, (30, 90, 160))
+_IMAGE_B = _probe_image(120, 480, (200, 120, 40))
+MM_PROBE_SET: list[tuple[Kind, dict[str, Any]]] = [
+    (
+        "chat",
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "What is on these two screens?"},
+                        {"type": "image_url", "image_url": {"url": _IMAGE_A}},
+                        {"type": "image_url", "image_url": {"url": _IMAGE_B}},
+                    ],
+                }
+            ]
+        },
+    ),
+    (
+        "responses",
+        {
+            "input": [
+                {
+                    "type": "message",
+                    "role": "user",
+                    "content": [
+                        {"type": "input_text", "text": "Describe it."},
+                        {"type": "input_image", "image_url": _IMAGE_A},
+                    ],
+                }
+            ]
+        },
+    ),
+]
+"""Multimodal probes (route label ``<kind>+image``), for models whose processor the router reproduces:
+chat on ``/tokenize`` (vLLM expands the images there too), Responses on its render route."""
+
+
 class ParityProber:
     def __init__(
         self,
@@ -158,16 +206,17 @@ class ParityProber:
         n = 0
         for name, u in list(self.pool.upstreams.items()):
             if u.healthy and u.serves(model):
-                n += sum(
-                    1 for r in await self.check_instance(name, "recheck", models=[model]) if r != "skipped"
-                )
+                # A probe the instance cannot answer (no instance left, a render route it does not serve)
+                # is no evidence either way: the recheck passes on the probes it could check.
+                results = await self.check_instance(name, "recheck", models=[model])
+                n += sum(1 for r in results if r not in ("skipped", "unsupported"))
         self.tracker.recheck_done(model, n)
 
     # ------------------------------------------------------------------ checks
     async def probe_cases(self, model: str | None, reason: Reason, instance: str) -> list[ProbeCase]:
         """The probe set for ``model`` with the router's own ids (empty: no tokenizer for it)."""
         out = []
-        for kind, body in PROBE_SET:
+        for kind, body in [*PROBE_SET, *MM_PROBE_SET]:
             raw = msgspec.json.encode({"model": model, **body} if model is not None else body)
             try:
                 req = parse_body(raw, kind)
@@ -178,13 +227,20 @@ class ParityProber:
             if ours is None or probe is None:
                 continue
             path, body = probe
-            out.append(ProbeCase(model, body, [int(t) for t in ours], reason, instance, path, kind))
+            route = f"{kind}+image" if req.media_paths else kind
+            out.append(ProbeCase(model, body, [int(t) for t in ours], reason, instance, path, route))
         return out
 
     async def check_instance(
         self, name: str, reason: Reason, *, models: list[str | None] | None = None
     ) -> list[str]:
         """Every probe of every model ``name`` serves (or of ``models``), on ``name``: the results."""
+        return [r for _, r in await self.check_instance_detail(name, reason, models=models)]
+
+    async def check_instance_detail(
+        self, name: str, reason: Reason, *, models: list[str | None] | None = None
+    ) -> list[tuple[str, str]]:
+        """``check_instance`` with each result's route (``chat``, ``chat+image``, ...)."""
         u = self.pool.upstreams.get(name)
         if u is None:
             return []
@@ -195,7 +251,7 @@ class ParityProber:
         results = []
         for model in wanted:
             for case in await self.probe_cases(model, reason, name):
-                results.append(await self._check(case))
+                results.append((case.route, await self._check(case)))
         return results
 
     async def _check(self, case: ProbeCase) -> str:
@@ -210,12 +266,14 @@ class ParityProber:
         method = "tokenize" if case.path == "/tokenize" else "render"
         if theirs is _UNSUPPORTED:
             self.tracker.unsupported(case)
-            self.pipeline.m.parity_checks.labels(str(case.model), case.route, method, "unsupported").inc()
+            self.pipeline.metrics.parity_checks.labels(
+                str(case.model), case.route, method, "unsupported"
+            ).inc()
             return "unsupported"
         result = self.tracker.record(
             case, theirs if isinstance(theirs, list) else None, name, time.monotonic()
         )
-        self.pipeline.m.parity_checks.labels(str(case.model), case.route, method, result).inc()
+        self.pipeline.metrics.parity_checks.labels(str(case.model), case.route, method, result).inc()
         if result == "mismatch":
             mm = self.tracker.of(case.model).last_mismatch
             assert mm is not None

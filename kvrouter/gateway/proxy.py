@@ -65,6 +65,8 @@ _PASS_REQ = {
     "anthropic-version",
     "anthropic-beta",
     "x-api-key",
+    "traceparent",  # W3C trace context: vLLM joins the client's trace (replaced when this request is traced)
+    "tracestate",
 }
 
 BodySource = bytes | Callable[[], AsyncIterator[bytes]]
@@ -118,7 +120,7 @@ class Proxy:
         self.session = session
         self.pool = pool
         self.pipeline = pipeline
-        self.m = metrics
+        self.metrics = metrics
         self.first_byte_timeout_s = first_byte_timeout_s
         self.chunk_timeout_s = chunk_timeout_s
         self.connect_timeout_s = connect_timeout_s
@@ -137,6 +139,8 @@ class Proxy:
             h["Content-Type"] = "application/json"
         if self.pool.upstreams[chosen.instance].cfg.dp_size > 1:
             h["X-data-parallel-rank"] = str(chosen.dp_rank)  # vLLM pins the request to this rank
+        if p.rec is not None:
+            h.update(p.trace_headers())  # the attempt's own span as vLLM's parent
         return h
 
     async def forward(
@@ -171,7 +175,7 @@ class Proxy:
                 nxt = self.pipeline.reroute(p, tried) if not started[0] else None
                 if nxt is None:
                     return web.Response(body=e.body, status=404, content_type="application/json")
-                self.m.retries.labels("adapter_missing").inc()
+                self.metrics.retries.labels("adapter_missing").inc()
                 chosen = nxt
             except UpstreamFailed as e:
                 if e.limit_s is None or self.lag is None or not self.lag.stalled(mark, e.limit_s):
@@ -184,9 +188,9 @@ class Proxy:
                 retry = attempt < self.max_retries and not started[0]
                 nxt = self.pipeline.reroute(p, tried) if retry else None
                 if nxt is None:
-                    self.m.pipeline.rejections.labels("upstream_failed").inc()
+                    self.metrics.pipeline.rejections.labels("upstream_failed").inc()
                     raise BadGateway(f"upstream failed: {e.reason}") from None
-                self.m.retries.labels(e.reason).inc()
+                self.metrics.retries.labels(e.reason).inc()
                 chosen = nxt
         raise BadGateway("upstream failed: no instance holds the adapter any more")
 
@@ -216,6 +220,7 @@ class Proxy:
         done = False
         try:  # the attempt's load is released in every path, exactly once (the finally)
             resp = await self._send(method, url, body, self._headers(request, p, chosen), timeout)
+            self.pipeline.answered(p, resp.status)
             if resp.status >= 500:
                 raise UpstreamFailed(f"status_{resp.status}", connection=False)
             if resp.status == 404 and p.req.lora_name is not None and p.pinned is None:
@@ -228,7 +233,7 @@ class Proxy:
             if not resp.headers.get("Content-Type", "").startswith("text/event-stream"):
                 data = await self._read_all(resp)
                 self.pipeline.first_token(p)
-                self.m.upstream_ttft.labels(chosen.target).observe(time.monotonic() - t0)
+                self.metrics.upstream_ttft.labels(chosen.target).observe(time.monotonic() - t0, p.exemplar())
                 if p.req.generates or p.req.kind == "responses":
                     watcher.feed_body(data)
                 done = True
@@ -326,12 +331,14 @@ class Proxy:
                 if first:
                     first = False
                     self.pipeline.first_token(p)
-                    self.m.upstream_ttft.labels(chosen.target).observe(time.monotonic() - t0)
+                    self.metrics.upstream_ttft.labels(chosen.target).observe(
+                        time.monotonic() - t0, p.exemplar()
+                    )
                 watcher.feed_stream(chunk)
                 await self._to_client(out, chunk)
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as e:
             # The stream already began: tell the client in-band, then end it cleanly.
-            self.m.stream_errors.inc()
+            self.metrics.stream_errors.inc()
             self.pool.record_failure(chosen.instance, connection=isinstance(e, aiohttp.ClientConnectionError))
             log.warning("upstream failed mid-stream", extra={"instance": chosen.target, "error": str(e)})
             err = BadGateway(f"upstream {chosen.target} failed mid-stream")
@@ -342,7 +349,7 @@ class Proxy:
         try:
             await out.write(data)
         except (ConnectionResetError, aiohttp.ClientConnectionResetError):
-            self.m.client_disconnects.inc()
+            self.metrics.client_disconnects.inc()
             raise ClientGone() from None
 
 

@@ -8,6 +8,8 @@ shared memory: what keeps N processes routing as one.
     health.py     HealthBoard: health and ejections                          (gateway.UpstreamPool's)
     queue.py      QueueBoard: the limits' queue and the held-requests bound  (pipeline.CapacityGate's)
     spec_ring.py  SpeculativeRings: speculative entries, one ring per worker (routing.Router's HostSync)
+    metrics_board.py  MetricsBoard: each worker's last metrics snapshot, and the scrape generation
+    metric_merge.py   Snapshot, merge: the host's one /metrics out of every worker's registry
 
 Pure: plain memory (numpy views over a buffer the caller made) and a lock the caller passes; making the
 shared mapping and the processes is ``kvrouter.workers``'s job.
@@ -16,6 +18,7 @@ shared mapping and the processes is ``kvrouter.workers``'s job.
 from .health import HealthBoard
 from .loads import HostLoads
 from .memory import HostLayout, HostLock, HostMemory, SlotDirectory, SlotsExhausted
+from .metrics_board import MetricsBoard, SnapshotTooLarge
 from .queue import QueueBoard
 from .spec_ring import PeerEntry, SpeculativeRings
 
@@ -25,9 +28,11 @@ __all__ = [
     "HostLoads",
     "HostLock",
     "HostMemory",
+    "MetricsBoard",
     "PeerEntry",
     "QueueBoard",
     "SlotDirectory",
     "SlotsExhausted",
+    "SnapshotTooLarge",
     "SpeculativeRings",
 ]

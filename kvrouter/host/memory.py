@@ -9,6 +9,7 @@
                               ── view("health")   float64 [instances, 6]        health and ejections
                               ── view("queue")    int64 [workers, 4]            the limits' queue, per worker
                               ── view("rings")    int64 [workers, ring_words]   speculative entries
+                              ── view("metric_*") each worker's last metrics snapshot (metrics_board)
                               ── SlotDirectory    names -> slots (targets; instances)
 
 The buffer comes from the caller (an anonymous shared mapping made before the workers fork, or a plain
@@ -54,6 +55,8 @@ class HostLayout(msgspec.Struct, frozen=True):
     """Distinct instances whose health is shared."""
     ring_words: int = 1 << 18
     """Size of each worker's ring of speculative entries, in 8-byte words (2 MiB by default)."""
+    metric_bytes: int = 1 << 20
+    """Room for each worker's last metrics snapshot (``metrics_board``), in bytes."""
 
     def fields(self) -> list[tuple[str, str, tuple[int, ...]]]:
         w, t, i = self.workers, self.targets, self.instances
@@ -68,6 +71,8 @@ class HostLayout(msgspec.Struct, frozen=True):
             ("queue", "i8", (w, 4)),
             ("ring_heads", "i8", (w, 8)),
             ("rings", "i8", (w, self.ring_words)),
+            ("metric_heads", "i8", (w, 8)),
+            ("metric_bytes", "u1", (w, self.metric_bytes)),
         ]
 
     def size(self) -> int:

@@ -19,7 +19,7 @@ import msgspec
 import numpy as np
 
 from indexer import SourceKey
-from indexer.core import SpeculativeEntry
+from indexer.indexer import SpeculativeEntry
 
 from .memory import HostMemory
 

@@ -32,7 +32,7 @@ from kvrouter.lab.evaluation.virtual_fleet import FleetSimConfig, VirtualFleet
 from kvrouter.lab.loadgen import LiveRecord, drive
 from kvrouter.lab.workloads import make_workload, materialize, tokenize_with
 from kvrouter.lab.workloads.spec import Workload
-from kvrouter.routing import PolicyName, RouterConfig
+from kvrouter.routing import KV_AWARE, RouterConfig
 
 DEFAULT_OVERRIDES: Mapping[str, Any] = MappingProxyType(
     {
@@ -62,7 +62,7 @@ class AgreementConfig(msgspec.Struct, frozen=True, kw_only=True):
     """The live fleet runs this many times faster than the profile (as ``kvrouter demo``)."""
     capacity_blocks: int | None = None
     """KV blocks per instance, both sides (None: the profile's)."""
-    policy: str = PolicyName.KV_AWARE
+    policy: str = KV_AWARE
     live_event_delay_s: float = 0.003
     """Assumed engine-step-to-index delay on the live path (ZeroMQ, decode, apply), real seconds."""
     live_net_latency_s: float = 0.002

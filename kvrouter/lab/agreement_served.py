@@ -84,22 +84,16 @@ async def _until_subscribed(
 
 
 async def _answered(base: str, workers: int, tries: int = 200) -> dict[str, int]:
-    """Chat completions answered 200 by each worker (its /metrics, on fresh connections until every
-    worker has answered one scrape)."""
+    """Chat completions answered 200 by each worker (its /health, which counts its own answers; /metrics
+    shows the host's sums), on fresh connections until every worker has answered once."""
     out: dict[str, int] = {}
     for _ in range(tries):
         conn = aiohttp.TCPConnector(force_close=True)
-        async with aiohttp.ClientSession(connector=conn) as s, s.get(base + "/metrics") as r:
-            text = await r.text()
-        me, n = "0", 0.0
-        for line in text.splitlines():
-            if line.startswith("kvrouter_worker{"):
-                me = line.split('"')[1]
-            elif line.startswith("kvrouter_requests_total{") and 'status="200"' in line:
-                if "completions" not in line:  # /health, /metrics and the like
-                    continue
-                n += float(line.rsplit(" ", 1)[1])
-        out.setdefault(me, int(n))
+        async with aiohttp.ClientSession(connector=conn) as s, s.get(base + "/health") as r:
+            body = await r.json(content_type=None)
+        w = body.get("worker") or {}
+        n = sum(v for k, v in (w.get("answered") or {}).items() if "completions" in k and k.endswith(" 200"))
+        out.setdefault(str(w.get("worker", 0)), n)
         if len(out) >= workers:
             break
     return out

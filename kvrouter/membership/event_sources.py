@@ -11,6 +11,14 @@ vLLM answers with its publisher config per data-parallel rank, the ports already
 URL.  An empty answer (a render-only server) or events disabled means the instance publishes nothing.
 So a fleet file (or Kubernetes discovery) need give an instance only its URL.  Pure: the gateway's
 ``EventSourceResolver`` does the HTTP.
+
+The answer names no mode, but vLLM's publisher decides by the endpoint's text (``ZmqEventPublisher.
+_is_bind_endpoint``, the same in 0.32 and 0.33): it **binds** its PUB when the endpoint holds ``*`` or
+``::`` or is ``ipc://``/``inproc://``, and otherwise **connects out** to that address, expecting a bound
+SUB there.  So an endpoint naming a host (``tcp://10.0.0.5:5557``) gives ``events_mode: bind``: the router
+must bind a SUB at that very address, which works only if it is the router's own (``settle_mode`` in the
+shell finds out).  One case reads like connect mode and is not: ``tcp://*:0`` is bound on the node's IP
+and announced as ``tcp://<ip>:<port>``; the shell tells it apart by finding the port already listening.
 """
 
 from __future__ import annotations
@@ -24,6 +32,22 @@ from indexer.config import InstanceConfig, offset_endpoint
 from .errors import EventSourcesError
 
 _ANY_HOST = ("*", "0.0.0.0", "::", "[::]")
+
+
+def publisher_binds(endpoint: str) -> bool:
+    """vLLM's rule: does a publisher configured with ``endpoint`` bind its PUB (else it connects out)?"""
+    return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
+
+
+def connect_fix(inst: str, endpoint: str) -> str:
+    """What to change when ``inst``'s vLLM connects out to an address this router cannot bind."""
+    port = endpoint.rpartition(":")[2]
+    return (
+        f"{inst}: vLLM connects its KV-event PUB out to {endpoint} (an endpoint naming a host makes it "
+        f"connect, not bind) and no SUB of this router can be bound there, so no event would arrive. Fix: "
+        f'start vLLM with --kv-events-config \'{{..., "endpoint": "tcp://*:{port}"}}\' (it binds; the '
+        f"router connects), or point its endpoint at an address of this router's host"
+    )
 
 
 class EventSource(msgspec.Struct, frozen=True):
@@ -73,6 +97,9 @@ def with_event_sources(inst: InstanceConfig, answer: bytes) -> InstanceConfig:
         raise EventSourcesError("ranks", f"{inst.name}: ranks {sorted(live)} are not 0..{len(live) - 1}")
     host = urlsplit(inst.url).hostname or ""
     first = live[0]
+    binds = publisher_binds(first.endpoint)
+    if any(publisher_binds(s.endpoint) != binds for s in live.values()):
+        raise EventSourcesError("ranks", f"{inst.name}: some ranks bind their publisher, others connect")
     events = _on_host(first.endpoint, host)
     replay = _on_host(first.replay_endpoint, host) if first.replay_endpoint else None
     for r, s in live.items():
@@ -84,4 +111,11 @@ def with_event_sources(inst: InstanceConfig, answer: bytes) -> InstanceConfig:
             raise EventSourcesError(
                 "ranks", f"{inst.name}: rank {r}'s endpoints do not follow the rank offset"
             )
-    return msgspec.structs.replace(inst, events=events, replay=replay, topic=first.topic, dp_size=len(live))
+    return msgspec.structs.replace(
+        inst,
+        events=events,
+        events_mode="connect" if binds else "bind",
+        replay=replay,
+        topic=first.topic,
+        dp_size=len(live),
+    )

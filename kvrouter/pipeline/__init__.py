@@ -11,6 +11,7 @@ Endpoint Picker behind Envoy).  No routing step is written twice.
     fleet_tokens.py   FleetTokens: the tokenizer cache, one tokenizer per served model
     gate.py           CapacityGate: a bounded FIFO wait for capacity
     metrics.py        PipelineMetrics: decisions, shadow scoring, predicted vs reported cached tokens
+    trace_steps.py    what each step puts on its span when a request is traced (``kvrouter.telemetry``)
 """
 
 from .fleet_tokens import FleetTokens

@@ -22,6 +22,7 @@ from indexer.service import LookupRequest, PromptError
 from tokenizer_cache import (
     ChatTemplateError,
     InvalidPromptError,
+    Loader,
     NoChatTemplateError,
     TokenizerCacheError,
     TokenizerRegistry,
@@ -45,11 +46,12 @@ class FleetTokens:
         """Chat requests routed without token ids because no chat template is configured, by model."""
 
     @classmethod
-    def from_config(cls, cfg: RouterFleetConfig) -> FleetTokens:
+    def from_config(cls, cfg: RouterFleetConfig, *, loader: Loader | None = None) -> FleetTokens:
+        """The fleet file's tokenizers (``loader``: how each is built; default: from its files)."""
         raw = msgspec.to_builtins(cfg)
         if not raw.get("tokenizer") and not any(m.get("tokenizer") for m in raw.get("models", {}).values()):
             return cls(None)
-        return cls(TokenizerRegistry.from_fleet(raw))
+        return cls(TokenizerRegistry.from_fleet(raw, loader=loader))
 
     async def tokens(self, req: ParsedRequest) -> TokenIds | None:
         """The request's token ids: chat and completions as vLLM renders them; a Responses or Messages
@@ -80,13 +82,19 @@ class FleetTokens:
                 )
             else:
                 return None
+            req.reused_tokens = enc.reused_tokens
+            if (
+                enc.media_paths
+            ):  # a multimodal prompt: its items key its blocks (exact up to the first unknown)
+                req.mm_items, req.media_paths = tuple(enc.mm), enc.media_paths
             # The array when the cache had it at hand (a reused prefix): hashing it skips converting
             # thousands of Python ints, the largest part of hashing a long prompt.
             return enc.tokens if enc.array is None else enc.array
         except AgentInputError:
             return None  # vLLM answers it (a 400): routed without ids, never refused here
-        except UnsupportedContentError:
-            return None  # images/audio: their tokens depend on the model's processor; route untokenized
+        except UnsupportedContentError as e:
+            req.untokenized = e.reason  # media or options not reproduced: routed by load, counted
+            return None
         except NoChatTemplateError:
             # vLLM may have a template of its own (--chat-template): route by load and prefix text rather
             # than refuse; say so once per model, since every chat request of that model will miss.

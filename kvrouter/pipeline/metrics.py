@@ -103,6 +103,21 @@ class PipelineMetrics:
             ["model", "route", "method", "result"],
             registry=r,
         )
+        self.mm_items = CachedCounter(
+            "kvrouter_multimodal_items",
+            "Media items of routed requests, by how the router learnt them: uuid (named, size not needed), "
+            "uuid_cached (named, size seen before), data (a data: URL decoded and hashed), prefix_only (an "
+            "http(s) URL or an item it cannot size: the request routes on the blocks before it)",
+            ["path"],
+            registry=r,
+        )
+        self.untokenized = CachedCounter(
+            "kvrouter_untokenized_requests",
+            "Requests routed without token ids although their model has a tokenizer, by reason (media not "
+            "reproduced: media_not_base64, media_too_large, media_placeholders; unsupported: other options)",
+            ["reason"],
+            registry=r,
+        )
         self.shadow_agree = CachedCounter(
             "kvrouter_shadow_agreement",
             "Requests where a shadow policy chose the same target",

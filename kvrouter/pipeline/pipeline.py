@@ -35,12 +35,15 @@ from typing import Any, Protocol, TypeVar
 import msgspec
 
 from indexer import LookupResult
+from indexer.extra_keys import mm_request_chains
 from indexer.hashing import TokenIds, request_chains
+from indexer.types import SourceKey
 
 from ..api.errors import NotFound, Overloaded, ServiceUnavailable, Unauthorized
 from ..api.kv_transfer import leg_kind
 from ..api.requests import Kind, ParsedRequest, parse_body
 from ..api.responses import ResponseNotFound
+from ..api.routes import is_admin
 from ..api.usage import UsageReport
 from ..config import RouterFleetConfig
 from ..loop_lag import LoopLag
@@ -48,12 +51,15 @@ from ..routing import Candidate, Decision, DisaggPlanner, PDPlan, RouteInput, Ro
 from ..routing.disagg import explain_plan
 from ..routing.response_affinity import Holder, ResponseAffinity
 from ..routing.tier_value import DEFAULT_TIER_VALUES, TierValues
+from ..telemetry import RequestRecord, Telemetry
 from ..types import RequestId, leg_id
 from .admission import Admission
+from .event_watch import EventWatch
 from .gate import CapacityGate, QueueFull
 from .metrics import PipelineMetrics
 from .parity import ParityTracker
 from .tokens import TokenSource
+from .trace_steps import trace_decision, trace_plan, usage_attrs
 
 SAGEMAKER_AFFINITY = "X-Amzn-SageMaker-Prefix-Aware-Id"
 _T = TypeVar("_T")
@@ -93,6 +99,18 @@ class Prepared(msgspec.Struct):
     """``time.perf_counter()`` when preparation began (the decision's time runs from here)."""
     pinned: str | None = None
     """The instance this request must go to (it holds the response the request continues)."""
+    rec: RequestRecord | None = None
+    """Its trace and access-log facts (None: neither traced nor logged, nothing is recorded)."""
+    attempts: int = 0
+    """Upstream attempts and legs sent so far."""
+
+    def exemplar(self) -> dict[str, str] | None:
+        """Exemplar labels for an observation made for this request (a traced request's trace id)."""
+        return None if self.rec is None else self.rec.exemplar()
+
+    def trace_headers(self) -> dict[str, str]:
+        """The trace context to send upstream with the attempt on its way (``traceparent``)."""
+        return {} if self.rec is None else self.rec.upstream_headers()
 
 
 def same_secret(given: str, expected: str) -> bool:
@@ -118,19 +136,23 @@ class RequestPipeline:
         parity: ParityTracker | None = None,
         find_response: FindResponse | None = None,
         lag: LoopLag | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         """``lag``: this process's event-loop delay, read by admission (None: admission by count alone)."""
         self.cfg = cfg
+        self.telemetry = telemetry or Telemetry()
         self.router = router
         self.fleet = fleet
         self.tokens = tokens
-        self.m = metrics
+        self.metrics = metrics
         self.remote = remote
         self.parity = parity or ParityTracker(cfg.parity)
+        self.event_watch = EventWatch(cfg.block_size)
+        """Requests that must have made their instance publish, against what its live stream brought."""
         self.affinity = ResponseAffinity(cfg.responses.affinity_ttl_s, cfg.responses.max_entries)
         self.find_response = find_response if cfg.responses.probe else None
         self.gate = CapacityGate(
-            cfg.limits.queue_size, cfg.limits.queue_timeout_s, on_depth=self.m.queue_depth.set
+            cfg.limits.queue_size, cfg.limits.queue_timeout_s, on_depth=self.metrics.queue_depth.set
         )
         self.planner = DisaggPlanner(router, cfg.routing.disaggregation)
         self.admission = Admission(cfg.limits, metrics, lag=lag)
@@ -147,10 +169,26 @@ class RequestPipeline:
 
     def rejected(self, err: Overloaded | ServiceUnavailable) -> Overloaded | ServiceUnavailable:
         """Count a rejection by its reason; returns it for the caller to raise."""
-        self.m.rejections.labels(err.reason).inc()
+        self.metrics.rejections.labels(err.reason).inc()
         return err
 
+    # ------------------------------------------------------------------ a request's record
+    def begin(self, route: str, headers: Mapping[str, str]) -> RequestRecord | None:
+        """A front door's first step: whether this request is traced or logged (None: neither)."""
+        return self.telemetry.begin(route, headers)
+
+    def end(self, rec: RequestRecord | None, status: int) -> None:
+        """A front door's last step, whatever happened: spans exported, the access-log line written."""
+        if rec is not None:
+            self.telemetry.end(rec, status)
+
     # ------------------------------------------------------------------ prepare
+    def admin_allowed(self, path: str, authorization: str | None) -> bool:
+        """Whether a request to ``path`` may pass: any but an admin path (``api.routes.ADMIN_PATHS``) when
+        ``gateway.admin_token`` is set, and those with that token as the bearer key."""
+        token = self.cfg.gateway.admin_token
+        return not token or not is_admin(path) or same_secret(authorization or "", f"Bearer {token}")
+
     def tenant_salt(self, authorization: str | None, *, operator: bool = False) -> str | None:
         """The salt of the caller's API key.  ``Unauthorized`` if keys are required and this one is unknown;
         ``operator``: the admin token is accepted too (an admin route), with no tenant of its own."""
@@ -169,11 +207,25 @@ class RequestPipeline:
         return tenant.salt
 
     async def prepare(
-        self, raw: bytes, kind: Kind | None, headers: Mapping[str, str], *, operator: bool = False
+        self,
+        raw: bytes,
+        kind: Kind | None,
+        headers: Mapping[str, str],
+        *,
+        operator: bool = False,
+        rec: RequestRecord | None = None,
     ) -> Prepared:
         """Everything the decision reads, from the body and headers as the client sent them."""
         t0 = time.perf_counter()
+        ns0 = time.time_ns() if rec is not None else 0
         req = parse_body(raw, kind, headers.get(SAGEMAKER_AFFINITY))
+        if rec is not None:
+            ns1 = time.time_ns()
+            rec.phase(
+                "kvrouter.parse", ns0, ns1, {"kvrouter.kind": req.kind, "kvrouter.body_bytes": len(raw)}
+            )
+            tenant = self.cfg.tenants.api_keys.get(bearer(headers.get("Authorization")))
+            rec.facts.update(model=req.model, tenant=None if tenant is None else tenant.name)
         req.session = headers.get(self.cfg.routing.session.header) or req.session
         salt = self.tenant_salt(headers.get("Authorization"), operator=operator)
         if salt is not None and req.cache_salt != salt:
@@ -187,11 +239,33 @@ class RequestPipeline:
         pinned: Holder | None = None
         if req.previous_response_id is not None:
             pinned = await self.holder(req.previous_response_id)
+        if rec is not None:
+            ns1 = time.time_ns()
         tokens = await self.tokens.tokens(req)
+        if rec is not None:
+            reused = req.reused_tokens
+            rec.phase(
+                "kvrouter.tokenize",
+                ns1,
+                time.time_ns(),
+                {
+                    "kvrouter.tokens": -1 if tokens is None else len(tokens),
+                    "kvrouter.tokenizer_cache": "none" if reused is None else ("hit" if reused else "miss"),
+                    "kvrouter.tokenizer_cache.reused_tokens": reused or 0,
+                },
+            )
         chains = None
         # While the fleet renders this model differently, its token ids predict nothing: route it by
         # prefix text and load until the parity checks pass again.
-        if tokens is not None and self.parity.trusted(req.model):
+        for path in req.media_paths:
+            self.metrics.mm_items.labels(path).inc()
+        if req.untokenized is not None:
+            self.metrics.untokenized.labels(req.untokenized).inc()
+        if tokens is not None and req.mm_items and self.parity.trusted(req.model):
+            chains = mm_request_chains(
+                tokens, self.cfg.block_size, req.mm_items, lora_name=req.lora_name, cache_salt=req.cache_salt
+            )
+        elif tokens is not None and self.parity.trusted(req.model):
             chains = request_chains(
                 tokens, self.cfg.block_size, lora_name=req.lora_name, cache_salt=req.cache_salt
             )
@@ -209,8 +283,15 @@ class RequestPipeline:
             prefix_length=self.cfg.routing.prefix_hash.prefix_length,
             session=req.session,
         )
-        remote = await self.remote(req, tokens) if self.remote is not None and tokens is not None else None
-        return Prepared(req, inp, tokens, remote, t0, None if pinned is None else pinned.instance)
+        # A remote indexer is asked with token ids only: it cannot key a multimodal prompt's blocks.
+        remote = (
+            await self.remote(req, tokens)
+            if self.remote is not None and tokens is not None and not req.mm_items
+            else None
+        )
+        if rec is not None:
+            rec.facts.update(request_id=inp.request_id, prompt_tokens=inp.num_tokens)
+        return Prepared(req, inp, tokens, remote, t0, None if pinned is None else pinned.instance, rec)
 
     # ------------------------------------------------------------------ stored responses
     async def holder(self, response_id: str) -> Holder:
@@ -225,11 +306,11 @@ class RequestPipeline:
                 h = Holder(found)
                 self.affinity.record(response_id, h, now)
         if h is None:
-            self.m.rejections.labels("response_not_found").inc()
+            self.metrics.rejections.labels("response_not_found").inc()
             raise ResponseNotFound(response_id)
         targets = self.fleet.instance_targets(h.instance)
         if targets is None:
-            self.m.rejections.labels("response_holder_gone").inc()
+            self.metrics.rejections.labels("response_holder_gone").inc()
             raise ResponseNotFound(
                 response_id,
                 f"Response with id '{response_id}' not found: it was stored on instance {h.instance!r}, "
@@ -285,21 +366,35 @@ class RequestPipeline:
         else:
             pool = self.fleet.targets(model if model is not None else p.inp.model)
         targets = [t for t in pool or () if t.key not in exclude and (only is None or t.key in only)]
-        return self.router.route(
-            p.inp, targets, time.monotonic(), dry_run=dry_run, remote=p.remote, shadow=shadow
-        )
+        now = time.monotonic()
+        rec = p.rec if p.rec is not None and p.rec.traced and not dry_run else None
+        ns0 = time.time_ns() if rec is not None else 0
+        cands = self.router.candidates(p.inp, targets, now, p.remote)
+        if rec is None:
+            return self.router.route_among(p.inp, cands, now=now, dry_run=dry_run, shadow=shadow)
+        ns1 = time.time_ns()
+        d = self.router.route_among(p.inp, cands, now=now, dry_run=dry_run, shadow=shadow)
+        trace_decision(rec, d, ns0, ns1, time.time_ns())
+        return d
 
     async def admit(self, p: Prepared, *, only: Collection[str] | None = None) -> Decision:
         """A decision with a target, waiting for capacity in the gate if every target is at its cap.
         ``Overloaded`` (queue full or timed out), ``ServiceUnavailable`` (no healthy target)."""
 
+        tries = [time.time_ns() if p.rec is not None else 0, 0, 0]  # admission began, last try began, tries
+
         def attempt() -> Decision | None:
+            if p.rec is not None:
+                tries[1] = time.time_ns()
+                tries[2] += 1
             d = self._claimed(p, (), only)
             return None if d.reason == "at_capacity" else d
 
         d = await self._wait(attempt)
         self._record(d)
-        self.m.decision_seconds.observe(time.perf_counter() - p.started)
+        self.metrics.decision_seconds.observe(time.perf_counter() - p.started, p.exemplar())
+        if p.rec is not None:
+            self._admitted(p.rec, d, tries)
         if d.chosen is None:
             if p.pinned is not None:
                 raise self.rejected(
@@ -310,8 +405,29 @@ class RequestPipeline:
                     )
                 )
             raise self.rejected(ServiceUnavailable("no healthy instance serves this model", reason=d.reason))
-        self.m.prompt_tokens.inc(p.inp.num_tokens)
+        self.metrics.prompt_tokens.inc(p.inp.num_tokens)
         return d
+
+    def _admitted(
+        self, rec: RequestRecord, d: Decision, tries: list[int], plan: PDPlan | None = None
+    ) -> None:
+        """The decision's facts, and the time spent waiting in the gate for capacity (from admission to
+        the try that got a target; 0 when the first try did)."""
+        began, last, n = tries
+        wait_ns = last - began if n > 1 else 0
+        rec.facts.update(
+            policy=d.policy,
+            reason=d.reason,
+            predicted_cached_tokens=d.predicted_cached_tokens,
+            queue_wait_ms=round(wait_ns / 1e6, 3),
+        )
+        if plan is not None:
+            rec.facts["pd"] = "split" if plan.split else "whole"
+            if plan.split and plan.prefill is not None and plan.prefill.chosen is not None:
+                rec.facts["prefill_instance"] = plan.prefill.chosen.target
+                rec.facts["predicted_cached_tokens"] = plan.prefill.predicted_cached_tokens
+        if wait_ns:
+            rec.phase("kvrouter.queue_wait", began, last, {"kvrouter.queue_depth": self.gate.waiting})
 
     async def _wait(self, attempt: Callable[[], _T | None]) -> _T:
         try:
@@ -332,7 +448,9 @@ class RequestPipeline:
         return self.planner.applies(self.fleet.targets(p.inp.model))
 
     def plan(self, p: Prepared, *, dry_run: bool = False, shadow: bool = True) -> PDPlan:
-        return self.planner.plan(
+        rec = p.rec if p.rec is not None and p.rec.traced and not dry_run else None
+        ns0 = time.time_ns() if rec is not None else 0
+        plan = self.planner.plan(
             p.inp,
             self.fleet.targets(p.inp.model),
             time.monotonic(),
@@ -340,12 +458,20 @@ class RequestPipeline:
             dry_run=dry_run,
             shadow=shadow,
         )
+        if rec is not None:
+            trace_plan(rec, plan, ns0, time.time_ns())
+        return plan
 
     async def admit_plan(self, p: Prepared) -> PDPlan:
         """``admit`` for a disaggregated model: a plan whose decode instance (and, when split, prefill
         instance) has capacity, waiting in the gate while every decode instance is at its cap."""
 
+        tries = [time.time_ns() if p.rec is not None else 0, 0, 0]
+
         def attempt() -> PDPlan | None:
+            if p.rec is not None:
+                tries[1] = time.time_ns()
+                tries[2] += 1
             plan = self.plan(p, shadow=False)
             if plan.reason == "at_capacity":
                 return None
@@ -355,16 +481,18 @@ class RequestPipeline:
             return plan
 
         plan = await self._wait(attempt)
-        self.m.pd.plans.labels("disaggregated" if plan.split else "aggregated", plan.reason).inc()
-        self.m.decisions.labels("pd-decode", plan.decode.reason).inc()
+        self.metrics.pd.plans.labels("disaggregated" if plan.split else "aggregated", plan.reason).inc()
+        self.metrics.decisions.labels("pd-decode", plan.decode.reason).inc()
         if plan.prefill is not None and plan.split:
             self._record(plan.prefill)
-        self.m.decision_seconds.observe(time.perf_counter() - p.started)
+        self.metrics.decision_seconds.observe(time.perf_counter() - p.started, p.exemplar())
+        if p.rec is not None:
+            self._admitted(p.rec, plan.decode, tries, plan)
         if plan.decode.chosen is None:
             raise self.rejected(
                 ServiceUnavailable("no healthy instance serves this model", reason=plan.reason)
             )
-        self.m.prompt_tokens.inc(p.inp.num_tokens)
+        self.metrics.prompt_tokens.inc(p.inp.num_tokens)
         return plan
 
     def reroute_prefill(self, p: Prepared, plan: PDPlan, tried: set[str]) -> Candidate | None:
@@ -383,7 +511,8 @@ class RequestPipeline:
         """A split request's prefill leg is on its way to ``chosen`` (its own load, under ``leg_id``)."""
         self.router.dispatched(p.inp, chosen, time.monotonic(), request_id=leg_id(p.inp.request_id))
         self._predicted(chosen)
-        self.m.pd.legs.labels("prefill", chosen.target).inc()
+        self.metrics.pd.legs.labels("prefill", chosen.target).inc()
+        self._upstream(p, "prefill", chosen)
 
     def prefill_finished(self, p: Prepared, chosen: Candidate, usage: UsageReport | None = None) -> None:
         """The prefill leg on ``chosen`` is over (answered or failed): its load is released; ``usage``:
@@ -391,6 +520,8 @@ class RequestPipeline:
         self.router.finished(leg_id(p.inp.request_id))
         self.gate.release()  # (the gate keeps the queue-depth gauge)
         self._reported(p, chosen, usage)
+        if p.rec is not None:
+            p.rec.upstream_ended(**usage_attrs(usage))
 
     def reroute(self, p: Prepared, tried: Collection[str]) -> Candidate | None:
         """The next-best target after failed attempts on ``tried`` (None: no other, or all at their cap)."""
@@ -415,9 +546,9 @@ class RequestPipeline:
         self.router.load.unclaim(p.inp.request_id)
 
     def _record(self, d: Decision) -> None:
-        self.m.decisions.labels(d.policy, d.reason).inc()
+        self.metrics.decisions.labels(d.policy, d.reason).inc()
         if d.reason == "spill":
-            self.m.spills.inc()
+            self.metrics.spills.inc()
         if d.chosen is None:
             return
         if d.shadow_basis is not None:
@@ -428,11 +559,11 @@ class RequestPipeline:
 
     def _record_shadow(self, d: Decision) -> None:
         assert d.chosen is not None
-        self.m.shadow_cached.labels(d.policy).inc(d.chosen.hit_tokens)
+        self.metrics.shadow_cached.labels(d.policy).inc(d.chosen.hit_tokens)
         for name, sh in self.router.shadow(d).items():
-            self.m.shadow_cached.labels(name).inc(sh.cached_tokens)
+            self.metrics.shadow_cached.labels(name).inc(sh.cached_tokens)
             if sh.target == d.chosen.target:
-                self.m.shadow_agree.labels(name).inc()
+                self.metrics.shadow_agree.labels(name).inc()
 
     # ------------------------------------------------------------------ account
     def dispatched(self, p: Prepared, chosen: Candidate, *, received: bool = False) -> None:
@@ -440,20 +571,35 @@ class RequestPipeline:
         prompt arrives from its prefill instance (it computes none of it)."""
         self.router.dispatched(p.inp, chosen, time.monotonic(), prefill_tokens=0 if received else None)
         if received:
-            self.m.pd.legs.labels("decode", chosen.target).inc()
+            self.metrics.pd.legs.labels("decode", chosen.target).inc()
         else:
             self._predicted(chosen)
         self.parity.routed(p.req, p.tokens, chosen.instance)
+        self._upstream(p, "decode" if received else "whole", chosen)
+
+    def _upstream(self, p: Prepared, leg: str, chosen: Candidate) -> None:
+        p.attempts += 1
+        rec = p.rec
+        if rec is not None:
+            rec.facts.update(instance=chosen.target, attempts=p.attempts)
+            rec.upstream_started(leg, chosen.target, p.attempts)
+
+    def answered(self, p: Prepared, status: int) -> None:
+        """The attempt on its way got its response headers (``status``)."""
+        if p.rec is not None:
+            p.rec.upstream_answered(status)
 
     def _predicted(self, chosen: Candidate) -> None:
         """What the target computing the prompt is predicted to serve from cache, in all and by tier."""
-        self.m.predicted_cached.labels(chosen.target).inc(chosen.hit_tokens)
+        self.metrics.predicted_cached.labels(chosen.target).inc(chosen.hit_tokens)
         for tier, n in chosen.tiers.items():
-            self.m.routed_blocks.labels(tier).inc(n)
-            self.m.routed_credit.labels(tier).inc(n * self.router.tier_values.of(tier))
+            self.metrics.routed_blocks.labels(tier).inc(n)
+            self.metrics.routed_credit.labels(tier).inc(n * self.router.tier_values.of(tier))
 
     def first_token(self, p: Prepared) -> None:
         self.router.first_token(p.inp.request_id)
+        if p.rec is not None:
+            p.rec.first_token()
 
     def finished(self, p: Prepared, chosen: Candidate, usage: UsageReport | None = None) -> None:
         """The attempt on ``chosen`` is over (answered, failed or abandoned): its load is released and a
@@ -462,11 +608,18 @@ class RequestPipeline:
         self.router.finished(p.inp.request_id)
         self.gate.release()  # (the gate keeps the queue-depth gauge)
         self._reported(p, chosen, usage)
+        if p.rec is not None:
+            p.rec.upstream_ended(**usage_attrs(usage))
 
     def _reported(self, p: Prepared, chosen: Candidate, usage: UsageReport | None) -> None:
+        if usage is not None:
+            src = SourceKey(chosen.instance, chosen.dp_rank)
+            self.event_watch.served(src, usage.prompt_tokens, usage.cached_tokens, time.monotonic())
         if usage is not None and usage.cached_tokens is not None:
-            self.m.reported_cached.labels(chosen.target).inc(usage.cached_tokens)
-            self.m.cached_error.observe(chosen.hit_tokens - usage.cached_tokens)
+            if p.rec is not None:
+                p.rec.facts["reported_cached_tokens"] = usage.cached_tokens
+            self.metrics.reported_cached.labels(chosen.target).inc(usage.cached_tokens)
+            self.metrics.cached_error.observe(chosen.hit_tokens - usage.cached_tokens)
             self.parity.shortfall(
                 p.req,
                 p.tokens,
@@ -481,7 +634,7 @@ class RequestPipeline:
                 )
                 if verdict is not None:
                     labels = (str(p.req.model), p.req.kind, "cached_tokens", verdict)
-                    self.m.parity_checks.labels(*labels).inc()
+                    self.metrics.parity_checks.labels(*labels).inc()
 
     def released(self) -> None:
         """Capacity was freed outside a request (an instance became healthy): wake a waiting request."""

@@ -29,7 +29,7 @@ class SharedStateConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
     """A replica's published load lives this long unless refreshed: a crashed replica's load is gone
     after at most this.  Also how long a Redis outage may last before the others' load is dropped."""
     speculative: bool = True
-    """Share speculative entries.  Off when the routers share a ``RedisBlockIndex`` (it already does)."""
+    """Share speculative entries (a burst of a new prefix sent through several replicas stays together)."""
     speculative_window_s: float = 10.0
     """How far back a (re)starting replica reads peers' speculative entries; entries older than this are
     trimmed from Redis (keep it above the indexer's speculative TTL)."""

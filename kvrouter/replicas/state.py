@@ -30,8 +30,8 @@ import msgspec
 import numpy as np
 
 from indexer import SourceKey
-from indexer.core import SpeculativeEntry
 from indexer.index import SourceMatch
+from indexer.indexer import SpeculativeEntry
 
 from ..routing import Router
 from ..routing.response_affinity import ResponseAffinity, SharedHolder

@@ -5,13 +5,32 @@ Nothing here does I/O or reads a clock: callers pass ``now`` and observations in
 
 from .disagg import DisaggMode, DisaggPlanner, DisaggSettings, PDPlan, is_disaggregated
 from .load import InstanceLoad, LoadTracker
-from .policies import Policy, PolicyName
-from .registry import ALL_POLICIES, READS_INDEX, make_policy, policy_name
+from .policies import (
+    ALL_POLICIES,
+    KV_AWARE,
+    LEAST_LOADED,
+    PREFIX_HASH,
+    RANDOM,
+    READS_INDEX,
+    ROUND_ROBIN,
+    SESSION,
+    Policy,
+    PolicyConfig,
+    PolicySettings,
+    make_policy,
+    policy_name,
+)
 from .router import Candidate, Decision, RouteInput, Router, RouterConfig, Target, route_input
 
 __all__ = [
     "ALL_POLICIES",
+    "KV_AWARE",
+    "LEAST_LOADED",
+    "PREFIX_HASH",
+    "RANDOM",
     "READS_INDEX",
+    "ROUND_ROBIN",
+    "SESSION",
     "Candidate",
     "Decision",
     "DisaggMode",
@@ -21,7 +40,8 @@ __all__ = [
     "LoadTracker",
     "PDPlan",
     "Policy",
-    "PolicyName",
+    "PolicyConfig",
+    "PolicySettings",
     "RouteInput",
     "Router",
     "RouterConfig",

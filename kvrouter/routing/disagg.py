@@ -30,15 +30,14 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import msgspec
 
 from indexer import LookupResult
 
 from ..types import Role, TargetKey
-from .policies import Candidate, KvAware, KvAwareSettings, Policy
-from .registry import make_policy, policy_name
+from .policies import ALL_POLICIES, Candidate, KvAware, KvAwareSettings, Policy
 from .router import Decision, RouteInput, Router, Target
 
 
@@ -73,13 +72,14 @@ class DisaggSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     prefill_policy: str | None = None
     """The prefill pool's policy (default: the model's; ``least-loaded`` is the load-only baseline)."""
 
-    def validate(self) -> None:
+    def validate(self, policies: Collection[str] = ALL_POLICIES) -> None:
+        """``policies``: the names a router knows (``PolicySettings.names``)."""
         fields = ("local_prefill_tokens", "prefill_busy_ratio", "decode_cache_weight", "decode_load_weight")
         bad = [f for f in fields if getattr(self, f) < 0]
         if bad:
             raise ValueError(f"routing.disaggregation: {', '.join(bad)} must be >= 0")
-        if self.prefill_policy is not None:
-            policy_name(self.prefill_policy)
+        if self.prefill_policy is not None and self.prefill_policy not in policies:
+            raise ValueError(f"unknown policy {self.prefill_policy!r}; choose from {', '.join(policies)}")
 
     def decode_settings(self, base: KvAwareSettings) -> KvAwareSettings:
         """kv-aware's settings that make it the decode policy (``base`` gives the offload value)."""
@@ -155,10 +155,10 @@ class DisaggPlanner:
     def __init__(self, router: Router, settings: DisaggSettings | None = None) -> None:
         self.router = router
         self.settings = settings or DisaggSettings()
-        self.settings.validate()
+        self.settings.validate(router.policy_names)
         self.decode_policy = KvAware(self.settings.decode_settings(router.config.settings.kv_aware))
         self._prefill_policy = (
-            make_policy(self.settings.prefill_policy, router.config.settings)
+            router.config.settings.build(self.settings.prefill_policy)
             if self.settings.prefill_policy
             else None
         )

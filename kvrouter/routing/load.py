@@ -23,7 +23,6 @@ from collections.abc import Iterable, Mapping
 from typing import Protocol
 
 import msgspec
-import numpy as np
 
 from ..types import RequestId, TargetKey
 
@@ -43,7 +42,6 @@ class InstanceLoad(msgspec.Struct):
     """From the engine's /metrics: vllm:num_requests_running (0 when unknown)."""
     engine_waiting: int = 0
     """From the engine's /metrics: vllm:num_requests_waiting."""
-    engine_seen_at: float | None = None
     external_in_flight: int = 0
     """Requests other router replicas have in flight here (shared router state; 0 with one router)."""
     external_prefill_tokens: int = 0
@@ -78,22 +76,13 @@ class SharedLoads(Protocol):
         """Atomically for the host: if every worker's in-flight requests plus the external ones at
         ``slot`` are below ``cap``, count one more in this worker's row and say True."""
 
-    def clear_own(self, slot: int) -> None: ...
-
-    def totals(self) -> np.ndarray:
-        """[slots, 4]: in flight, prefilling, prefill tokens, decoding, summed over every worker."""
-
     def read(self, slots: list[int]) -> list[tuple[list[int], list[float], list[int]]]:
         """Per slot: the summed counts, the engine's [running, waiting, seen_at (0: never)] and the
         external [in flight, prefill tokens]."""
 
     def set_engine(self, slot: int, running: int, waiting: int, seen_at: float) -> None: ...
 
-    def engine(self, slot: int) -> tuple[int, int, float | None]: ...
-
     def set_external(self, slot: int, in_flight: int, prefill_tokens: int) -> None: ...
-
-    def external(self, slot: int) -> tuple[int, int]: ...
 
 
 class LoadTracker:
@@ -128,7 +117,6 @@ class LoadTracker:
             load = self.get(key)
             load.in_flight, load.prefilling, load.pending_prefill_tokens, load.decoding = counts
             load.engine_running, load.engine_waiting = int(eng[0]), int(eng[1])
-            load.engine_seen_at = eng[2] or None
             load.external_in_flight, load.external_prefill_tokens = ext
 
     def get(self, inst: TargetKey) -> InstanceLoad:
@@ -215,7 +203,7 @@ class LoadTracker:
 
     def observe_engine(self, inst: TargetKey, running: int, waiting: int, now: float) -> None:
         load = self.get(inst)
-        load.engine_running, load.engine_waiting, load.engine_seen_at = running, waiting, now
+        load.engine_running, load.engine_waiting = running, waiting
         if self.shared is not None:
             self.shared.set_engine(self._slot(inst), running, waiting, now)
 

@@ -25,16 +25,15 @@ from indexer.hashing import I64Array
 
 from ..types import InstanceId, RequestId, Role, TargetKey, target_key
 from .load import LoadTracker
-from .policies import Candidate, Policy, PolicyName, PolicySettings, RouteView, SessionTable
-from .registry import ALL_POLICIES, make_policy
+from .policies import KV_AWARE, Candidate, Policy, PolicySettings, RouteView, SessionTable
 from .tier_value import DEFAULT_TIER_VALUES, OWN_TIERS, TierValues, credited_split
 
 _EMPTY = np.zeros(0, dtype=np.int64)
 
 
 class RouterConfig(msgspec.Struct, frozen=True):
-    policy: str = PolicyName.KV_AWARE
-    """Default policy (a ``PolicyName``)."""
+    policy: str = KV_AWARE
+    """Default policy (a name ``settings`` registers)."""
     model_policies: dict[str, str] = {}
     """Per-model policy overrides."""
     concurrency_threshold: int = 0
@@ -46,6 +45,8 @@ class RouterConfig(msgspec.Struct, frozen=True):
     shadow: bool = True
     """Ask every other policy what it would have chosen (metrics only)."""
     settings: PolicySettings = PolicySettings()
+    """Every policy's settings; its fields register the policies this router knows (``policies.registry``).
+    The fleet file's ``routing:`` section itself (``kvrouter.config.RoutingConfig`` derives from it)."""
     tiers: TierValues = DEFAULT_TIER_VALUES
     """Worth of a cached block per tier (``tier_value``: from load bandwidths in the fleet file's
     ``tiers:``); ``settings.kv_aware.offload_value``, when set, overrides every tier below the GPU."""
@@ -141,6 +142,7 @@ class Router:
         self.host: HostSync | None = None
         self.sessions = SessionTable(self.config.settings.session)
         self._policies: dict[str, Policy] = {}
+        self.policy_names = self.config.settings.names()
         flat = self.config.settings.kv_aware.offload_value
         self.tier_values = self.config.tiers if flat is None else self.config.tiers.flat(flat)
         self.policy(self.config.policy)  # validates the name now
@@ -150,7 +152,7 @@ class Router:
     def policy(self, name: str) -> Policy:
         p = self._policies.get(name)
         if p is None:
-            p = self._policies[name] = make_policy(name, self.config.settings, self.sessions)
+            p = self._policies[name] = self.config.settings.build(name, self.sessions)
         return p
 
     def policy_for(self, model: str | None) -> Policy:
@@ -203,7 +205,7 @@ class Router:
                 weight=t.weight,
             )
             m = matches.get((t.instance, t.dp_rank))
-            c.footprint = self.indexer.footprint(SourceKey(t.instance, t.dp_rank)) or 0
+            c.footprint = self.indexer.footprint(SourceKey(t.instance, t.dp_rank))
             if t.has_events:
                 c.trust = m.trust if m else self.indexer.trust(SourceKey(t.instance, t.dp_rank)).value
             if m and t.has_events and c.trust in _USABLE:
@@ -273,7 +275,7 @@ class Router:
             return Decision(None, policy.name, "at_capacity", policy.rank(view, cands, dry_run=True))
         ranked = policy.rank(view, open_, dry_run=dry_run)
         chosen = next((c for c in ranked if not c.saturated), ranked[0])
-        reason = self._reason(policy.name, chosen, ranked)
+        reason = policy.reason(chosen) if chosen is ranked[0] else "spill"
         d = Decision(chosen, policy.name, reason, ranked, predicted_cached_tokens=chosen.hit_tokens)
         if self.config.shadow:
             if shadow:
@@ -292,26 +294,12 @@ class Router:
             d.shadow = self._shadow(view, cands, d.policy)
         return d.shadow
 
-    @staticmethod
-    def _reason(policy: str, chosen: Candidate, ranked: list[Candidate]) -> str:
-        if chosen is not ranked[0]:
-            return "spill"
-        if policy == PolicyName.PREFIX_HASH:
-            return "affinity"
-        if policy == PolicyName.SESSION and chosen.score < 0:
-            return "session"
-        if policy == PolicyName.SESSION and chosen.cached_tokens > 0:
-            return "cache"
-        if policy == PolicyName.KV_AWARE and chosen.cached_tokens > 0:
-            return "cache"
-        return "load"
-
     def _shadow(self, view: RouteView, cands: list[Candidate], active: str) -> dict[str, ShadowChoice]:
         # Policies only write ``score``: rank the same candidates (a new list each time, as ranking
         # reorders it) and put the active policy's scores back, instead of copying every candidate.
         scores = [c.score for c in cands]
         out: dict[str, ShadowChoice] = {}
-        for name in ALL_POLICIES:
+        for name in self.policy_names:
             if name == active:
                 continue
             ranked = self.policy(name).rank(view, list(cands), dry_run=True)

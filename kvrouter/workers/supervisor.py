@@ -9,8 +9,8 @@
         └── wait: a worker that dies is replaced (its rows cleared: its requests died with it); SIGTERM /
                   SIGINT go to every worker, which drain as one process would
 
-Every worker subscribes to the KV events itself (README, "Every core": a shared index would put an IPC
-round trip or a lock on every request to save the index's memory, small next to the tokenizers').
+Every worker subscribes to the KV events itself (docs/gateway.md, "Every core": a shared index would put an
+IPC round trip or a lock on every request to save the index's memory, small next to the tokenizers').
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ from collections.abc import Callable
 from types import FrameType
 
 from ..config import RouterFleetConfig
-from ..host import HostLayout, HostMemory
+from ..host import HostLayout, HostMemory, MetricsBoard
 from ..pipeline import FleetTokens
+from .scrape import wake_pipes
 from .wiring import WorkerHost
 
 log = logging.getLogger("kvrouter.workers")
@@ -39,10 +40,12 @@ RESPAWN_BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 5.0)
 def shared_host(cfg: RouterFleetConfig, workers: int) -> HostMemory:
     """The host's shared memory (an anonymous shared mapping every forked worker inherits) with the
     fleet's instances healthy, as a single process starts them (optimistic until the first check)."""
+    targets = max(256, 4 * sum(i.dp_size for i in cfg.instances))
     layout = HostLayout(
         workers=workers,
-        targets=max(256, 4 * sum(i.dp_size for i in cfg.instances)),
+        targets=targets,
         instances=max(128, 4 * len(cfg.instances)),
+        metric_bytes=max(1 << 20, 8192 * targets),  # per-target series dominate a snapshot
     )
     buf = mmap.mmap(-1, layout.size(), flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
     mem = HostMemory(layout, memoryview(buf), multiprocessing.get_context("fork").Lock())
@@ -77,6 +80,7 @@ class Supervisor:
         self.children: dict[int, int] = {}
         self.deaths: dict[int, list[float]] = {k: [] for k in range(workers)}
         self.stopping = False
+        self.pipes = wake_pipes(workers)
 
     def _spawn(self, k: int) -> None:
         pid = os.fork()
@@ -85,7 +89,7 @@ class Supervisor:
             try:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
-                code = self.run_worker(WorkerHost(self.mem, k))
+                code = self.run_worker(WorkerHost(self.mem, k, self.pipes))
             except BaseException:
                 log.exception("worker failed", extra={"worker": k})
             finally:
@@ -130,6 +134,7 @@ class Supervisor:
         # Its requests died with it: its load and queue rows count nothing any more.
         self.mem.view("loads")[k] = 0
         self.mem.view("queue")[k] = 0
+        MetricsBoard(self.mem, k).clear_row(k)  # its last snapshot stays: its replacement starts from it
         now = time.monotonic()
         recent = [t for t in self.deaths[k] if now - t < 60.0]
         self.deaths[k] = [*recent, now]

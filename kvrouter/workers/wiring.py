@@ -7,6 +7,7 @@
                                             pool.board           = HealthBoard    (health, ejections)
                                             pipeline.gate.shared = QueueBoard     (the limits' queue)
                                             pipeline.admission.held_host = QueueBoard  (max_requests)
+                                            host_scrape          = HostScrape     (the host's /metrics)
 
 Worker 0 is the leader: it alone scrapes engine load (the others read it from the shared loads), runs the
 start-up fleet check, index snapshots and the replicas' round trips to Redis, which publish the
@@ -18,9 +19,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from indexer import Indexer
-from indexer.core import SpeculativeEntry
+from indexer.indexer import SpeculativeEntry
 
-from ..host import HealthBoard, HostLoads, HostMemory, QueueBoard, SpeculativeRings
+from ..host import HealthBoard, HostLoads, HostMemory, MetricsBoard, QueueBoard, SpeculativeRings
+from .scrape import HostScrape, WakePipes
 
 if TYPE_CHECKING:
     from ..gateway import Gateway
@@ -75,9 +77,11 @@ class RingSync:
 class WorkerHost:
     """Worker ``me`` of the host whose shared memory is ``mem``."""
 
-    def __init__(self, mem: HostMemory, me: int) -> None:
+    def __init__(self, mem: HostMemory, me: int, pipes: WakePipes | None = None) -> None:
         self.mem = mem
         self.me = me
+        self.pipes = pipes
+        """Every worker's wake pipe (made before the fork); None: this host's /metrics is per worker."""
         self.loads = HostLoads(mem, me)
         self.health = HealthBoard(mem)
         self.queue = QueueBoard(mem, me)
@@ -104,6 +108,13 @@ class WorkerHost:
         gw.pipeline.id_prefix = f"w{self.me}-r"
         gw.metrics.worker.labels(str(self.me)).set(1)
         gw.host_state = self.state
+        if self.pipes is not None:
+            gw.host_scrape = HostScrape(
+                MetricsBoard(self.mem, self.me),
+                self.pipes,
+                gw.metrics.registry.collect,
+                refresh=gw.refresh_gauges,
+            )
 
     def state(self) -> dict[str, object]:
         """For /health: this worker and what it lost of the others' speculative entries."""

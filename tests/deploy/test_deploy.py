@@ -36,6 +36,10 @@ from indexer.subscriber import EventSubscriber
 from kvrouter.cli import COMMANDS
 from kvrouter.config import RouterFleetConfig, load_router_fleet
 from kvrouter.gateway.metrics import GatewayMetrics
+from kvrouter.replicas.metrics import SharedStateMetrics
+from kvrouter.telemetry import AccessLogConfig, Telemetry, TracingConfig
+from kvrouter.telemetry.export import SpanSink
+from kvrouter.telemetry.metrics import TelemetryCollector
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -178,6 +182,14 @@ def _parse_kvrouter(argv: list[str]) -> argparse.Namespace:
     return ns
 
 
+class _NoSender:
+    def send(self, payload: bytes) -> bool:
+        return True
+
+    def shutdown(self) -> None:
+        pass
+
+
 def _exported_metrics() -> dict[str, set[str]]:
     """Family name -> the sample names Prometheus stores, from the gateway's and indexer's collectors."""
     m = GatewayMetrics()
@@ -185,7 +197,15 @@ def _exported_metrics() -> dict[str, set[str]]:
     try:
         ix = Indexer(16)
         m.registry.register(IndexerCollector(ix, EventSubscriber(ix, FleetConfig(), ctx=ctx)))
+        SharedStateMetrics(m.registry)  # with replicas sharing through Redis
+        sink = SpanSink(TracingConfig(enabled=True), _NoSender())  # with tracing and the access log on
+        m.registry.register(
+            TelemetryCollector(
+                Telemetry(TracingConfig(enabled=True), AccessLogConfig(enabled=True), sink=sink)
+            )
+        )
         families = list(m.registry.collect())
+        sink.shutdown()
     finally:
         ctx.term()
     suffixes = {
@@ -630,11 +650,13 @@ def test_k8s_vllm_event_ports_only_for_kvrouter(rendered: tuple[str, list[dict[s
     _, docs = rendered
     pol = _one(docs, "NetworkPolicy", "vllm-kv-events")
     router_labels = _one(docs, "Deployment", "kvrouter")["spec"]["template"]["metadata"]["labels"]
-    for rule in pol["spec"]["ingress"]:
-        ports = {p["port"] for p in rule["ports"]}
-        if ports & {"kv-events", "kv-replay"}:
-            assert rule.get("from"), "the event ports are not open to every pod"
-            assert any(_matches(p["podSelector"]["matchLabels"], router_labels) for p in rule["from"])
+    event_rules = [
+        r for r in pol["spec"]["ingress"] if {p["port"] for p in r["ports"]} & {"kv-events", "kv-replay"}
+    ]
+    assert event_rules, "no ingress rule names the event ports"
+    for rule in event_rules:
+        assert rule.get("from"), "the event ports are not open to every pod"
+        assert any(_matches(p["podSelector"]["matchLabels"], router_labels) for p in rule["from"])
 
 
 def test_k8s_optional_components(rendered: tuple[str, list[dict[str, Any]]]) -> None:

@@ -152,10 +152,12 @@ async def test_warm_restart_saves_periodically_and_restores_at_start(store: Snap
     reg = CollectorRegistry()
     warm = WarmRestart(ix, store, interval_s=0.05, registry=reg)
     await warm.start()
-    await asyncio.sleep(0.2)
+
+    def saves() -> float:
+        return reg.get_sample_value("kvrouter_index_snapshots_total", {"op": "save", "result": "ok"}) or 0.0
+
+    await until(lambda: saves() >= 2, what="two periodic saves")  # (before stop, which saves once more)
     await warm.stop()
-    saves = reg.get_sample_value("kvrouter_index_snapshots_total", {"op": "save", "result": "ok"})
-    assert saves is not None and saves >= 2
     fresh = Indexer(4)
     assert len(await WarmRestart(fresh, store).restore()) == len(ix.sources())
     assert view(fresh, prompts[0]) == view(ix, prompts[0])

@@ -267,7 +267,7 @@ async def test_gap_older_than_the_replay_buffer_degrades_on_the_replays_answer()
             pub.publish([seq_event(k)[0]])
         pub.set_drop_rate(0.0)
         pub.publish([seq_event(6)[0]])
-        await until(lambda: ix.trust(SourceKey("v0", 0)) is Trust.DEGRADED, timeout=15.0)
+        await until(lambda: ix.trust(SourceKey("v0", 0)) is Trust.DEGRADED)
         # degraded on the replay's own answer (it ended, short of the gap), not after a replay timeout
         assert sub.counters["replay_timeouts"] == 0 and sub.counters["replayed_batches"] >= 1
         pub.publish([AllBlocksCleared()])  # the engine clears: exact again
@@ -275,3 +275,62 @@ async def test_gap_older_than_the_replay_buffer_degrades_on_the_replays_answer()
     finally:
         await sub.stop()
         await pub.stop()
+
+
+async def test_a_source_in_bind_mode_hears_an_engine_that_connects_out() -> None:
+    """vLLM connects its PUB out when its endpoint names a host: the subscriber binds a SUB there for that
+    one source (``events_mode: bind``), hears the live stream and replays what it missed before."""
+    port, rport = free_port(), free_port()
+    pub = EventPublisher(
+        PublisherConfig(
+            endpoint=f"tcp://127.0.0.1:{port}", replay_endpoint=f"tcp://127.0.0.1:{rport}", connect=True
+        )
+    )
+    await pub.start()
+    early = []
+    for k in range(5):  # nobody listens yet: lost live, kept for replay
+        ev, toks = seq_event(k)
+        pub.publish([ev])
+        early.append(toks)
+    ix = Indexer(BS)
+    inst = InstanceConfig(
+        "v0", events=f"tcp://127.0.0.1:{port}", events_mode="bind", replay=f"tcp://127.0.0.1:{rport}"
+    )
+    sub = EventSubscriber(ix, fleet([inst]))
+    await sub.start()
+    src = SourceKey("v0", 0)
+    try:
+        await until(lambda: sub.status[src].connected, what="the engine's PUB connected to our SUB")
+        assert sub.status[src].mode == "bind"
+        await until(lambda: all(held(ix, "v0", t) == 2 for t in early), what="replayed")
+        ev, toks = seq_event(50)
+        pub.publish([ev])
+        await until(lambda: held(ix, "v0", toks) == 2, what="live batch")
+        assert sub.status[src].messages >= 1 and ix.trust(src) is Trust.EXACT
+    finally:
+        await sub.stop()
+        await pub.stop()
+
+
+async def test_a_bind_that_fails_is_retried_and_shown() -> None:
+    """The address is held by another socket: the source says why, and binds once it is free."""
+    import socket
+
+    port = free_port()
+    holder = socket.socket()
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    holder.bind(("127.0.0.1", port))
+    holder.listen()
+    ix = Indexer(BS)
+    inst = InstanceConfig("v0", events=f"tcp://127.0.0.1:{port}", events_mode="bind")
+    sub = EventSubscriber(ix, fleet([inst]))
+    await sub.start()
+    src = SourceKey("v0", 0)
+    try:
+        await until(lambda: sub.status[src].error is not None, what="the bind error shown")
+        assert "bind" in (sub.status[src].error or "") and sub.counters["bind_errors"] >= 1
+        holder.close()
+        await until(lambda: sub.status[src].error is None, timeout=20, what="bound once free")
+    finally:
+        holder.close()
+        await sub.stop()

@@ -25,6 +25,7 @@ from kvrouter.lab.sim.server.fleet import SimFleet
 from kvrouter.pipeline import FleetTokens
 from tests.support.gateway import merge
 from tests.support.net import free_port
+from tests.support.tokenizers import SHARED
 
 ROOT = Path(__file__).resolve().parents[2]
 ENVOY_YAML = ROOT / "deploy" / "envoy" / "envoy.yaml"
@@ -154,7 +155,7 @@ async def picker(
         "limits": {"max_loop_lag_s": 0.0},
     }
     cfg = parse_fleet(merge(merge(fleet.fleet_dict(), fast), over), RouterFleetConfig)
-    gw = Gateway(cfg, tokens=FleetTokens.from_config(cfg))
+    gw = Gateway(cfg, tokens=FleetTokens.from_config(cfg, loader=SHARED))
     pk = Picker(gw, options or PickerOptions(grpc_port=free_port()))
     server = PickerServer(pk)
     await gw.start()

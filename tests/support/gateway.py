@@ -14,6 +14,8 @@ from kvrouter.config import RouterFleetConfig
 from kvrouter.gateway import Gateway, build_gateway
 from kvrouter.lab.sim.server.fleet import SimFleet, SimFleetConfig
 from kvrouter.pipeline import FleetTokens
+from tests.support.sim_server import shared_sim_tokenizer
+from tests.support.tokenizers import SHARED
 from tests.support.wait import until
 
 MODEL = "sim-model"
@@ -38,14 +40,14 @@ async def gateway(
         "limits": {"max_loop_lag_s": 0.0},
     }
     cfg = parse_fleet(merge(merge(fleet.fleet_dict(), fast), over), RouterFleetConfig)
-    gw = Gateway(cfg, tokens=FleetTokens.from_config(cfg))
+    gw = Gateway(cfg, tokens=FleetTokens.from_config(cfg, loader=SHARED))
     app = build_gateway(gw)
     server = TestServer(app, host="127.0.0.1", handler_cancellation=True)
     await server.start_server()
     try:
         if in_rotation:
             await until(
-                lambda: all(u.healthy for u in gw.pool.upstreams.values()), 30, "every instance in rotation"
+                lambda: all(u.healthy for u in gw.pool.upstreams.values()), what="every instance in rotation"
             )
         yield gw, str(server.make_url("")).rstrip("/")
     finally:
@@ -56,9 +58,12 @@ async def gateway(
 
 
 def sim_fleet(n: int = 3, **kw: Any) -> SimFleet:
-    return SimFleet(
-        SimFleetConfig(instances=n, profile="test", capacity_blocks=kw.pop("capacity_blocks", 2048), **kw)
-    )
+    """A simulated fleet of the test profile; on the default tokenizer, the test process's shared one."""
+    cfg = SimFleetConfig(instances=n, profile="test", capacity_blocks=kw.pop("capacity_blocks", 2048), **kw)
+    if cfg.tokenizer is None and cfg.chat_template is None:
+        tok, template = shared_sim_tokenizer()
+        return SimFleet(cfg, tokenizer=tok, chat_template=template)
+    return SimFleet(cfg)
 
 
 def app_of(gw: Gateway) -> web.Application:  # pragma: no cover - helper for debugging

@@ -41,6 +41,11 @@ class Reference:
             prefix = key0
         elif parent in held:
             prefix = held[parent][0]
+        elif medium != "GPU" and all(e in held for e in engines):
+            # An offload copy whose parent is gone but whose own blocks the source still holds: the engine
+            # hashes name the same content, so the copy is linked (the index does the same).
+            self.link(src, engines, medium)
+            return True
         else:
             return False
         for e, blk in zip(engines, blocks):

@@ -24,9 +24,16 @@ BS = 16
 
 
 @functools.cache
+def shared_sim_tokenizer() -> tuple[CachedTokenizer, str | None]:
+    """The default tokenizer with the simulator's chat template, loaded once per test process, and that
+    template (what ``load_sim_tokenizer`` returns: a fleet sharing it writes it to its fleet file)."""
+    return load_sim_tokenizer(default_tokenizer_path())
+
+
+@functools.cache
 def shared_tokenizer() -> tuple[CachedTokenizer, AnswerVocab]:
-    """The default tokenizer with the simulator's chat template, loaded once per test process (3 s)."""
-    tok, _ = load_sim_tokenizer(default_tokenizer_path())
+    """The shared simulator tokenizer with its answer vocabulary."""
+    tok, _ = shared_sim_tokenizer()
     return tok, AnswerVocab.from_tokenizer(tok)
 
 

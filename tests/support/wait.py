@@ -12,6 +12,8 @@ import asyncio
 import time
 from collections.abc import Callable
 
+import aiohttp
+
 
 async def until(cond: Callable[[], bool], timeout: float = 60.0, what: str = "condition") -> None:
     """Return as soon as ``cond()`` holds; fail after ``timeout`` seconds, naming ``what``."""
@@ -20,3 +22,19 @@ async def until(cond: Callable[[], bool], timeout: float = 60.0, what: str = "co
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} not met in {timeout} s")
         await asyncio.sleep(0.01)
+
+
+async def answering(url: str, timeout: float = 60.0) -> None:
+    """Return once ``url`` answers 200 (a server that restarts: refused, then up); fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as s:
+        while True:
+            try:
+                async with s.get(url, timeout=aiohttp.ClientTimeout(total=5)) as r:
+                    if r.status == 200:
+                        return
+            except (aiohttp.ClientError, TimeoutError):
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{url} did not answer 200 in {timeout} s")
+            await asyncio.sleep(0.05)

@@ -292,3 +292,21 @@ def test_pipeline_without_word_splits_stays_exact(dirs: dict[str, str], tmp_path
         text = base[:cut] + corpus_text(rng, 3)
         assert ct.encode_prompt(text) == ct.encode_uncached(text)
     assert ct.stats().hits == ct.stats().exact_hits
+
+
+def test_a_registry_builds_through_its_loader_and_leaves_closing_to_it(dirs: dict[str, str]) -> None:
+    calls: list[tuple[str, str | None]] = []
+    keep: dict[tuple[str, str | None], CachedTokenizer] = {}
+
+    def loader(
+        path: str, template: str | None, model_id: str | None, reg: TokenizerRegistry
+    ) -> CachedTokenizer:
+        calls.append((path, template))
+        return keep.setdefault((path, template), reg.load(path, template, model_id))
+
+    first = TokenizerRegistry(dirs["bytelevel"], {"alias": dirs["bytelevel"]}, loader=loader)
+    assert first.get() is first.get("alias") and calls == [(dirs["bytelevel"], None)]
+    first.close()  # the loader's tokenizers are the loader's to close: still usable
+    second = TokenizerRegistry(dirs["bytelevel"], loader=loader)
+    assert second.get() is first.get() and second.get().encode_prompt("hi")[0] == 0
+    assert len(calls) == 2

@@ -56,6 +56,23 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--refusal-only", action="store_true", help="only the refusal-cost part")
     refusal_bench.add_args(ap)
     ap.add_argument(
+        "--tracing-ab",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="CPU per request of tracing, A/B in running routers: ROUNDS rounds of a phase each on a router "
+        "with tracing off, and on a router with tracing on without and with a sampled traceparent",
+    )
+    ap.add_argument("--tracing-ab-requests", type=int, default=800, help="requests per phase")
+    ap.add_argument(
+        "--tracing",
+        type=int,
+        default=0,
+        metavar="REPS",
+        help="also run one worker REPS times each with tracing off, on but not sampled, and every request "
+        "sampled (spans exported to an OTLP receiver here), interleaved: the CPU tracing adds per request",
+    )
+    ap.add_argument(
         "--baseline-src",
         default=None,
         help="also run the kvrouter whose source tree is here (one process: e.g. `git archive` of an older "
@@ -137,7 +154,7 @@ def _g(r: dict[str, Any] | None, *path: str) -> float | None:
 
 
 def summary(r: dict[str, Any] | None) -> dict[str, Any]:
-    """The figures the README's table shows, from one harness run."""
+    """The figures docs/results.md shows, from one harness run."""
     one = _g(r, "tree", "processes") == 1
     return {
         "rps_small": _g(r, "throughput", "router_small", "rps"),
@@ -208,6 +225,12 @@ def harness_runs(a: argparse.Namespace) -> dict[str, Any]:
             f"http://127.0.0.1:{port}/livez",
             1,
         )
+    if a.tracing:
+        out["tracing"] = tracing_runs(a.tracing, harness, common)
+    if a.tracing_ab:
+        from .tracing_ab import tracing_ab
+
+        out["tracing_ab"] = tracing_ab(a.tracing_ab, a.tracing_ab_requests, py, Path(d) / "fakeworker.py")
     if not a.no_peer:
         port = free_ports((0, 1000))
         out["runs"]["sglang"] = run_sampled(
@@ -225,6 +248,94 @@ def harness_runs(a: argparse.Namespace) -> dict[str, Any]:
             if name != "sglang"
         }
     return out
+
+
+TRACING_MODES = {
+    "off": {},
+    "unsampled": {
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_TRACES_SAMPLER": "traceidratio",
+        "OTEL_TRACES_SAMPLER_ARG": "0",
+    },
+    "sampled": {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_TRACES_SAMPLER": "always_on"},
+}
+"""How each tracing run's router is configured (the standard variables, as an operator would)."""
+
+
+TRACING_MEASURES = {
+    "run": ("tree", "cpu_ms_per_req_run"),
+    "sequential": ("sequential", "router_cpu_ms_per_req_seq"),
+    "small_32": ("throughput", "router_small", "router_cpu_ms_per_req"),
+    "big_32": ("throughput", "router_big", "router_cpu_ms_per_req"),
+}
+"""CPU per request as the harness and the tree sampler read it: over the whole run (every process of the
+tree, background work included), the sequential phase, and the 32-concurrent phases (small, 9 KB)."""
+
+
+def tracing_runs(reps: int, harness: list[str], common: list[str]) -> dict[str, Any]:
+    """One worker with tracing off, on and unsampled, on and sampled, ``reps`` times each in turn: CPU per
+    request by each measure; the medians, and the median over reps of each mode's difference from the
+    tracing-off run of the same rep (paired: the machine's load drifts between reps), in microseconds."""
+    import statistics
+
+    from .otlp_sink import OtlpSink
+
+    sink = OtlpSink()
+    endpoint = sink.start()
+    cpu: dict[str, dict[str, list[float | None]]] = {
+        m: {k: [] for k in TRACING_MEASURES} for m in TRACING_MODES
+    }
+    sent: dict[str, int] = dict.fromkeys(TRACING_MODES, 0)
+    try:
+        for _ in range(reps):
+            for mode, env in TRACING_MODES.items():
+                port = free_ports((0, 1000))
+                env = {**env, "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint} if env else env
+                prefix = "env " + " ".join(f"{k}={v}" for k, v in env.items()) + " " if env else ""
+                cmd = f"{prefix}{sys.executable} -m kvrouter.cli --log-level WARNING serve --fleet {{fleet}}"
+                cmd += " --port {port} --workers 1"
+                r = run_sampled(
+                    [
+                        *harness,
+                        "--router",
+                        "custom",
+                        "--router-cmd",
+                        cmd,
+                        *common,
+                        "--router-port",
+                        str(port),
+                    ],
+                    "kvrouter.cli",
+                    f"http://127.0.0.1:{port}/livez",
+                    1,
+                )
+                for k, path in TRACING_MEASURES.items():
+                    cpu[mode][k].append(_g(r, *path))
+                sent[mode] += int(_g(r, "tree", "requests") or 0)
+    finally:
+        sink.stop()
+
+    def med(v: list[float | None]) -> float | None:
+        got = [x for x in v if x is not None]
+        return round(statistics.median(got), 4) if got else None
+
+    added: dict[str, dict[str, float | None]] = {}
+    for mode in ("unsampled", "sampled"):
+        added[mode] = {}
+        for k in TRACING_MEASURES:
+            pairs = [
+                (a - b) * 1e3
+                for a, b in zip(cpu[mode][k], cpu["off"][k], strict=True)
+                if a is not None and b is not None
+            ]
+            added[mode][k] = round(statistics.median(pairs), 1) if pairs else None
+    return {
+        "cpu_ms_per_req": cpu,
+        "median_cpu_ms_per_req": {m: {k: med(v) for k, v in by.items()} for m, by in cpu.items()},
+        "added_cpu_us_per_req_paired_median": added,
+        "spans_received": sink.spans,
+        "requests_sampled_runs": sent["sampled"],
+    }
 
 
 def _ttfb_added(r: dict[str, Any]) -> float | None:

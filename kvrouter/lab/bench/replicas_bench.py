@@ -249,6 +249,9 @@ class Stack:
                 async with s.post(url + "/reset_prefix_cache") as r:
                     if r.headers.get("X-Sim-Prefix-Cache-Reset") != "true":
                         raise RuntimeError(f"{url}: prefix cache not reset (requests still running)")
+                # vLLM publishes the reset's AllBlocksCleared with its next step only: one short request
+                async with s.post(url + "/v1/completions", json={"prompt": [1], "max_tokens": 1}) as r:
+                    await r.read()
             deadline = time.monotonic() + 30
             while any([await _indexed_blocks(s, b) for b in self.bases]):
                 if time.monotonic() > deadline:

@@ -14,6 +14,9 @@ with the prefix and one question.  Measured in the same run, on the same texts:
 - the same for chat: an 8k-token system prompt and a new user turn through ``encode_chat`` (rendering
   included), against rendering plus a full encode.
 
+- multimodal rows (``mm_bench``): the router's CPU for an image named by ``uuid`` and for a 1-megapixel JPEG
+  ``data:`` URL, against the same chat request without the image.
+
 Every cached result is compared with the full tokenization; ``mismatches`` must be 0.
 """
 
@@ -27,6 +30,7 @@ import tracemalloc
 from collections.abc import Callable
 from typing import Any
 
+from kvrouter.lab.bench.mm_bench import bench_multimodal
 from kvrouter.percentiles import summary_us
 from tokenizer_cache import CacheConfig, CachedTokenizer, default_tokenizer_path
 
@@ -243,6 +247,7 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--chunk-chars", type=int, default=CacheConfig().chunk_chars)
     ap.add_argument("--max-cache-mb", type=int, default=256)
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--mm-samples", type=int, default=200, help="requests per multimodal row")
 
 
 def main(a: argparse.Namespace) -> dict[str, Any]:
@@ -258,11 +263,13 @@ def main(a: argparse.Namespace) -> dict[str, Any]:
     ct.close()
     out["cold"] = bench_cold(a, rng)
     out["memory"] = bench_memory(a, rng)
+    out["multimodal"] = bench_multimodal(a.mm_samples, a.seed)
     p, c, cold = out["prompt"], out["chat"], out["cold"]
     out["targets"] = {
         "cached_p50_le_500us": p["cached"]["p50_us"] <= 500,
         "speedup_gt_40x": p["speedup_p50"] > 40,
         "cold_le_1_05x": cold["cold_ratio_median_per_text"] <= 1.05,
+        **out["multimodal"]["targets"],
         "exact": p["mismatches"] == 0 and c["mismatches"] == 0 and cold["mismatches"] == 0,
     }
     return out

@@ -21,7 +21,7 @@ import signal
 from collections.abc import Callable
 
 from indexer.encode import RELEASES
-from kvrouter.commands.heap import freeze_startup_heap
+from kvrouter.heap import freeze_startup_heap
 from kvrouter.lab.sim.engine.timing import PROFILES
 from kvrouter.lab.sim.errors import SimError
 from kvrouter.lab.sim.server.faults import FaultConfig

@@ -27,10 +27,18 @@ from kvrouter.lab.workloads.blocks import BlockContentCache
 from kvrouter.lab.workloads.bounds import reuse_ceiling
 from kvrouter.lab.workloads.spec import Workload
 from kvrouter.percentiles import quantile
-from kvrouter.routing import ALL_POLICIES, READS_INDEX, DisaggSettings, PolicyName, RouterConfig, policy_name
+from kvrouter.routing import (
+    ALL_POLICIES,
+    READS_INDEX,
+    ROUND_ROBIN,
+    SESSION,
+    DisaggSettings,
+    RouterConfig,
+    policy_name,
+)
 from kvrouter.routing.policies import PolicySettings
 
-DEFAULT_POLICIES: tuple[str, ...] = tuple(p for p in ALL_POLICIES if p != PolicyName.SESSION)
+DEFAULT_POLICIES: tuple[str, ...] = tuple(p for p in ALL_POLICIES if p != SESSION)
 """Every policy but ``session``: traces carry no session ids, so it would repeat kv-aware's run."""
 _T = TypeVar("_T")
 
@@ -201,7 +209,7 @@ def run_one(
         vf = VirtualFleet(
             w,
             pooled,
-            _router_config(spec, PolicyName.ROUND_ROBIN),
+            _router_config(spec, ROUND_ROBIN),
             hashes=cache,
             progress=progress,
             pooled_of=n,

@@ -24,7 +24,7 @@ from typing import Any
 import msgspec
 
 from kvrouter.lab.evaluation.compare import EvalSpec, load_workload, run_jobs
-from kvrouter.routing import DisaggMode, PolicyName
+from kvrouter.routing import KV_AWARE, LEAST_LOADED, DisaggMode
 from kvrouter.routing.disagg import roles_label
 from kvrouter.types import Role
 
@@ -41,9 +41,9 @@ SETUPS: dict[str, PDSetup] = {
     for s in (
         PDSetup("aggregated", DisaggMode.OFF),
         PDSetup("disaggregated", DisaggMode.ALWAYS),
-        PDSetup("disaggregated-load", DisaggMode.ALWAYS, PolicyName.LEAST_LOADED),
+        PDSetup("disaggregated-load", DisaggMode.ALWAYS, LEAST_LOADED),
         PDSetup("conditional", DisaggMode.CONDITIONAL),
-        PDSetup("conditional-load", DisaggMode.CONDITIONAL, PolicyName.LEAST_LOADED),
+        PDSetup("conditional-load", DisaggMode.CONDITIONAL, LEAST_LOADED),
     )
 }
 DEFAULT_SETUPS: tuple[str, ...] = tuple(SETUPS)
@@ -59,7 +59,7 @@ def pd_spec(spec: EvalSpec, setup: str, roles: Sequence[Role]) -> EvalSpec:
         spec.fleet, instances=len(roles), roles=[] if s.mode == DisaggMode.OFF else list(roles)
     )
     disagg = msgspec.structs.replace(spec.disagg, mode=s.mode, prefill_policy=s.prefill_policy)
-    return msgspec.structs.replace(spec, fleet=fleet, disagg=disagg, policies=(PolicyName.KV_AWARE,))
+    return msgspec.structs.replace(spec, fleet=fleet, disagg=disagg, policies=(KV_AWARE,))
 
 
 def evaluate_pd(
@@ -74,7 +74,7 @@ def evaluate_pd(
     specs = {name: pd_spec(spec, name, roles) for name in setups}
     n = len(load_workload(spec).requests)
     results, _ = run_jobs(
-        [(name, s, PolicyName.KV_AWARE) for name, s in specs.items()],
+        [(name, s, KV_AWARE) for name, s in specs.items()],
         jobs=jobs,
         show_progress=show_progress,
         desc=f"eval {roles_label(roles)}",

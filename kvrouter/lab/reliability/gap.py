@@ -139,6 +139,8 @@ async def gap(res: Resources, cfg: GapConfig) -> ScenarioResult:
             t1 = time.monotonic()
             async with s.post(f"{victim.url}/reset_prefix_cache") as r:
                 await r.read()
+            # vLLM publishes the reset's AllBlocksCleared with its next step only: one sub-block request
+            await completion(s, victim.url, [1], max_tokens=1)
             await until(lambda: gw.indexer.trust(vsrc) is Trust.EXACT, 5, "exact after clear")
             figures.append(
                 at_most(

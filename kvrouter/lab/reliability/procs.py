@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -42,23 +43,23 @@ class Proc:
         self.argv = argv
         self.log = log
         self.env = env
-        self.p: subprocess.Popen[bytes] | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def pid(self) -> int:
-        if self.p is None:
+        if self.proc is None:
             raise ScenarioError("process not started")
-        return self.p.pid
+        return self.proc.pid
 
     def start(self) -> None:
         env = {**os.environ, "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1", **(self.env or {})}
-        self.p = subprocess.Popen(self.argv, stdout=self.log, stderr=self.log, env=env)
+        self.proc = subprocess.Popen(self.argv, stdout=self.log, stderr=self.log, env=env)
 
     def alive(self) -> bool:
-        return self.p is not None and self.p.poll() is None
+        return self.proc is not None and self.proc.poll() is None
 
     def stop(self, sig: int = signal.SIGINT) -> None:
-        p, self.p = self.p, None
+        p, self.proc = self.proc, None
         if p is None or p.poll() is not None:
             return
         p.send_signal(sig)
@@ -179,25 +180,27 @@ async def metric(session: aiohttp.ClientSession, base: str, name: str, labels: s
         return _sum_metric(await r.text(), name, labels)
 
 
-async def metric_per_worker(
-    base: str, name: str, workers: int, tries: int = 200, labels: str = ""
-) -> dict[str, float]:
-    """``name`` (its samples whose label text contains ``labels``) as each of the ``workers`` gateway
-    processes behind ``base`` reports it: scrapes on fresh connections (the kernel picks the worker of
-    each) until every worker answered once (its ``kvrouter_worker`` label says which).  One process (no
+async def metric_per_worker(base: str, name: str, workers: int, tries: int = 200) -> dict[str, float]:
+    """``name`` for each of the ``workers`` gateway processes behind ``base``, from one scrape (the host's
+    /metrics labels per-worker series ``worker``).  One process, or a series summed over the host (no
     label): ``{"": value}``."""
-    out: dict[str, float] = {}
     for _ in range(tries):
         async with (
             aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s,
             s.get(f"{base}/metrics") as r,
         ):
             text = await r.text()
-        me = next((ln.split('"')[1] for ln in text.splitlines() if ln.startswith("kvrouter_worker{")), "")
-        out.setdefault(me, _sum_metric(text, name, labels))
-        if len(out) >= workers or not me:
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            if line.startswith(name) and line[len(name)] in " {":
+                m = re.search(r'worker="([^"]*)"', line)
+                with contextlib.suppress(ValueError):
+                    k = m.group(1) if m else ""
+                    out[k] = out.get(k, 0.0) + float(line.rsplit(" ", 1)[1])
+        if len(out) >= workers or "" in out:
             return out
-    raise ScenarioError(f"only workers {sorted(out)} of {workers} answered /metrics")
+        await asyncio.sleep(0.05)  # a worker not started yet
+    raise ScenarioError(f"only workers {sorted(out)} of {workers} shown in /metrics")
 
 
 def _sum_metric(text: str, name: str, labels: str) -> float:

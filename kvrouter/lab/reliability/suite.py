@@ -8,7 +8,7 @@
                                 row with the reason, never the end of the run
 
 Quick settings are what ``make test`` can afford (seconds per scenario); full ones are the figures the
-README quotes (100,000 fuzzed payloads, 5 event-loss trials, 60 s of sustained load).
+docs/reliability.md quotes (100,000 fuzzed payloads, 5 event-loss trials, 60 s of sustained load).
 """
 
 from __future__ import annotations

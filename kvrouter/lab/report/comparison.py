@@ -21,9 +21,9 @@ from kvrouter.lab.report.grid import Case, with_param
 from kvrouter.lab.report.scale import Scale, sized
 from kvrouter.lab.report.study import Study
 from kvrouter.lab.workloads.registry import describe, list_workloads
-from kvrouter.routing import PolicyName
+from kvrouter.routing import KV_AWARE, LEAST_LOADED, PREFIX_HASH, RANDOM, ROUND_ROBIN
 
-POLICIES = (PolicyName.KV_AWARE, PolicyName.PREFIX_HASH, PolicyName.LEAST_LOADED, PolicyName.ROUND_ROBIN)
+POLICIES = (KV_AWARE, PREFIX_HASH, LEAST_LOADED, ROUND_ROBIN)
 
 MOONCAKE = "mooncake-conversation"
 MOONCAKE_SLICE: Mapping[str, Any] = MappingProxyType({"limit": 2500, "rate_multiplier": 3.0})
@@ -72,7 +72,7 @@ def workload_cases(scale: Scale) -> list[Case]:
     baseline)."""
     cases = []
     for name in list_workloads():
-        pols = (*POLICIES, PolicyName.RANDOM) if name == MOONCAKE else POLICIES
+        pols = (*POLICIES, RANDOM) if name == MOONCAKE else POLICIES
         cases.append(Case(name, workload_spec(name, scale, policies=pols)))
     return cases
 
@@ -99,10 +99,10 @@ def prefix_hash_studies(scale: Scale) -> list[Study]:
             workload=name,
             overrides=dict(over),
             fleet=FleetSimConfig(instances=8),
-            policies=(PolicyName.PREFIX_HASH,),
+            policies=(PREFIX_HASH,),
         )
         base = scale.size(sized(base, fraction) if fraction != 1.0 else base)
-        ref = Case("reference", with_param(base, "policies", (PolicyName.KV_AWARE,)), bounds=False)
+        ref = Case("reference", with_param(base, "policies", (KV_AWARE,)), bounds=False)
         for path, values, label in (
             ("settings.prefix_hash.prefix_length", PREFIX_LENGTHS, "prefix_length (characters)"),
             ("settings.prefix_hash.load_bound", LOAD_BOUNDS, "load_bound"),

@@ -32,10 +32,10 @@ from kvrouter.lab.evaluation.virtual_fleet import FleetSimConfig
 from kvrouter.lab.report.grid import Case
 from kvrouter.lab.report.scale import Scale
 from kvrouter.lab.report.tables import Table, change, closest
-from kvrouter.routing import PolicyName
+from kvrouter.routing import KV_AWARE, PREFIX_HASH, RANDOM
 
 INSTANCES = 7
-POLICIES = (PolicyName.RANDOM, PolicyName.PREFIX_HASH, PolicyName.KV_AWARE)
+POLICIES = (RANDOM, PREFIX_HASH, KV_AWARE)
 WORKLOAD = "aws-8k-shared-prefix"
 REQUESTS = 3000
 RATE = 16.0
@@ -84,14 +84,14 @@ def calibration_cases(scale: Scale) -> list[Case]:
     out = []
     for g in GROUPS:
         n = scaled_groups(scale, g)
-        spec = _spec(scale, WORKLOAD, RATE, policies=(PolicyName.RANDOM,), num_groups=n)
+        spec = _spec(scale, WORKLOAD, RATE, policies=(RANDOM,), num_groups=n)
         out.append(Case(f"{n} prefix{'es' if n > 1 else ''}", spec, n, bounds=False))
     return out
 
 
 def chosen_groups(calibration: Sequence[dict[str, Any]]) -> int:
     """The prefix count whose random hit rate came closest to AWS's 25 %."""
-    return int(closest(calibration, PolicyName.RANDOM, "hit_rate", RANDOM_HIT_TARGET)["x"])
+    return int(closest(calibration, RANDOM, "hit_rate", RANDOM_HIT_TARGET)["x"])
 
 
 def rate_cases(scale: Scale, calibration: Sequence[dict[str, Any]]) -> list[Case]:
@@ -180,8 +180,8 @@ def outside_latency_table(
     results: Sequence[dict[str, Any]],
     extra_s: Sequence[float] = (0.0, 0.05, 0.1, 0.2),
     *,
-    baseline: str = PolicyName.RANDOM,
-    policies: Sequence[str] = (PolicyName.PREFIX_HASH, PolicyName.KV_AWARE),
+    baseline: str = RANDOM,
+    policies: Sequence[str] = (PREFIX_HASH, KV_AWARE),
 ) -> Table:
     """Per rate and per latency outside the fleet: the baseline's median and P90 TTFT and each policy's
     change against it (how a constant the simulator does not see moves the relative figures).  Open-loop

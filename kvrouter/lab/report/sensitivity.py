@@ -27,9 +27,9 @@ from kvrouter.lab.report.grid import Case, with_param, with_rate
 from kvrouter.lab.report.scale import Scale
 from kvrouter.lab.report.study import Study
 from kvrouter.lab.sim.engine.timing import get_profile
-from kvrouter.routing import PolicyName
+from kvrouter.routing import KV_AWARE, LEAST_LOADED, PREFIX_HASH
 
-POLICIES = (PolicyName.KV_AWARE, PolicyName.PREFIX_HASH, PolicyName.LEAST_LOADED)
+POLICIES = (KV_AWARE, PREFIX_HASH, LEAST_LOADED)
 BASE = EvalSpec(
     workload="mooncake-conversation",
     overrides={"limit": 800, "rate_multiplier": 3.0},
@@ -90,10 +90,10 @@ def load_study(scale: Scale, base: EvalSpec) -> Study:
 
 
 def event_studies(scale: Scale, base: EvalSpec) -> list[Study]:
-    kv = with_param(base, "policies", (PolicyName.KV_AWARE,))
+    kv = with_param(base, "policies", (KV_AWARE,))
     ref = Case(
         "reference",
-        with_param(base, "policies", (PolicyName.PREFIX_HASH, PolicyName.LEAST_LOADED)),
+        with_param(base, "policies", (PREFIX_HASH, LEAST_LOADED)),
         bounds=False,
     )
     delay = [

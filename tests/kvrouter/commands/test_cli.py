@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import weakref
 
-from kvrouter.commands.heap import freeze_startup_heap
+from kvrouter.heap import freeze_startup_heap
 
 
 def test_startup_heap_is_frozen_and_later_garbage_still_collected() -> None:

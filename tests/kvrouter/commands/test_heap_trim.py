@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from kvrouter.commands.heap import HeapTrimmer, heap_free_bytes
+from kvrouter.heap import HeapTrimmer, heap_free_bytes
 
 pytestmark = pytest.mark.skipif(heap_free_bytes() is None, reason="glibc's malloc_trim / mallinfo2 only")
 

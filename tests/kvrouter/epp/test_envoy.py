@@ -114,7 +114,7 @@ async def test_requests_reach_the_instance_the_picker_chose(fleet: SimFleet, tmp
         assert metric(pk, "kvrouter_decisions_total", reason="cache") >= 1
         assert metric(pk, "kvrouter_epp_picks_total") == 4
         assert metric(pk, "kvrouter_reported_cached_tokens_total", target=first) >= real
-        await until(lambda: pk.m.open_streams._value.get() == 0)
+        await until(lambda: pk.metrics.open_streams._value.get() == 0)
         # every load released (our own accounting: the engine's scraped running count may lag a scrape behind)
         assert pk.gw.router.load.loads[first].in_flight == 0
 

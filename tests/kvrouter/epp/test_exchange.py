@@ -11,7 +11,7 @@ import msgspec
 import pytest
 import pytest_asyncio
 from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue, Metadata
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_grpc
 from envoy.service.ext_proc.v3.external_processor_pb2 import (
     HttpBody,
     HttpHeaders,
@@ -21,8 +21,7 @@ from envoy.service.ext_proc.v3.external_processor_pb2 import (
 from google.protobuf.struct_pb2 import Struct
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from kvrouter.epp import Picker, PickerOptions
-from kvrouter.epp import protocol as pr
+from kvrouter.epp import Picker, PickerOptions, protocol
 from kvrouter.lab.sim.server.fleet import SimFleet
 from tests.support.envoy import picker
 from tests.support.gateway import MODEL, sim_fleet
@@ -62,9 +61,9 @@ def body(data: bytes, md: Metadata | None = None) -> ProcessingRequest:
 
 def subset_md(value: object) -> Metadata:
     s = Struct()
-    s.update({pr.SUBSET_KEY: value})
+    s.update({protocol.SUBSET_KEY: value})
     md = Metadata()
-    md.filter_metadata[pr.SUBSET_NAMESPACE].CopyFrom(s)
+    md.filter_metadata[protocol.SUBSET_NAMESPACE].CopyFrom(s)
     return md
 
 
@@ -72,8 +71,8 @@ def response_headers(status: int, served: str | None, eos: bool = False) -> Proc
     md = Metadata()
     if served is not None:
         s = Struct()
-        s.update({pr.SERVED_KEY: served})
-        md.filter_metadata[pr.LB_NAMESPACE].CopyFrom(s)
+        s.update({protocol.SERVED_KEY: served})
+        md.filter_metadata[protocol.LB_NAMESPACE].CopyFrom(s)
     hm = HeaderMap(headers=[HeaderValue(key=":status", raw_value=str(status).encode())])
     return ProcessingRequest(response_headers=HttpHeaders(headers=hm, end_of_stream=eos), metadata_context=md)
 
@@ -82,7 +81,7 @@ class Stream:
     """One ext_proc stream: send a message, read the answers it gets."""
 
     def __init__(self, ch: grpc.aio.Channel) -> None:
-        self.call = ep_grpc.ExternalProcessorStub(ch).Process()
+        self.call = ext_proc_grpc.ExternalProcessorStub(ch).Process()
 
     async def send(self, msg: ProcessingRequest, answers: int) -> list[ProcessingResponse]:
         await self.call.write(msg)
@@ -94,8 +93,10 @@ class Stream:
 
 def destination(resp: ProcessingResponse) -> list[str]:
     m = resp.request_headers.response.header_mutation
-    value = next(o.header.raw_value.decode() for o in m.set_headers if o.header.key == pr.ENDPOINT_HEADER)
-    return pr.parse_endpoints(value)
+    value = next(
+        o.header.raw_value.decode() for o in m.set_headers if o.header.key == protocol.ENDPOINT_HEADER
+    )
+    return protocol.parse_endpoints(value)
 
 
 def prompt(words: int = 40) -> bytes:
@@ -109,7 +110,7 @@ def in_flight(pk: Picker, target: str) -> int:
 
 async def test_the_candidate_subset_is_obeyed(rig: tuple[SimFleet, Picker, grpc.aio.Channel]) -> None:
     fleet, _, ch = rig
-    eps = [pr.endpoint_of_url(u) for u in fleet.urls]
+    eps = [protocol.endpoint_of_url(u) for u in fleet.urls]
     for allowed in ([eps[2]], f"{eps[1]}, 9.9.9.9:1"):
         s = Stream(ch)
         await s.send(headers("/v1/completions"), 0)
@@ -133,12 +134,12 @@ async def test_a_fallback_served_carries_the_load_and_the_usage(
     await s.send(headers("/v1/completions"), 0)
     out = await s.send(body(prompt(60)), 2)
     first, second = destination(out[0])[:2]
-    name = {pr.endpoint_of_url(u.cfg.url): n for n, u in pk.pool.upstreams.items()}
+    name = {protocol.endpoint_of_url(u.cfg.url): n for n, u in pk.pool.upstreams.items()}
     assert in_flight(pk, name[first]) == 1
-    before = pk.m.fallbacks.labels(name[second])._value.get()
+    before = pk.metrics.fallbacks.labels(name[second])._value.get()
     await s.send(response_headers(200, second), 1)
     assert in_flight(pk, name[first]) == 0 and in_flight(pk, name[second]) == 1
-    assert pk.m.fallbacks.labels(name[second])._value.get() == before + 1
+    assert pk.metrics.fallbacks.labels(name[second])._value.get() == before + 1
     answer = b'{"usage": {"prompt_tokens": 9, "prompt_tokens_details": {"cached_tokens": 7}}}'
     reported = pk.gw.metrics.pipeline.reported_cached.labels(name[second])._value.get()
     (echo,) = await s.send(ProcessingRequest(response_body=HttpBody(body=answer, end_of_stream=True)), 1)
@@ -156,7 +157,9 @@ async def test_a_stream_that_ends_early_releases_its_load(
     await s.send(headers("/v1/chat/completions"), 0)
     msg = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}
     out = await s.send(body(msgspec.json.encode(msg)), 2)
-    name = {pr.endpoint_of_url(u.cfg.url): n for n, u in pk.pool.upstreams.items()}[destination(out[0])[0]]
+    name = {protocol.endpoint_of_url(u.cfg.url): n for n, u in pk.pool.upstreams.items()}[
+        destination(out[0])[0]
+    ]
     assert in_flight(pk, name) == 1
     s.call.cancel()  # the client went away before any answer
     await until(lambda: in_flight(pk, name) == 0, what="load released")
@@ -208,6 +211,6 @@ async def test_stored_responses_are_read_where_they_were_made(
 async def test_health_services(rig: tuple[SimFleet, Picker, grpc.aio.Channel]) -> None:
     _, _, ch = rig
     stub = health_pb2_grpc.HealthStub(ch)
-    for service in ("liveness", "readiness", pr.SERVICE_NAME):
+    for service in ("liveness", "readiness", protocol.SERVICE_NAME):
         r = await stub.Check(health_pb2.HealthCheckRequest(service=service))
         assert r.status == health_pb2.HealthCheckResponse.SERVING, service

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from indexer.config import InstanceConfig
-from kvrouter.epp import protocol as pr
+from kvrouter.epp import protocol
 from kvrouter.epp.endpoints import EndpointMap
 from kvrouter.routing import Candidate
 from kvrouter.types import InstanceId, TargetKey
@@ -16,7 +16,7 @@ from kvrouter.types import InstanceId, TargetKey
 
 @given(st.binary(max_size=2000), st.integers(1, 300))
 def test_chunks_cover_the_body_in_order_within_the_limit(body: bytes, limit: int) -> None:
-    got = list(pr.chunks(body, limit))
+    got = list(protocol.chunks(body, limit))
     assert b"".join(p for p, _ in got) == body
     assert all(len(p) <= limit for p, _ in got)
     assert [eos for _, eos in got] == [False] * (len(got) - 1) + [True]
@@ -24,10 +24,10 @@ def test_chunks_cover_the_body_in_order_within_the_limit(body: bytes, limit: int
 
 
 def test_endpoint_of_url() -> None:
-    assert pr.endpoint_of_url("http://10.0.0.1:8000/") == "10.0.0.1:8000"
-    assert pr.endpoint_of_url("https://vllm-0") == "vllm-0:443"
-    assert pr.endpoint_of_url("http://[fd00::1]:8000") == "[fd00::1]:8000"
-    assert pr.endpoint_of_url(None) is None and pr.endpoint_of_url("nonsense") is None
+    assert protocol.endpoint_of_url("http://10.0.0.1:8000/") == "10.0.0.1:8000"
+    assert protocol.endpoint_of_url("https://vllm-0") == "vllm-0:443"
+    assert protocol.endpoint_of_url("http://[fd00::1]:8000") == "[fd00::1]:8000"
+    assert protocol.endpoint_of_url(None) is None and protocol.endpoint_of_url("nonsense") is None
 
 
 def _md(namespace: str, key: str, value: object) -> Metadata:
@@ -39,20 +39,24 @@ def _md(namespace: str, key: str, value: object) -> Metadata:
 
 
 def test_subset_as_list_or_comma_string_and_absent() -> None:
-    assert pr.subset_of(_md(pr.SUBSET_NAMESPACE, pr.SUBSET_KEY, ["1.1.1.1:80", "2.2.2.2:80"])) == [
+    assert protocol.subset_of(
+        _md(protocol.SUBSET_NAMESPACE, protocol.SUBSET_KEY, ["1.1.1.1:80", "2.2.2.2:80"])
+    ) == [
         "1.1.1.1:80",
         "2.2.2.2:80",
     ]
-    assert pr.subset_of(_md(pr.SUBSET_NAMESPACE, pr.SUBSET_KEY, "1.1.1.1:80, 2.2.2.2:80")) == [
+    assert protocol.subset_of(
+        _md(protocol.SUBSET_NAMESPACE, protocol.SUBSET_KEY, "1.1.1.1:80, 2.2.2.2:80")
+    ) == [
         "1.1.1.1:80",
         "2.2.2.2:80",
     ]
-    assert pr.subset_of(_md(pr.SUBSET_NAMESPACE, pr.SUBSET_KEY, [])) == []  # none allowed
-    assert pr.subset_of(Metadata()) is None
-    assert pr.subset_of(_md(pr.SUBSET_NAMESPACE, "other", "1.1.1.1:80")) is None
+    assert protocol.subset_of(_md(protocol.SUBSET_NAMESPACE, protocol.SUBSET_KEY, [])) == []  # none allowed
+    assert protocol.subset_of(Metadata()) is None
+    assert protocol.subset_of(_md(protocol.SUBSET_NAMESPACE, "other", "1.1.1.1:80")) is None
     md = Metadata()
-    assert pr.served_of(md) is None and len(md.filter_metadata) == 0  # reading inserts nothing
-    assert pr.served_of(_md(pr.LB_NAMESPACE, pr.SERVED_KEY, "3.3.3.3:80")) == "3.3.3.3:80"
+    assert protocol.served_of(md) is None and len(md.filter_metadata) == 0  # reading inserts nothing
+    assert protocol.served_of(_md(protocol.LB_NAMESPACE, protocol.SERVED_KEY, "3.3.3.3:80")) == "3.3.3.3:80"
 
 
 def test_header_map_reads_raw_values_and_keeps_the_first() -> None:
@@ -63,19 +67,21 @@ def test_header_map_reads_raw_values_and_keeps_the_first() -> None:
             HeaderValue(key="authorization", raw_value=b"Bearer other"),
         ]
     )
-    assert pr.header_map(h) == {":path": "/v1/completions", "authorization": "Bearer k"}
+    assert protocol.header_map(h) == {":path": "/v1/completions", "authorization": "Bearer k"}
 
 
 def test_routed_names_the_same_endpoints_in_header_and_metadata() -> None:
     body = b"x" * 150
-    out = pr.routed([pr.Endpoint("1.1.1.1:80"), pr.Endpoint("2.2.2.2:80")], body, {"x-a": "b"}, limit=64)
+    out = protocol.routed(
+        [protocol.Endpoint("1.1.1.1:80"), protocol.Endpoint("2.2.2.2:80")], body, {"x-a": "b"}, limit=64
+    )
     head = out[0].request_headers.response
     headers = {o.header.key: o.header.raw_value.decode() for o in head.header_mutation.set_headers}
-    assert headers[pr.ENDPOINT_HEADER] == "1.1.1.1:80,2.2.2.2:80"
+    assert headers[protocol.ENDPOINT_HEADER] == "1.1.1.1:80,2.2.2.2:80"
     assert headers["content-length"] == "150" and headers["x-a"] == "b"
     assert head.clear_route_cache
-    lb = out[0].dynamic_metadata.fields[pr.LB_NAMESPACE].struct_value.fields
-    assert lb[pr.ENDPOINT_HEADER].string_value == headers[pr.ENDPOINT_HEADER]
+    lb = out[0].dynamic_metadata.fields[protocol.LB_NAMESPACE].struct_value.fields
+    assert lb[protocol.ENDPOINT_HEADER].string_value == headers[protocol.ENDPOINT_HEADER]
     pieces = [m.request_body.response.body_mutation.streamed_response for m in out[1:]]
     assert b"".join(p.body for p in pieces) == body and [p.end_of_stream for p in pieces] == [
         False,
@@ -85,7 +91,7 @@ def test_routed_names_the_same_endpoints_in_header_and_metadata() -> None:
 
 
 def test_immediate_response() -> None:
-    m = pr.immediate(429, b'{"error": {}}', {"retry-after": "1"}).immediate_response
+    m = protocol.immediate(429, b'{"error": {}}', {"retry-after": "1"}).immediate_response
     assert m.status.code == 429 and m.body == b'{"error": {}}'
     assert {o.header.key for o in m.headers.set_headers} == {"content-type", "retry-after"}
 
@@ -108,4 +114,7 @@ def test_fallback_list_one_per_endpoint_same_rank_not_saturated() -> None:
     assert [c.target for c in emap.ordered(ranked[0], ranked, 3)] == ["a", "b", "d"]
     assert [c.target for c in emap.ordered(ranked[0], ranked, 1)] == ["a"]
     assert [c.target for c in emap.ordered(ranked[2], ranked, 4)] == ["b/1"]  # rank 1 exists only on b
-    assert emap.targets([pr.Endpoint("10.0.0.2:8000"), pr.Endpoint("9.9.9.9:1")]) == {"b/0", "b/1"}
+    assert emap.targets([protocol.Endpoint("10.0.0.2:8000"), protocol.Endpoint("9.9.9.9:1")]) == {
+        "b/0",
+        "b/1",
+    }

@@ -21,7 +21,8 @@ from kvrouter.gateway import Gateway
 from kvrouter.lab.sim.server.fleet import SimFleet, SimFleetConfig, parse_roles
 from kvrouter.lab.sim.server.kv_transfer import KvTransferConfig
 from tests.support.gateway import MODEL, gateway
-from tests.support.wait import until
+from tests.support.sim_server import shared_sim_tokenizer
+from tests.support.wait import answering, until
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -44,7 +45,8 @@ async def fleet() -> AsyncIterator[SimFleet]:
         kv_transfer=KvTransferConfig(lease_s=5.0),
         responses_store=True,
     )
-    async with SimFleet(cfg) as f:  # its own tokenizer: the fleet file then names its chat template
+    tok, template = shared_sim_tokenizer()  # the fleet file then names the simulator's chat template
+    async with SimFleet(cfg, tokenizer=tok, chat_template=template) as f:
         yield f
 
 
@@ -72,10 +74,13 @@ async def whole_fleet(fleet: SimFleet, always: GW) -> AsyncIterator[None]:
     healthy = {"dead": False, "latency_s": 0.0, "slowdown": 1.0, "render_fault": False, "drop_rate": 0.0}
     async with aiohttp.ClientSession() as s:
         for srv in fleet.servers:
+            await answering(f"{srv.url}/sim/faults")  # (up, if a test crashed it: restarted)
             async with s.post(f"{srv.url}/sim/faults", json=healthy) as r:
                 assert r.status == 200
     gw, _ = always
-    await until(lambda: all(u.healthy for u in gw.pool.upstreams.values()), 30, "the whole fleet in rotation")
+    await until(
+        lambda: all(u.healthy for u in gw.pool.upstreams.values()), what="the whole fleet in rotation"
+    )
     yield
 
 
@@ -289,7 +294,7 @@ async def test_a_killed_prefill_instance_costs_no_request(fleet: SimFleet, alway
             s, f"{base}/v1/completions", {"model": MODEL, "prompt": prefix, "max_tokens": 2}
         )
         assert st == 200 and h.get("x-kvrouter-prefill-instance") == other, h.get("x-kvrouter-pd-reason")
-        await until(lambda: gw.pool.upstreams[victim].healthy, timeout=15, what="back")
+        await until(lambda: gw.pool.upstreams[victim].healthy, what="back")
         await (await s.post(f"{fleet.server(victim).url}/sim/faults", json={"slowdown": 1.0})).release()
         assert all(load.in_flight == 0 for load in gw.router.load.loads.values())
 
@@ -328,5 +333,5 @@ async def test_a_killed_decode_instance_costs_no_request(fleet: SimFleet, always
         )
         for name in DECODE:
             await (await s.post(f"{fleet.server(name).url}/sim/faults", json={"latency_s": 0.0})).release()
-        await until(lambda: gw.pool.upstreams[victim].healthy, timeout=15, what="back")
+        await until(lambda: gw.pool.upstreams[victim].healthy, what="back")
         assert all(load.in_flight == 0 for load in gw.router.load.loads.values())

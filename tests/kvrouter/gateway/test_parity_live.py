@@ -61,7 +61,7 @@ async def test_a_misrendering_instance_is_detected_and_its_model_falls_back(flee
     }
     async with gateway(fleet, **over) as (gw, base), aiohttp.ClientSession() as s:
         # start-up probes: every instance renders as the router does
-        await until(lambda: parity_of(gw, MODEL) == "ok", 20, "start-up parity")
+        await until(lambda: parity_of(gw, MODEL) == "ok", what="start-up parity")
         assert (await explain(s, base, chat(MODEL, system, "q")))["tokenized"]
         # The faulty instance is the one this conversation goes to: kv-aware routing keeps chats over one
         # shared system prompt where that prompt is cached, so a fault anywhere else would never be
@@ -82,7 +82,7 @@ async def test_a_misrendering_instance_is_detected_and_its_model_falls_back(flee
                     break
         else:
             raise AssertionError(f"20 chats over the prompt {holder} caches were all routed elsewhere")
-        await until(lambda: parity_of(gw, MODEL) == "failing", 30, "the sampled request's check failing")
+        await until(lambda: parity_of(gw, MODEL) == "failing", what="the sampled request's check failing")
         mm = gw.pipeline.parity.models[MODEL].last_mismatch
         assert mm is not None and mm.instance == victim.instance.config.name and mm.position < 8
         # the failing model is routed without token-based predictions; the other model keeps them
@@ -107,7 +107,7 @@ async def test_a_misrendering_instance_is_detected_and_its_model_falls_back(flee
         # the instance is fixed: the next recheck passes and predictions return
         async with s.post(f"{victim.url}/sim/faults", json={"render_fault": False}) as r:
             assert r.status == 200
-        await until(lambda: parity_of(gw, MODEL) == "ok", 10, "parity back after the fix")
+        await until(lambda: parity_of(gw, MODEL) == "ok", what="parity back after the fix")
         assert (await explain(s, base, chat(MODEL, system, "q")))["tokenized"]
 
 
@@ -116,7 +116,7 @@ async def test_instances_given_only_a_url_are_subscribed_from_their_event_source
     urls_only = [{"name": i["name"], "url": i["url"], "models": i["models"]} for i in d["instances"]]
     async with gateway(fleet, instances=urls_only) as (gw, base), aiohttp.ClientSession() as s:
         await until(
-            lambda: all(u.cfg.events is not None for u in gw.pool.upstreams.values()), 10, "events resolved"
+            lambda: all(u.cfg.events is not None for u in gw.pool.upstreams.values()), what="events resolved"
         )
         for u in gw.pool.upstreams.values():
             ic = next(x.instance.config for x in fleet.servers if x.instance.config.name == u.name)
@@ -131,8 +131,7 @@ async def test_instances_given_only_a_url_are_subscribed_from_their_event_source
                 gw.indexer.index.blocks(next(src for src in gw.indexer.sources() if src.instance == first))[0]
                 > 0
             ),
-            10,
-            "events indexed",
+            what="events indexed",
         )
         e = await explain(s, base, body)
         assert e["choice"] == first and e["predicted_cached_tokens"] > 0

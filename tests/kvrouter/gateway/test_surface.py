@@ -289,7 +289,7 @@ async def test_audio_uploads_are_streamed_through(fleet: SimFleet) -> None:
             for _ in range(4):
                 yield b"\0" * (256 << 10)
             # the gateway routed on the model field and sent the first megabyte on before the rest exists
-            await until(lambda: any(srv.instance.audio_bytes_seen > 0 for srv in fleet.servers), timeout=10)
+            await until(lambda: any(srv.instance.audio_bytes_seen > 0 for srv in fleet.servers))
             seen_early.set()
             for _ in range(4):
                 yield b"\1" * (256 << 10)

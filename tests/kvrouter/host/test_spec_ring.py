@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from indexer import SourceKey
-from indexer.core import SpeculativeEntry
+from indexer.indexer import SpeculativeEntry
 from kvrouter.host import HostLayout, HostMemory, SpeculativeRings
 
 WORKERS = 3

@@ -196,7 +196,7 @@ async def test_real_bookmarks_move_the_version_and_nothing_else(name: str, res: 
         lw = list_watch(kube, res, changes)
         lw.start()
         try:
-            await until(lambda: len(server.watch_versions()) == 2, 15.0, "the watch resumed")
+            await until(lambda: len(server.watch_versions()) == 2, what="the watch resumed")
         finally:
             await lw.stop()
     assert server.watch_versions() == ["1", rv]
@@ -213,7 +213,7 @@ async def test_a_recorded_pod_bookmark_keeps_the_listed_pods() -> None:
         lw = list_watch(kube, PodResource, changes)
         lw.start()
         try:
-            await until(lambda: len(server.watch_versions()) == 2, 15.0, "the watch resumed")
+            await until(lambda: len(server.watch_versions()) == 2, what="the watch resumed")
         finally:
             await lw.stop()
     listed = FIXTURES["list_page_with_continue"]["body"]
@@ -235,7 +235,7 @@ async def test_a_real_watch_error_410_means_relist() -> None:
         lw = list_watch(kube, PodResource, changes)
         lw.start()
         try:
-            await until(lambda: len(server.watch_versions()) == 2, 15.0, "the watch after the relist")
+            await until(lambda: len(server.watch_versions()) == 2, what="the watch after the relist")
         finally:
             await lw.stop()
     assert lw.counters["gone"] == 1 and lw.counters["events_ERROR"] == 1
@@ -360,7 +360,7 @@ async def test_the_fakes_bookmarks_are_shaped_as_the_real_ones(res: type[Any]) -
         url = api.base_url + COLLECTIONS[res][0]
         task_lines = watch_lines(s, url, 1, resourceVersion=str(api.rv), allowWatchBookmarks="true")
         task = asyncio.create_task(task_lines)
-        await until(lambda: api.open_watches == 1, 10.0, "the watch opened")
+        await until(lambda: api.open_watches == 1, what="the watch opened")
         api.bookmark()
         (line,) = await asyncio.wait_for(task, 10.0)
     assert shape(line) == shape(real)  # the kind's own zero value, as the API server serializes it

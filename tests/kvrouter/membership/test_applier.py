@@ -139,7 +139,7 @@ async def test_a_new_instance_is_subscribed_replayed_and_checked(
     assert u.healthy and u.served_models == ["m"] and world.added == ["v0"]
     assert [t.key for t in world.pool.targets(None)] == ["v0"]
     assert [i.name for i in world.subscriber.fleet.instances] == ["v0"]
-    await until(lambda: all(held(world.indexer, "v0", t) == 2 for t in before), 30, "replayed batches")
+    await until(lambda: all(held(world.indexer, "v0", t) == 2 for t in before), what="replayed batches")
     ev, toks = batch(50)
     pubs[0].publish([ev])
     await until(lambda: held(world.indexer, "v0", toks) == 2)
@@ -186,8 +186,11 @@ async def test_a_leaving_instance_is_drained_then_its_blocks_dropped(
     assert all(s.instance != "v0" for s in world.subscriber.status)
     assert [i.name for i in world.subscriber.fleet.instances] == ["v1"] and world.removed == ["v0"]
     pubs[0].publish([batch(3)[0]])  # it keeps publishing: nobody listens any more
-    await asyncio.sleep(0.1)
-    assert held(world.indexer, "v0", batch(3)[1]) == 0
+    # a later batch from the instance that stays arrives: ingestion ran after v0's publish
+    ev4, t4 = batch(4)
+    pubs[1].publish([ev4])
+    await until(lambda: held(world.indexer, "v1", t4) == 2, what="v1's later batch")
+    assert held(world.indexer, "v0", batch(3)[1]) == 0 and held(world.indexer, "v1", batch(3)[1]) == 0
 
 
 async def test_a_drain_that_times_out_drops_the_instance_anyway(

@@ -230,7 +230,7 @@ async def test_paged_list_and_an_expired_continue_token(tmp_path: Path) -> None:
         transport.inner = CompactAfterFirstPage()
         rig.disc.start()
         # synced may be set already (by the list before the stop): wait for the relisted fleet itself
-        await until(lambda: rig.names() == ["p2", "p9"], timeout=15.0)
+        await until(lambda: rig.names() == ["p2", "p9"])
         assert rig.disc.counters["gone"] == 1
 
 

@@ -67,3 +67,36 @@ def test_unusable_answers_say_why(answer: object, reason: str) -> None:
     with pytest.raises(EventSourcesError) as e:
         with_event_sources(INST, json.dumps(answer).encode())
     assert e.value.reason == reason
+
+
+def test_an_endpoint_naming_a_host_means_vllm_connects_out_so_the_router_binds() -> None:
+    """vLLM's rule (``ZmqEventPublisher._is_bind_endpoint``, 0.32 and 0.33): ``*``, ``::``, ipc and inproc
+    bind; anything else connects.  The announced address is where the router must bind, as announced."""
+    ans = {"0": {**rank(5557, 6557), "endpoint": "tcp://127.0.0.1:5557"}}
+    got = with_event_sources(INST, json.dumps(ans).encode())
+    assert (got.events, got.events_mode, got.replay) == (
+        "tcp://127.0.0.1:5557",
+        "bind",
+        "tcp://10.1.2.3:6557",
+    )
+    wild = with_event_sources(INST, json.dumps({"0": rank(5557, None)}).encode())
+    assert (wild.events, wild.events_mode) == ("tcp://10.1.2.3:5557", "connect")
+    ipv6 = with_event_sources(
+        INST, json.dumps({"0": {**rank(5557, None), "endpoint": "tcp://[::]:5557"}}).encode()
+    )
+    assert ipv6.events_mode == "connect"
+
+
+def test_ranks_that_disagree_on_binding_are_refused() -> None:
+    ans = {"0": rank(5557, None), "1": {**rank(5558, None), "endpoint": "tcp://10.1.2.3:5558"}}
+    with pytest.raises(EventSourcesError) as e:
+        with_event_sources(INST, json.dumps(ans).encode())
+    assert e.value.reason == "ranks"
+
+
+def test_the_fix_for_an_address_the_router_cannot_bind_is_spelled_out() -> None:
+    from kvrouter.membership.event_sources import connect_fix
+
+    text = connect_fix("v0", "tcp://10.9.9.9:5557")
+    assert "connects its KV-event PUB out to tcp://10.9.9.9:5557" in text
+    assert '"endpoint": "tcp://*:5557"' in text

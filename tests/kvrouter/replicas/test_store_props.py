@@ -49,6 +49,19 @@ class StoreModel:
     position: dict[str, int] = field(default_factory=dict)
     """The stream position each cursor a reply handed out stands for."""
 
+    def renew(self, replica: str, loads: bytes, now: int) -> None:
+        """A sync at ``now``: this replica's lease first, then every lease that ended is dropped (those
+        within the slack of their end may still be there)."""
+        self.members[replica] = Member(loads, now + LEASE_MS)
+        self.members = {r: mem for r, mem in self.members.items() if mem.lease_end > now - SLACK_MS}
+
+    def peer_loads(self, replica: str, now: int) -> tuple[Counter[bytes], Counter[bytes]]:
+        """The loads a sync of ``replica`` at ``now`` must return (as multisets): at least the first (live
+        beyond the slack), at most the second (every lease the model still holds)."""
+        peers = {r: mem for r, mem in self.members.items() if r != replica}
+        sure = Counter(mem.loads for mem in peers.values() if mem.lease_end > now + SLACK_MS)
+        return sure, Counter(mem.loads for mem in peers.values())
+
 
 # ops: ("sync", replica, loads, with_spec, fresh_cursor, max_read) | ("leave", replica) | ("wait", seconds)
 sync_op = st.tuples(
@@ -107,17 +120,14 @@ async def run_against_model(store: ReplicaStore, wait: object, ops: list[tuple[o
         assert now >= last_ms, "the store's clock went back"
         last_ms = now
         # the model: this replica's lease first, then the batch, then the read
-        m.members[replica] = Member(req.loads, now + LEASE_MS)
-        m.members = {r: mem for r, mem in m.members.items() if mem.lease_end > now - SLACK_MS}
+        m.renew(replica, req.loads, now)
         if with_spec:
             m.stream.append((replica, blob))
         start = m.position[cursor] if cursor else 0
         taken = m.stream[start : start + max_read]
         end = start + len(taken)
         # peers' loads: every live lease but ours, those within the slack of their end may go either way
-        peers = {r: mem for r, mem in m.members.items() if r != replica}
-        sure = Counter(mem.loads for mem in peers.values() if mem.lease_end > now + SLACK_MS)
-        maybe = Counter(mem.loads for mem in peers.values())
+        sure, maybe = m.peer_loads(replica, now)
         got = Counter(reply.peer_loads)
         assert not sure - got and not got - maybe, (op, got, sure)  # as multisets
         # peers' batches after the cursor, in order, never our own; at most max_read read (ours count)
@@ -281,5 +291,8 @@ def test_replica_state_against_a_model(ops: list[tuple[object, ...]]) -> None:
 def test_the_model_sees_expiry() -> None:
     """The model's lease rule on a literal case (so a model that never expires anything cannot pass)."""
     m = StoreModel(members={"a": Member(b"x", 100), "b": Member(b"y", 200)})
-    live = {r for r, mem in m.members.items() if mem.lease_end > 150 + SLACK_MS}
-    assert live == {"b"}
+    assert m.peer_loads("c", 150) == (Counter({b"y": 1}), Counter({b"x": 1, b"y": 1}))
+    m.renew("c", b"z", 150)  # a's lease ended 50 ms ago: gone; b's runs until 200: kept
+    assert sorted(m.members) == ["b", "c"] and m.members["c"].lease_end == 150 + LEASE_MS
+    assert m.peer_loads("b", 199) == (Counter({b"z": 1}), Counter({b"z": 1}))
+    assert m.peer_loads("c", 199) == (Counter(), Counter({b"y": 1}))  # b within the slack of its end

@@ -166,7 +166,7 @@ async def in_flight_seen(base: str, n: int = 30) -> list[int]:
 async def test_workers_agree_on_load_and_replace_a_dead_worker(tmp_path: Path) -> None:
     async with HeldFleet(3) as fleet, serve(tmp_path, fleet.fleet()) as (base, pid):
         tasks = [asyncio.create_task(fresh("POST", base + "/v1/completions", body(i))) for i in range(12)]
-        await until(lambda: fleet.held == 12, 20, "12 requests held upstream")
+        await until(lambda: fleet.held == 12, what="12 requests held upstream")
         assert set(await in_flight_seen(base)) == {12}
         fleet.release.set()
         assert [st for st, _ in await asyncio.gather(*tasks)] == [200] * 12
@@ -175,10 +175,10 @@ async def test_workers_agree_on_load_and_replace_a_dead_worker(tmp_path: Path) -
         # A worker killed while it holds requests: replaced, and its requests no longer count.
         fleet.release.clear()
         held = [asyncio.create_task(fresh("POST", base + "/v1/completions", body(i))) for i in range(10)]
-        await until(lambda: fleet.held == 10, 20, "10 requests held upstream")
+        await until(lambda: fleet.held == 10, what="10 requests held upstream")
         victim = children(pid)[1]
         os.kill(victim, signal.SIGKILL)
-        await until(lambda: len(children(pid)) == 2 and victim not in children(pid), 30, "worker replaced")
+        await until(lambda: len(children(pid)) == 2 and victim not in children(pid), what="worker replaced")
         fleet.release.set()
         done = await asyncio.gather(*held, return_exceptions=True)
         survivors = sum(1 for d in done if isinstance(d, tuple) and d[0] == 200)
@@ -211,7 +211,7 @@ async def test_the_limits_queue_is_the_hosts(tmp_path: Path) -> None:
     limits = {"limits": {"max_in_flight": 1, "queue_size": 3, "queue_timeout_s": 30}}
     async with HeldFleet(2) as fleet, serve(tmp_path, {**fleet.fleet(), **limits}) as (base, _):
         first = [asyncio.create_task(fresh("POST", base + "/v1/completions", body(i))) for i in range(2)]
-        await until(lambda: fleet.held == 2, 20, "both instances at their cap")
+        await until(lambda: fleet.held == 2, what="both instances at their cap")
         queued = []
         for i in range(3):
             queued.append(asyncio.create_task(fresh("POST", base + "/v1/completions", body(10 + i))))

@@ -197,6 +197,7 @@ class Engine:
         output_token_ids: Sequence[int] | None = None,
         hold_blocks: bool = False,
         remote_prefill_tokens: int | None = None,
+        mm_items: Sequence[tuple[str, int, int]] = (),
     ) -> None:
         """Queue a request.  Raises ``RequestRejected`` (a 400 in the shell) if vLLM would refuse it.
 
@@ -204,7 +205,9 @@ class Engine:
         missing ones (and all, when None) are pseudo-random for ``seed`` (default: from the request id).
         ``hold_blocks``: a prefill leg, whose blocks outlive it until ``release_held``.
         ``remote_prefill_tokens``: a decode leg, whose first that many prompt tokens a prefill instance
-        holds (they are pulled rather than computed: see ``take_loads`` and ``finish_load``)."""
+        holds (they are pulled rather than computed: see ``take_loads`` and ``finish_load``).
+        ``mm_items``: the prompt's multimodal items ``(identifier, offset, length)``: keyed into its blocks
+        and published in its events' ``extra_keys`` as vLLM does."""
         rid = RequestId(request_id)
         if rid in self.scheduler.requests:
             raise DuplicateRequest(f"request {request_id!r} is already in the engine")
@@ -236,6 +239,7 @@ class Engine:
                 output_token_ids=None if output_token_ids is None else list(output_token_ids),
                 hold=hold_blocks,
                 remote_tokens=remote_prefill_tokens,
+                mm_items=mm_items,
             )
         )
 

@@ -19,12 +19,15 @@ Invariants (what vLLM guarantees and the tests check):
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 from kvrouter.lab.sim.engine.types import BlockHash, MediumName
 
-ExtraKeys = tuple[str, ...] | None
-"""One block's extra hash keys as vLLM reports them: LoRA name first, then ``cache_salt`` (block 0 only)."""
+ExtraKeys = tuple[Any, ...] | None
+"""One block's extra hash keys as vLLM reports them: LoRA name first, the block's multimodal ``(identifier,
+offset)`` pairs, then ``cache_salt`` (block 0 only)."""
 
 
 class BlockStored(msgspec.Struct, frozen=True, gc=False):

@@ -96,14 +96,44 @@ def chain_hashes(
     return cast(list[BlockHash], out.tolist())
 
 
-def block_extra_keys(lora_name: str | None, cache_salt: str | None, block_index: int) -> ExtraKeys:
-    """vLLM's ``generate_block_hash_extra_keys`` for a text request: LoRA name, then the salt on block 0."""
-    keys: list[str] = []
+def block_extra_keys(
+    lora_name: str | None,
+    cache_salt: str | None,
+    block_index: int,
+    mm: tuple[tuple[str, int], ...] = (),
+) -> ExtraKeys:
+    """vLLM's ``generate_block_hash_extra_keys`` as its events carry them: the LoRA name, the block's
+    multimodal ``(identifier, offset)`` pairs (``indexer.extra_keys.block_mm_keys``), the salt on block 0."""
+    keys: list[Any] = []
     if lora_name is not None:
         keys.append(lora_name)
+    keys.extend(mm)
     if cache_salt and block_index == 0:
         keys.append(cache_salt)
     return tuple(keys) if keys else None
+
+
+def chain_hashes_keyed(
+    tokens: TokenIds, block_size: int, *, parent: int, extras: list[int], start_block: int = 0
+) -> list[BlockHash]:
+    """``chain_hashes`` with each block's own extra-key digest (``extras[i]`` for block
+    ``start_block + i``): multimodal prompts, whose blocks carry different keys."""
+    out: list[BlockHash] = []
+    for i, e in enumerate(extras):
+        got = chain_hashes(
+            tokens,
+            block_size,
+            parent=parent,
+            first_extra=e,
+            rest_extra=e,
+            start_block=start_block + i,
+            n_blocks=1,
+        )
+        if not got:
+            break
+        out.extend(got)
+        parent = got[0]
+    return out
 
 
 def warmup() -> None:

@@ -16,11 +16,13 @@ by the request's seed (the evaluator replays runs exactly).
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 
 import numpy as np
 
+from indexer.extra_keys import block_mm_keys
 from indexer.hashing import TokenIds, id_list
-from kvrouter.lab.sim.engine.hashing import block_extra_keys, chain_hashes, extra_digest
+from kvrouter.lab.sim.engine.hashing import block_extra_keys, chain_hashes, chain_hashes_keyed, extra_digest
 from kvrouter.lab.sim.engine.types import BlockHash
 from kvrouter.types import RequestId
 
@@ -44,6 +46,7 @@ class Request:
     __slots__ = (
         "_extra0",
         "_extra_rest",
+        "_mm",
         "_none_hash",
         "_outputs",
         "block_hashes",
@@ -87,7 +90,10 @@ class Request:
         output_token_ids: list[int] | None = None,
         hold: bool = False,
         remote_tokens: int | None = None,
+        mm_items: Sequence[tuple[str, int, int]] = (),
     ) -> None:
+        """``mm_items``: the prompt's multimodal items ``(identifier, offset, length)``, keyed into its blocks
+        as vLLM keys them (``indexer.extra_keys.block_mm_keys``)."""
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
         self.num_prompt_tokens = self.num_tokens = len(prompt_token_ids)
@@ -120,18 +126,26 @@ class Request:
             self._outputs = output_token_ids[:max_tokens]
             if len(self._outputs) < max_tokens:
                 self._outputs += self._draw(max_tokens - len(self._outputs))
+        self._mm: list[tuple[tuple[str, int], ...]] = (
+            block_mm_keys(mm_items, len(prompt_token_ids) // block_size, block_size) if mm_items else []
+        )
         # Prompt blocks are hashed once, here, like vLLM's Request (the hashes survive preemption).
-        self.block_hashes: list[BlockHash] = (
-            chain_hashes(
+        self.block_hashes: list[BlockHash] = []
+        if hash_blocks and self._mm:
+            self.block_hashes = chain_hashes_keyed(
+                prompt_token_ids,
+                block_size,
+                parent=none_hash,
+                extras=[extra_digest(k) for k in self.extra_keys(0, len(self._mm))],
+            )
+        elif hash_blocks:
+            self.block_hashes = chain_hashes(
                 prompt_token_ids,
                 block_size,
                 parent=none_hash,
                 first_extra=self._extra0,
                 rest_extra=self._extra_rest,
             )
-            if hash_blocks
-            else []
-        )
 
     @property
     def is_finished(self) -> bool:
@@ -174,9 +188,13 @@ class Request:
 
     def extra_keys(self, start_block: int, end_block: int) -> list[tuple[str, ...] | None]:
         """The ``extra_keys`` list of a BlockStored event for blocks ``start_block .. end_block``."""
-        if self.lora_name is None and self.cache_salt is None:
+        if self.lora_name is None and self.cache_salt is None and not self._mm:
             return [None] * (end_block - start_block)
-        return [block_extra_keys(self.lora_name, self.cache_salt, i) for i in range(start_block, end_block)]
+        mm = self._mm
+        return [
+            block_extra_keys(self.lora_name, self.cache_salt, i, mm[i] if i < len(mm) else ())
+            for i in range(start_block, end_block)
+        ]
 
     def _draw(self, n: int) -> list[int]:
         drawn: list[int] = np.random.default_rng(self.seed).integers(0, self.vocab_size, size=n).tolist()

@@ -27,6 +27,7 @@ import itertools
 import random
 import time
 import uuid
+from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -53,6 +54,7 @@ from kvrouter.lab.sim.server.rank import Crashed, EngineRank, Stamped
 from kvrouter.lab.sim.server.stored import ResponseStore
 from kvrouter.types import Role
 from tokenizer_cache import CachedTokenizer
+from tokenizer_cache.cached import Encoded
 
 DEFAULT_PROFILE = "qwen3-32b-2xh100"
 """Default timing profile of ``kvrouter sim``: Qwen3-32B on 2 x H100 in real time.  Its steps are long
@@ -289,6 +291,9 @@ class SimInstance:
         self.background: dict[str, asyncio.Task[None]] = {}
         self.audio_bytes_seen = 0
         """Bytes of the audio upload being read (so far): a test sees an upload arrive while it is sent."""
+        self.trace_contexts: deque[str | None] = deque(maxlen=1024)
+        """The W3C ``traceparent`` of each generation request received (None: none sent), newest last:
+        the context vLLM's own spans (``--otlp-traces-endpoint``) would join."""
         self.anthropic_facts: tuple[bool, str] | None = None
         """How this template takes Anthropic requests (inline system merged, disabled-thinking effort),
         probed on the first one as vLLM probes at start."""
@@ -414,6 +419,7 @@ class SimInstance:
         request_id: str | None = None,
         hold: bool = False,
         pull: DecodeRequestParams | None = None,
+        mm_items: Sequence[tuple[str, int, int]] = (),
     ) -> InFlight:
         """Admit a request into a rank.  Raises ``BadRequest`` (vLLM would refuse it) or
         ``ServiceUnavailable`` (crashed).  ``request_id``: the client's ``X-Request-Id`` (vLLM's base of
@@ -446,6 +452,7 @@ class SimInstance:
                 lora_name=lora_name,
                 hold_blocks=hold,
                 remote_prefill_tokens=len(prompt) if pull is not None else None,
+                mm_items=mm_items,
             )
         except RequestRejected as e:
             raise BadRequest(str(e)) from None
@@ -477,11 +484,15 @@ class SimInstance:
     def reset_prefix_cache(self, *, reset_running_requests: bool = False) -> bool:
         ok = True
         for rank in self.ranks:
+            # AllBlocksCleared goes out with the next step's batch (vLLM publishes only from a step)
             ok = rank.engine.reset_prefix_cache(reset_running_requests=reset_running_requests) and ok
-            rank.wake()  # the loop publishes AllBlocksCleared after any step in flight, even when idle
         return ok
 
     async def encode_chat(self, body: Mapping[str, Any]) -> list[int]:
+        """``encode_chat_ex``'s token ids."""
+        return (await self.encode_chat_ex(body)).tokens
+
+    async def encode_chat_ex(self, body: Mapping[str, Any]) -> Encoded:
         """A chat request's prompt tokens as this instance renders it (vLLM 0.33's whole chat path, the
         tokenizer cache's ``aencode_chat_request``).  Under ``render_fault`` it renders as an instance
         started with another template would: a system line the fleet's template never writes comes first,
@@ -494,7 +505,7 @@ class SimInstance:
                     *body["messages"],
                 ],
             }
-        return (await self.tokenizer.aencode_chat_request(body)).tokens
+        return await self.tokenizer.aencode_chat_request(body)
 
     def apply_faults(self, update: FaultUpdate) -> FaultStatus:
         """Every knob of ``update`` except ``crash`` (the server's: it owns the port)."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 
 from aiohttp import web
 
@@ -31,6 +32,7 @@ from kvrouter.api.bodies import (
     completion_chunk,
     usage_chunk,
 )
+from kvrouter.api.errors import BadRequest
 from kvrouter.api.kv_transfer import decode_request, is_prefill_request
 from kvrouter.api.requests import ChatArgs, CompletionArgs, parse_chat, parse_completion
 from kvrouter.api.usage import usage
@@ -57,9 +59,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     args = parse_chat(body)
     lora = inst.lora_for(args.model)
-    tokens = await inst.encode_chat(body)
+    enc = await inst.encode_chat_ex(body)
+    tokens = enc.tokens
+    if not enc.complete:  # media the simulator cannot expand (an http(s) URL): vLLM would fetch it
+        raise BadRequest("the simulated instance cannot load this media item", param="messages")
     await inst.api_server(arrived, len(tokens), "chat")
-    return await _generate(request, inst, "chatcmpl", tokens, args, lora)
+    return await _generate(request, inst, "chatcmpl", tokens, args, lora, enc.mm)
 
 
 async def _generate(
@@ -69,6 +74,7 @@ async def _generate(
     tokens: list[int],
     args: CompletionArgs | ChatArgs,
     lora: str | None,
+    mm_items: Sequence[tuple[str, int, int]] = (),
 ) -> web.StreamResponse:
     if inst.faults.latency_s:
         await asyncio.sleep(inst.faults.latency_s)
@@ -88,6 +94,7 @@ async def _generate(
         request_id=request.headers.get("X-Request-Id"),
         hold=hold,
         pull=None if hold else decode_request(params),
+        mm_items=mm_items,
     )
     model = args.model or inst.config.model
     chat = isinstance(args, ChatArgs)

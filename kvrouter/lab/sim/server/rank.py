@@ -80,6 +80,7 @@ class EngineRank:
         lora_name: str | None = None,
         hold_blocks: bool = False,
         remote_prefill_tokens: int | None = None,
+        mm_items: Sequence[tuple[str, int, int]] = (),
     ) -> asyncio.Queue[Stamped]:
         """Queue a request; its outputs arrive on the returned channel, each with the time it was released.
         Raises ``RequestRejected``."""
@@ -92,6 +93,7 @@ class EngineRank:
             output_token_ids=output_token_ids,
             hold_blocks=hold_blocks,
             remote_prefill_tokens=remote_prefill_tokens,
+            mm_items=mm_items,
         )
         q: asyncio.Queue[Stamped] = asyncio.Queue()
         self._channels[request_id] = q
@@ -152,11 +154,10 @@ class EngineRank:
         loop = asyncio.get_running_loop()
         engine, faults = self.engine, self.faults
         while True:
-            # Events queued between steps (reset_prefix_cache's AllBlocksCleared) go out here: after the
-            # previous step's batch, before the next one, so subscribers see them in engine order.
-            pending = engine.take_events()
-            if pending and self.publisher is not None:
-                self.publisher.publish(pending)
+            # Events queued between steps (reset_prefix_cache's AllBlocksCleared) stay queued and go out
+            # first in the next step's batch, as in vLLM, whose idle engine runs no step and so publishes
+            # nothing (EngineCore.step returns early without requests): a router that starts after a
+            # reset and before traffic still holds the blocks the engine dropped.
             if not engine.has_work():
                 self._wake.clear()
                 await self._wake.wait()

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -67,6 +67,9 @@ from kvrouter.lab.sim.server.routes import (
 
 log = logging.getLogger("kvrouter.lab.sim.server.server")
 
+_GENERATION = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages"})
+"""The routes whose trace context an instance keeps (``SimInstance.trace_contexts``)."""
+
 SHUTDOWN_TIMEOUT_S = 1.0
 """Bound on waiting for handlers at shutdown (their requests were already failed)."""
 
@@ -74,7 +77,16 @@ SHUTDOWN_TIMEOUT_S = 1.0
 # ---------------------------------------------------------------------------------------------- app
 def build_app(inst: SimInstance, crash: CrashHook) -> web.Application:
     """The aiohttp app of one instance.  Its lifecycle starts and stops the instance's ranks."""
-    app = web.Application(middlewares=[api_errors, anthropic_errors], client_max_size=64 << 20)
+
+    @web.middleware
+    async def trace_context(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        if request.method == "POST" and request.path in _GENERATION:
+            inst.trace_contexts.append(request.headers.get("traceparent"))
+        return await handler(request)
+
+    app = web.Application(middlewares=[trace_context, api_errors, anthropic_errors], client_max_size=64 << 20)
     app[INSTANCE] = inst
     registry = CollectorRegistry(auto_describe=False)
     registry.register(

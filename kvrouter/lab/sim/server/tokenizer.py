@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from tokenizer_cache import CachedTokenizer
 from tokenizer_cache.loading import load_chat_template, load_hf_tokenizer
+from tokenizer_cache.mm.processors import UnknownProcessor
+from tokenizer_cache.mm.prompt import MultimodalModel
 
 SIM_CHAT_TEMPLATE = (
     "{{- bos_token -}}"
@@ -59,4 +61,8 @@ def load_sim_tokenizer(path: str, chat_template: str | None = None) -> tuple[Cac
     template = load_chat_template(chat_template) if chat_template else None
     if template is None and not getattr(hf, "chat_template", None):
         template = SIM_CHAT_TEMPLATE
-    return CachedTokenizer(hf, chat_template=template), template
+    try:  # a multimodal model directory: images expanded and keyed as vLLM does (hashed with its path)
+        mm: MultimodalModel | None = MultimodalModel.load(path, hf, model_id=path)
+    except (UnknownProcessor, OSError, KeyError, ValueError):
+        mm = None
+    return CachedTokenizer(hf, chat_template=template, multimodal=mm), template

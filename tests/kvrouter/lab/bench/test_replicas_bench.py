@@ -1,5 +1,5 @@
 """The live replicas bench's pure parts: ``--set`` overrides, the workloads it drives, and the summary
-that the README's figures and the issue's targets are read from."""
+that the figures in docs/results.md and the issue's targets are read from."""
 
 from __future__ import annotations
 

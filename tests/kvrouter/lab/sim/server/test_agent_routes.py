@@ -122,7 +122,7 @@ async def test_background_response_and_cancel(stored: SimServer, http: aiohttp.C
     async with http.post(f"{stored.url}/v1/responses", json=body) as r:
         rid = (await r.json())["id"]
 
-    await until(lambda: rid not in stored.instance.background, timeout=10)
+    await until(lambda: rid not in stored.instance.background)
     async with http.get(f"{stored.url}/v1/responses/{rid}") as r:
         assert (await r.json())["status"] == "incomplete"
     async with http.post(f"{stored.url}/v1/responses/{rid}/cancel") as r:
@@ -223,7 +223,7 @@ async def test_transcription_reads_the_upload_as_it_arrives(http: aiohttp.Client
 
         async def audio() -> AsyncIterator[bytes]:
             yield b"\0" * (1 << 20)
-            await until(lambda: s.instance.audio_bytes_seen > 0, timeout=10)
+            await until(lambda: s.instance.audio_bytes_seen > 0)
             first_seen.set()
             yield b"\1" * (1 << 20)
 

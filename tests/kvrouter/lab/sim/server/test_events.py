@@ -80,7 +80,7 @@ async def test_indexer_fed_by_a_live_fleet_agrees_with_every_engine(release: str
                                 return False
                 return True
 
-            await until(agrees, timeout=10.0, what="index == engines")
+            await until(agrees, what="index == engines")
             pubs = [rank.publisher for s in fleet.servers for rank in s.instance.ranks]
             assert all(p is not None and p.stats.sent > 2 for p in pubs)
             assert ix.counters.blocks_removed > 0 and ix.counters.clears == 4  # evictions and resets flowed
@@ -131,7 +131,7 @@ async def test_bind_mode_publishers_connect_to_the_indexer() -> None:
                             return False
                 return True
 
-            await until(agrees, timeout=10.0, what="index == engines (bind mode)")
+            await until(agrees, what="index == engines (bind mode)")
             assert any(got.matched_blocks for got in ix.lookup(prompts[-1]).instances)
         finally:
             await sub.stop()

@@ -113,13 +113,11 @@ async def test_indexer_fed_by_a_faulty_simulated_fleet_agrees_with_every_engine(
                         return False
             return True
 
-        await until(agrees, timeout=10.0)
+        await until(agrees)
         assert sum(p.stats.dropped for p in pubs) > 0
         assert sub.counters["replay_requests"] > 0
         # trust is restored when the last replay ends, which may come after the blocks already agree
-        await until(
-            lambda: all(ix.trust(SourceKey("sim-0", r)) is Trust.EXACT for r in range(2)), timeout=10.0
-        )
+        await until(lambda: all(ix.trust(SourceKey("sim-0", r)) is Trust.EXACT for r in range(2)))
         assert not ix.counters.event_errors
     finally:
         await sub.stop()

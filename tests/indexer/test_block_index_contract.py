@@ -1,11 +1,10 @@
-"""One behaviour suite for every ``IndexBackend``: the in-process ``BlockIndex`` and ``RedisBlockIndex`` on a
-real redis-server.  Literal tests with tiny hashes, then a Hypothesis state machine against a plain
-reference model (index level), then the payload-level machine of ``test_index_props`` on Redis."""
+"""The ``BlockIndex`` contract: literal tests with tiny hashes, then a Hypothesis state machine against a
+plain reference model (index level; ``test_index_props`` holds the payload-level machine)."""
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -14,41 +13,24 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
 from indexer import Indexer, SourceKey, SourceOverCapacity
-from indexer.backend import IndexBackend
 from indexer.index import BlockIndex
-from indexer.redis_index import RedisBlockIndex
 from indexer.types import Medium
-from tests.support.index_model import IndexMachine
-from tests.support.redis_server import RedisServer, redis_server
-
-__all__ = ["redis_server"]
 
 A, B, C = SourceKey("a", 0), SourceKey("a", 1), SourceKey("b", 0)
 GPU, CPU, STO = Medium.GPU, Medium.CPU, Medium.STORAGE
-Factory = Callable[..., IndexBackend]
+Factory = Callable[..., BlockIndex]
 
 
 def arr(*xs: int) -> np.ndarray:
     return np.array(xs, dtype=np.int64)
 
 
-@pytest.fixture(params=["memory", "redis"])
-def make_index(request: pytest.FixtureRequest) -> Iterator[Factory]:
-    if request.param == "memory":
-        yield lambda cap=1_000_000: BlockIndex(max_blocks_per_source=cap)
-        return
-    server: RedisServer = request.getfixturevalue("redis_server")
-    client = server.client()
-
-    def make(cap: int = 1_000_000) -> IndexBackend:
-        client.flushdb()
-        return RedisBlockIndex(client, max_blocks_per_source=cap, gc_chunk=3, clock_offset=lambda: 0.0)
-
-    yield make
-    client.close()
+@pytest.fixture
+def make_index() -> Factory:
+    return lambda cap=1_000_000: BlockIndex(max_blocks_per_source=cap)
 
 
-def view(ix: IndexBackend, chains: np.ndarray) -> dict[SourceKey, tuple[int, int, int, int, int]]:
+def view(ix: BlockIndex, chains: np.ndarray) -> dict[SourceKey, tuple[int, int, int, int, int]]:
     return {m.source: (m.blocks, m.gpu, m.cpu, m.storage, m.speculative) for m in ix.match(chains)}
 
 
@@ -166,10 +148,10 @@ def test_capacity_is_enforced_per_source_and_medium(make_index: Factory) -> None
     assert ix.blocks(A) == {GPU: 3, CPU: 1, STO: 0}
 
 
-def test_the_indexer_runs_on_either_backend(make_index: Factory) -> None:
+def test_the_indexer_reads_what_it_stored() -> None:
     from indexer.encode import PayloadEncoder
 
-    ix = Indexer(4, index=make_index())
+    ix = Indexer(4)
     enc = PayloadEncoder()
     toks = list(range(1, 13))
     ix.apply_payload("v", enc.batch([enc.stored([1, 2], None, toks[:8], 4)], ts=1.0))
@@ -348,32 +330,6 @@ _SETTINGS = settings(
 def test_backend_against_the_reference_model(make_index: Factory) -> None:
     machine = type("Machine", (BackendMachine,), {"factory": staticmethod(make_index)})
     run_state_machine_as_test(machine, settings=_SETTINGS)
-
-
-def test_payload_level_machine_on_redis(redis_server: RedisServer) -> None:
-    """``test_index_props``' machine (vLLM payloads of every 0.20+ release, salts, offload placeholders,
-    duplicates, holes) with the Indexer on the Redis backend."""
-    client = redis_server.client()
-
-    class OnRedis(IndexMachine):
-        @initialize(seed=st.integers(0, 2**32 - 1), release=st.sampled_from(["0.20.0", "0.33.0"]))
-        def setup(self, seed: int, release: str) -> None:
-            IndexMachine.setup(self, seed, release)
-            client.flushdb()
-            self.ix = Indexer(self.ix.block_size, index=RedisBlockIndex(client, gc_chunk=3))
-
-    try:
-        run_state_machine_as_test(
-            OnRedis,
-            settings=settings(
-                max_examples=30,
-                stateful_step_count=30,
-                deadline=None,
-                suppress_health_check=list(HealthCheck),
-            ),
-        )
-    finally:
-        client.close()
 
 
 def test_reference_model_sanity() -> None:

@@ -1,0 +1,190 @@
+"""CPU per request of tracing, measured A/B in routers that keep running (``kvrouter bench gateway
+--tracing-ab ROUNDS``): the machine's load drifts over minutes, so separate runs differ by more than the
+cost looked for; phases of a few seconds, interleaved, see the same load.
+
+::
+
+    fake workers (peerbench's fakeworker.py, 4 ports)
+    router OFF: kvrouter serve --workers 1, tracing off
+    router ON:  kvrouter serve --workers 1, OTEL_TRACES_EXPORTER=otlp, sampler parentbased_always_off
+                (a request is traced when its traceparent is sampled), spans to an OTLP receiver here
+    each round: OFF (no traceparent) │ ON, none (no traceparent: the path of a request tracing passes by)
+                │ ON, unsampled (an unsampled traceparent) │ ON, sampled (a sampled one)
+                each phase: N chat requests, 8 concurrent, on-CPU time of the router's every thread
+                (/proc/PID/task/*/schedstat, nanoseconds) over the phase / N
+
+Reported: the median over rounds of each phase's CPU per request, and of its difference from the same
+round's OFF phase (another process: its placement on the cores differs) and ON-none phase (the same
+process: what tracing adds to a request, the process's own costs cancelled).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from tokenizer_cache import default_tokenizer_path
+
+from .otlp_sink import OtlpSink
+
+_MODEL = "fake-model"
+
+
+def on_cpu_ns(pid: int) -> int:
+    total = 0
+    for t in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{t}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def _ready(url: str, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession() as s:
+        while time.monotonic() < deadline:
+            try:
+                async with s.get(url) as r:
+                    if r.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.2)
+    raise TimeoutError(url)
+
+
+def _traceparent(rng: random.Random, sampled: bool) -> str:
+    return f"00-{rng.getrandbits(128):032x}-{rng.getrandbits(64):016x}-{'01' if sampled else '00'}"
+
+
+async def _phase(base: str, pid: int, n: int, mode: str, rng: random.Random, system: str) -> float:
+    """CPU ns per request of ``n`` chat requests, 8 at a time."""
+    sem = asyncio.Semaphore(8)
+    conn = aiohttp.TCPConnector(limit=8)
+    async with aiohttp.ClientSession(connector=conn) as s:
+
+        async def one(i: int) -> None:
+            h = {} if mode in ("off", "none") else {"traceparent": _traceparent(rng, mode == "sampled")}
+            body = {
+                "model": _MODEL,
+                "max_tokens": 8,
+                "messages": [{"role": "system", "content": system}, {"role": "user", "content": f"q {i}"}],
+            }
+            async with sem, s.post(base + "/v1/chat/completions", json=body, headers=h) as r:
+                await r.read()
+                if r.status != 200:
+                    raise RuntimeError(f"status {r.status}")
+
+        await asyncio.gather(*(one(i) for i in range(50)))  # warm connections, outside the count
+        c0 = on_cpu_ns(pid)
+        await asyncio.gather(*(one(i) for i in range(n)))
+        return (on_cpu_ns(pid) - c0) / n
+
+
+def tracing_ab(rounds: int, n: int, peer_python: Path, fakeworker: Path) -> dict[str, Any]:
+    ports = [_free_port() for _ in range(4)]
+    tmp = Path(tempfile.mkdtemp(prefix="kvrouter-tracing-ab-"))
+    fleet = tmp / "fleet.yaml"
+    lines = ["block_size: 16", f"tokenizer: {default_tokenizer_path()}", "instances:"]
+    lines += [f"  - name: w{i}\n    url: http://127.0.0.1:{p}" for i, p in enumerate(ports)]
+    fleet.write_text("\n".join(lines) + "\n")
+    sink = OtlpSink()
+    endpoint = sink.start()
+    procs: list[subprocess.Popen[bytes]] = []
+    log = open(tmp / "log.txt", "wb")  # noqa: SIM115 - closed in the finally
+    try:
+        procs.append(
+            subprocess.Popen(
+                [str(peer_python), str(fakeworker), "--ports", *map(str, ports)], stdout=log, stderr=log
+            )
+        )
+        routers = {}
+        for name, env in (
+            ("off", {}),
+            (
+                "on",
+                {
+                    "OTEL_TRACES_EXPORTER": "otlp",
+                    "OTEL_TRACES_SAMPLER": "parentbased_always_off",
+                    "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+                },
+            ),
+        ):
+            port = _free_port()
+            cmd = [
+                sys.executable,
+                "-m",
+                "kvrouter.cli",
+                "--log-level",
+                "WARNING",
+                "serve",
+                "--fleet",
+                str(fleet),
+            ]
+            cmd += ["--port", str(port), "--workers", "1"]
+            p = subprocess.Popen(cmd, stdout=log, stderr=log, env={**os.environ, **env})
+            procs.append(p)
+            routers[name] = (f"http://127.0.0.1:{port}", p.pid)
+
+        async def drive() -> dict[str, list[float]]:
+            for base, _ in routers.values():
+                await _ready(base + "/livez")
+            rng = random.Random(7)
+            system = " ".join(f"word{rng.randint(0, 5000)}" for _ in range(300))
+            got: dict[str, list[float]] = {"off": [], "none": [], "unsampled": [], "sampled": []}
+            order = [("off", "off"), ("none", "on"), ("unsampled", "on"), ("sampled", "on")]
+            for k in range(rounds):
+                for mode, router in order[k % 4 :] + order[: k % 4]:  # each mode first in turn
+                    base, pid = routers[router]
+                    got[mode].append(await _phase(base, pid, n, mode, rng, system))
+            return got
+
+        got = asyncio.run(drive())
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        log.close()
+        sink.stop()
+    us = {m: [round(v / 1e3, 1) for v in vs] for m, vs in got.items()}
+    return {
+        "rounds": rounds,
+        "requests_per_phase": n,
+        "cpu_us_per_req": us,
+        "median_cpu_us_per_req": {m: round(statistics.median(v), 1) for m, v in us.items()},
+        "added_cpu_us_per_req_paired_median": {
+            f"{m}-{base}": round(statistics.median(a - b for a, b in zip(us[m], us[base], strict=True)), 1)
+            for m, base in (
+                ("none", "off"),
+                ("unsampled", "off"),
+                ("sampled", "off"),
+                ("unsampled", "none"),
+                ("sampled", "none"),
+            )
+        },
+        "spans_received": sink.spans,
+    }

@@ -1,0 +1,55 @@
+"""Routing policies, one module each, and their registry (``registry.PolicySettings``).  Each ranks the
+candidate targets of one request; limits are applied by the router.
+
+    kv-aware      cost of the prefill still to compute here, queued prefill and load  (``kv_aware``)
+    prefix-hash   consistent hashing with bounded load over the prompt's opening    (``prefix_hash``)
+    session       where the session's last request went, within limits; else kv-aware  (``session``)
+    least-loaded  fewest requests in flight                                          (``least_loaded``)
+    round-robin   in turn                                                            (``round_robin``)
+    random        uniformly (seeded)                                                 (``random_order``)
+"""
+
+from .base import MIN_WEIGHT, Candidate, Policy, PolicyConfig, PolicyContext, RouteView, load_cap
+from .kv_aware import KV_AWARE, RING_KEY_BLOCKS, KvAware, KvAwareSettings
+from .least_loaded import LEAST_LOADED, LeastLoaded, LeastLoadedSettings
+from .prefix_hash import PREFIX_HASH, PrefixHash, PrefixHashSettings
+from .random_order import RANDOM, Random, RandomSettings
+from .registry import ALL_POLICIES, BUILT_IN, READS_INDEX, PolicySettings, make_policy, policy_name
+from .round_robin import ROUND_ROBIN, RoundRobin, RoundRobinSettings
+from .session import SESSION, SessionAffinity, SessionSettings, SessionTable
+
+__all__ = [
+    "ALL_POLICIES",
+    "BUILT_IN",
+    "KV_AWARE",
+    "LEAST_LOADED",
+    "MIN_WEIGHT",
+    "PREFIX_HASH",
+    "RANDOM",
+    "READS_INDEX",
+    "RING_KEY_BLOCKS",
+    "ROUND_ROBIN",
+    "SESSION",
+    "Candidate",
+    "KvAware",
+    "KvAwareSettings",
+    "LeastLoaded",
+    "LeastLoadedSettings",
+    "Policy",
+    "PolicyConfig",
+    "PolicyContext",
+    "PolicySettings",
+    "PrefixHash",
+    "PrefixHashSettings",
+    "Random",
+    "RandomSettings",
+    "RoundRobin",
+    "RoundRobinSettings",
+    "RouteView",
+    "SessionAffinity",
+    "SessionSettings",
+    "SessionTable",
+    "load_cap",
+    "make_policy",
+    "policy_name",
+]

@@ -1,0 +1,24 @@
+"""Seeing one request end to end: OpenTelemetry traces and the access log.
+
+::
+
+    config.py     TracingConfig (fleet file ``tracing:`` + OTEL_* variables), AccessLogConfig
+    record.py     RequestRecord: one request's facts and phases, recorded as it goes (no SDK)
+    export.py     SpanSink: the phases as OpenTelemetry SDK spans, exported over OTLP
+    telemetry.py  Telemetry: which requests are traced or logged; their end (spans out, one log line)
+
+The request path (``pipeline``) holds the hooks; front doors only begin and end a record.
+"""
+
+from .config import AccessLogConfig, TracingConfig
+from .record import RequestRecord, parse_traceparent, traceparent
+from .telemetry import Telemetry
+
+__all__ = [
+    "AccessLogConfig",
+    "RequestRecord",
+    "Telemetry",
+    "TracingConfig",
+    "parse_traceparent",
+    "traceparent",
+]

@@ -1,0 +1,137 @@
+"""A request's media items: what each one is, and how the router learns its identifier and its size.
+
+Each media part becomes a ``MediaRef`` (modality, URL, uuid) in prompt order while the messages are
+converted (``tokenizer_cache.messages``).  ``MediaResolver.resolve`` then gives each image what its block
+keys and placeholder count need::
+
+    uuid, no bytes      -> identifier = uuid; size from an earlier sighting of that uuid, or not needed
+                           (a family whose count does not depend on size)               path "uuid"
+    data: URL           -> bytes (base64, checked as vLLM checks it) -> header -> size; identifier =
+                           the uuid if given, else the hash of the bytes                 path "data"
+    anything else       -> no size, or no identifier: the prompt is exact only up to
+                           this item's placeholder                                       path "prefix_only"
+
+http(s) URLs are not fetched: fetching would put the router on the media host's latency and make it an
+outbound client for untrusted URLs.  Such an item ends the exact prefix (its uuid, when given, still names
+it, and a size seen before for that uuid completes it).  Bad bytes (broken base64, an undecodable image, a
+data URL that is not base64) are refused the way vLLM refuses them (``MediaError``: a 400).
+"""
+
+from __future__ import annotations
+
+import binascii
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any, Literal, NamedTuple
+
+import pybase64
+
+from ..errors import ChatTemplateError, UnsupportedContentError
+from .hasher import HashAlgorithm, ImageBytes, hash_kwargs
+from .image_header import ImageInfo, ImageReadError, ImageTooLarge, probe_image
+
+__all__ = ["ItemPath", "MediaError", "MediaRef", "MediaResolver", "Resolved", "data_url_bytes"]
+
+ItemPath = Literal["uuid", "uuid_cached", "data", "prefix_only"]
+Modality = Literal["image", "audio", "video"]
+
+# vLLM's conversion of a loaded image (ImageMediaIO defaults), part of the hash when it made a new image.
+_IO_CONFIG: Mapping[str, Any] = {"image_mode": "RGB", "rgba_background_color": (255, 255, 255)}
+
+
+class MediaError(ChatTemplateError):
+    """Media vLLM refuses with a 400 (bad base64, an image it cannot load, a data URL that is not base64)."""
+
+
+class MediaRef(NamedTuple):
+    """One media part of the prompt, in order."""
+
+    modality: Modality
+    url: str | None
+    uuid: str | None
+
+
+class Resolved(NamedTuple):
+    """What the router knows of one item: its identifier (None: unknown), its size (None: unknown or not
+    needed), and the path that told it."""
+
+    identifier: str | None
+    info: ImageInfo | None
+    path: ItemPath
+
+
+def data_url_bytes(url: str) -> bytes:
+    """The bytes of a ``data:`` URL as vLLM's connector decodes them (``MediaError`` where it fails)."""
+    spec, sep, data = url[5:].partition(",")
+    if not sep:
+        raise MediaError(f"Invalid data URL {url[:32]!r}: missing ',' separator.")
+    _, sep, encoding = spec.rpartition(";")
+    if not sep or encoding != "base64":  # vLLM answers 501 (NotImplementedError): route it, it decides
+        raise UnsupportedContentError("Only base64 data URLs are supported for now.", "media_not_base64")
+    try:
+        return bytes(pybase64.b64decode(data, validate=True))  # vLLM's own decoder, and its checks
+    except (binascii.Error, ValueError) as e:
+        raise MediaError(f"Failed to decode base64 media: {e}") from None
+
+
+class MediaResolver:
+    """Resolves one model's media items; thread-safe.  ``model_id``: vLLM's ``--model`` as given (it is
+    hashed with every item's bytes); ``sized``: whether the model's placeholder count needs the size."""
+
+    def __init__(
+        self,
+        model_id: str,
+        *,
+        sized: bool,
+        algorithm: HashAlgorithm = "blake3",
+        max_image_pixels: int = 0,
+        uuid_sizes: int = 65536,
+    ) -> None:
+        self.model_id = model_id
+        self.sized = sized
+        self.algorithm: HashAlgorithm = algorithm
+        self.max_image_pixels = max_image_pixels
+        self._sizes: OrderedDict[str, ImageInfo] = OrderedDict()
+        self._cap = uuid_sizes
+        self._lock = threading.Lock()
+
+    def _remember(self, uuid: str, info: ImageInfo) -> None:
+        with self._lock:
+            self._sizes[uuid] = info
+            self._sizes.move_to_end(uuid)
+            while len(self._sizes) > self._cap:
+                self._sizes.popitem(last=False)
+
+    def _recall(self, uuid: str) -> ImageInfo | None:
+        with self._lock:
+            info = self._sizes.get(uuid)
+            if info is not None:
+                self._sizes.move_to_end(uuid)
+            return info
+
+    def resolve(self, ref: MediaRef) -> Resolved:
+        if ref.modality != "image":
+            return Resolved(None, None, "prefix_only")
+        url = ref.url
+        if url and url[:5].lower() == "data:":
+            data = data_url_bytes(url)
+            try:
+                info = probe_image(data, max_pixels=self.max_image_pixels)
+            except ImageTooLarge as e:  # what vLLM answers was not recorded: let it answer
+                raise UnsupportedContentError(str(e), "media_too_large") from None
+            except ImageReadError as e:
+                raise MediaError(str(e)) from None
+            if ref.uuid is not None:
+                self._remember(ref.uuid, info)
+                return Resolved(ref.uuid, info, "data")
+            item = ImageBytes(data, _IO_CONFIG if info.converted else None)
+            return Resolved(hash_kwargs(self.algorithm, model_id=self.model_id, image=item), info, "data")
+        if ref.uuid is None:
+            return Resolved(None, None, "prefix_only")
+        if not self.sized:
+            return Resolved(ref.uuid, None, "uuid")
+        seen = self._recall(ref.uuid)
+        if seen is None:
+            return Resolved(ref.uuid, None, "prefix_only")
+        return Resolved(ref.uuid, seen, "uuid_cached")
