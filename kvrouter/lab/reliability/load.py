@@ -272,7 +272,7 @@ async def load(cfg: LoadConfig) -> ScenarioResult:
     return ScenarioResult(
         "load",
         "Load",
-        f"Sustained load {cfg.sustain_s:.0f} s, then 2x",
+        f"Sustained load {cfg.sustain_s:.0f} s, then {' and '.join(f'{k}x' for k in cfg.overload)}",
         figures,
         time.perf_counter() - t_start,
         notes=notes,
