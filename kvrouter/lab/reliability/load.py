@@ -265,7 +265,7 @@ async def load(cfg: LoadConfig) -> ScenarioResult:
         log.close()
     figures = _figures(cfg, r, phases, direct, sustained, rec_shots, samples, before, after, peak_rss)
     for over, over_shots, _ in overloads:
-        figures += overload_figures(r, cap, over.rate, over.stats, over_shots)
+        figures += overload_figures(r, cap, over.rate, over.stats, over_shots, cfg.hold_p99_ms / 1e3)
     figures += _fleet_figures(capacity, fleet_phases)
     notes = [f"{p.name}: {_brief(p.stats, p.errors)}" for p in phases]
     notes += [f"{o.name}: gateway refusals by reason: {reasons(why)}" for o, _, why in overloads]
