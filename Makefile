@@ -77,8 +77,9 @@ golden-wire: $(STAMP)
 golden-wire-check: $(STAMP)
 	$(BIN)/python tools/record_wire_golden.py --check
 
-# vLLM's own scheduler + block pool (no GPU), run from the venv that has vllm==0.33.0 installed.
-VLLM_PYTHON ?= /work/vllm/venv/bin/python
+# vLLM's own scheduler + block pool (no GPU), run from the venv that has vllm==0.33.0 installed (the one
+# `make parity-fixtures` creates, unless VLLM_PYTHON names another).
+VLLM_PYTHON ?= $(HOME)/.cache/kvrouter/vllm-$(VLLM_VERSION)-venv/bin/python
 .PHONY: golden-scheduler golden-scheduler-check
 golden-scheduler:
 	$(VLLM_PYTHON) tools/record_vllm_scheduler.py

@@ -28,6 +28,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import msgspec
 
@@ -65,6 +66,10 @@ class RoutingConfig(PolicySettings, frozen=True):
     """Speculative index entries for requests just sent (a burst of a new prefix stays together)."""
     shadow: bool = True
     """Shadow scoring: what every other policy would have chosen, as metrics."""
+    shadow_every: int = 16
+    """Shadow-score one decision in this many (1: every one).  Asking five other policies costs about
+    as much CPU as the decision itself; a sample tells the same shares (``kvrouter_shadow_scored_total``
+    counts the decisions scored)."""
     disaggregation: DisaggSettings = DisaggSettings()
     """How models whose instances have prefill/decode roles are split (``routing.disagg``)."""
 
@@ -144,6 +149,10 @@ class GatewayConfig(msgspec.Struct, frozen=True):
     lean_client: bool = True
     """Send routed requests to http:// upstreams through the gateway's own HTTP/1.1 client
     (``gateway/upstream_http.py``), which costs less CPU per request than aiohttp's; false: aiohttp's."""
+    front: Literal["aiohttp", "lean"] = "lean"
+    """The server in front: ``lean`` serves the routed routes (completions, chat, responses, messages,
+    invocations, pooling: POST) with its own HTTP/1.1 core (``gateway/lean``) and hands every other
+    request's connection to aiohttp on the same port; ``aiohttp``: aiohttp serves every route."""
 
 
 class ParityConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -182,10 +191,19 @@ class ResponsesConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """An id not remembered (made before this router started, or by a replica whose news did not arrive) is
     looked for on every healthy instance (``GET /v1/responses/{id}``) before answering 404."""
     probe_timeout_s: float = 2.0
+    history_entries: int = 10_000
+    """Stored responses whose conversation (the messages vLLM rendered and the output it answered) each
+    router process keeps, so that a continuation (``previous_response_id``) is tokenized as vLLM renders it
+    and routed on its cached blocks like any request (0: none kept; continuations go to their instance
+    without tokens)."""
+    history_bytes: int = 64 << 20
+    """The most those conversations hold in all, as JSON bytes (the least recently used go first)."""
 
     def validate(self) -> None:
         if self.affinity_ttl_s <= 0 or self.max_entries < 1 or self.probe_timeout_s <= 0:
             raise ConfigError("responses: affinity_ttl_s and probe_timeout_s must be > 0, max_entries >= 1")
+        if self.history_entries < 0 or self.history_bytes < 0:
+            raise ConfigError("responses: history_entries and history_bytes must be >= 0")
 
 
 class AdapterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -266,6 +284,8 @@ class RouterFleetConfig(FleetConfig, frozen=True, forbid_unknown_fields=True):
             raise ConfigError("limits: queue_size must be >= 0 and queue_timeout_s > 0")
         if self.limits.max_requests < 0 or self.limits.max_loop_lag_s < 0:
             raise ConfigError("limits: max_requests and max_loop_lag_s must be >= 0")
+        if self.routing.shadow_every < 1:
+            raise ConfigError("routing.shadow_every must be at least 1")
 
     def router_config(self, policy: str | None = None) -> RouterConfig:
         r = self.routing

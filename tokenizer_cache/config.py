@@ -48,6 +48,13 @@ class CacheConfig(msgspec.Struct, frozen=True, kw_only=True):
     the next request usually leaves the cached text there (a new question after a shared prefix, the next
     chat turn), and the re-tokenized part shrinks with the distance to the last candidate.  0: uniform."""
 
+    min_new_chars: int = 256
+    """A text spliced from a cached entry is cached itself only when it goes at least this many
+    characters past the prefix it shares with that entry.  A request that differs from a cached text by a
+    short tail (a question after a shared system prompt) costs a lookup and a short encode; caching it
+    too would cost more than re-encoding its tail later, and fill the cache with near-copies of one
+    prompt that evict the entries worth keeping.  0: every spliced text is cached."""
+
     executor_workers: int = msgspec.field(default_factory=_default_workers)
     """Threads of the executor that the async methods use when no executor is passed in."""
 
@@ -73,6 +80,8 @@ class CacheConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise TokenizerLoadError("seam_tail_tokens and seam_tail_stride_tokens must be >= 0")
         if self.inline_chars < 0:
             raise TokenizerLoadError("inline_chars must be >= 0")
+        if self.min_new_chars < 0:
+            raise TokenizerLoadError("min_new_chars must be >= 0")
         if self.executor_workers < 1:
             raise TokenizerLoadError("executor_workers must be >= 1")
         return self

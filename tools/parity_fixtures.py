@@ -10,8 +10,9 @@ to ``/v1/responses/render`` and ``/v1/messages/render``:
 - ``corpus.json``: the request bodies (so the tests do not depend on the generator);
 - ``<model>.json``: per route and case, the token ids (chat, responses, messages: ``[k, *tail]``, the first
   ``k`` ids shared with the previous case's of that route, then the rest) or ``{"error": status,
-  "message": ...}``; with the model directory's fingerprint, the vLLM and transformers versions and the
-  server flags.
+  "message": ...}``; with the model directory's fingerprint, the versions of vLLM and of the libraries
+  that render and tokenize (transformers, tokenizers, jinja2: the tests name them when parity fails
+  where ours differ) and the server flags.
 
 The virtualenv: ``--venv`` or ``$PARITY_VLLM_VENV``; else ``/work/vllm/venv`` when it exists; else one is
 created under ``~/.cache/kvrouter/`` with ``pip install vllm==VERSION`` (several GB; no GPU needed).
@@ -86,7 +87,7 @@ def venv_python(args: argparse.Namespace) -> Path:
 def versions(python: Path) -> dict[str, str]:
     code = (
         "import importlib.metadata as m, json; "
-        "print(json.dumps({p: m.version(p) for p in ('vllm', 'transformers')}))"
+        "print(json.dumps({p: m.version(p) for p in ('vllm', 'transformers', 'tokenizers', 'jinja2')}))"
     )
     out = subprocess.run([str(python), "-c", code], check=True, capture_output=True, text=True).stdout
     return dict(json.loads(out.strip().splitlines()[-1]))

@@ -16,7 +16,8 @@ fields (requests with ``num_cached_tokens``, steps with the published payload an
 * the connector's settings (``self_describing_kv_events``, ``blocks_per_chunk``).
 
 Run with the vLLM venv: ``/work/vllm/venv/bin/python tools/record_vllm_offload.py [--check]``
-(``make golden-offload``).  Block hashes are sha256, NONE_HASH seeded from PYTHONHASHSEED=0 (set here).
+(``make golden-offload``).  Block hashes are sha256 with vLLM's fixed default NONE_HASH seed; the process
+runs with PYTHONHASHSEED=0 (set here) for the order of set iteration.
 """
 
 from __future__ import annotations
@@ -30,17 +31,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+if os.environ.get("PYTHONHASHSEED") != "0":
+    # The connector announces a batch's chunks in the iteration order of a set of bytes keys, which
+    # Python's hash randomisation changes per process: a fixed seed makes recordings reproducible.
+    # Checked before importing the scheduler recorder, which drops the variable from the environment
+    # (so vLLM seeds NONE_HASH from its fixed default, as for the scheduler fixtures).
+    os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "PYTHONHASHSEED": "0"})
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from record_vllm_scheduler import Req, _dump, _toks, _vllm_version, _write_model_config
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-if os.environ.get("PYTHONHASHSEED") != "0":
-    # The connector announces a batch's chunks in the iteration order of a set of bytes keys, which
-    # Python's hash randomisation changes per process: a fixed seed makes recordings reproducible (and
-    # seeds vLLM's NONE_HASH from "0" instead of its default string: block hashes differ from the
-    # scheduler recorder's, which no test compares).
-    os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "PYTHONHASHSEED": "0"})
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "vllm_offload"
 VOCAB = 1000
@@ -80,6 +82,40 @@ def _traffic(seed: int) -> list[Req]:
     ]
 
 
+def _whole_prompts(seed: int) -> list[Req]:
+    """Block-aligned prompts met again once they have left the GPU: the CPU tier holds every block of
+    them, and vLLM loads all of it (then recomputes the last token); two at once share a prefix whose
+    chunks one of them is loading."""
+    rng = random.Random(seed)
+    system = _toks(rng, 64)
+    return [
+        Req("a", 0, list(system), 2),
+        Req("b", 4, system + _toks(rng, 32), 2),
+        Req("c", 8, _toks(rng, 100), 2),
+        Req("d", 16, _toks(rng, 120), 2),
+        Req("e", 24, list(system), 2),
+        Req("f", 30, _toks(rng, 150), 2),
+        Req("g", 38, system + _toks(rng, 16), 2),
+        Req("h", 38, list(system), 2),
+    ]
+
+
+def _eviction_order(seed: int) -> list[Req]:
+    """Evictions while requests run: a long prompt prefilled 32 tokens a step stores chunk after chunk into
+    a tier of 6 (evicting a running request's tail first, then its own earlier tail chunks); a prompt
+    whose prefix is still on GPU but evicted from CPU (stored again); a prefix reused by a request that
+    runs long while another prompt fills the tier."""
+    rng = random.Random(seed)
+    q = _toks(rng, 48)
+    return [
+        Req("q", 0, q, 2),
+        Req("p", 1, _toks(rng, 160), 2),
+        Req("r", 6, q + _toks(rng, 16), 2),
+        Req("s", 12, q + _toks(rng, 16), 12),
+        Req("t", 14, _toks(rng, 96), 2),
+    ]
+
+
 def scenarios() -> list[Scenario]:
     out = []
     for self_describing in (False, True):
@@ -99,6 +135,31 @@ def scenarios() -> list[Scenario]:
                     requests=_traffic(17),
                 )
             )
+    out.append(
+        Scenario(
+            "cpu_placeholders_whole_prompts",
+            "OffloadingConnector, CPU tier of 24 one-block chunks, placeholders; a 14-block GPU pool; a "
+            "64-token system prompt asked alone again after long prompts pushed it out of the GPU (loaded "
+            "whole from CPU, reported cached whole), then asked by two requests in one step (the second "
+            "waits for the first one's load).",
+            num_blocks=14,
+            cpu_chunks=24,
+            self_describing=False,
+            requests=_whole_prompts(29),
+        )
+    )
+    out.append(
+        Scenario(
+            "cpu_placeholders_eviction_order",
+            "OffloadingConnector, CPU tier of 6 one-block chunks, placeholders; a 20-block GPU pool and "
+            "32 tokens a step: evictions while the storing requests still run (which chunk goes first).",
+            num_blocks=20,
+            cpu_chunks=6,
+            self_describing=False,
+            max_num_batched_tokens=32,
+            requests=_eviction_order(31),
+        )
+    )
     return out
 
 

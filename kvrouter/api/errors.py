@@ -10,6 +10,7 @@ Every error the gateway or the simulated vLLM answers has vLLM's shape::
     ├── BadRequest          400  the request is malformed or asks for something refused
     ├── Unauthorized        401  missing or unknown API key, admin token required
     ├── NotFound            404  unknown model (or route)
+    ├── PayloadTooLarge     413  the body is longer than the gateway accepts
     ├── Overloaded          429  shed: come back later (Retry-After)
     ├── InternalError       500  a bug, never the client's fault
     ├── BadGateway          502  the chosen instance failed (before or during the answer)
@@ -57,6 +58,12 @@ class NotFound(ApiError):
     status = 404
     err_type = "NotFoundError"
     reason = "not_found"
+
+
+class PayloadTooLarge(ApiError):
+    status = 413
+    err_type = "RequestEntityTooLargeError"
+    reason = "payload_too_large"
 
 
 class Overloaded(ApiError):

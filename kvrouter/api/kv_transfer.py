@@ -24,12 +24,12 @@ LegKind = Literal["completions", "chat", "responses"]
 """The routes vLLM 0.33's P/D proxy splits; every other kind is served whole."""
 
 
+_LEG_KINDS = frozenset(get_args(LegKind))
+
+
 def leg_kind(kind: str) -> LegKind | None:
     """``kind`` as a splittable route, or None when requests of that kind are served whole."""
-    for k in get_args(LegKind):
-        if k == kind:
-            return cast(LegKind, k)
-    return None
+    return cast(LegKind, kind) if kind in _LEG_KINDS else None
 
 
 PREFILL_REQUEST: dict[str, Any] = {

@@ -46,6 +46,14 @@ def prefix_text(messages: list[dict[str, Any]] | None = None, prompt: str | list
     return ""
 
 
+class StoredConversation(msgspec.Struct, frozen=True):
+    """What vLLM keeps of a stored response for a later ``previous_response_id``: the chat messages it
+    rendered (its ``msg_store`` entry) and the response's output items (as they were answered)."""
+
+    messages: list[dict[str, Any]]
+    output: list[dict[str, Any]]
+
+
 class ParsedRequest(msgspec.Struct):
     """What the gateway reads of a request; ``body`` is forwarded."""
 
@@ -74,6 +82,9 @@ class ParsedRequest(msgspec.Struct):
     """Responses: the stored response this one continues (it must go where that one is stored)."""
     store: bool = True
     """Responses: the client asks the instance to store the answer (vLLM's default)."""
+    history: StoredConversation | None = None
+    """Responses: what the instance holds for ``previous_response_id``, when this router saw it answered
+    (``pipeline.response_history``): the continuation is then tokenized as vLLM renders it."""
     mm_items: tuple[tuple[str, int, int], ...] = ()
     """The prompt's multimodal items as vLLM keys them, ``(identifier, offset, length)``: set by the token
     source, mixed into the block hashes (``indexer.extra_keys``)."""

@@ -59,6 +59,20 @@ def parse_responses(body: dict[str, Any], raw: bytes, affinity_header: str | Non
     return req
 
 
+def completed_output(obj: object) -> list[dict[str, Any]] | None:
+    """The output items of a finished response object, or of the one a stream's final event carries (None
+    for anything else: a response still in progress has no final output)."""
+    if not isinstance(obj, dict):
+        return None
+    resp = obj if obj.get("object") == "response" else obj.get("response")
+    if not isinstance(resp, dict) or resp.get("object") != "response":
+        return None
+    out = resp.get("output")
+    if resp.get("status") not in ("completed", "incomplete") or not isinstance(out, list):
+        return None
+    return [o for o in out if isinstance(o, dict)]
+
+
 def response_id_of(obj: object) -> str | None:
     """The id of a response object, or of the response an event carries (None for anything else)."""
     if not isinstance(obj, dict):

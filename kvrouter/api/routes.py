@@ -4,6 +4,7 @@ cannot drift apart.
 ::
 
     ROUTED        path ─▶ Kind   the body is read, tokenized and routed by its prompt (POST)
+    INVOCATION_PATHS             SageMaker's /invocations: chat or completions, as the body reads
     STORED        /v1/responses/{id}[/cancel]   to the instance holding the stored response
     ADMIN_PATHS   the router's own operator routes and vLLM's, guarded by ``gateway.admin_token``
 
@@ -34,6 +35,9 @@ ROUTED: dict[str, Kind] = {
     "/v2/embed": "pooling",
 }
 """vLLM's routes whose body is read and routed by its prompt, and how each is read."""
+
+INVOCATION_PATHS: dict[Kind | None, str] = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+"""Where an ``/invocations`` request goes, by the kind its body reads as (SageMaker's contract)."""
 
 STORED = re.compile(r"^/v1/responses/([^/?]+)(?:/cancel)?$")
 """A stored response's routes (GET it, POST .../cancel); group 1 is its id."""

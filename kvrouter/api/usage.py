@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from .responses import response_id_of
+from .responses import completed_output, response_id_of
 
 _RESP = b'"object":"response"'
 
@@ -76,10 +76,16 @@ class UsageWatcher:
     Only the bytes around a possible usage block (or response object) are decoded: a stream's chunks are
     scanned for ``"usage"``, and at most one partial event is kept between chunks."""
 
-    def __init__(self, on_id: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        on_id: Callable[[str], None] | None = None,
+        on_output: Callable[[str, list[dict[str, Any]]], None] | None = None,
+    ) -> None:
         self._tail = b""
         self.report: UsageReport | None = None
         self._on_id = on_id
+        self._on_output = on_output
+        """Told a finished response's id and output items, once (they come with its usage)."""
         self.response_id: str | None = None
 
     @property
@@ -120,3 +126,9 @@ class UsageWatcher:
         got = read_usage(obj)
         if got is not None:
             self.report = got
+        if self._on_output is not None:
+            out = completed_output(obj)
+            rid = response_id_of(obj)
+            if out is not None and rid is not None:
+                self._on_output(rid, out)
+                self._on_output = None

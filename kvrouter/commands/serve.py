@@ -62,6 +62,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--no-events", action="store_true", help="do not subscribe to KV events (load/prefix only)"
     )
     p.add_argument(
+        "--front",
+        choices=("lean", "aiohttp"),
+        default=None,
+        help="override gateway.front: the server in front of the routed routes",
+    )
+    p.add_argument(
         "--workers",
         type=int,
         default=None,
@@ -120,6 +126,11 @@ def _serve(
             "worker": getattr(host, "me", None),
         },
     )
+    if (args.front or cfg.gateway.front) == "lean":
+        from ..gateway.lean import run
+
+        run(app, gw, host=args.host, port=args.port, reuse_port=reuse_port)
+        return 0
     web.run_app(
         app,
         host=args.host,

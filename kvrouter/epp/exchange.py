@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from envoy.service.ext_proc.v3.external_processor_pb2 import ProcessingRequest, ProcessingResponse
 
@@ -63,7 +63,7 @@ class Exchange:
         self._unary: list[bytes] = []
         self._unary_size = 0
         self._first = True
-        self._watcher = UsageWatcher(self._response_id)
+        self._watcher = UsageWatcher(self._response_id, self._response_output)
         self._dispatched_at = 0.0
         self.status: int | None = None
         self.rec: RequestRecord | None = None
@@ -281,6 +281,11 @@ class Exchange:
         """A Responses answer's id went by: a request continuing it must go where it was made."""
         if self.prepared is not None and self.serving is not None and self.kind == "responses":
             self.picker.pipeline.response_seen(self.prepared, response_id, self.serving)
+
+    def _response_output(self, response_id: str, output: list[dict[str, Any]]) -> None:
+        """A stored response was answered: kept for a continuation's tokens (``pipeline.response_done``)."""
+        if self.prepared is not None and self.kind == "responses":
+            self.picker.pipeline.response_done(self.prepared, response_id, output)
 
     def _first_token(self) -> None:
         assert self.prepared is not None and self.serving is not None

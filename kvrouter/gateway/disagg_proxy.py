@@ -27,21 +27,28 @@ import asyncio
 import logging
 import time
 import uuid
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 import msgspec
-from aiohttp import web
 
 from ..api.errors import BadGateway
 from ..api.kv_transfer import answer_params, decode_leg_body, leg_kind, prefill_leg_body
 from ..api.usage import UsageReport, UsageWatcher
 from ..pipeline import Prepared
 from ..routing import Candidate, PDPlan
+from .downstream import Downstream
 from .errors import ClientGone, UpstreamFailed
-from .proxy import _HOP, Answer, Proxy, set_nodelay
+from .proxy import _HOP, Answer, Proxy
 
 log = logging.getLogger("kvrouter.gateway.disagg")
+
+
+class Refused(NamedTuple):
+    """A prefill leg's 4xx: the request is refused (the decode instance would refuse it too)."""
+
+    status: int
+    body: bytes
 
 
 class DisaggProxy:
@@ -55,12 +62,9 @@ class DisaggProxy:
         self.pd = proxy.pipeline.metrics.pd
 
     def _timeout(self) -> aiohttp.ClientTimeout:
-        px = self.proxy
-        return aiohttp.ClientTimeout(
-            total=None, connect=px.connect_timeout_s, sock_read=px.first_byte_timeout_s
-        )
+        return self.proxy.timeout
 
-    async def route(self, request: web.Request, p: Prepared, path: str) -> web.StreamResponse:
+    async def route(self, down: Downstream, p: Prepared, path: str) -> None:
         """Plan a prepared request of a disaggregated model (waiting for capacity), then forward it."""
         plan = await self.pipeline.admit_plan(p)
         decision = plan.prefill if plan.split and plan.prefill is not None else plan.decode
@@ -70,31 +74,34 @@ class DisaggProxy:
             "x-kvrouter-decision-ms": f"{(time.perf_counter() - p.started) * 1e3:.3f}",
         }
         try:
-            return await self.forward(request, p, plan, path, extra)
+            await self.forward(down, p, plan, path, extra)
         finally:
             self.pipeline.unclaim(p)  # the decode slot held through the prefill leg, if never taken
 
     async def forward(
-        self, request: web.Request, p: Prepared, plan: PDPlan, path: str, extra_headers: dict[str, str]
-    ) -> web.StreamResponse:
+        self, down: Downstream, p: Prepared, plan: PDPlan, path: str, extra_headers: dict[str, str]
+    ) -> None:
         d = plan.decode.chosen
         assert d is not None
         extra = {**extra_headers, "x-kvrouter-pd": "split" if plan.split else "whole"}
         extra["x-kvrouter-pd-reason"] = plan.reason
         if not plan.split:
-            return await self.proxy.forward(request, p, d, path, extra)
-        rid = request.headers.get("X-Request-Id") or f"pd-{uuid.uuid4().hex}"
-        got = await self._prefill(request, p, plan, path, rid)
-        if isinstance(got, web.Response):
-            return got
+            await self.proxy.forward(down, p, d, path, extra)
+            return
+        rid = down.headers.get("X-Request-Id") or f"pd-{uuid.uuid4().hex}"
+        got = await self._prefill(down, p, plan, path, rid)
+        if isinstance(got, Refused):
+            down.answer(got.status, {"Content-Type": "application/json"}, got.body)
+            return
         if got is None:
             self.pd.fallbacks.labels("prefill_failed").inc()
             extra["x-kvrouter-pd"], extra["x-kvrouter-pd-reason"] = "whole", "prefill_failed"
-            return await self.proxy.forward(request, p, d, path, extra)
+            await self.proxy.forward(down, p, d, path, extra)
+            return
         params, pc = got
         extra["x-kvrouter-prefill-instance"] = pc.target
         try:
-            return await self._decode(request, p, d, pc, params, path, extra, rid)
+            await self._decode(down, p, d, pc, params, path, extra, rid)
         except UpstreamFailed as e:
             self.pool.record_failure(d.instance, connection=e.connection)
             self.pd.leg_failures.labels("decode", e.reason).inc()
@@ -109,12 +116,12 @@ class DisaggProxy:
             self.pd.fallbacks.labels("decode_failed").inc()
             extra["x-kvrouter-pd"], extra["x-kvrouter-pd-reason"] = "whole", "decode_failed"
             del extra["x-kvrouter-prefill-instance"]
-            return await self.proxy.forward(request, p, nxt, path, extra)
+            await self.proxy.forward(down, p, nxt, path, extra)
 
     # ------------------------------------------------------------------ prefill leg
     async def _prefill(
-        self, request: web.Request, p: Prepared, plan: PDPlan, path: str, rid: str
-    ) -> tuple[dict[str, Any], Candidate] | web.Response | None:
+        self, down: Downstream, p: Prepared, plan: PDPlan, path: str, rid: str
+    ) -> tuple[dict[str, Any], Candidate] | Refused | None:
         """The prefill leg (to the route the client called), retried on other prefill instances: the
         params and the instance that holds the prompt; a 4xx answer (the request is refused: the decode
         instance would refuse it too); or None (no prefill instance could compute it)."""
@@ -129,9 +136,9 @@ class DisaggProxy:
             self.pipeline.prefill_dispatched(p, cur)
             usage: UsageReport | None = None
             try:  # the leg's load is released in every path, exactly once (the finally)
-                status, data = await self._prefill_once(request, p, cur, body, path, rid)
+                status, data = await self._prefill_once(down, p, cur, body, path, rid)
                 if status != 200:
-                    return web.Response(body=data, status=status, content_type="application/json")
+                    return Refused(status, data)
                 watcher = UsageWatcher()
                 watcher.feed_body(data)
                 usage = watcher.report
@@ -159,11 +166,11 @@ class DisaggProxy:
         return None
 
     async def _prefill_once(
-        self, request: web.Request, p: Prepared, cur: Candidate, body: bytes, path: str, rid: str
+        self, down: Downstream, p: Prepared, cur: Candidate, body: bytes, path: str, rid: str
     ) -> tuple[int, bytes]:
         """One prefill leg: its status and body; ``UpstreamFailed`` for what another instance may fix."""
-        headers = self.proxy.upstream_headers(request, p, cur)
-        headers["X-Request-Id"] = rid
+        headers = self.proxy.upstream_headers(down, p, cur)
+        headers["x-request-id"] = rid
         t0 = time.monotonic()
         resp = await self.proxy._post(self.pool.url(cur.instance) + path, body, headers, self._timeout())
         self.pipeline.answered(p, resp.status)
@@ -181,7 +188,7 @@ class DisaggProxy:
     # ------------------------------------------------------------------ decode leg
     async def _decode(
         self,
-        request: web.Request,
+        down: Downstream,
         p: Prepared,
         d: Candidate,
         pc: Candidate,
@@ -189,20 +196,23 @@ class DisaggProxy:
         path: str,
         extra: dict[str, str],
         rid: str,
-    ) -> web.StreamResponse:
+    ) -> None:
         """The decode leg; ``UpstreamFailed`` if it fails before its first byte."""
         body = msgspec.json.encode(decode_leg_body(p.req.body, params))
         self.pipeline.dispatched(p, d, received=True)
-        headers = self.proxy.upstream_headers(request, p, d)  # (after: the decode leg's trace context)
-        headers["X-Request-Id"] = rid
+        headers = self.proxy.upstream_headers(down, p, d)  # (after: the decode leg's trace context)
+        headers["x-request-id"] = rid
         t0 = time.monotonic()
-        on_id = None
+        on_id = on_output = None
         if p.req.kind == "responses":  # the decode instance stores the response: follow-ups go there
 
             def on_id(response_id: str) -> None:
                 self.pipeline.response_seen(p, response_id, d)
 
-        watcher = UsageWatcher(on_id)
+            def on_output(response_id: str, output: list[dict[str, Any]]) -> None:
+                self.pipeline.response_done(p, response_id, output)
+
+        watcher = UsageWatcher(on_id, on_output)
         resp: Answer | None = None
         done = False
         try:  # the leg's load is released in every path, exactly once (the finally)
@@ -221,18 +231,16 @@ class DisaggProxy:
                 self.metrics.upstream_ttft.labels(d.target).observe(time.monotonic() - t0, p.exemplar())
                 watcher.feed_body(data)
                 done = True
-                return web.Response(body=data, status=resp.status, headers=out_headers)
+                down.answer(resp.status, out_headers, data)
+                return
             head = await self._first_chunk(resp)
             self.pool.record_success(d.instance)
-            out = web.StreamResponse(status=resp.status, headers=out_headers)
-            set_nodelay(request)
-            await out.prepare(request)
+            await down.start(resp.status, out_headers)
             try:
-                await self.proxy._pump(request, resp, out, p, d, watcher, t0, head)
+                await self.proxy._pump(resp, down, p, d, watcher, t0, head)
             except ClientGone:
-                return out  # not done: the finally closes the upstream request
+                return  # not done: the finally closes the upstream request
             done = True
-            return out
         finally:
             if resp is not None:
                 if done:

@@ -1,10 +1,13 @@
-"""Routing one request and forwarding it: the step every proxied route shares.
+"""Routing one request and forwarding it: the step every proxied route shares, whatever the front door.
 
 ::
 
-    read body ──▶ RequestPipeline.prepare ──▶ [pinned instance] ──▶ adapter loaded on demand ──▶ admit
-              ──▶ Proxy.forward (x-kvrouter-policy / -reason / -decision-ms on the answer)
+    held ──▶ read body ──▶ RequestPipeline.prepare ──▶ [pinned instance] ──▶ adapter loaded on demand
+         ──▶ admit ──▶ Proxy.forward (x-kvrouter-policy / -reason / -decision-ms on the answer)
     (a disaggregated model: admit_plan ──▶ DisaggProxy, its prefill and decode legs)
+
+``route_and_forward`` answers through a ``Downstream``: the aiohttp handlers here and the lean core
+(``gateway.lean``) call the same function, so both route and forward one way.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from ..api.errors import ApiError
 from ..api.requests import Kind, ParsedRequest
 from ..telemetry import RequestRecord
 from .app import Gateway
+from .downstream import AiohttpDownstream, Downstream
 from .proxy import BodySource
 
 log = logging.getLogger("kvrouter.gateway")
@@ -28,26 +32,28 @@ GATEWAY: web.AppKey[Gateway] = web.AppKey("gateway", Gateway)
 
 
 async def route_and_forward(
-    request: web.Request,
+    gw: Gateway,
+    down: Downstream,
     kind: Kind | None,
     path_of: Callable[[ParsedRequest], str],
     *,
     raw: bytes | None = None,
     body: BodySource | None = None,
     stored: str | None = None,
-) -> web.StreamResponse:
-    """Prepare, admit and forward one request (the body read here unless ``raw`` is given; ``body``: what
-    to send instead of the parsed body; ``stored``: a stored response id, the request goes where it is)."""
-    gw = request.app[GATEWAY]
+) -> None:
+    """Prepare, admit and forward one request, answering ``down`` (the body read here unless ``raw`` is
+    given; ``body``: what to send instead of the parsed body; ``stored``: a stored response id, the
+    request goes where it is).  A traced or logged request (``RequestPipeline.begin``) is ended with the
+    status its client got, whatever happened."""
     pl = gw.pipeline
-    rec = pl.begin(request.path, request.headers)
+    rec = pl.begin(down.path_qs.split("?", 1)[0], down.headers)
     if rec is None:
-        return await _route_and_forward(request, gw, kind, path_of, raw, body, stored, None)
+        await _route_and_forward(gw, down, kind, path_of, raw, body, stored, None)
+        return
     status = 500
     try:
-        resp = await _route_and_forward(request, gw, kind, path_of, raw, body, stored, rec)
-        status = resp.status
-        return resp
+        await _route_and_forward(gw, down, kind, path_of, raw, body, stored, rec)
+        status = down.status or 500
     except ApiError as e:
         status = e.status
         raise
@@ -59,24 +65,25 @@ async def route_and_forward(
 
 
 async def _route_and_forward(
-    request: web.Request,
     gw: Gateway,
+    down: Downstream,
     kind: Kind | None,
     path_of: Callable[[ParsedRequest], str],
     raw: bytes | None,
     body: BodySource | None,
     stored: str | None,
     rec: RequestRecord | None,
-) -> web.StreamResponse:
+) -> None:
     pl = gw.pipeline
     with pl.held():
-        p = await pl.prepare(await request.read() if raw is None else raw, kind, request.headers, rec=rec)
+        p = await pl.prepare(await down.read() if raw is None else raw, kind, down.headers, rec=rec)
         if stored is not None:
             p.pinned = (await pl.holder(stored)).instance
         await gw.adapters.ensure(p)
         if stored is None and pl.disaggregated(p):  # prefill/decode roles: two legs, or one
             assert gw.disagg is not None
-            return await gw.disagg.route(request, p, path_of(p.req))
+            await gw.disagg.route(down, p, path_of(p.req))
+            return
         d = await pl.admit(p)
         assert d.chosen is not None and gw.proxy is not None
         extra = {
@@ -87,15 +94,29 @@ async def _route_and_forward(
         log.debug(
             "routed", extra={"request": p.inp.request_id, "target": d.chosen.target, "reason": d.reason}
         )
-        return await gw.proxy.forward(
-            request, p, d.chosen, path_of(p.req), extra, method=request.method, body=body
-        )
+        await gw.proxy.forward(down, p, d.chosen, path_of(p.req), extra, method=down.method, body=body)
+
+
+async def forward_request(
+    request: web.Request,
+    kind: Kind | None,
+    path_of: Callable[[ParsedRequest], str],
+    *,
+    raw: bytes | None = None,
+    body: BodySource | None = None,
+    stored: str | None = None,
+) -> web.StreamResponse:
+    """``route_and_forward`` for an aiohttp handler: its answer as the response to return."""
+    down = AiohttpDownstream(request)
+    await route_and_forward(request.app[GATEWAY], down, kind, path_of, raw=raw, body=body, stored=stored)
+    assert down.response is not None, "the proxy answered nothing"
+    return down.response
 
 
 def routed(kind: Kind) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     """A route whose request is routed as ``kind`` and forwarded to the same path."""
 
     async def handler(request: web.Request) -> web.StreamResponse:
-        return await route_and_forward(request, kind, lambda r: request.path_qs)
+        return await forward_request(request, kind, lambda r: request.path_qs)
 
     return handler

@@ -31,22 +31,21 @@ from aiohttp import web
 
 from indexer import service as index_service
 
-from ..api.errors import ApiError, InternalError, Overloaded, ServiceUnavailable, Unauthorized, error_body
-from ..api.messages import anthropic_error_body
-from ..api.routes import ROUTED
+from ..api.errors import ApiError, Unauthorized, error_body
+from ..api.routes import INVOCATION_PATHS, ROUTED
 from ..pipeline import explain as explain_body
 from .app import Gateway
-from .forwarding import GATEWAY, route_and_forward, routed
+from .downstream import error_answer, internal_error
+from .forwarding import GATEWAY, forward_request, routed
 from .surface import add_surface_routes
 
 log = logging.getLogger("kvrouter.gateway")
 
 
 def error_response(e: ApiError, retry_after_s: float | None = None, *, path: str = "") -> web.Response:
-    """The error answer, in the route's own shape (vLLM answers the Messages routes Anthropic's way)."""
-    headers = {"Retry-After": str(retry_after_s)} if retry_after_s is not None else None
-    body = anthropic_error_body(e.status, e.message) if path.startswith("/v1/messages") else e.body()
-    return web.Response(body=body, status=e.status, content_type="application/json", headers=headers)
+    """The error answer, in the route's own shape (``downstream.error_answer``)."""
+    status, headers, body = error_answer(e, retry_after_s, path)
+    return web.Response(body=body, status=status, headers=headers)
 
 
 @web.middleware
@@ -60,11 +59,9 @@ async def errors_mw(
         return error_response(Unauthorized("admin token required"))
     try:
         resp = await handler(request)
-    except (Overloaded, ServiceUnavailable) as e:
-        # The client should come back, not wait here.
-        resp = error_response(e, gw.cfg.limits.retry_after_s, path=request.path)
     except ApiError as e:
-        resp = error_response(e, path=request.path)
+        # Overloaded, unavailable: the client should come back (Retry-After), not wait here.
+        resp = error_response(e, gw.cfg.limits.retry_after_s, path=request.path)
     except web.HTTPException as e:
         if e.status >= 400 and not e.text:
             e.text = error_body(e.status, e.reason).decode()
@@ -76,16 +73,14 @@ async def errors_mw(
     except Exception as e:
         # A bug, not the client's fault: answered as a well-formed JSON 500 (never aiohttp's bare page),
         # logged with its traceback but without the request's contents, and counted.
-        log.exception("internal error", extra={"route": route, "error": type(e).__name__})
         gw.metrics.internal_errors.labels(type(e).__name__).inc()
-        resp = error_response(InternalError(f"internal error ({type(e).__name__})"), path=request.path)
+        resp = error_response(internal_error(e, route), path=request.path)
     gw.metrics.requests.labels(route, str(resp.status)).inc()
     return resp
 
 
 async def invocations(request: web.Request) -> web.StreamResponse:
-    paths = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
-    return await route_and_forward(request, None, lambda r: paths[r.kind])
+    return await forward_request(request, None, lambda r: INVOCATION_PATHS[r.kind])
 
 
 async def livez(request: web.Request) -> web.Response:

@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator
 import msgspec
 from aiohttp import web
 
-from .forwarding import GATEWAY, route_and_forward
+from .forwarding import GATEWAY, forward_request
 
 PEEK_BYTES = 64 << 10
 """How much of a multipart upload is read before it is routed, looking for its ``model`` field."""
@@ -33,7 +33,7 @@ _MODEL_PART = re.compile(rb'name="model"\r\n(?:[^\r\n]+\r\n)*\r\n(.*?)\r\n--', r
 
 async def stored_response(request: web.Request) -> web.StreamResponse:
     rid = request.match_info["response_id"]
-    return await route_and_forward(request, "other", lambda r: request.path_qs, raw=b"", stored=rid)
+    return await forward_request(request, "other", lambda r: request.path_qs, raw=b"", stored=rid)
 
 
 async def load_adapter(request: web.Request) -> web.Response:
@@ -69,13 +69,13 @@ async def upload(request: web.Request) -> web.StreamResponse:
             yield chunk
 
     raw = msgspec.json.encode({"model": model}) if model else b""
-    return await route_and_forward(request, "other", lambda r: request.path_qs, raw=raw, body=body)
+    return await forward_request(request, "other", lambda r: request.path_qs, raw=raw, body=body)
 
 
 async def any_route(request: web.Request) -> web.StreamResponse:
     """Any other route vLLM has: by model and load, passed through unchanged."""
     raw = await request.read()
-    return await route_and_forward(request, "other", lambda r: request.path_qs, raw=raw, body=raw)
+    return await forward_request(request, "other", lambda r: request.path_qs, raw=raw, body=raw)
 
 
 def add_surface_routes(app: web.Application) -> None:

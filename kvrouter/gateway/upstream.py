@@ -34,7 +34,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
+from types import MappingProxyType
 
 import aiohttp
 import msgspec
@@ -49,6 +50,8 @@ from ..routing.router import Target
 from ..types import InstanceId
 
 log = logging.getLogger("kvrouter.gateway.upstream")
+
+_NO_ADAPTERS: Mapping[str, str] = MappingProxyType({})
 
 
 class Upstream(msgspec.Struct):
@@ -162,10 +165,13 @@ class UpstreamPool:
             b.push(u)
 
     # ------------------------------------------------------------------ queries
-    def known_adapters(self) -> dict[str, str]:
-        """Every adapter loaded anywhere or configured: name -> base model."""
+    def known_adapters(self) -> Mapping[str, str]:
+        """Every adapter loaded anywhere or configured: name -> base model (read-only)."""
+        ups = self.upstreams.values()
+        if not self.configured_adapters and not any(u.adapters for u in ups):
+            return _NO_ADAPTERS  # (the common case, asked several times a request: no dict built)
         out = dict(self.configured_adapters)
-        for u in self.upstreams.values():
+        for u in ups:
             out.update(u.adapters)
         return out
 

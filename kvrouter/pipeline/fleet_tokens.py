@@ -62,8 +62,8 @@ class FleetTokens:
             return req.prompt
         if self.registry is None or req.kind == "other":
             return None
-        if req.kind == "responses" and req.previous_response_id is not None:
-            return None  # its history is held by one instance only
+        if req.kind == "responses" and req.previous_response_id is not None and req.history is None:
+            return None  # its history is held by its instance only (this router did not see it answered)
         try:
             tok = self.registry.get(req.base_model or req.model)
         except TokenizerCacheError:
@@ -71,7 +71,12 @@ class FleetTokens:
         b = req.body
         try:
             if req.kind == "responses":
-                enc = await tok.aencode_responses_request(b)
+                h = req.history
+                enc = await tok.aencode_responses_request(
+                    b,
+                    previous_messages=None if h is None else h.messages,
+                    previous_output=None if h is None else h.output,
+                )
             elif req.kind in ("messages", "count_tokens"):
                 enc = await tok.aencode_messages_request(b, count_tokens=req.kind == "count_tokens")
             elif req.kind == "chat":

@@ -124,6 +124,11 @@ class PipelineMetrics:
             ["policy"],
             registry=r,
         )
+        self.shadow_scored = Counter(
+            "kvrouter_shadow_scored",
+            "Decisions shadow-scored (one in routing.shadow_every): the denominator of the shadow metrics",
+            registry=r,
+        )
         self.pd = DisaggMetrics(r)
 
 

@@ -38,9 +38,11 @@ from indexer import LookupResult
 from indexer.extra_keys import mm_request_chains
 from indexer.hashing import TokenIds, request_chains
 from indexer.types import SourceKey
+from tokenizer_cache.agent_inputs import AgentInputError, responses_messages
 
 from ..api.errors import NotFound, Overloaded, ServiceUnavailable, Unauthorized
 from ..api.kv_transfer import leg_kind
+from ..api.parsed import StoredConversation
 from ..api.requests import Kind, ParsedRequest, parse_body
 from ..api.responses import ResponseNotFound
 from ..api.routes import is_admin
@@ -58,10 +60,13 @@ from .event_watch import EventWatch
 from .gate import CapacityGate, QueueFull
 from .metrics import PipelineMetrics
 from .parity import ParityTracker
+from .response_history import ResponseHistory
 from .tokens import TokenSource
 from .trace_steps import trace_decision, trace_plan, usage_attrs
 
-SAGEMAKER_AFFINITY = "X-Amzn-SageMaker-Prefix-Aware-Id"
+SAGEMAKER_AFFINITY = "x-amzn-sagemaker-prefix-aware-id"
+"""Header names here are lower case: aiohttp's and the lean core's lookups ignore case, the picker's map is
+lower-cased (Envoy's HTTP/2 names), so only lower case reads the same through every front door."""
 _T = TypeVar("_T")
 
 
@@ -150,6 +155,7 @@ class RequestPipeline:
         self.event_watch = EventWatch(cfg.block_size)
         """Requests that must have made their instance publish, against what its live stream brought."""
         self.affinity = ResponseAffinity(cfg.responses.affinity_ttl_s, cfg.responses.max_entries)
+        self.history = ResponseHistory(cfg.responses.history_entries, cfg.responses.history_bytes)
         self.find_response = find_response if cfg.responses.probe else None
         self.gate = CapacityGate(
             cfg.limits.queue_size, cfg.limits.queue_timeout_s, on_depth=self.metrics.queue_depth.set
@@ -158,6 +164,7 @@ class RequestPipeline:
         self.admission = Admission(cfg.limits, metrics, lag=lag)
         """Whether a request is taken, before its body is read (``held``)."""
         self._ids = itertools.count()
+        self._decisions = 0
         self.id_prefix = "r"
         """Request ids are ``<prefix><n>``: unique in this process (each worker of a host has its own)."""
 
@@ -224,10 +231,10 @@ class RequestPipeline:
             rec.phase(
                 "kvrouter.parse", ns0, ns1, {"kvrouter.kind": req.kind, "kvrouter.body_bytes": len(raw)}
             )
-            tenant = self.cfg.tenants.api_keys.get(bearer(headers.get("Authorization")))
+            tenant = self.cfg.tenants.api_keys.get(bearer(headers.get("authorization")))
             rec.facts.update(model=req.model, tenant=None if tenant is None else tenant.name)
         req.session = headers.get(self.cfg.routing.session.header) or req.session
-        salt = self.tenant_salt(headers.get("Authorization"), operator=operator)
+        salt = self.tenant_salt(headers.get("authorization"), operator=operator)
         if salt is not None and req.cache_salt != salt:
             # A tenant's salt is enforced, never chosen by the client: its cache stays its own.
             req.set_salt(salt)
@@ -239,6 +246,7 @@ class RequestPipeline:
         pinned: Holder | None = None
         if req.previous_response_id is not None:
             pinned = await self.holder(req.previous_response_id)
+            req.history = self.history.get(req.previous_response_id)
         if rec is not None:
             ns1 = time.time_ns()
         tokens = await self.tokens.tokens(req)
@@ -330,6 +338,26 @@ class RequestPipeline:
         """A response id came back from ``chosen``: a later request continuing it must go there."""
         if p.req.store:
             self.affinity.record(response_id, Holder(chosen.instance, p.inp.num_tokens), time.monotonic())
+
+    def response_done(self, p: Prepared, response_id: str, output: list[dict[str, Any]]) -> None:
+        """A stored response was answered: what vLLM keeps for its continuations is kept here too (the
+        messages rendered for it, as ``construct_input_messages`` builds them, and its output items)."""
+        req = p.req
+        if not req.store or self.history.max_entries <= 0:
+            return
+        if req.previous_response_id is not None and req.history is None:
+            return  # its history is not known here, so neither is what the instance stored
+        prev = req.history
+        try:
+            messages = responses_messages(
+                req.body.get("instructions"),
+                req.body.get("input"),
+                previous_messages=prev.messages if prev is not None else None,
+                previous_output=prev.output if prev is not None else None,
+            )
+        except AgentInputError:
+            return  # vLLM refused it, so stored nothing
+        self.history.put(response_id, StoredConversation(messages, output))
 
     def prepare_bodyless(self) -> Prepared:
         """A request without a body (a GET through a gateway that sends every request to its picker):
@@ -551,7 +579,10 @@ class RequestPipeline:
             self.metrics.spills.inc()
         if d.chosen is None:
             return
-        if d.shadow_basis is not None:
+        self._decisions += 1
+        if self._decisions % self.cfg.routing.shadow_every:
+            d.shadow_basis = None  # not in the sample (``routing.shadow_every``)
+        elif d.shadow_basis is not None:
             # Deferred: scored when this task next yields (its upstream request is being sent by then).
             asyncio.get_running_loop().call_soon(self._record_shadow, d)
         else:
@@ -559,6 +590,7 @@ class RequestPipeline:
 
     def _record_shadow(self, d: Decision) -> None:
         assert d.chosen is not None
+        self.metrics.shadow_scored.inc()
         self.metrics.shadow_cached.labels(d.policy).inc(d.chosen.hit_tokens)
         for name, sh in self.router.shadow(d).items():
             self.metrics.shadow_cached.labels(name).inc(sh.cached_tokens)

@@ -117,5 +117,11 @@ class WorkerHost:
             )
 
     def state(self) -> dict[str, object]:
-        """For /health: this worker and what it lost of the others' speculative entries."""
-        return {"worker": self.me, "workers": self.workers, "speculative_lost": self.rings.lost}
+        """For /health: this worker, what it lost of the others' speculative entries, and the host's limits
+        queue (every worker's rows: the same answer from any worker)."""
+        return {
+            "worker": self.me,
+            "workers": self.workers,
+            "speculative_lost": self.rings.lost,
+            "queue": {"waiting": self.queue.waiting_total(), "held": self.queue.held_total()},
+        }

@@ -23,9 +23,10 @@ import pytest
 from indexer import Indexer, SourceKey
 from indexer.types import Medium
 from indexer.wire import engine_hash_i64
+from tests.support.recorded import VLLM_OFFLOAD, scenarios
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "vllm_offload"
-SCENARIOS = sorted(p.stem for p in FIXTURES.glob("*.json"))
+SCENARIOS = scenarios(FIXTURES, VLLM_OFFLOAD)
 SRC = SourceKey("vllm", 0)
 
 
@@ -41,15 +42,6 @@ def cpu_chains(ix: Indexer) -> set[int]:
     assert isinstance(ix.index, BlockIndex)
     rows = ix.index._chains.dump(int(Medium.CPU))
     return {int(c) for s, c, _ in rows.tolist() if s == ix.index.slot_id(SRC)}
-
-
-def test_every_scenario_was_recorded() -> None:
-    assert SCENARIOS == [
-        "cpu_placeholders_chunk1",
-        "cpu_placeholders_chunk2",
-        "cpu_self_describing_chunk1",
-        "cpu_self_describing_chunk2",
-    ]
 
 
 @pytest.mark.parametrize("name", SCENARIOS)

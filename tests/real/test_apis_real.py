@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import pytest
 
 from tests.real.conftest import FIGURES, RealFleet
 from tests.support.real_gateway import Served, Tally, fleet_file, reset_caches, run_calls, send
@@ -122,9 +121,9 @@ async def responses_chain(base: str, rng: random.Random, first: Tally, later: Ta
 
 async def _run_kinds(base: str, rng: random.Random) -> dict[str, Tally]:
     out = {
-        "completions": await run_calls(base, completion_calls(rng)),
-        "chat with tools and tool calls": await run_calls(base, chat_calls(rng)),
-        "messages": await run_calls(base, message_calls(rng)),
+        "completions": await run_calls(base, completion_calls(rng), health=base + "/health"),
+        "chat with tools and tool calls": await run_calls(base, chat_calls(rng), health=base + "/health"),
+        "messages": await run_calls(base, message_calls(rng), health=base + "/health"),
     }
     out["responses (store), first turns"] = Tally()
     await responses_chain(base, rng, out["responses (store), first turns"], Tally())
@@ -138,7 +137,9 @@ async def test_every_api_predicts_what_vllm_reports(fleet: RealFleet, tmp_path: 
     rng = random.Random(5)
     try:
         before = await _run_kinds(gw.url, rng)
-        await run_calls(gw.url, AgentWorkload(seed=9, systems=8).calls(40))  # fills and evicts every cache
+        await run_calls(
+            gw.url, AgentWorkload(seed=9, systems=8).calls(40), health=gw.url + "/health"
+        )  # fills and evicts every cache
         after = await _run_kinds(gw.url, rng)
     finally:
         gw.stop()
@@ -154,14 +155,9 @@ async def test_every_api_predicts_what_vllm_reports(fleet: RealFleet, tmp_path: 
     assert not bad, bad
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="A Responses continuation (previous_response_id) is predicted 0 cached tokens: its prompt holds "
-    "the stored conversation, which only the vLLM instance has (kvrouter/api/responses.py renders no chat "
-    "request for it), so the router routes it to that instance without tokens while vLLM reports the "
-    "history cached. Not issue 28's rendering parity: the first turns render exactly.",
-)
 async def test_responses_continuations_predict_what_vllm_reports(fleet: RealFleet, tmp_path: Path) -> None:
+    """previous_response_id: the router keeps what vLLM stored for each answer it forwarded (the messages it
+    rendered, the output items), so a continuation is tokenized as vLLM renders it."""
     async with aiohttp.ClientSession() as s:
         await reset_caches(s, fleet.servers)
     gw = await Served(fleet_file(tmp_path / "f.yaml", fleet.servers), fleet.log_dir).start()

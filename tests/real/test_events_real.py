@@ -69,7 +69,7 @@ async def test_predicted_equals_reported_on_an_agent_workload(fleet: RealFleet, 
     gw = await Served(fleet_file(tmp_path / "f.yaml", fleet.servers), fleet.log_dir).start()
     try:
         await _all_heard(gw, ["vllm-0", "vllm-1", "vllm-2"])
-        tally = await run_calls(gw.url, AgentWorkload(seed=1).calls(120))
+        tally = await run_calls(gw.url, AgentWorkload(seed=1).calls(120), health=gw.url + "/health")
         FIGURES["agent workload, kv-aware"] = tally.summary()
         text = await gw.metrics()
         removed = metric(text, "kvrouter_indexer_blocks_removed_total") or 0
@@ -98,7 +98,7 @@ async def test_late_start_and_gateway_restart(fleet: RealFleet, tmp_path: Path) 
     gw = await Served(path, fleet.log_dir).start()
     try:
         await _all_heard(gw, ["vllm-0", "vllm-1", "vllm-2"])
-        first = await run_calls(gw.url, wl.calls(24))
+        first = await run_calls(gw.url, wl.calls(24), health=gw.url + "/health")
         gw.kill()
         async with aiohttp.ClientSession() as s:  # traffic the router never sees
             for i, (route, body) in enumerate(wl.calls(6)):
@@ -106,7 +106,7 @@ async def test_late_start_and_gateway_restart(fleet: RealFleet, tmp_path: Path) 
                     assert r.status == 200
         gw = await Served(path, fleet.log_dir, port=gw.port).start()
         await _all_heard(gw, ["vllm-0", "vllm-1", "vllm-2"])
-        second = await run_calls(gw.url, wl.calls(24))
+        second = await run_calls(gw.url, wl.calls(24), health=gw.url + "/health")
     finally:
         gw.stop()
     FIGURES["late start"] = first.summary()
@@ -127,7 +127,7 @@ async def test_engine_killed_mid_stream_and_restarted(fleet: RealFleet, tmp_path
     wl = AgentWorkload(seed=3)
     try:
         await _all_heard(gw, ["vllm-0", "vllm-1", "vllm-2"])
-        await run_calls(gw.url, wl.calls(15))
+        await run_calls(gw.url, wl.calls(15), health=gw.url + "/health")
         async with aiohttp.ClientSession() as s:
             route, body = wl.calls(1)[0]
             body = {**body, "max_tokens": 400, "stream": True}
@@ -143,7 +143,7 @@ async def test_engine_killed_mid_stream_and_restarted(fleet: RealFleet, tmp_path
         victim.start()
         await victim.wait_ready()
         await until_restart_seen(gw, "vllm-1")
-        after = await run_calls(gw.url, wl.calls(24))
+        after = await run_calls(gw.url, wl.calls(24), health=gw.url + "/health")
         by = {s["instance"]: s for s in (await gw.health())["index"]}
     finally:
         gw.stop()

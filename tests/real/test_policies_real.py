@@ -22,7 +22,9 @@ async def test_kv_aware_beats_the_baselines_on_vllms_own_count(fleet: RealFleet,
             await reset_caches(s, fleet.servers)
         gw = await Served(path, fleet.log_dir, policy=policy).start()
         try:
-            results[policy] = await run_calls(gw.url, AgentWorkload(seed=4).calls(48))
+            results[policy] = await run_calls(
+                gw.url, AgentWorkload(seed=4).calls(48), health=gw.url + "/health"
+            )
         finally:
             gw.stop()
         FIGURES[f"policy {policy} (hit rate as vLLM reports it)"] = results[policy].summary()

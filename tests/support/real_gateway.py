@@ -237,10 +237,36 @@ class Tally(msgspec.Struct):
         )
 
 
-async def run_calls(base: str, calls: list[tuple[str, dict[str, Any]]], tally: Tally | None = None) -> Tally:
-    """Each call in turn (sequential: every prediction sees the events of the requests before it)."""
+async def _batches(s: aiohttp.ClientSession, health: str) -> dict[str, int]:
+    async with s.get(health) as r:
+        body = await r.json(content_type=None)
+    return {src["instance"]: src.get("live_batches") or 0 for src in body.get("index", [])}
+
+
+async def run_calls(
+    base: str,
+    calls: list[tuple[str, dict[str, Any]]],
+    tally: Tally | None = None,
+    *,
+    health: str | None = None,
+) -> Tally:
+    """Each call in turn, sequential, so every prediction is held to the events of the requests before it.
+
+    vLLM hands each step's events to a publisher thread while the answer travels on its own, so on a busy
+    machine a client's next request can reach the router before the previous step's batch does (an agent's
+    tool call between turns leaves that time).  With ``health`` (the router's /health), each call waits for
+    the instance that served it to have published a batch since it was sent (every request that stores or
+    evicts a block does; one that changed nothing may not, hence the bound)."""
     tally = tally or Tally()
     async with aiohttp.ClientSession() as s:
         for route, body in calls:
-            tally.add(tally.requests, await send(s, base, route, body))
+            before = await _batches(s, health) if health else {}
+            o = await send(s, base, route, body)
+            tally.add(tally.requests, o)
+            if health and o.instance in before:
+                deadline = time.monotonic() + 2.0
+                while (await _batches(s, health)).get(o.instance, 0) <= before[o.instance]:
+                    if time.monotonic() > deadline:
+                        break
+                    await asyncio.sleep(0.01)
     return tally

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 
@@ -38,3 +38,14 @@ async def answering(url: str, timeout: float = 60.0) -> None:
             if time.monotonic() > deadline:
                 raise AssertionError(f"{url} did not answer 200 in {timeout} s")
             await asyncio.sleep(0.05)
+
+
+async def until_async(
+    cond: Callable[[], Awaitable[bool]], timeout: float = 60.0, what: str = "condition"
+) -> None:
+    """``until`` for a condition that must await (an HTTP request), polled every 50 ms."""
+    deadline = time.monotonic() + timeout
+    while not await cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not met in {timeout} s")
+        await asyncio.sleep(0.05)

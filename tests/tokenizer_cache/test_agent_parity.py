@@ -26,6 +26,7 @@ from tests.support.parity_check import (
     run_sync,
 )
 from tests.support.parity_models import build_model, fingerprint
+from tests.support.recorded import drift_note
 from tokenizer_cache import CacheConfig, CachedTokenizer
 from tokenizer_cache.loading import load_hf_tokenizer
 
@@ -35,8 +36,11 @@ SMALL = CacheConfig(chunk_chars=64, margin_chars=8, overlap_chars=8, seam_stride
 MIN_CASES = {"responses": 350, "messages": 220}
 
 
-def _report(label: str, mismatches: list[Mismatch], total: int) -> str:
-    lines = [f"{label}: {len(mismatches)} of {total} cases differ from vLLM"]
+def _report(label: str, mismatches: list[Mismatch], total: int, recorded: dict[str, Any]) -> str:
+    lines = [
+        f"{label}: {len(mismatches)} of {total} cases differ from vLLM",
+        drift_note(recorded["versions"]),
+    ]
     lines += [f"  {m}" for m in mismatches[:30]]
     return "\n".join(lines)
 
@@ -85,5 +89,5 @@ async def test_agent_tokens_match_vllm(name: str, route: str, model_dirs: Any) -
     with CachedTokenizer(hf, config=SMALL, render_options=render_options(recorded)) as tok:
         cold = run_sync(tok, cases)
         warm = await run_async(tok, cases)
-    assert not cold, _report(f"{name} {route} (cold cache)", cold, len(cases))
-    assert not warm, _report(f"{name} {route} (warm cache, async)", warm, len(cases))
+    assert not cold, _report(f"{name} {route} (cold cache)", cold, len(cases), recorded)
+    assert not warm, _report(f"{name} {route} (warm cache, async)", warm, len(cases), recorded)

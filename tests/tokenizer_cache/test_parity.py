@@ -28,6 +28,7 @@ from tests.support.parity_check import (
     run_sync,
 )
 from tests.support.parity_models import build_model, fingerprint
+from tests.support.recorded import drift_note
 from tokenizer_cache import CacheConfig, CachedTokenizer
 from tokenizer_cache.loading import load_hf_tokenizer
 
@@ -36,8 +37,11 @@ MODELS = recorded_models()
 SMALL = CacheConfig(chunk_chars=64, margin_chars=8, overlap_chars=8, seam_stride_tokens=4)
 
 
-def _report(label: str, mismatches: list[Mismatch], total: int) -> str:
-    lines = [f"{label}: {len(mismatches)} of {total} cases differ from vLLM"]
+def _report(label: str, mismatches: list[Mismatch], total: int, recorded: dict[str, Any]) -> str:
+    lines = [
+        f"{label}: {len(mismatches)} of {total} cases differ from vLLM",
+        drift_note(recorded["versions"]),
+    ]
     lines += [f"  {m}" for m in mismatches[:25]]
     return "\n".join(lines)
 
@@ -90,6 +94,8 @@ async def test_tokens_match_vllm(name: str, model_dirs: ModelDirs) -> None:
         shuffled: list[Expected] = cases[:]
         random.Random(7).shuffle(shuffled)
         other_order = run_sync(tok, shuffled)
-    assert not cold, _report(f"{name} (cold cache)", cold, len(cases))
-    assert not warm, _report(f"{name} (warm cache, async)", warm, len(cases))
-    assert not other_order, _report(f"{name} (cache filled in another order)", other_order, len(cases))
+    assert not cold, _report(f"{name} (cold cache)", cold, len(cases), recorded)
+    assert not warm, _report(f"{name} (warm cache, async)", warm, len(cases), recorded)
+    assert not other_order, _report(
+        f"{name} (cache filled in another order)", other_order, len(cases), recorded
+    )

@@ -2,10 +2,16 @@
 
 Every run uses ``shared/peerbench/router_bench.py`` (sequential added latency, added time to the first
 streamed chunk, requests/s at concurrency 32, prefix stickiness), so all figures come from one harness and
-one machine state.  kvrouter runs as ``kvrouter serve --workers W`` (subprocess) for each W of
-``--workers`` (default 1, 2 and the machine's cores), with the fleet file the harness writes, the kv-aware
-policy and the fleet's tokenizer (the deepseek tokenizer), i.e. it tokenizes and hashes every prompt, as
-in production.
+one machine state.  kvrouter runs as ``kvrouter serve --workers W --front F`` (subprocess) for each W of
+``--workers`` (default 1, 2 and the machine's cores) with the lean core, and once with one worker and
+aiohttp in front (``kvrouter_aiohttp_w1``: the previous front, for the ratio), on the fleet file the
+harness writes, the kv-aware policy and the fleet's tokenizer (the deepseek tokenizer).  Token parity
+checks are off (``fleet_overlay``): the fake workers' toy ``/tokenize`` would fail them, and a fleet
+failing parity is routed without token ids, so with them on nothing would be hashed or looked up; with
+them off every prompt is tokenized, hashed and looked up in the index, as behind real vLLM instances.
+
+``profile`` (``gateway_profile``): one lean router under the same request shapes, its CPU per request
+and where that CPU goes (a CPU-time sampled profile, by category).
 
 The harness reads CPU from the one process it started; a kvrouter with workers is a process tree, so each
 router's tree is also sampled here (``proctree.TreeSampler``): CPU of every process from the moment it is
@@ -55,6 +61,9 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--no-refusal", action="store_true", help="skip the refusal-cost part")
     ap.add_argument("--refusal-only", action="store_true", help="only the refusal-cost part")
     refusal_bench.add_args(ap)
+    ap.add_argument("--no-aiohttp", action="store_true", help="skip the aiohttp-fronted kvrouter run")
+    ap.add_argument("--no-profile", action="store_true", help="skip the profile of the lean core")
+    ap.add_argument("--profile-n", type=int, default=5000, help="requests per shape in the profile")
     ap.add_argument(
         "--tracing-ab",
         type=int,
@@ -200,13 +209,16 @@ def harness_runs(a: argparse.Namespace) -> dict[str, Any]:
     ports = free_ports(range(4))  # the fake workers
     common += ["--worker-base-port", str(ports)]
     out: dict[str, Any] = {"runs": {}}
-    for w in worker_counts(a.workers):
+    kv_runs = [(f"kvrouter_w{w}", w, "lean") for w in worker_counts(a.workers)]
+    if not a.no_aiohttp:
+        kv_runs.append(("kvrouter_aiohttp_w1", 1, "aiohttp"))
+    for name, w, front in kv_runs:
         kv_cmd = (
-            f"{sys.executable} -m kvrouter.cli --log-level WARNING serve --fleet {{fleet}} --port {{port}}"
-            f" --workers {w}"
+            f"{sys.executable} -m kvrouter.lab.bench.fleet_overlay {{fleet}} parity.enabled=false --"
+            f" --log-level WARNING serve --fleet @fleet --port {{port}} --workers {w} --front {front}"
         )
         port = free_ports((0, 1000))  # the router and its prometheus port (+1000, sglang's)
-        out["runs"][f"kvrouter_w{w}"] = run_sampled(
+        out["runs"][name] = run_sampled(
             [*harness, "--router", "custom", "--router-cmd", kv_cmd, *common, "--router-port", str(port)],
             "kvrouter.cli",
             f"http://127.0.0.1:{port}/livez",
@@ -240,6 +252,10 @@ def harness_runs(a: argparse.Namespace) -> dict[str, Any]:
             1,
         )
     out["summary"] = {name: summary(r) for name, r in out["runs"].items()}
+    if not a.no_profile:
+        from kvrouter.lab.bench.gateway_profile import profile
+
+        out["profile"] = profile("lean", n=a.profile_n)
     s = out["summary"].get("sglang")
     if s and s["rps_small"]:
         out["ratios_over_sglang"] = {
@@ -247,6 +263,7 @@ def harness_runs(a: argparse.Namespace) -> dict[str, Any]:
             for name, v in out["summary"].items()
             if name != "sglang"
         }
+    out["targets"] = targets(out)
     return out
 
 
@@ -335,6 +352,35 @@ def tracing_runs(reps: int, harness: list[str], common: list[str]) -> dict[str, 
         "added_cpu_us_per_req_paired_median": added,
         "spans_received": sink.spans,
         "requests_sampled_runs": sent["sampled"],
+    }
+
+
+def targets(out: dict[str, Any]) -> dict[str, Any]:
+    """Issue 34's targets, each with its figure from this run: CPU per request of one lean worker (the
+    harness's 32-concurrent phase), and, at the machine's cores (sglang-router's threads use them all),
+    requests/s and added p50 over sglang-router's, and the first streamed chunk's time over direct."""
+    cores = len(os.sched_getaffinity(0))
+    s = out["summary"]
+    one, eq, peer = s.get("kvrouter_w1") or {}, s.get(f"kvrouter_w{cores}") or {}, s.get("sglang") or {}
+
+    def check(value: float | None, limit: float, below: bool = True) -> dict[str, Any]:
+        met = None if value is None else (value <= limit if below else value >= limit)
+        return {"value": value, "limit": limit, "met": met}
+
+    return {
+        "cpu_ms_per_req_small_w1": check(one.get("cpu_ms_per_req_small_harness"), 0.25),
+        "cpu_ms_per_req_big_w1": check(one.get("cpu_ms_per_req_big_harness"), 0.35),
+        f"rps_small_over_sglang_w{cores}": check(
+            _ratio(eq.get("rps_small"), peer.get("rps_small")), 1.0, False
+        ),
+        f"rps_big_over_sglang_w{cores}": check(_ratio(eq.get("rps_big"), peer.get("rps_big")), 1.0, False),
+        f"added_p50_small_over_sglang_w{cores}": check(
+            _ratio(eq.get("added_p50_small_ms"), peer.get("added_p50_small_ms")), 1.0
+        ),
+        f"added_p50_big_over_sglang_w{cores}": check(
+            _ratio(eq.get("added_p50_big_ms"), peer.get("added_p50_big_ms")), 1.0
+        ),
+        f"added_first_chunk_ms_w{cores}": check(eq.get("added_first_chunk_ms"), 1.0),
     }
 
 

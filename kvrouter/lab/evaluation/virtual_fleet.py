@@ -551,9 +551,10 @@ class VirtualFleet:
         for load in eng.take_loads():
             t = end + (self._transfer_s(i, load.tokens) if load.tokens else 0.0)
             self._at_activity(t, partial(self._landed, i, load.request_id, load.tokens))
-        if not (res.num_scheduled or res.preempted):
+        if not (res.num_scheduled or res.preempted or res.loaded_tokens):
             # Nothing could run: every waiting request waits for blocks that only a transfer landing or
-            # a held prefill being released frees (``_wake`` starts the engine again then).
+            # a held prefill being released frees (``_wake`` starts the engine again then).  A step that
+            # only loaded from CPU made progress: its requests run from the next step.
             self.busy[i] = False
         elif eng.has_work():
             self.clock.at(max(end, self.clock.now + 1e-9), lambda: self._engine_step(i))

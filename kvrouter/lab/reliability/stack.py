@@ -2,7 +2,7 @@
 
 ::
 
-    SimFleet (N instances: HTTP + PUB + replay ROUTER each) ◀── GatewayProc (aiohttp AppRunner, real port)
+    SimFleet (N instances: HTTP + PUB + replay ROUTER each) ◀── GatewayProc (its front door, real port)
          ▲ engines' caches are the ground truth                    │ its Indexer, Router, UpstreamPool
          └───────────────── fault knobs: POST /sim/faults ◀────────┴── scenario (aiohttp client)
 
@@ -27,6 +27,7 @@ from indexer.config import parse_fleet
 from kvrouter.api.usage import read_usage
 from kvrouter.config import RouterFleetConfig
 from kvrouter.gateway import Gateway, build_gateway
+from kvrouter.gateway.lean import LeanSite
 from kvrouter.lab.sim.server.faults import FaultConfig
 from kvrouter.lab.sim.server.fleet import SimFleet, SimFleetConfig, free_port_block
 from kvrouter.lab.sim.server.tokenizer import load_sim_tokenizer
@@ -161,7 +162,11 @@ class GatewayProc:
         gw = self.gw or self.build()
         runner = web.AppRunner(build_gateway(gw), handler_cancellation=True, access_log=None)
         await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", self.port)
+        site: LeanSite | web.TCPSite = (
+            LeanSite(runner, gw, "127.0.0.1", self.port)
+            if gw.cfg.gateway.front == "lean"
+            else web.TCPSite(runner, "127.0.0.1", self.port)
+        )
         deadline = time.monotonic() + 5
         while True:
             try:

@@ -214,3 +214,30 @@ async def test_health_services(rig: tuple[SimFleet, Picker, grpc.aio.Channel]) -
     for service in ("liveness", "readiness", protocol.SERVICE_NAME):
         r = await stub.Check(health_pb2.HealthCheckRequest(service=service))
         assert r.status == health_pb2.HealthCheckResponse.SERVING, service
+
+
+async def test_a_tenant_key_reaches_the_pipeline_through_the_picker(
+    rig: tuple[SimFleet, Picker, grpc.aio.Channel],
+) -> None:
+    """Envoy sends header names in lower case: a listed key is accepted (the tenant's salt applied) and an
+    unknown one refused, exactly as through the gateway."""
+    fleet = rig[0]
+    tenants = {"require_api_key": True, "api_keys": {"key-a": {"name": "a", "salt": "salt-a"}}}
+    async with (
+        picker(fleet, tenants=tenants) as (_, server),
+        grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch,
+    ):
+        for key, want in (("key-a", None), ("key-b", 401), (None, 401)):
+            extra = [HeaderValue(key="authorization", raw_value=f"Bearer {key}".encode())] if key else []
+            msg = headers("/v1/completions")
+            msg.request_headers.headers.headers.extend(extra)
+            s = Stream(ch)
+            await s.send(msg, 0)
+            (out,) = await s.send(body(prompt()), 1)
+            if want is None:
+                assert not out.HasField("immediate_response"), out
+                assert destination(out)
+                await s.call.read()  # the body's own answer
+            else:
+                assert out.immediate_response.status.code == want, out
+            await s.close()

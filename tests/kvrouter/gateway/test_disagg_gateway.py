@@ -20,9 +20,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvrouter.gateway import Gateway
 from kvrouter.lab.sim.server.fleet import SimFleet, SimFleetConfig, parse_roles
 from kvrouter.lab.sim.server.kv_transfer import KvTransferConfig
-from tests.support.gateway import MODEL, gateway
+from tests.support.gateway import MODEL, gateway, heal
 from tests.support.sim_server import shared_sim_tokenizer
-from tests.support.wait import answering, until
+from tests.support.wait import until
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -71,12 +71,7 @@ async def conditional(fleet: SimFleet) -> AsyncIterator[GW]:
 async def whole_fleet(fleet: SimFleet, always: GW) -> AsyncIterator[None]:
     """Every test starts from the whole fleet: no fault left on, every instance back in the shared
     gateway's rotation (a test that kills an instance, or fails halfway, cannot degrade the next one)."""
-    healthy = {"dead": False, "latency_s": 0.0, "slowdown": 1.0, "render_fault": False, "drop_rate": 0.0}
-    async with aiohttp.ClientSession() as s:
-        for srv in fleet.servers:
-            await answering(f"{srv.url}/sim/faults")  # (up, if a test crashed it: restarted)
-            async with s.post(f"{srv.url}/sim/faults", json=healthy) as r:
-                assert r.status == 200
+    await heal(fleet)
     gw, _ = always
     await until(
         lambda: all(u.healthy for u in gw.pool.upstreams.values()), what="the whole fleet in rotation"

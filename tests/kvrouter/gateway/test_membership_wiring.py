@@ -21,6 +21,7 @@ from kvrouter.config import load_router_fleet
 from kvrouter.gateway import Gateway, build_gateway
 from kvrouter.gateway.membership_metrics import MembershipCollector
 from tests.support.fake_apiserver import FakeApiServer, make_slice
+from tests.support.gateway import serving, with_front
 from tests.support.net import free_port
 from tests.support.wait import until
 
@@ -76,7 +77,7 @@ def write(path: Path, instances: list[dict[str, object]], **sections: Any) -> No
         **sections,
     }
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(yaml.safe_dump(doc))
+    tmp.write_text(yaml.safe_dump(with_front(doc)))
     tmp.replace(path)
 
 
@@ -84,14 +85,8 @@ def write(path: Path, instances: list[dict[str, object]], **sections: Any) -> No
 async def gateway(path: Path) -> AsyncIterator[tuple[str, Gateway]]:
     """The gateway exactly as ``kvrouter serve`` builds it from the fleet file at ``path``."""
     gw = Gateway(load_router_fleet(path), fleet_path=str(path))
-    runner = web.AppRunner(build_gateway(gw), handle_signals=False)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        yield f"http://127.0.0.1:{port}", gw
-    finally:
-        await runner.cleanup()
+    async with serving(gw, build_gateway(gw)) as base:
+        yield base, gw
 
 
 async def gauges(base: str) -> str:

@@ -15,7 +15,7 @@ import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvrouter.lab.sim.server.fleet import SimFleet
-from tests.support.gateway import MODEL, gateway, sim_fleet
+from tests.support.gateway import MODEL, gateway, heal, sim_fleet
 from tests.support.wait import until
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -30,6 +30,12 @@ def words(rng: random.Random, n: int) -> str:
 async def fleet() -> AsyncIterator[SimFleet]:
     async with sim_fleet(3, lora_names=[ADAPTER]) as f:
         yield f
+
+
+@pytest_asyncio.fixture(autouse=True, loop_scope="module")
+async def whole_fleet(fleet: SimFleet) -> None:
+    """No fault left on by an earlier test of the module (one that failed before unsetting it)."""
+    await heal(fleet)
 
 
 def chat(model: str, system: str, q: str) -> dict[str, Any]:

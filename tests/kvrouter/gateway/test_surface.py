@@ -5,6 +5,7 @@ Messages API, LoRA adapters loaded and unloaded at run time, sessions, and every
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
@@ -71,10 +72,57 @@ async def test_ten_turn_responses_conversation_is_served_from_cache(fleet: SimFl
         assert gw.pipeline.affinity.recorded == len(turns)
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_continuation_is_predicted_as_its_instance_renders_it(fleet: SimFleet, stream: bool) -> None:
+    """previous_response_id: the router keeps what the instance stored for each answer it forwarded (the
+    messages rendered, the output), so a continuation's cached tokens are predicted exactly; with the
+    history off (``responses.history_entries: 0``) they cannot be (routed to the instance without tokens)."""
+    for entries in (10_000, 0):
+        async with (
+            gateway(fleet, responses={"history_entries": entries}) as (gw, base),
+            aiohttp.ClientSession() as s,
+        ):
+            prev = None
+            seen: list[tuple[int, int]] = []
+            for turn in range(4):
+                body: dict[str, Any] = {
+                    "model": MODEL,
+                    "instructions": f"Agent {entries}-{stream}: you write code.",
+                    "input": f"step {turn}: " + long_text(30, seed=7000 + turn + 10 * stream + entries),
+                    "max_output_tokens": 12,
+                    "stream": stream,
+                }
+                if prev is not None:
+                    body["previous_response_id"] = prev
+                async with s.post(f"{base}/v1/responses", json=body) as r:
+                    assert r.status == 200, await r.text()
+                    predicted = int(r.headers["x-kvrouter-cached-tokens"])
+                    raw = await r.read()
+                if stream:
+                    events = [json.loads(x[6:]) for x in raw.decode().splitlines() if x.startswith("data: {")]
+                    final = next(
+                        e["response"]
+                        for e in events
+                        if e.get("type") in ("response.completed", "response.incomplete")
+                    )
+                else:
+                    final = json.loads(raw)
+                prev = final["id"]
+                seen.append((predicted, final["usage"]["input_tokens_details"]["cached_tokens"]))
+            assert all(reported > 0 for _, reported in seen[1:]), seen
+            if entries:
+                assert all(p == r for p, r in seen), seen
+                assert len(gw.pipeline.history) == 4
+            else:
+                assert all(p == 0 for p, _ in seen[1:]), seen  # no tokens, no prediction
+                assert len(gw.pipeline.history) == 0
+
+
 async def test_stored_response_routes_go_to_their_holder(fleet: SimFleet) -> None:
     async with gateway(fleet) as (_gw, base), aiohttp.ClientSession() as s:
         body = {"model": MODEL, "input": "remember me", "max_output_tokens": 4}
         async with s.post(f"{base}/v1/responses", json=body) as r:
+            assert r.status == 200
             first = await r.json()
             holder = r.headers["x-kvrouter-instance"]
         for _ in range(4):  # whatever the cache or load says, the stored id is read where it lives
@@ -84,6 +132,7 @@ async def test_stored_response_routes_go_to_their_holder(fleet: SimFleet) -> Non
         # background: answered at once, cancelled where it runs
         body = {"model": MODEL, "input": "long", "background": True, "max_output_tokens": 100000}
         async with s.post(f"{base}/v1/responses", json=body) as r:
+            assert r.status == 200
             queued = await r.json()
             where = r.headers["x-kvrouter-instance"]
         async with s.post(f"{base}/v1/responses/{queued['id']}/cancel") as r:
@@ -117,6 +166,7 @@ async def test_holder_out_of_rotation_or_gone_is_a_clear_error(fleet: SimFleet) 
         async with s.post(
             f"{base}/v1/responses", json={"model": MODEL, "input": "x", "max_output_tokens": 2}
         ) as r:
+            assert r.status == 200
             rid = (await r.json())["id"]
             holder = r.headers["x-kvrouter-instance"]
         body = {"model": MODEL, "input": "y", "previous_response_id": rid}
@@ -315,14 +365,15 @@ async def test_adapter_blocks_are_keyed_by_its_name(fleet: SimFleet) -> None:
             assert r.status == 200
         body = {"model": "legal", "prompt": prompt, "max_tokens": 2}
         async with s.post(f"{base}/v1/completions", json=body) as r:
+            assert r.status == 200
             first = r.headers["x-kvrouter-instance"]
         await until(lambda: any(gw.indexer.index.blocks(src)[0] > 0 for src in gw.indexer.sources()))
         async with s.post(f"{base}/v1/completions", json=body) as r:
-            assert r.headers["x-kvrouter-instance"] == first
+            assert r.status == 200 and r.headers["x-kvrouter-instance"] == first
             assert int(r.headers["x-kvrouter-cached-tokens"]) >= 300
             assert (await r.json())["usage"]["prompt_tokens_details"]["cached_tokens"] >= 300
         async with s.post(f"{base}/v1/completions", json={**body, "model": MODEL}) as r:
-            assert r.headers["x-kvrouter-cached-tokens"] == "0"
+            assert r.status == 200 and r.headers["x-kvrouter-cached-tokens"] == "0"
             assert (await r.json())["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
         async with s.post(f"{base}/v1/unload_lora_adapter", json={"lora_name": "legal"}) as r:
             assert r.status == 200

@@ -183,8 +183,17 @@ async def test_a_real_list_page_is_read_with_its_version_and_continue_token() ->
     assert server.requests[1]["continue"] == body["metadata"]["continue"]  # passed back verbatim: opaque
 
 
+RECORDED_BOOKMARKS = [f"watch_bookmark_{k}" for k in ("endpointslice", "inferencepool", "job", "pod")]
+"""Every bookmark the fixture file holds, by name: one that disappears fails the run instead of leaving
+the parametrization below without a case."""
+
+
+def test_the_bookmarks_are_the_recorded_ones() -> None:
+    assert sorted(n for n in FIXTURES if n.startswith("watch_bookmark_")) == RECORDED_BOOKMARKS
+
+
 @pytest.mark.parametrize("res", list(COLLECTIONS), ids=lambda r: r.__name__)
-@pytest.mark.parametrize("name", sorted(n for n in FIXTURES if n.startswith("watch_bookmark_")))
+@pytest.mark.parametrize("name", RECORDED_BOOKMARKS)
 async def test_real_bookmarks_move_the_version_and_nothing_else(name: str, res: type[Any]) -> None:
     """Every recorded or derived bookmark, on a watch of each kind discovery reads: whatever kind's zero
     value the object holds (nulls where our types have lists, a spec with fields we do not know, no spec

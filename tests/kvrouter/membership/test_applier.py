@@ -170,13 +170,23 @@ async def test_a_leaving_instance_is_drained_then_its_blocks_dropped(
 
     world.load.dispatch(RequestId("r1"), InstanceId("v0"), 100)  # a request in flight on v0
     r.drain_timeout_s = 10.0
+    looked: list[int] = []  # what the drain saw each time it looked at v0's requests
+    in_flight = r.membership.in_flight
+
+    def counted(name: str) -> int:
+        n = in_flight(name)
+        looked.append(n)
+        return n
+
+    r.membership.in_flight = counted  # type: ignore[method-assign]
     d = r.set_desired("fleet", [world.inst("v1", pubs[1])])
     assert d.summary()["removed"] == ["v0"]
     await until(lambda: "v0" in r.draining)
     assert [t.key for t in world.pool.targets(None)] == ["v1"]  # no new request goes to v0
     assert world.pool.in_flight("v0") == 1 and held(world.indexer, "v0", t0) == 2  # still subscribed
-    await asyncio.sleep(0.1)
-    assert r.busy() and "v0" in world.pool.upstreams
+    # The drain looked again after seeing the request, and kept the instance: it waits for the request.
+    await until(lambda: len(looked) >= 2, what="the drain looking twice")
+    assert looked[:2] == [1, 1] and r.busy() and "v0" in world.pool.upstreams
 
     world.load.finish(RequestId("r1"))  # its last request ends: the drain completes
     await asyncio.wait_for(r.settle(), 15.0)

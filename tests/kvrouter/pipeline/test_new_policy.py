@@ -74,6 +74,7 @@ instances:
 routing:
   policy: shortest-queue
   shortest_queue: {decode_weight: 100}
+  shadow_every: 1  # every decision shadow-scored (the default samples one in 16)
 """
 
 

@@ -22,8 +22,9 @@ import pytest
 import yaml
 from aiohttp import web
 
+from tests.support.gateway import with_front
 from tests.support.net import free_port
-from tests.support.wait import until
+from tests.support.wait import until, until_async
 
 MODEL = "held-model"
 
@@ -96,7 +97,7 @@ class HeldFleet:
 @asynccontextmanager
 async def serve(tmp: Path, fleet: dict[str, Any], workers: int = 2) -> AsyncIterator[tuple[str, int]]:
     path = tmp / "fleet.yaml"
-    path.write_text(yaml.safe_dump(fleet))
+    path.write_text(yaml.safe_dump(with_front(fleet)))
     port = free_port()
     cmd = [sys.executable, "-m", "kvrouter.cli", "--log-level", "WARNING", "serve", "--fleet", str(path)]
     cmd += ["--port", str(port), "--workers", str(workers), "--no-events"]
@@ -147,6 +148,13 @@ async def fresh(method: str, url: str, body: dict[str, Any] | None = None) -> tu
         s.request(method, url, json=body) as r,
     ):
         return r.status, await r.json(content_type=None)
+
+
+async def host_queue_waiting(base: str, n: int) -> bool:
+    """The host's limits queue holds ``n`` waiters, as /health tells it (any worker: the rows are shared)."""
+    st, got = await fresh("GET", base + "/health")
+    assert st == 200, got
+    return bool(got["worker"]["queue"]["waiting"] == n)
 
 
 def body(i: int) -> dict[str, Any]:
@@ -215,7 +223,8 @@ async def test_the_limits_queue_is_the_hosts(tmp_path: Path) -> None:
         queued = []
         for i in range(3):
             queued.append(asyncio.create_task(fresh("POST", base + "/v1/completions", body(10 + i))))
-            await asyncio.sleep(0.3)  # in order: each waits in one worker or the other
+            # In order: each waits in one worker or the other before the next is sent.
+            await until_async(lambda n=i + 1: host_queue_waiting(base, n), what=f"{i + 1} waiting")
         refused = [await fresh("POST", base + "/v1/completions", body(20 + i)) for i in range(6)]
         assert [st for st, _ in refused] == [429] * 6  # the host's queue is full, whichever worker
         assert all(b["error"]["type"] for _, b in refused)

@@ -45,7 +45,14 @@ class CacheConfig(msgspec.Struct, frozen=True):
     enable_kv_cache_events: bool = True
     """Queue KV events for the publisher (vLLM ``enable_kv_cache_events``)."""
     cpu_offload_blocks: int = 0
-    """Capacity of the CPU offload tier in blocks; 0 disables it (see ``offload.py`` for what is modelled)."""
+    """Capacity of the CPU offload tier in blocks, whole chunks of them; 0 disables it (see ``offload.py``
+    for what is modelled)."""
+    cpu_offload_blocks_per_chunk: int = 1
+    """Blocks per chunk, the unit the CPU tier stores, evicts and loads (the connector's
+    ``blocks_per_chunk``)."""
+    cpu_offload_self_describing: bool = False
+    """CPU stores name every block of their chunk with its tokens and parent, where by default each is
+    one placeholder hash (the connector's ``self_describing_kv_events``)."""
     hash_seed: int = 0
     """Seed of NONE_HASH, the parent of every block 0 (vLLM >= 0.30: fixed unless PYTHONHASHSEED is set)."""
 
@@ -56,6 +63,10 @@ class CacheConfig(msgspec.Struct, frozen=True):
             raise SimConfigError("num_gpu_blocks must be >= 1")
         if self.cpu_offload_blocks < 0:
             raise SimConfigError("cpu_offload_blocks must be >= 0")
+        if self.cpu_offload_blocks_per_chunk < 1:
+            raise SimConfigError("cpu_offload_blocks_per_chunk must be >= 1")
+        if 0 < self.cpu_offload_blocks < self.cpu_offload_blocks_per_chunk:
+            raise SimConfigError("cpu_offload_blocks must hold at least one chunk")
 
 
 class EngineConfig(msgspec.Struct, frozen=True):
@@ -170,7 +181,13 @@ class Engine:
             enable_events=cc.enable_kv_cache_events and caching,
         )
         offload = (
-            CpuOffloadTier(cc.cpu_offload_blocks, self.block_size, self.pool.emit)
+            CpuOffloadTier(
+                cc.cpu_offload_blocks,
+                self.block_size,
+                self.pool.emit,
+                blocks_per_chunk=cc.cpu_offload_blocks_per_chunk,
+                self_describing=cc.cpu_offload_self_describing,
+            )
             if cc.cpu_offload_blocks and caching
             else None
         )
@@ -353,7 +370,7 @@ class Engine:
         off = self.kv.offload
         return EngineMetrics(
             num_requests_running=len(self.scheduler.running),
-            num_requests_waiting=len(self.scheduler.waiting),
+            num_requests_waiting=len(self.scheduler.waiting) + len(self.scheduler.holding),
             kv_cache_usage_perc=self.pool.usage(),
             prefix_cache_queries_total=c.prefix_cache_queries,
             prefix_cache_hits_total=c.prefix_cache_hits,

@@ -69,21 +69,19 @@ class KVCacheManager:
     def has_external(self) -> bool:
         return self.offload is not None or self.shared is not None
 
-    def external_tokens(self, req: Request, num_local_blocks: int) -> int:
-        """Tokens the tiers below the GPU can supply right after the GPU hit (block-aligned, same
-        last-token cap)."""
-        return sum(self.external_split(req, num_local_blocks))
-
-    def external_split(self, req: Request, num_local_blocks: int) -> tuple[int, int]:
+    def external_split(self, req: Request, num_local_blocks: int) -> tuple[int, int] | None:
         """(tokens from the CPU tier, tokens from the shared store) continuing the GPU hit: the CPU tier's
-        contiguous run first, then the store's from where it ends."""
+        whole chunks first (``offload.lookup``), then the store's blocks from where they end (same
+        last-token cap as the GPU hit).  None: the CPU tier asks to look again next step."""
         if not self.has_external or not self.caching:
             return 0, 0
         bs = self.block_size
-        stop = (req.num_tokens - 1) // bs
-        cpu = self.offload.lookup(req.block_hashes, num_local_blocks, stop) if self.offload else 0
-        shared = self.shared.lookup(req.block_hashes, num_local_blocks + cpu, stop) if self.shared else 0
-        return cpu * bs, shared * bs
+        cpu = self.offload.lookup(req, num_local_blocks) if self.offload else 0
+        if cpu is None:
+            return None
+        start, stop = num_local_blocks + cpu // bs, (req.num_tokens - 1) // bs
+        shared = self.shared.lookup(req.block_hashes, start, stop) if self.shared else 0
+        return cpu, shared * bs
 
     # ------------------------------------------------------------------ allocation
     def whole_sequence_fits(self, req: Request, hits: Sequence[BlockId], max_len: int) -> bool:
@@ -128,7 +126,8 @@ class KVCacheManager:
             pool.touch(new_hits)
             table.extend(new_hits)
             self._num_cached[req.request_id] = len(table)
-            self._offer(req.block_hashes[: len(table)])
+            if self.shared is not None:
+                self.shared.queue_store(req.block_hashes[: len(table)])
         if need > 0:
             table.extend(pool.get_new_blocks(need))
         if self.caching and cache:
@@ -164,11 +163,6 @@ class KVCacheManager:
                     extra_keys=req.extra_keys(done, full),
                 )
             )
-        self._offer(hashes)
-
-    def _offer(self, hashes: list[BlockHash]) -> None:
-        if self.offload is not None:
-            self.offload.queue_store(hashes)
         if self.shared is not None:
             self.shared.queue_store(hashes)
 
@@ -178,6 +172,17 @@ class KVCacheManager:
         self._num_cached.pop(req.request_id, None)
         if table:
             self.pool.free_blocks(reversed(table))
+
+    def end_schedule(self, scheduled: Sequence[tuple[Request, int]]) -> None:
+        """Scheduling is over (``scheduled``: each request and its new tokens): the CPU tier takes the
+        step's offers (the connector's ``build_connector_meta``)."""
+        if self.offload is not None:
+            self.offload.end_schedule(scheduled)
+
+    def finished(self, req: Request, *, aborted: bool = False) -> None:
+        """``req`` left the engine (its blocks are freed by ``free``)."""
+        if self.offload is not None:
+            self.offload.finished(req, aborted=aborted)
 
     def end_step(self) -> None:
         """Complete this step's offload stores (their events follow the step's GPU events)."""

@@ -8,12 +8,14 @@ engine's events onto it and applies the value rules the encoder cannot know:
   KV-cache manager labels each store with its group's kind in ``take_events``; the engine models one
   full-attention group);
 * GPU evictions: ``group_idx`` 0 from 0.20 (the block pool's ``group_idx=get_group_id(hash)``);
-* offload placeholders (the CPU tier's stores): no ``group_idx``, ``extra_keys`` nor kind, ``block_size``
-  0 from 0.33; the CPU tier's removals: no ``group_idx``.
+* the CPU tier's and the shared store's events (the offloading connector's): on 0.33 ``group_idx`` 0 on
+  stores and removals; placeholders (no tokens) carry no ``extra_keys`` nor kind and ``block_size`` 0,
+  self-describing stores the kind; before 0.33 (not recorded) no ``group_idx``.
 
 The GPU rules are checked against vLLM's own output: byte for byte against payloads written by each
 release's classes (tests/fixtures/wire) and, on 0.33, against the events of vLLM's scheduler and block
-pool (tests/fixtures/vllm_scheduler).
+pool (tests/fixtures/vllm_scheduler); the offload rules against vLLM 0.33's connector
+(tests/fixtures/vllm_offload).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class PayloadWriter:
         self.dp_rank = dp_rank
         self._placeholder_size_zero = version_tuple(release) >= (0, 33, 0)
         self._gpu_removed_group: int | None = 0 if version_tuple(release) >= (0, 20, 0) else None
+        self._offload_group: int | None = 0 if version_tuple(release) >= (0, 33, 0) else None
         self._gpu_spec_kind = "full_attention" if version_tuple(release) >= (0, 23, 0) else None
 
     def payload(self, events: Sequence[KVEvent], ts: float) -> bytes:
@@ -50,7 +53,7 @@ class PayloadWriter:
         encode = msgspec.msgpack.encode
 
         def group_of(medium: str | None) -> int | None:
-            return self._gpu_removed_group if medium == "GPU" else None
+            return self._gpu_removed_group if medium == "GPU" else self._offload_group
 
         def flush_run() -> None:
             if run:
@@ -80,7 +83,7 @@ class PayloadWriter:
                             extra_keys=None
                             if ev.extra_keys is None
                             else [list(k) if k else None for k in ev.extra_keys],
-                            group_idx=None if placeholder else 0,
+                            group_idx=group_of(ev.medium) if placeholder else 0,
                             kv_cache_spec_kind=None if placeholder else self._gpu_spec_kind,
                         )
                     )

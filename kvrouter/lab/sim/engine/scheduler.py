@@ -8,8 +8,10 @@
        No blocks?  preempt the most recently admitted running request (free its blocks, back to the
        FRONT of the waiting queue, computed tokens reset: recompute mode) and retry; a request that has to
        preempt itself stops the pass.
-    2. WAITING, FIFO, only if nothing was preempted this step, while budget > 0 and running < max_num_seqs:
-       prefix-cache hit (+ CPU tier), then min(remaining, budget) tokens; no blocks -> stop admitting.
+    2. WAITING, FIFO, only if nothing was preempted this step, while budget > 0 and running < max_num_seqs,
+       requests back from a KV transfer (``holding``, their blocks held) first: prefix-cache hit, then
+       min(remaining, budget) tokens; no blocks -> stop admitting.  A hit continued on the CPU tier is
+       loaded asynchronously: the request takes its blocks, no budget, and is in ``holding`` next step.
        With ``reserve_full_sequence`` (vLLM's default) "no blocks" means: not enough free blocks for the
        request's whole sequence, even when its first chunk would fit.
     3. Execute: every scheduled request advances; one whose computed tokens reach its known tokens samples
@@ -26,7 +28,7 @@ Disaggregated prefill and decode (vLLM's NIXL connector, pull mode):
 * a decode leg (``remote_tokens``) is admitted with its local prefix-cache hit, and the blocks for the rest
   of its prompt are allocated uncached; it leaves the waiting queue for ``loading`` (no token budget, no
   batch slot) and a ``KvLoad`` tells the shell what to pull.  ``finish_load`` puts it back at the head of
-  the queue: landed, its blocks are cached (one ``BlockStored``) and only the last prompt token is left to
+  ``holding``: landed, its blocks are cached (one ``BlockStored``) and only the last prompt token is left to
   compute, as vLLM recomputes it; failed, only its local hit counts and it computes the rest itself.
 """
 
@@ -133,6 +135,10 @@ class Scheduler:
         self.kv = kv
         self.max_model_len = max_model_len
         self.waiting: deque[Request] = deque()
+        self.holding: deque[Request] = deque()
+        """Back from a KV transfer with their blocks held: scheduled before any waiting request (vLLM's
+        ``kv_holding_waiting``), so a request preempted meanwhile cannot starve them of the blocks they
+        would free."""
         self.running: list[Request] = []
         self.requests: dict[RequestId, Request] = {}
         self.counters = Counters()
@@ -142,6 +148,8 @@ class Scheduler:
         """Transfers to start, from admissions since the shell last took them."""
         self.held: dict[RequestId, Request] = {}
         """Finished prefill legs whose blocks stay allocated until released."""
+        self._cpu_loading: list[Request] = []
+        """Admitted this step with a load from the CPU tier (also in ``loading``), in admission order."""
 
     def add(self, req: Request) -> None:
         self.requests[req.request_id] = req
@@ -156,13 +164,14 @@ class Scheduler:
         elif req.status is Status.LOADING:
             del self.loading[request_id]
         else:
-            self.waiting.remove(req)
+            (self.holding if req in self.holding else self.waiting).remove(req)
+        self.kv.finished(req, aborted=True)
         self.kv.free(req)
         req.status = Status.FINISHED
         return True
 
     def has_work(self) -> bool:
-        return bool(self.running or self.waiting)
+        return bool(self.running or self.waiting or self.holding)
 
     def _preempt(self, req: Request) -> None:
         self.kv.free(req)
@@ -202,22 +211,44 @@ class Scheduler:
         if not preempted:
             self._admit(scheduled, budget, stats)
 
+        kv.end_schedule(scheduled)
         outputs = self._run(scheduled, stats)
         kv.end_step()
+        self._cpu_loads_landed()
         return outputs, stats, preempted
+
+    def _cpu_loads_landed(self) -> None:
+        """The CPU tier's loads of this step are done (they take no longer than the step): their requests
+        wait in ``holding``, blocks held, cached when next scheduled."""
+        landed, self._cpu_loading = self._cpu_loading, []
+        for req in landed:
+            if self.loading.pop(req.request_id, None) is None:
+                continue  # aborted meanwhile
+            req.loaded = True
+            req.status = Status.WAITING
+            self.holding.append(req)
 
     def _admit(self, scheduled: list[tuple[Request, int]], budget: int, stats: BatchStats) -> None:
         kv, waiting, running = self.kv, self.waiting, self.running
         bs = kv.block_size
         c = self.counters
-        while waiting and budget > 0 and len(running) < self.config.max_num_seqs:
-            req = waiting[0]
+        skipped: list[Request] = []  # asked to look again next step; keep their places
+        holding = self.holding
+        while (holding or waiting) and budget > 0 and len(running) < self.config.max_num_seqs:
+            req = holding[0] if holding else waiting[0]
             if req.loaded:
-                # Back from a transfer: its blocks exist and its computed tokens are set.
+                # Back from a transfer: its blocks exist and its computed tokens are set.  Caching the
+                # loaded blocks again is a no-op for a decode leg (cached when its load landed).
+                kv.cache_loaded(req, req.num_computed_tokens)
+                if req.num_computed_tokens >= req.num_tokens:
+                    req.num_computed_tokens = req.num_tokens - 1  # vLLM computes the last token to sample
                 n = min(req.num_tokens - req.num_computed_tokens, budget)
-                if not kv.allocate_slots(req, n):
+                if (
+                    self.config.reserve_full_sequence
+                    and not kv.whole_sequence_fits(req, kv.blocks_of(req.request_id), self.max_model_len)
+                ) or not kv.allocate_slots(req, n):
                     break
-                waiting.popleft()
+                holding.popleft()
                 running.append(req)
                 req.loaded = False
                 req.status = Status.RUNNING
@@ -231,18 +262,23 @@ class Scheduler:
                     continue
                 if went == "blocked":
                     break
-            ext_cpu, ext_shared = kv.external_split(req, len(hits))
+            split = kv.external_split(req, len(hits))
+            if split is None:
+                skipped.append(waiting.popleft())
+                continue
+            ext_cpu, ext_shared = split
             ext = ext_cpu + ext_shared
             computed = len(hits) * bs + ext
-            n = min(req.num_tokens - computed, budget)
+            # A load from the CPU tier is asynchronous (vLLM's connector): the request takes its blocks
+            # now and is scheduled once the load has landed (next step), taking no budget meanwhile.
+            n = 0 if ext_cpu else min(req.num_tokens - computed, budget)
             if self.config.reserve_full_sequence and not kv.whole_sequence_fits(
                 req, hits, self.max_model_len
             ):
                 break
-            if not kv.allocate_slots(req, n, hits, ext):
+            if not kv.allocate_slots(req, n, hits, ext, cache=not ext_cpu):
                 break
             waiting.popleft()
-            running.append(req)
             if req.num_preemptions:
                 c.preempted_queries += req.num_tokens
                 c.preempted_hits += len(hits) * bs
@@ -252,15 +288,24 @@ class Scheduler:
                 if kv.has_external:
                     c.external_queries += req.num_tokens - len(hits) * bs
                     c.external_hits += ext
-            req.status = Status.RUNNING
             req.num_computed_tokens = computed
             if req.num_cached_tokens < 0:
                 req.num_cached_tokens = computed
                 req.cpu_loaded_tokens, req.shared_loaded_tokens = ext_cpu, ext_shared
             stats.loaded_tokens += ext_cpu
             stats.shared_loaded_tokens += ext_shared
+            if kv.offload is not None:
+                kv.offload.admitted(req, len(hits), ext_cpu)
+            if ext_cpu:
+                req.status = Status.LOADING
+                self.loading[req.request_id] = (req, len(hits) * bs)
+                self._cpu_loading.append(req)
+                continue
+            running.append(req)
+            req.status = Status.RUNNING
             scheduled.append((req, n))
             budget -= n
+        waiting.extendleft(reversed(skipped))
 
     def _admit_loading(self, req: Request, hits: list[BlockId]) -> Literal["loading", "local", "blocked"]:
         """Admit a decode leg whose prompt a prefill instance holds: ``loading`` (its transfer starts),
@@ -304,7 +349,7 @@ class Scheduler:
             req.num_computed_tokens = req.num_tokens - 1  # vLLM computes the last token to sample
         req.loaded = True
         req.status = Status.WAITING
-        self.waiting.appendleft(req)
+        self.holding.appendleft(req)
         return True
 
     def release_held(self, request_id: RequestId) -> bool:
@@ -317,6 +362,7 @@ class Scheduler:
 
     def _finished(self, req: Request) -> None:
         self.requests.pop(req.request_id, None)
+        self.kv.finished(req)
         if req.hold:
             self.held[req.request_id] = req  # blocks kept until ``release_held``
         else:
@@ -384,7 +430,7 @@ class Scheduler:
         each), nothing waiting, the batch within the token budget, no request finishing before the last
         of them, and enough free blocks that no step would preempt.  0 when the next step is not such."""
         running = self.running
-        if self.waiting or not running or len(running) > self.config.max_num_batched_tokens:
+        if self.waiting or self.holding or not running or len(running) > self.config.max_num_batched_tokens:
             return 0
         k = max_steps
         for req in running:
@@ -416,6 +462,7 @@ class Scheduler:
         running = self.running
         base_ctx = sum(r.num_tokens for r in running)
         n = len(running)
+        kv.end_schedule([(r, k) for r in running])
         outputs: list[RequestOutput] = []
         max_len = self.max_model_len
         for req in running:

@@ -3,15 +3,15 @@ system behind vLLM's OffloadingConnector.  Pure: no I/O, no clock.
 
 ::
 
-    engine i ──StoreClient i──┐  queue_store (the blocks it offers its CPU tier), flush at step end
+    engine i ──StoreClient i──┐  queue_store (the blocks it caches or hits on GPU), flush at step end
     engine j ──StoreClient j──┼──▶ SharedStore: one LRU of block hashes, capacity in blocks
     engine k ──StoreClient k──┘  lookup: contiguous hits after an engine's GPU and CPU hits
 
 What is modelled (what a router can observe, and what the store costs):
 
-* write-through: every block an engine offers its CPU tier is written to the store too (LMCache's local
-  CPU + remote backend; an offloading connector with a CPU tier over a shared one); a block the store
-  already holds is not written again (the store's existence check), so nothing is announced for it;
+* write-through: every block an engine caches or hits on GPU is written to the store too (LMCache's
+  local CPU + remote backend); a block the store already holds is not written again (the store's
+  existence check), so nothing is announced for it;
 * the writer announces what it wrote as vLLM 0.33's OffloadingConnector does for its non-GPU tiers: one
   ``BlockStored(medium="STORAGE", token_ids=[], parent=None)`` placeholder per store batch, on the
   writing engine's own event stream;

@@ -325,16 +325,17 @@ class TimingModel:
         self._bw = p.num_gpus * p.hbm_bytes_per_s * p.mbu
 
     def step_time(self, stats: BatchStats) -> float:
-        """Modelled duration of a step that computed ``stats`` (0 when nothing ran), in seconds."""
-        if stats.num_scheduled == 0:
-            return 0.0
+        """Modelled duration of a step that computed ``stats`` (0 when nothing ran), in seconds.  Loads
+        are charged in the step that queued them, also when it computed nothing else."""
         p = self.profile
-        compute = (
-            (stats.prefill_tokens + stats.decode_tokens) * p.flops_per_token
-            + stats.attention_pairs * p.attn_flops_per_pair
-        ) / self._flops
-        memory = (p.weight_bytes + stats.context_tokens * p.kv_bytes_per_token) / self._bw
-        t = p.step_overhead_s + stats.num_scheduled * p.per_seq_overhead_s + max(compute, memory)
+        t = 0.0
+        if stats.num_scheduled:
+            compute = (
+                (stats.prefill_tokens + stats.decode_tokens) * p.flops_per_token
+                + stats.attention_pairs * p.attn_flops_per_pair
+            ) / self._flops
+            memory = (p.weight_bytes + stats.context_tokens * p.kv_bytes_per_token) / self._bw
+            t = p.step_overhead_s + stats.num_scheduled * p.per_seq_overhead_s + max(compute, memory)
         if stats.loaded_tokens:
             t += stats.loaded_tokens * p.kv_bytes_per_token / p.cpu_load_bytes_per_s
         if stats.shared_loaded_tokens:

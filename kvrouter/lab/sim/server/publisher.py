@@ -310,6 +310,11 @@ class EventPublisher:
     def stalled(self) -> bool:
         return self._stalled
 
+    @property
+    def num_held(self) -> int:
+        """Batches held by the stall, not sent yet."""
+        return len(self._held)
+
     def corrupt_next(self, n: int = 1) -> None:
         """The next ``n`` batches go out undecodable (their sequence numbers are still consumed)."""
         self._corrupt += n

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 
 from kvrouter.lab.sim.engine.engine import Engine
@@ -65,6 +66,10 @@ class EngineRank:
         """Bumped by ``crash()``: a step in flight across a crash died with the engine."""
         self._clock = 0.0
         self.steps = 0
+        self.step_starts: deque[float] = deque(maxlen=256)
+        """``time.monotonic()`` when each recent step began, oldest first (what a stall held back)."""
+        self.stall_waits = 0
+        """Times the loop found work and held it for a stall (``faults.stall_s``)."""
         self.on_loads: Callable[[EngineRank, list[KvLoad]], None] | None = None
         """Called after a step that admitted decode legs with transfers to run (the KV connector)."""
 
@@ -108,7 +113,7 @@ class EngineRank:
     def load(self) -> int:
         """vLLM's data-parallel balancing score: waiting x 4 + running."""
         s = self.engine.scheduler
-        return len(s.waiting) * 4 + len(s.running)
+        return (len(s.waiting) + len(s.holding)) * 4 + len(s.running)
 
     @property
     def in_flight(self) -> int:
@@ -164,11 +169,13 @@ class EngineRank:
                 continue
             stall = faults.stall_left()
             if stall > 0:
+                self.stall_waits += 1
                 await asyncio.sleep(min(stall, _STALL_POLL_S))
                 continue
             epoch = self._epoch
             now = loop.time()
             start = self._clock if self._clock >= now - _CATCH_UP_S else now
+            self.step_starts.append(time.monotonic())
             result = engine.step()
             events = engine.take_events()
             self._clock = start + result.duration_s * faults.slowdown
@@ -187,7 +194,7 @@ class EngineRank:
             if loads and self.on_loads is not None:
                 self.on_loads(self, loads)
             self._deliver(result.outputs)
-            if not result.num_scheduled and engine.has_work():
+            if not (result.num_scheduled or result.loaded_tokens) and engine.has_work():
                 # Nothing fitted this step (all waiting, no blocks): do not spin.
                 await asyncio.sleep(_STALL_POLL_S)
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
@@ -151,6 +152,8 @@ class SimServer:
         self._port = instance.config.port
         self._tasks: set[asyncio.Task[int]] = set()
         self._crash_lock = asyncio.Lock()
+        self.last_down_s = 0.0
+        """How long the port stayed closed in the last crash (the server's own clock)."""
 
     @property
     def name(self) -> str:
@@ -211,6 +214,7 @@ class SimServer:
     async def crash(self, down_s: float = 0.5) -> int:
         """Crash now and come back after ``down_s`` seconds.  Returns the number of requests lost."""
         async with self._crash_lock:
+            closed = time.monotonic()
             if self._site is not None:
                 await self._site.stop()  # the port refuses connections from now on
                 self._site = None
@@ -230,5 +234,6 @@ class SimServer:
                 await self._open()
             # No await between the port opening and this: no request can see a half-restarted instance.
             self.instance.resume()
+            self.last_down_s = time.monotonic() - closed
             log.warning("instance restarted", extra={"instance": self.name})
             return lost

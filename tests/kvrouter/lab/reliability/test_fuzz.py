@@ -26,9 +26,10 @@ TS = b"\xcb" + struct.pack(">d", 1.7e9)
 
 
 def test_a_quick_fuzz_run_holds_every_property() -> None:
+    """Every property but speed: how long the slowest payload takes is a figure of ``kvrouter
+    reliability`` (event-fuzz), not a wall-clock bound here (a hang ends the test at pytest's timeout)."""
     rep = run_event_fuzz(EventFuzzConfig(payloads=4000, seed=3, huge_every=2000))
     assert rep.crashes == [] and rep.uncounted == [] and rep.wrong_reason == []
-    assert rep.slow == 0 and rep.max_s < 1.0
     assert rep.control_batches > 30 and rep.control_errors == 0
     assert rep.control_mismatches == 0 and rep.control_trust == "exact"
     assert len(rep.families) >= 24  # every family came up at least once
@@ -95,7 +96,8 @@ def test_deep_extra_keys_are_an_event_error() -> None:
 
 
 async def test_a_lost_last_batch_is_found_by_the_idle_probe() -> None:
-    """vLLM sends no heartbeat: a dropped final batch is fetched by one replay once the source is quiet."""
+    """vLLM sends no heartbeat: a dropped final batch is fetched by one replay once the source is quiet,
+    the one probe of that quiet spell (counted on both sides; nothing is published after the loss)."""
     port, rport = free_port(), free_port()
     pub = EventPublisher(
         PublisherConfig(endpoint=f"tcp://127.0.0.1:{port}", replay_endpoint=f"tcp://127.0.0.1:{rport}")
@@ -103,7 +105,8 @@ async def test_a_lost_last_batch_is_found_by_the_idle_probe() -> None:
     await pub.start()
     ix = Indexer(BS)
     inst = InstanceConfig("v0", events=f"tcp://127.0.0.1:{port}", replay=f"tcp://127.0.0.1:{rport}")
-    opts = IndexerOptions(idle_probe_s=0.3)
+    # Quiet for a second before a probe: the test reads its counters well before the first could go out.
+    opts = IndexerOptions(idle_probe_s=1.0)
     sub = EventSubscriber(ix, FleetConfig(block_size=BS, instances=[inst], indexer=opts))
     await sub.start()
     src = SourceKey("v0", 0)
@@ -112,13 +115,14 @@ async def test_a_lost_last_batch_is_found_by_the_idle_probe() -> None:
         first = list(range(100, 100 + BS))
         pub.publish([BlockStored([BlockHash(11)], None, first, BS)])
         await until(lambda: held(ix, first) == 1)
+        probes, asked = sub.counters["idle_probes"], pub.stats.replay_requests
         pub.set_drop_rate(1.0)
         last = list(range(500, 500 + BS))
         pub.publish([BlockStored([BlockHash(22)], None, last, BS)])  # lost, and nothing follows it
-        t0 = time.monotonic()
         await until(lambda: held(ix, last) == 1)
-        assert time.monotonic() - t0 >= 0.25  # found by the probe, not by a later batch
-        assert sub.counters["idle_probes"] >= 1 and ix.trust(src) is Trust.EXACT
+        assert (pub.stats.batches, pub.stats.dropped) == (2, 1)  # no later batch could have revealed it
+        assert sub.counters["idle_probes"] == probes + 1 and pub.stats.replay_requests == asked + 1
+        assert ix.trust(src) is Trust.EXACT
     finally:
         await sub.stop()
         await pub.stop()

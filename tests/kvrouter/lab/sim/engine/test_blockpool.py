@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvrouter.lab.sim.engine.blockpool import BlockPool
-from kvrouter.lab.sim.engine.events import AllBlocksCleared, BlockRemoved, BlockStored
-from kvrouter.lab.sim.engine.offload import CpuOffloadTier
+from kvrouter.lab.sim.engine.events import AllBlocksCleared, BlockRemoved
 from kvrouter.lab.sim.engine.types import BlockHash, BlockId
 
 
@@ -109,21 +108,3 @@ def test_caching_disabled_keeps_no_hashes() -> None:
     a = pool.get_new_blocks(1)
     pool.cache_blocks(a, H(4))
     assert pool.longest_hit(H(4), 1) == [] and pool.cached_hashes() == set()
-
-
-def test_cpu_tier_is_an_lru_with_batch_events() -> None:
-    out: list[object] = []
-    cpu = CpuOffloadTier(3, 16, out.append)
-    cpu.queue_store(H(1, 2))
-    cpu.flush()
-    assert out == [BlockStored(H(1, 2), None, [], 16, medium="CPU")]
-    out.clear()
-    assert cpu.lookup(H(1, 2, 9), 0, 3) == 2  # touches 2 then 1: 1 is now most recent
-    cpu.queue_store(H(1, 3, 4))  # 1 already there; 3 and 4 need one eviction: LRU is 2
-    cpu.flush()
-    assert out == [BlockRemoved(H(2), medium="CPU"), BlockStored(H(3, 4), None, [], 16, medium="CPU")]
-    out.clear()
-    cpu.queue_store(H(5, 6, 7, 8))  # larger than the tier: skipped, as vLLM's prepare_store fails
-    cpu.flush()
-    assert out == [] and len(cpu) == 3
-    assert cpu.lookup(H(1, 3), 1, 2) == 1

@@ -238,23 +238,29 @@ def test_salt_and_lora_keep_caches_apart_and_are_reported() -> None:
 
 
 def test_cpu_tier_catches_gpu_evictions_and_feeds_hits_back() -> None:
+    """The connector's shape (tests/kvrouter/lab/sim/engine/test_offload_golden.py holds it to vLLM's): one
+    placeholder per offloaded prompt block, a load from CPU that takes a step of its own, and a prompt
+    found whole on CPU loaded whole (its last token recomputed, all of it reported cached)."""
     e = make(bs=4, blocks=6, cpu=32)
     a = list(range(1, 17))  # 4 blocks
-    e.add_request("a", a, 1)
+    e.add_request("a", a, 6)
     _, events = run(e)
     h = e.block_hashes(a)
-    assert stored(events, "CPU") == [BlockStored(h, None, [], 4, medium="CPU")]
+    assert stored(events, "CPU") == [BlockStored([x], None, [], 4, medium="CPU") for x in h]
+    assert len(stored(events)) == 2  # a decode block filled on GPU, not offloaded (prompt blocks only)
     for i in range(3):  # push a's blocks out of the 6-block GPU pool
         e.add_request(f"x{i}", [100 + i] * 16, 1)
         run(e)
     assert e.cached_prefix_blocks(a) == 0
     e.add_request("a2", a, 1)
     steps, events = run(e)
-    assert cached_tokens(steps, "a2") == 12  # 3 blocks from CPU (the last one is recomputed)
-    assert steps[0].loaded_tokens == 12 and steps[0].prefill_tokens == 4
-    assert stored(events)[0] == BlockStored(h, None, a, 4, extra_keys=[None] * 4)  # loaded + computed
+    assert (steps[0].num_scheduled, steps[0].loaded_tokens) == (0, 16)  # the load's own step
+    assert stored(events[:1]) == []  # loaded blocks are cached when the request runs
+    assert cached_tokens(steps, "a2") == 16 and steps[1].prefill_tokens == 1
+    assert stored(events)[0] == BlockStored(h, None, a, 4, extra_keys=[None] * 4)
+    assert stored(events, "CPU") == []  # already there
     m = e.metrics()
-    assert (m.external_prefix_cache_hits_total, m.cpu_cached_blocks) == (12, 16)
+    assert (m.external_prefix_cache_hits_total, m.cpu_cached_blocks) == (16, 16)
 
 
 def test_events_and_caching_switches() -> None:

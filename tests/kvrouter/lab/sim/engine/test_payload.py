@@ -82,7 +82,8 @@ def test_033_maps_with_extra_keys_and_zero_size_placeholders() -> None:
     assert plain["extra_keys"] == [None, None]
     cpu = next(ev for ev in batch[1] if ev["type"] == "BlockStored" and ev["medium"] == "CPU")
     assert cpu["token_ids"] == [] and cpu["block_size"] == 0 and cpu["parent_block_hash"] is None
-    assert "group_idx" not in cpu and "extra_keys" not in cpu  # the connector sets neither
+    # the connector's placeholder (tests/fixtures/vllm_offload): group 0, no extra_keys nor kind
+    assert cpu["group_idx"] == 0 and "extra_keys" not in cpu and "kv_cache_spec_kind" not in cpu
     removed = next(ev for ev in batch[1] if ev["type"] == "BlockRemoved")
     # the block pool's eviction names its KV-cache group (0.20+; tests/fixtures/wire)
     assert set(removed) == {"type", "block_hashes", "medium", "group_idx"} and removed["group_idx"] == 0

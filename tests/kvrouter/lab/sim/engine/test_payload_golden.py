@@ -6,8 +6,8 @@ events and written by ``PayloadWriter`` for that release: the bytes must be *equ
 decode alike, because the simulator stands in for vLLM in every end-to-end test and byte equality is the
 only check that covers fields the indexer ignores.  Batches with events the engine never emits (STORAGE
 media, other KV-cache groups, hybrid-model metadata, digests as hashes, negative hashes) are left out.
-The ``offload`` batch's values (placeholders without a group, two hashes per event) are the simulator's CPU
-tier's, chosen by the recorder: its bytes check the encoding, not that a vLLM connector sends such events.
+(The ``offload`` batch, values chosen by the recorder, is among those: its STORAGE event.  What vLLM's
+connector sends is held by tests/kvrouter/lab/sim/engine/test_offload_golden.py.)
 """
 
 from __future__ import annotations

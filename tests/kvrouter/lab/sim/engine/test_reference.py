@@ -14,7 +14,7 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from indexer import Indexer
@@ -180,8 +180,33 @@ def concurrent_workloads(draw: Callable[..., Any]) -> dict[str, Any]:
     }
 
 
+# Found by this test: a request preempted while two others waited with their CPU loads landed went
+# ahead of them and could never fit; they held the blocks it needed (vLLM schedules those first).
+HOLDING_FIRST = {
+    "bs": 2,
+    "reqs": [
+        *(([0] * n, m, None) for n, m in ((6, 12), (1, 5), (1, 2), (8, 9))),
+        ([0, 3, *[0] * 12], 1, None),
+        *(([0] * n, m, None) for n, m in ((2, 2), (8, 6), (3, 6))),
+        ([0, 2, *[0] * 6], 9, None),
+        ([*[0] * 7, 3], 12, None),
+        ([0, 3, *[0] * 10], 1, None),
+        ([0], 12, None),
+        ([0] * 5, 2, None),
+        ([4, 0, 0], 8, None),
+    ],
+    "capacity": 13,
+    "budget": 25,
+    "seqs": 4,
+    "cpu": 64,
+    "plan": ["step", "add", "step", "add", "abort"],
+    "release": "0.9.0",
+}
+
+
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(concurrent_workloads())
+@example(HOLDING_FIRST)
 def test_the_indexer_fed_by_the_engine_agrees_with_its_cache(w: dict[str, Any]) -> None:
     """Concurrent batches, preemption, aborts, the CPU tier, any release's wire shape: after every step the
     index built from the engine's own events reports exactly the prefix the engine would serve."""
@@ -219,7 +244,9 @@ def test_the_indexer_fed_by_the_engine_agrees_with_its_cache(w: dict[str, Any]) 
                 done[o.request_id].extend(o.new_token_ids)
                 if o.finished:
                     live.remove(o.request_id)
-                assert 0 <= o.cached_tokens < o.num_prompt_tokens and o.cached_tokens % bs == 0
+                # vLLM recomputes the last prompt token, and reports it cached only when loaded from CPU
+                whole = 0 if w["cpu"] else 1
+                assert 0 <= o.cached_tokens <= o.num_prompt_tokens - whole and o.cached_tokens % bs == 0
             events = e.take_events()
             if events:
                 assert ix.apply_payload("sim", writer.payload(events, 1.0)) == len(events)

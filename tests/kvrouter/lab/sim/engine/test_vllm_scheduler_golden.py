@@ -18,12 +18,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
 
 from kvrouter.lab.sim.engine import CacheConfig, Engine, EngineConfig, SchedulerConfig
 from kvrouter.lab.sim.engine.payload import PayloadWriter
-from tests.support.recorded import VLLM_SCHEDULER, scenarios
+from tests.support.recorded import VLLM_SCHEDULER, BlockNamer, scenarios
 
 FIXTURES = Path(__file__).resolve().parents[4] / "fixtures" / "vllm_scheduler"
 SCENARIOS = scenarios(FIXTURES, VLLM_SCHEDULER)
@@ -32,39 +31,6 @@ SCENARIOS = scenarios(FIXTURES, VLLM_SCHEDULER)
 def load(name: str) -> dict[str, Any]:
     data: dict[str, Any] = json.loads((FIXTURES / f"{name}.json").read_text())
     return data
-
-
-class Namer:
-    """Names blocks by content, shared by both sides so equal content gets one name."""
-
-    def __init__(self) -> None:
-        self.names: dict[tuple[Any, ...], int] = {}
-
-    def side(self) -> dict[Any, int]:
-        return {}
-
-    def canonical(self, payload: bytes, seen: dict[Any, int]) -> list[dict[str, Any]]:
-        """The batch's events with hashes replaced by block names (``seen``: this side's hash -> name)."""
-        out = []
-        for ev in msgspec.msgpack.decode(payload)[1]:
-            ev = dict(ev)
-            hashes = ev.pop("block_hashes")
-            if ev["type"] == "BlockStored":
-                parent = ev.pop("parent_block_hash")
-                prev = None if parent is None else seen[parent]
-                ev["parent"] = prev
-                bs = ev["block_size"]
-                keys = ev.get("extra_keys") or [None] * len(hashes)
-                names = []
-                for i, h in enumerate(hashes):
-                    key = (prev, tuple(ev["token_ids"][i * bs : (i + 1) * bs]), json.dumps(keys[i]))
-                    prev = seen[h] = self.names.setdefault(key, len(self.names))
-                    names.append(prev)
-                ev["blocks"] = names
-            else:
-                ev["blocks"] = [seen[h] for h in hashes]
-            out.append(ev)
-        return out
 
 
 def simulate(fx: dict[str, Any]) -> tuple[dict[str, int], list[dict[str, Any]]]:
@@ -131,7 +97,7 @@ def test_steps_schedule_and_preempt_as_vllm(name: str) -> None:
 def test_events_equal_vllms_step_by_step(name: str) -> None:
     fx = load(name)
     _, steps = simulate(fx)
-    namer = Namer()
+    namer = BlockNamer()
     ours: dict[Any, int] = {}
     theirs: dict[Any, int] = {}
     for rec, got in zip(fx["steps"], steps, strict=True):
