@@ -94,8 +94,13 @@ class LimitsConfig(msgspec.Struct, frozen=True):
     retry_after_s: int = 1
     max_requests: int = 4096
     """OpenAI requests the gateway holds at once, streams included; beyond it the next gets 429 with
-    Retry-After before its body is read (0: no limit).  The bound that holds when the gateway's own CPU is
-    the bottleneck, which no per-instance cap sees."""
+    Retry-After before its body is read (0: no limit).  A bound on the gateway's memory and backlog,
+    which no per-instance cap sees."""
+    max_loop_lag_s: float = 0.025
+    """Past this standing delay of a worker's event loop (behind on every turn for 0.1 s: its CPU is the
+    bottleneck), the worker refuses new requests with 429 and Retry-After before reading their body: a
+    share of them rising from 0 at this delay to all at twice it (``pipeline.admission``).  One long stall
+    refuses nothing.  0: off (admission by ``max_requests`` alone)."""
     max_body_bytes: int = 32 << 20
     """Largest request body accepted (413 beyond)."""
 
@@ -282,8 +287,8 @@ class RouterFleetConfig(FleetConfig, frozen=True, forbid_unknown_fields=True):
             raise ConfigError(str(e)) from None
         if self.limits.queue_size < 0 or self.limits.queue_timeout_s <= 0:
             raise ConfigError("limits: queue_size must be >= 0 and queue_timeout_s > 0")
-        if self.limits.max_requests < 0:
-            raise ConfigError("limits: max_requests must be >= 0")
+        if self.limits.max_requests < 0 or self.limits.max_loop_lag_s < 0:
+            raise ConfigError("limits: max_requests and max_loop_lag_s must be >= 0")
         if self.routing.shadow_every < 1:
             raise ConfigError("routing.shadow_every must be at least 1")
 

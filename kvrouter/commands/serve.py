@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import math
 import os
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from aiohttp import web
@@ -17,7 +19,7 @@ from indexer.errors import ConfigError
 
 from ..config import RouterFleetConfig, load_router_fleet
 from ..gateway import Gateway, build_gateway
-from ..heap import freeze_on_startup
+from ..heap import HeapTrimmer, freeze_on_startup, trim_heap
 from ..pipeline import FleetTokens
 from ..routing import ALL_POLICIES
 
@@ -105,6 +107,14 @@ def _serve(
     )
     app = build_gateway(gw)
     app.on_startup.append(freeze_on_startup)  # after the gateway's start: tokenizers are loaded by then
+    trimmer = HeapTrimmer(registry=gw.metrics.registry)
+
+    async def heap_trim(_app: web.Application) -> AsyncIterator[None]:
+        trimmer.start()
+        yield
+        await trimmer.stop()
+
+    app.cleanup_ctx.append(heap_trim)
     log.info(
         "gateway listening",
         extra={
@@ -148,6 +158,8 @@ def run(args: argparse.Namespace) -> int:
     from ..workers import Supervisor, preload, shared_host
 
     preload(cfg, tokens)
+    gc.collect()
+    trim_heap()  # what loading freed, given back before the workers share the rest copy-on-write
     mem = shared_host(cfg, n)
     log.info("starting workers", extra={"workers": n, "port": args.port})
     return Supervisor(n, lambda h: _serve(args, cfg, tokens, host=h, reuse_port=True), mem).run()

@@ -10,6 +10,7 @@
     │     └── ResponseAffinity: which instance holds each stored response (shared through SharedState)
     ├── AdapterManager: LoRA loads and unloads passed on, adapters loaded on demand
     ├── Proxy: the bytes, upstream and back (after ``start``: it needs the client session)
+    ├── LoopLag: how far the event loop is behind (admission; timeouts judged against it)
     └── DisaggProxy: a disaggregated model's two legs, over the Proxy
 
 The HTTP routes are in ``handlers``; ``build_gateway`` makes the aiohttp app.
@@ -39,6 +40,7 @@ from ..api.requests import ParsedRequest
 from ..config import RouterFleetConfig
 from ..host import HealthBoard, HostLoads, QueueBoard
 from ..host.metric_merge import Merged
+from ..loop_lag import LoopLag
 from ..pipeline import PassThroughTokens, RequestPipeline, TokenSource
 from ..replicas import PrefixClaims, SharedState, WarmRestart, mark_restored, store_for
 from ..routing import LoadTracker, Router
@@ -135,6 +137,8 @@ class Gateway:
         )
         self.metrics = GatewayMetrics()
         self.metrics.registry.register(IndexerCollector(self.indexer, self.subscriber))
+        self.lag = LoopLag()
+        """This process's event-loop delay: admission reads it, and timeouts are judged against it."""
         g = cfg.gateway
         self.pool = UpstreamPool(
             cfg.instances,
@@ -149,6 +153,7 @@ class Gateway:
             on_eject=lambda name, _span: self.metrics.ejections.labels(name).inc(),
             board=host.health if host is not None else None,
             scrape_engines=host is None or host.leader,
+            lag=self.lag,
         )
         self.tokens = tokens or PassThroughTokens()
         self.telemetry = Telemetry(cfg.tracing, cfg.access_log)
@@ -161,6 +166,7 @@ class Gateway:
             self.metrics.pipeline,
             remote=self.remote_lookup if remote_index else None,
             find_response=self.find_response,
+            lag=self.lag,
             telemetry=self.telemetry,
             host_queue=host.queue if host is not None else None,
             held_host=host.queue if host is not None else None,
@@ -168,7 +174,13 @@ class Gateway:
         )
         self.adapters = AdapterManager(self.pool, self.pipeline, cfg.lora)
         self.shared = (
-            SharedState(self.router, rep, registry=self.metrics.registry, affinity=self.pipeline.affinity)
+            SharedState(
+                self.router,
+                rep,
+                registry=self.metrics.registry,
+                affinity=self.pipeline.affinity,
+                lag=self.lag,
+            )
             if rep.redis_url
             else None
         )
@@ -226,7 +238,8 @@ class Gateway:
             self.metrics.worker.labels(str(host.me)).set(1)
 
     def refresh_gauges(self) -> None:
-        """Gauges read at scrape time: in flight per target (the host's, with workers), the queue, tasks."""
+        """Gauges read at scrape time: in flight per target (the host's, with workers), the queue, the event
+        loop (tasks, delay)."""
         load = self.router.load
         load.refresh()
         for key, tl in load.loads.items():
@@ -234,6 +247,9 @@ class Gateway:
         self.metrics.pipeline.queue_depth.set(self.pipeline.gate.waiting)
         with contextlib.suppress(RuntimeError):  # no running loop (a snapshot taken off the loop)
             self.metrics.loop_tasks.set(len(asyncio.all_tasks()))
+        self.metrics.loop_lag.set(self.lag.standing_s)
+        self.metrics.loop_demand.set(self.lag.demand)
+        self.metrics.loop_stall_max.set(self.lag.max_s)
 
     async def exposition(self, accept: str | None) -> tuple[bytes, str]:
         """``/metrics``: this process's registry, or with workers the host's merged families; OpenMetrics
@@ -336,6 +352,7 @@ class Gateway:
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
+        self.lag.start()
         conn = aiohttp.TCPConnector(limit=0, ttl_dns_cache=10, enable_cleanup_closed=True)
         self.session = aiohttp.ClientSession(connector=conn, auto_decompress=False)
         g = self.cfg.gateway
@@ -350,6 +367,7 @@ class Gateway:
             max_retries=g.max_retries,
             upstream_api_key=g.upstream_api_key,
             http=self.http if g.lean_client else None,
+            lag=self.lag,
         )
         self.disagg = DisaggProxy(self.proxy)
         self.adapters.session = self.session
@@ -463,3 +481,4 @@ class Gateway:
         if self.session:
             await self.session.close()
         await asyncio.get_running_loop().run_in_executor(None, self.telemetry.shutdown)  # flush spans
+        self.lag.stop()

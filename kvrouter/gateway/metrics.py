@@ -67,6 +67,23 @@ class GatewayMetrics:
             ["instance"],
             registry=r,
         )
+        self.loop_lag = Gauge(
+            "kvrouter_event_loop_lag_seconds",
+            "How far the gateway's event loop is behind when scraped (its least delay over the last 0.1 s; "
+            "admission refuses past limits.max_loop_lag_s)",
+            registry=r,
+        )
+        self.loop_demand = Gauge(
+            "kvrouter_event_loop_demand",
+            "Share of the last 0.1 s the event loop's thread was runnable (on a CPU or queued for one): "
+            "1 when it never idles, its CPU the bottleneck",
+            registry=r,
+        )
+        self.loop_stall_max = Gauge(
+            "kvrouter_event_loop_stall_max_seconds",
+            "The longest the gateway's event loop stood still since start (a collection, a burst of work)",
+            registry=r,
+        )
         self.worker = Gauge(
             "kvrouter_worker",
             "1 per worker of the host, labelled with it (serve --workers N: every scrape shows them all)",

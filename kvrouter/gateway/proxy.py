@@ -29,6 +29,7 @@ from ..api import messages as anthropic
 from ..api import responses as responses_api
 from ..api.errors import ApiError, BadGateway, sse_error
 from ..api.usage import UsageWatcher
+from ..loop_lag import LoopLag
 from ..pipeline import Prepared, RequestPipeline
 from ..routing import Candidate
 from .downstream import Downstream
@@ -78,6 +79,17 @@ def _is_connect_timeout(e: BaseException) -> bool:
     return isinstance(e, cls) if cls is not None else "connect" in str(e).lower()
 
 
+def _failed(e: BaseException, timeout: aiohttp.ClientTimeout) -> UpstreamFailed:
+    """A client error as an attempt's failure.  aiohttp's read timeout is a connection error too: an
+    instance that accepted the request and never started its answer is a hang (a failure towards
+    ejection), not an unreachable host."""
+    if isinstance(e, TimeoutError):
+        if _is_connect_timeout(e):
+            return UpstreamFailed("connect", connection=True, limit_s=timeout.connect)
+        return UpstreamFailed("timeout", connection=False, limit_s=timeout.sock_read)
+    return UpstreamFailed("connect", connection=True)
+
+
 class Proxy:
     def __init__(
         self,
@@ -92,7 +104,11 @@ class Proxy:
         max_retries: int,
         upstream_api_key: str | None = None,
         http: UpstreamHttp | None = None,
+        lag: LoopLag | None = None,
     ) -> None:
+        self.lag = lag
+        """This process's event-loop delay: a timeout that ran out while the loop stood still is not
+        held against the instance (it is retried all the same)."""
         self.http = http
         """The lean client for http:// upstreams (None: every request through ``session``)."""
         self.session = session
@@ -148,6 +164,7 @@ class Proxy:
         for attempt in range(self.max_retries + 1):
             tried.add(chosen.target)
             self.pipeline.dispatched(p, chosen)
+            mark = self.lag.mark() if self.lag is not None else 0.0
             try:
                 send = source if isinstance(source, bytes) else _once(source, started)
                 await self._attempt(down, p, chosen, method, send, path, extra_headers, time.monotonic())
@@ -162,7 +179,9 @@ class Proxy:
                 self.metrics.retries.labels("adapter_missing").inc()
                 chosen = nxt
             except UpstreamFailed as e:
-                self.pool.record_failure(chosen.instance, connection=e.connection)
+                if e.limit_s is None or self.lag is None or not self.lag.stalled(mark, e.limit_s):
+                    self.pool.record_failure(chosen.instance, connection=e.connection)
+                # else: the time ran out while this process stood still; the instance is not to blame
                 log.warning(
                     "upstream failed before the first byte",
                     extra={"instance": chosen.target, "reason": e.reason, "attempt": attempt},
@@ -252,11 +271,9 @@ class Proxy:
                 method, url, data=data, headers=headers, timeout=timeout, auto_decompress=False
             )
         except (aiohttp.ClientConnectionError, aiohttp.ClientOSError) as e:
-            if isinstance(e, TimeoutError) and not _is_connect_timeout(e):
-                raise UpstreamFailed("timeout", connection=False) from e
-            raise UpstreamFailed("connect", connection=True) from e
+            raise _failed(e, timeout) from e
         except TimeoutError as e:
-            raise UpstreamFailed("timeout", connection=False) from e
+            raise UpstreamFailed("timeout", connection=False, limit_s=timeout.sock_read) from e
 
     async def _post(
         self,
@@ -275,13 +292,9 @@ class Proxy:
                 url, data=body, headers=headers, timeout=timeout, auto_decompress=False
             )
         except (aiohttp.ClientConnectionError, aiohttp.ClientOSError) as e:
-            # aiohttp's read timeout is a connection error too: an instance that accepted the request and
-            # never started its answer is a hang (a failure towards ejection), not an unreachable host.
-            if isinstance(e, TimeoutError) and not _is_connect_timeout(e):
-                raise UpstreamFailed("timeout", connection=False) from e
-            raise UpstreamFailed("connect", connection=True) from e
+            raise _failed(e, timeout) from e
         except TimeoutError as e:
-            raise UpstreamFailed("timeout", connection=False) from e
+            raise UpstreamFailed("timeout", connection=False, limit_s=timeout.sock_read) from e
 
     async def _read_all(self, resp: Answer) -> bytes:
         try:

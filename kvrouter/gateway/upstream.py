@@ -30,6 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from indexer.config import InstanceConfig
 
 from ..host import HealthBoard
+from ..loop_lag import LoopLag
 from ..routing import LoadTracker
 from ..routing.router import Target
 from ..types import InstanceId
@@ -100,7 +101,11 @@ class UpstreamPool:
         on_eject: Callable[[str, float], None] | None = None,
         board: HealthBoard | None = None,
         scrape_engines: bool = True,
+        lag: LoopLag | None = None,
     ) -> None:
+        self.lag = lag
+        """This process's event-loop delay: a check that timed out while the loop stood still says
+        nothing about the instance (None: every timeout counts)."""
         self.board = board
         """The host's shared health (several workers); None: this process's own view is the truth."""
         self.scrape_engines = scrape_engines
@@ -321,8 +326,10 @@ class UpstreamPool:
     async def _check(self, u: Upstream) -> None:
         assert self._session is not None
         url = (u.cfg.url or "").rstrip("/")
-        timeout = aiohttp.ClientTimeout(total=max(0.5, self.health_interval_s * 2))
+        limit = max(0.5, self.health_interval_s * 2)
+        timeout = aiohttp.ClientTimeout(total=limit)
         ok = timed_out = False
+        mark = self.lag.mark() if self.lag is not None else 0.0
         try:
             async with self._session.get(f"{url}/health", timeout=timeout) as r:
                 ok = r.status == 200
@@ -330,6 +337,11 @@ class UpstreamPool:
             timed_out = True
         except aiohttp.ClientError:
             ok = False
+        if timed_out and self.lag is not None and self.lag.stalled(mark, limit):
+            # This process stood still for much of the wait (a collection, its own overload, the
+            # machine's other processes): the answer may well be waiting in the socket.  No verdict.
+            u.last_check = time.monotonic()
+            return
         u.check_timeouts = u.check_timeouts + 1 if timed_out else 0
         if timed_out and u.healthy and u.check_timeouts < self.health_timeouts:
             # No answer yet is not "down": a busy API server answers late.  The next check decides,

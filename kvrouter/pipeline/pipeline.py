@@ -31,8 +31,8 @@ import hmac
 import itertools
 import math
 import time
-from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from contextlib import AbstractContextManager
 from typing import Any, Protocol, TypeVar
 
 import msgspec
@@ -52,12 +52,14 @@ from ..api.routes import is_admin
 from ..api.usage import UsageReport
 from ..config import RouterFleetConfig
 from ..flows import Flow, RateLimiter, identify, request_cost
+from ..loop_lag import LoopLag
 from ..routing import Candidate, Decision, DisaggPlanner, PDPlan, RouteInput, Router, Target, route_input
 from ..routing.disagg import explain_plan
 from ..routing.response_affinity import Holder, ResponseAffinity
 from ..routing.tier_value import DEFAULT_TIER_VALUES, TierValues
 from ..telemetry import RequestRecord, Telemetry
 from ..types import RequestId, leg_id
+from .admission import Admission, HeldCount
 from .event_watch import EventWatch
 from .gate import DEFAULT_FLOW, CapacityGate, QueueFull, SharedQueue
 from .metrics import PipelineMetrics
@@ -86,14 +88,6 @@ class Fleet(Protocol):
 
     def instance_targets(self, name: str) -> list[Target] | None:
         """One instance's (instance, rank) targets, draining or not; None when it is not in the fleet."""
-
-
-class HeldCount(Protocol):
-    """Requests held by every worker process of the host (``kvrouter.host.QueueBoard``)."""
-
-    def held_total(self) -> int: ...
-
-    def add_held(self, d: int) -> None: ...
 
 
 RemoteLookup = Callable[[ParsedRequest, TokenIds], Awaitable[LookupResult | None]]
@@ -166,13 +160,15 @@ class RequestPipeline:
         remote: RemoteLookup | None = None,
         parity: ParityTracker | None = None,
         find_response: FindResponse | None = None,
+        lag: LoopLag | None = None,
         telemetry: Telemetry | None = None,
         host_queue: SharedQueue | None = None,
         held_host: HeldCount | None = None,
         id_prefix: str = "r",
     ) -> None:
         """``host_queue`` and ``held_host``: the host's limits queue and held count, shared by its workers
-        (None: this process's own); ``id_prefix``: of this process's request ids (each worker its own)."""
+        (None: this process's own); ``id_prefix``: of this process's request ids (each worker its own);
+        ``lag``: this process's event-loop delay, read by admission (None: admission by count alone)."""
         self.cfg = cfg
         self.telemetry = telemetry or Telemetry()
         self.router = router
@@ -204,10 +200,9 @@ class RequestPipeline:
         self._named = self._keyed | set(flows.tenants) | {flows.default_tenant}
         """Tenants with a metrics label of their own (the others are ``other``)."""
         self.planner = DisaggPlanner(router, cfg.routing.disaggregation)
-        self.active = 0
-        """Requests held right now (reading, routing, queued or proxied)."""
-        self.held_host = held_host
-        """The host's count of held requests (several workers: ``limits.max_requests`` bounds them all)."""
+        self.admission = Admission(cfg.limits, metrics, lag=lag, held_host=held_host)
+        """Whether a request is taken, before its body is read (``held``); ``limits.max_requests`` bounds
+        every worker's held requests together (``held_host``)."""
         self.claims: PlacementClaims | None = None
         self.publish_now: Callable[[], None] | None = None
         self.peers_fresh: Callable[[], Awaitable[None]] | None = None
@@ -221,27 +216,10 @@ class RequestPipeline:
         """Request ids are ``<prefix><n>``: unique in this process (each worker of a host has its own)."""
 
     # ------------------------------------------------------------------ admission
-    @contextmanager
-    def held(self) -> Iterator[None]:
-        """Hold one request for its whole life.  Past ``limits.max_requests`` held at once, ``Overloaded``
-        before the body is even read: when the router's own CPU is the bottleneck nothing else bounds its
-        backlog, and a rejection costs a fraction of a routed request, so the requests it keeps are served
-        at a bounded latency."""
-        cap = self.cfg.limits.max_requests
-        host = self.held_host
-        if cap and (self.active if host is None else host.held_total()) >= cap:
-            raise self.rejected(
-                Overloaded(f"the gateway holds {cap} requests already", reason="gateway_full")
-            )
-        self.active += 1
-        if host is not None:
-            host.add_held(1)
-        try:
-            yield
-        finally:
-            self.active -= 1
-            if host is not None:
-                host.add_held(-1)
+    def held(self) -> AbstractContextManager[None]:
+        """Hold one request for its whole life; ``Overloaded`` before its body is read when the gateway
+        is full or its event loop behind (``admission``).  Every front door calls this first."""
+        return self.admission.held()
 
     def rejected(self, err: Overloaded | ServiceUnavailable) -> Overloaded | ServiceUnavailable:
         """Count a rejection by its reason; returns it for the caller to raise."""

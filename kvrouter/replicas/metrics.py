@@ -12,7 +12,8 @@ class SharedStateMetrics:
         r = self.registry = registry or CollectorRegistry(auto_describe=False)
         self.errors = Counter(
             "kvrouter_shared_state_errors",
-            "Failed round trips to the shared state store, by reason (routing went on with the local view)",
+            "Failed round trips to the shared state store, by reason (routing went on with the local view; "
+            "stalled: timed out while this process's event loop stood still, not counted as an outage)",
             ["reason"],
             registry=r,
         )

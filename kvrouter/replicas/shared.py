@@ -36,6 +36,7 @@ from prometheus_client import CollectorRegistry
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from ..loop_lag import LoopLag
 from ..routing import Router
 from ..routing.response_affinity import ResponseAffinity
 from .config import SharedStateConfig
@@ -71,8 +72,12 @@ class SharedState:
         store: ReplicaStore | None = None,
         clock: Callable[[], float] = time.monotonic,
         affinity: ResponseAffinity | None = None,
+        lag: LoopLag | None = None,
     ) -> None:
-        """``affinity``: the response ids to share (which instance holds each stored response)."""
+        """``affinity``: the response ids to share (which instance holds each stored response); ``lag``:
+        this process's event-loop delay (a round trip that timed out while the loop stood still is
+        retried, not counted as an outage)."""
+        self.lag = lag
         config.validate()
         self.config = config
         self.router = router
@@ -193,10 +198,15 @@ class SharedState:
         now = self.clock()
         req = self.state.request(now, lease_s=c.lease_s, window_s=c.speculative_window_s, max_read=c.max_read)
         t0 = time.perf_counter()
+        mark = self.lag.mark() if self.lag is not None else 0.0
         try:
             async with asyncio.timeout(2 * c.timeout_s):
                 reply = await self.store.sync(req)
         except Exception as e:  # Redis or network errors; a bug must not stop the loop either ("internal")
+            if error_reason(e) == "timeout" and self.lag is not None and self.lag.stalled(mark, c.timeout_s):
+                # This process stood still, not Redis: the next round trip decides (its entries are kept).
+                self.metrics.errors.labels("stalled").inc()
+                return False
             self._failed(now, e)
             return False
         self.metrics.sync_seconds.observe(time.perf_counter() - t0)

@@ -149,7 +149,11 @@ async def picker(
     fleet: SimFleet, *, options: PickerOptions | None = None, **over: Any
 ) -> AsyncIterator[tuple[Picker, PickerServer]]:
     """An endpoint picker for ``fleet`` (its fleet file + ``over``) serving ext_proc on a free port."""
-    fast = {"gateway": {"health_interval_s": 0.2, "metrics_interval_s": 0.2}}
+    # no admission on the event loop's delay: this loop runs the fleet and the test too, not a gateway alone
+    fast = {
+        "gateway": {"health_interval_s": 0.2, "metrics_interval_s": 0.2},
+        "limits": {"max_loop_lag_s": 0.0},
+    }
     cfg = parse_fleet(merge(merge(fleet.fleet_dict(), fast), over), RouterFleetConfig)
     gw = Gateway(cfg, tokens=FleetTokens.from_config(cfg, loader=SHARED))
     pk = Picker(gw, options or PickerOptions(grpc_port=free_port()))

@@ -17,6 +17,9 @@ The harness reads CPU from the one process it started; a kvrouter with workers i
 router's tree is also sampled here (``proctree.TreeSampler``): CPU of every process from the moment it is
 ready to the end of the run over every request the harness sent it (``cpu_ms_per_req_run``, the same
 measure for sglang), and memory as PSS summed over the tree (shared pages counted once).
+
+``refusal`` (``refusal_bench``): CPU per request the gateway refuses (429 before the body is read) against
+CPU per request it serves, in the same run, with its target (``--refusal-only``: that part alone).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kvrouter.lab.bench import refusal_bench
 from kvrouter.lab.bench.common import peer_python, peerbench_dir
 from kvrouter.lab.bench.proctree import TreeSampler
 from tokenizer_cache import default_tokenizer_path
@@ -54,6 +58,9 @@ def add_args(ap: argparse.ArgumentParser) -> None:
         "--workers", default="1,2,cores", help="kvrouter worker counts to run, comma-separated ('cores')"
     )
     ap.add_argument("--no-peer", action="store_true", help="skip sglang-router")
+    ap.add_argument("--no-refusal", action="store_true", help="skip the refusal-cost part")
+    ap.add_argument("--refusal-only", action="store_true", help="only the refusal-cost part")
+    refusal_bench.add_args(ap)
     ap.add_argument("--no-aiohttp", action="store_true", help="skip the aiohttp-fronted kvrouter run")
     ap.add_argument("--no-profile", action="store_true", help="skip the profile of the lean core")
     ap.add_argument("--profile-n", type=int, default=5000, help="requests per shape in the profile")
@@ -181,6 +188,16 @@ def summary(r: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def main(a: argparse.Namespace) -> dict[str, Any]:
+    if a.refusal_only:
+        return {"refusal": refusal_bench.main(a)}
+    out = harness_runs(a)
+    if not a.no_refusal:
+        out["refusal"] = refusal_bench.main(a)
+    return out
+
+
+def harness_runs(a: argparse.Namespace) -> dict[str, Any]:
+    """Every router through the peer harness (kvrouter at each worker count, sglang-router)."""
     d, py = peerbench_dir(), peer_python("bench")
     if d is None or py is None:
         return {

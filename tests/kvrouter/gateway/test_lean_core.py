@@ -150,7 +150,7 @@ async def test_too_large_and_malformed_requests_get_a_4xx_with_a_reason(lean: tu
         w.write(post("/v1/chat/completions", b"{not json"))
         a = await read_answer(r)
         assert a.status == 400 and a.json()["error"]["type"] == "BadRequestError"
-    assert gw.pipeline.active == 0
+    assert gw.pipeline.admission.active == 0
 
 
 async def test_a_streamed_answer_is_relayed_chunk_by_chunk(lean: tuple[Gateway, str]) -> None:

@@ -5,6 +5,7 @@ so one slow answer from a busy API server does not take a healthy instance out."
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -13,6 +14,7 @@ from aiohttp import web
 
 from indexer.config import InstanceConfig
 from kvrouter.gateway.upstream import UpstreamPool
+from kvrouter.loop_lag import LoopLag
 from kvrouter.routing import LoadTracker
 from tests.support.net import free_port
 
@@ -77,6 +79,33 @@ async def test_late_answers_take_an_instance_out_only_after_health_timeouts_in_a
         b.status = 200
         await pool._check(u)
         assert u.healthy
+
+
+async def test_a_check_that_timed_out_while_this_loop_stood_still_gives_no_verdict() -> None:
+    b, port = Behaviour(), free_port()
+    lag = LoopLag()
+    lag.start()
+    try:
+        async with instance(b, port) as url, aiohttp.ClientSession() as s:
+            pool = UpstreamPool(
+                [InstanceConfig("v0", url=url)],
+                LoadTracker(),
+                health_interval_s=0.25,
+                health_timeouts=1,
+                lag=lag,
+            )
+            pool._session = s
+            u = pool.upstreams["v0"]
+            b.delay_s = 2.0  # no answer within the check's 0.5 s
+            check = asyncio.create_task(pool._check(u))
+            await asyncio.sleep(0.05)  # the check is waiting for its answer
+            time.sleep(0.6)  # this process stands still past the check's timeout
+            await check
+            assert u.healthy and u.check_timeouts == 0, "a timeout of our own was held against the instance"
+            await pool._check(u)  # the same late answer with the loop free: it counts
+            assert not u.healthy and u.check_timeouts == 1
+    finally:
+        lag.stop()
 
 
 async def test_a_refused_connection_takes_the_instance_out_at_once() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from indexer import Indexer, SourceKey
+from kvrouter.loop_lag import LoopLag
 from kvrouter.replicas import SharedState, SharedStateConfig
 from kvrouter.replicas.config import REDIS_URL_ENV
 from kvrouter.replicas.state import SpecWire, decode_batch
@@ -215,6 +217,36 @@ async def until_ok(s: SharedState) -> None:
             return
         await asyncio.sleep(0.05)
     raise AssertionError("never reached the restarted Redis")
+
+
+async def test_a_round_trip_that_timed_out_while_this_loop_stood_still_is_not_an_outage() -> None:
+    server = RedisServer()
+    server.start()
+    assert server.proc is not None
+    lag = LoopLag()
+    lag.start()
+    reg = CollectorRegistry()
+    b = SharedState(router(), config(server.url, "b", timeout_s=0.3), registry=reg, lag=lag)
+    b.router.indexer.speculative_outbox = []
+    try:
+        assert await b.sync_once()
+        server.proc.send_signal(signal.SIGSTOP)  # Redis holds every answer: round trips time out
+        trip = asyncio.create_task(b.sync_once())
+        await asyncio.sleep(0.05)  # the round trip is under way
+        time.sleep(0.8)  # this process stands still past its timeout
+        assert not await trip
+        assert reg.get_sample_value("kvrouter_shared_state_errors_total", {"reason": "stalled"}) == 1
+        assert reg.get_sample_value("kvrouter_shared_state_up") == 1  # not taken for an outage
+        assert not await b.sync_once()  # the same with the loop free: an outage
+        assert reg.get_sample_value("kvrouter_shared_state_up") == 0
+        server.proc.send_signal(signal.SIGCONT)
+        await until_ok(b)
+    finally:
+        if server.proc is not None:
+            server.proc.send_signal(signal.SIGCONT)
+        await b.stop()
+        server.stop()
+        lag.stop()
 
 
 def test_config_is_validated_and_the_env_names_the_url() -> None:

@@ -66,10 +66,10 @@ def test_speculative_entries_reach_the_other_worker_through_the_rings() -> None:
 
 def test_requests_held_count_for_the_whole_host() -> None:
     w0, w1 = two_workers()
-    assert w1.pipeline.held_host is not None
+    assert w1.pipeline.admission.held_host is not None
     with w0.pipeline.held():
-        assert w1.pipeline.held_host.held_total() == 1
-    assert w1.pipeline.held_host.held_total() == 0
+        assert w1.pipeline.admission.held_host.held_total() == 1
+    assert w1.pipeline.admission.held_host.held_total() == 0
 
 
 def test_each_worker_has_its_ids_and_only_the_leader_leads() -> None:

@@ -77,7 +77,7 @@ async def test_admission_answers_429_before_reading_the_body(res: Resources) -> 
             slow = [asyncio.create_task(one()) for _ in range(2)]
             assert g.gw is not None
             pipeline = g.gw.pipeline
-            await until(lambda: pipeline.active == 2, what="both slow requests held")
+            await until(lambda: pipeline.admission.active == 2, what="both slow requests held")
             fast = await asyncio.gather(*(one() for _ in range(4)))
             # answered at once: while both slow ones (each held >= 1 s upstream) are still in flight
             assert not any(t.done() for t in slow)
