@@ -96,11 +96,13 @@ class LimitsConfig(msgspec.Struct, frozen=True):
     """OpenAI requests the gateway holds at once, streams included; beyond it the next gets 429 with
     Retry-After before its body is read (0: no limit).  A bound on the gateway's memory and backlog,
     which no per-instance cap sees."""
-    max_loop_lag_s: float = 0.025
+    max_loop_lag_s: float = 0.0
     """Past this standing delay of a worker's event loop (behind on every turn for 0.1 s: its CPU is the
     bottleneck), the worker refuses new requests with 429 and Retry-After before reading their body: a
     share of them rising from 0 at this delay to all at twice it (``pipeline.admission``).  One long stall
-    refuses nothing.  0: off (admission by ``max_requests`` alone)."""
+    refuses nothing.  0 (the default): off, admission by ``max_requests`` alone.  Opt in (e.g. 0.025) on
+    a host whose CPUs the gateway does not share: beside busy engines on the same cores, a loop kept
+    waiting for a CPU reads as behind and sequential requests were refused."""
     max_body_bytes: int = 32 << 20
     """Largest request body accepted (413 beyond)."""
 

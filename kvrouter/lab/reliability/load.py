@@ -193,7 +193,7 @@ async def load(cfg: LoadConfig) -> ScenarioResult:
         cap = max(16, math.ceil(r * cfg.admission_s))
         gw = ServeProcess(
             "serve",
-            merge(fleet, {**fast, "limits": {"max_requests": cap}}),
+            merge(fleet, {**fast, "limits": {"max_requests": cap, "max_loop_lag_s": 0.025}}),
             workdir,
             log,
             "gateway",
