@@ -91,6 +91,10 @@ class LimitsConfig(msgspec.Struct, frozen=True):
     """Requests allowed to wait for capacity; beyond it the gateway answers 429 with Retry-After."""
     queue_timeout_s: float = 30.0
     """How long a request waits for capacity before a 429."""
+    early_refusal: bool = True
+    """Refuse at once (429, reason ``expected_timeout``) a request the queue would keep past
+    ``queue_timeout_s``, judged from the waits seen so far (places ahead of it x seconds per place),
+    instead of answering the same 429 one timeout later."""
     retry_after_s: int = 1
     max_requests: int = 4096
     """OpenAI requests the gateway holds at once, streams included; beyond it the next gets 429 with

@@ -118,17 +118,15 @@ class UsageWatcher:
             obj = msgspec.json.decode(js)
         except msgspec.DecodeError:
             return
-        if self._on_id is not None and self.response_id is None:
-            rid = response_id_of(obj)
-            if rid is not None:
-                self.response_id = rid
-                self._on_id(rid)
+        rid = response_id_of(obj) if self._on_id is not None or self._on_output is not None else None
+        if self._on_id is not None and self.response_id is None and rid is not None:
+            self.response_id = rid
+            self._on_id(rid)
         got = read_usage(obj)
         if got is not None:
             self.report = got
         if self._on_output is not None:
             out = completed_output(obj)
-            rid = response_id_of(obj)
             if out is not None and rid is not None:
                 self._on_output(rid, out)
                 self._on_output = None

@@ -14,7 +14,10 @@ waiters of every worker together, and a worker's best waiter takes freed capacit
 worker's best waiter outranks it.  Capacity freed in another worker cannot wake this one's event loop: a
 worker with waiters looks again every ``poll_s``.  Alone, the best waiter looks again every ``recheck_s``:
 capacity can come back without a release (an instance back in rotation, an ejection over), and a waiter
-must not sit out its timeout beside it."""
+must not sit out its timeout beside it.
+
+A newcomer expected to wait past ``timeout`` (``queue_wait.WaitEstimate``, learnt from the waits seen)
+is refused at once, reason ``expected_timeout``, rather than one timeout later (``early_refusal``)."""
 
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from collections.abc import Callable, Hashable
 from typing import Any, Generic, Protocol, TypeVar
 
 from ..flows import BucketStore, Fairness, Flow, FlowAccounts, FlowQueue, Refused, Waiter
+from .queue_wait import WaitEstimate
 
 T = TypeVar("T")
 
@@ -31,8 +35,9 @@ DEFAULT_FLOW = Flow("default", 0)
 
 
 class QueueFull(Exception):
-    """``queue_full``, ``queue_timeout``, ``sheddable`` (a flow below priority 0 finds no capacity) or
-    ``displaced`` (a waiter pushed out by one that outranks it)."""
+    """``queue_full``, ``queue_timeout``, ``expected_timeout`` (it would wait past the timeout),
+    ``sheddable`` (a flow below priority 0 finds no capacity) or ``displaced`` (a waiter pushed out by one
+    that outranks it)."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
@@ -84,6 +89,7 @@ class CapacityGate:
         recheck_s: float = 0.05,
         on_depth: Callable[[int], None] | None = None,
         on_flow_depth: Callable[[Flow, int], None] | None = None,
+        early_refusal: bool = True,
     ) -> None:
         self.on_depth = on_depth
         """Told the number waiting whenever a request begins or ends waiting (a gauge)."""
@@ -94,6 +100,9 @@ class CapacityGate:
         self.poll_s = poll_s
         self.recheck_s = recheck_s
         self.queue: FlowQueue[_Pending[Any]] = FlowQueue(size, fairness, weight)
+        self.early_refusal = early_refusal
+        self.wait = WaitEstimate()
+        """Seconds a place in the queue costs, from the waits that ended here."""
 
     @property
     def size(self) -> int:
@@ -118,6 +127,22 @@ class CapacityGate:
             return True  # another worker's waiters: their groups are not known here
         return any(h.group == group for h in self.queue.heads())
 
+    def _places(self, flow: Flow) -> int:
+        """The place a newcomer of ``flow`` would enter at: the waiters ranked ahead of it, plus itself.
+        Other workers' waiters (ranks unknown here) count as if ranked like this worker's."""
+        q = self.queue
+        n = len(q)
+        if q.fairness == "fifo":
+            ahead = n
+        else:
+            mine = (-flow.priority, q.counter(flow))
+            ahead = sum(q.depth(f) for f in q.flows() if (-f.priority, q.counter(f)) <= mine)
+        if self.shared is not None:
+            others = self.shared.waiting_total() - n
+            if others > 0:
+                ahead += others if n == 0 else round(others * ahead / n)
+        return ahead + 1
+
     def charge(self, flow: Flow, cost: float) -> None:
         """Service given to ``flow`` outside an admission (a correction once vLLM reports the true cost)."""
         self.queue.charge(flow, cost)
@@ -139,6 +164,11 @@ class CapacityGate:
             if got is not None:
                 self.queue.charge(flow, cost(got))
                 return got
+        places = self._places(flow)
+        if self.early_refusal:
+            expected = self.wait.expected(places)
+            if expected is not None and expected > self.timeout_s:
+                raise QueueFull("expected_timeout")
         loop = asyncio.get_running_loop()
         pending: _Pending[T] = _Pending(loop.create_future(), attempt, cost)
         w = Waiter(pending, flow, time.monotonic_ns(), group)
@@ -151,17 +181,22 @@ class CapacityGate:
             self._publish(displaced.flow)
         self._publish(flow)
         self.pump(1)  # capacity for this group, now that it waits in its place
-        deadline = loop.time() + self.timeout_s
+        entered = loop.time()
+        deadline = entered + self.timeout_s
         try:
             while True:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
+                    self.wait.observe(self.timeout_s, places)
                     raise QueueFull("queue_timeout")
                 wait = min(remaining, self.recheck_s if self.shared is None else self.poll_s)
                 try:
-                    return await asyncio.wait_for(asyncio.shield(pending.fut), wait)
+                    got = await asyncio.wait_for(asyncio.shield(pending.fut), wait)
+                    self.wait.observe(loop.time() - entered, places)
+                    return got
                 except TimeoutError:
                     if loop.time() >= deadline:
+                        self.wait.observe(self.timeout_s, places)
                         raise QueueFull("queue_timeout") from None
                     if self.queue.best() is w:
                         self.pump(1)

@@ -162,7 +162,7 @@ class FlowMetrics:
         self.shed = CachedCounter(
             "kvrouter_flow_shed",
             "Requests refused for want of capacity, per flow and reason (queue_full, queue_timeout, "
-            "displaced, sheddable)",
+            "expected_timeout, displaced, sheddable)",
             ["tenant", "priority", "reason"],
             registry=r,
         )

@@ -191,6 +191,7 @@ class RequestPipeline:
             on_depth=self.metrics.queue_depth.set,
             on_flow_depth=self._flow_depth,
             shared=host_queue,
+            early_refusal=cfg.limits.early_refusal,
         )
         self.rate = RateLimiter(flows.tenant, None if host_queue is None else host_queue.flows)
         if host_queue is not None:  # the flows' accounts are the host's: one scheduler over every worker
@@ -455,15 +456,22 @@ class RequestPipeline:
         if req.previous_response_id is not None and req.history is None:
             return  # its history is not known here, so neither is what the instance stored
         prev = req.history
-        try:
-            messages = responses_messages(
-                req.body.get("instructions"),
-                req.body.get("input"),
-                previous_messages=prev.messages if prev is not None else None,
-                previous_output=prev.output if prev is not None else None,
-            )
-        except AgentInputError:
-            return  # vLLM refused it, so stored nothing
+        if prev is None:
+            # A first turn: ``parse_responses`` already rendered this body's messages (None when vLLM
+            # refuses the input, so stores nothing).
+            if req.messages is None:
+                return
+            messages = req.messages
+        else:
+            try:
+                messages = responses_messages(
+                    req.body.get("instructions"),
+                    req.body.get("input"),
+                    previous_messages=prev.messages,
+                    previous_output=prev.output,
+                )
+            except AgentInputError:
+                return  # vLLM refused it, so stored nothing
         self.history.put(response_id, StoredConversation(messages, output))
 
     def prepare_bodyless(self) -> Prepared:
