@@ -1,6 +1,4 @@
-"""The gateway: one process's components, wired once and started and stopped together.
-
-::
+"""The gateway: one process's components, wired once and started and stopped together::
 
     Gateway
     ├── Indexer ◀── EventSubscriber (ZeroMQ; none with a remote indexer)   WarmRestart (snapshots)
@@ -13,7 +11,7 @@
     ├── LoopLag: how far the event loop is behind (admission; timeouts judged against it)
     └── DisaggProxy: a disaggregated model's two legs, over the Proxy
 
-The HTTP routes are in ``handlers``; ``build_gateway`` makes the aiohttp app.
+HTTP routes: ``handlers``; ``build_gateway`` makes the aiohttp app.
 """
 
 from __future__ import annotations

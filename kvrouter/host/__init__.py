@@ -9,8 +9,7 @@ shared memory: what keeps N processes routing as one.
     queue.py      QueueBoard: the limits' queue and the held-requests bound  (pipeline.CapacityGate's)
     flows.py      HostFlows: the flows' accounts, backlogs and rate buckets  (flows.FlowQueue's, too)
     spec_ring.py  SpeculativeRings: speculative entries, one ring per worker (routing.Router's HostSync)
-    metrics_board.py  MetricsBoard: each worker's last metrics snapshot, and the scrape generation
-    metric_merge.py   Snapshot, merge: the host's one /metrics out of every worker's registry
+    metrics_board.py, metric_merge.py   each worker's last metrics snapshot; the host's one /metrics
 
 Pure: plain memory (numpy views over a buffer the caller made) and a lock the caller passes; making the
 shared mapping and the processes is ``kvrouter.workers``'s job.

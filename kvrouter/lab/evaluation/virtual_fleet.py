@@ -8,23 +8,11 @@
                      │ first_token / finished ◀─(net latency + way back)───────────────────────┘ outputs
 
 Nothing here routes or models an engine: routing is ``kvrouter.routing.Router`` over ``indexer.Indexer``
-(fed the engines' events as real vLLM payloads, decoded and hashed exactly as in the gateway), and every
-engine is ``kvrouter.lab.sim.engine.engine.Engine`` behind its ``FrontEnd`` (vLLM's API server: HTTP, the
-renderer's queue, the hop to the engine core, the way back of each output).  This module only keeps the
-clock: a heap of timed actions.
-When the router finds every instance at its cap, requests wait in the gateway's flow queue
-(``kvrouter.flows.FlowQueue``: bounded; by priority and fair share unless ``fairness`` is ``fifo``; a
-request's flow is its ``tenant`` at the priority ``priorities`` gives it), charged as the gateway charges.
-
-A fleet with prefill/decode ``roles`` is planned by ``routing.disagg.DisaggPlanner`` (the gateway's
-``RequestPipeline.admit_plan`` calls the same), and a split request runs as the gateway runs it::
-
-    plan ─(net)─▶ prefill engine: max_tokens 1, blocks held ─(net, router, net)─▶ decode engine: admitted
-    with its local hit, the rest pulled (latency + tokens x KV bytes / bandwidth) ─▶ blocks land (announced),
-    the prefill engine's released ─▶ last prompt token, then decode
-
-Inter-token latency is recorded per request from the engine steps' ends (a coalesced run of k decode steps
-spreads its duration over its k tokens), so a decode stalled behind another request's prefill shows.
+(fed the engines' events as real vLLM payloads), every engine is ``kvrouter.lab.sim.engine.engine.Engine``
+behind its ``FrontEnd``, requests at every instance's cap wait in ``kvrouter.flows.FlowQueue``, and a
+fleet with prefill/decode ``roles`` is planned by ``routing.disagg.DisaggPlanner``, as in the gateway.
+This module only keeps the clock: a heap of timed actions.  Inter-token latency is recorded per request
+from the engine steps' ends.  How a split request and the flow queue run here: docs/simulator.md.
 """
 
 from __future__ import annotations
