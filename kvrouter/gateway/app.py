@@ -60,7 +60,7 @@ from .upstream_http import UpstreamHttp
 
 
 class HostScrape(Protocol):
-    """The host's /metrics over every worker (``kvrouter.workers.scrape.HostScrape``)."""
+    """The host's /metrics over every worker (``kvrouter.host.scrape.HostScrape``)."""
 
     def start(self) -> None: ...
 
@@ -70,8 +70,9 @@ class HostScrape(Protocol):
 
 
 class WorkerShare(Protocol):
-    """One worker's share of its host's state under ``serve --workers N`` (``kvrouter.workers.WorkerHost``):
-    what the gateway's parts are built over instead of their own in-process state."""
+    """One worker's share of its host's state under ``serve --workers N``
+    (``kvrouter.host.wiring.WorkerHost``): what the gateway's parts are built over instead of their own
+    in-process state."""
 
     me: int
     loads: HostLoads
@@ -224,7 +225,7 @@ class Gateway:
         self._checks: asyncio.Task[None] | None = None
         self._watch: asyncio.Task[None] | None = None
         self.leader = host is None or host.leader
-        """False in a worker of several on one host (``kvrouter.workers``): the leader alone writes index
+        """False in a worker of several on one host (``kvrouter.host``): the leader alone writes index
         snapshots, syncs with other hosts' replicas and runs the start-up fleet check."""
         self.host_state: Callable[[], dict[str, object]] | None = host.state if host is not None else None
         """This worker's place on its host, for /health (None: one process)."""

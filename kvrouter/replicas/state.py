@@ -164,7 +164,7 @@ class ReplicaState:
 
     def request(self, now: float, *, lease_s: float, window_s: float, max_read: int) -> SyncRequest:
         if self.router.host is not None:
-            # Several workers (``kvrouter.workers``): the other workers' entries reach this one's outbox
+            # Several workers (``kvrouter.host``): the other workers' entries reach this one's outbox
             # when it takes them in, which it otherwise does only before a decision of its own.
             self.router.host.pull()
         self.take_outbox(now)

@@ -24,8 +24,8 @@ from prometheus_client.core import Metric
 from indexer import Indexer
 from indexer.indexer import SpeculativeEntry
 
-from ..host import HealthBoard, HostLoads, HostMemory, MetricsBoard, QueueBoard, SpeculativeRings
 from ..routing.peer_prefill import PeerPrefill
+from . import HealthBoard, HostLoads, HostMemory, MetricsBoard, QueueBoard, SpeculativeRings
 from .scrape import HostScrape, WakePipes
 
 
