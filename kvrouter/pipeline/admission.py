@@ -62,7 +62,7 @@ class Admission:
         rng: Callable[[], float] = random.random,
     ) -> None:
         self.limits = limits
-        self.m = metrics
+        self.metrics = metrics
         self.lag = lag
         """This worker's loop delay (None or not running: admission by count alone)."""
         self.rng = rng
@@ -87,7 +87,7 @@ class Admission:
         return None
 
     def _count(self, err: Overloaded) -> Overloaded:
-        self.m.rejections.labels(err.reason).inc()
+        self.metrics.rejections.labels(err.reason).inc()
         return err
 
     @contextmanager

@@ -240,12 +240,12 @@ def profile(
     }
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        fw = subprocess.Popen(
+        fake_workers = subprocess.Popen(
             [str(py), str(Path(d) / "fakeworker.py"), "--ports", *map(str, ports)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        procs.append(fw)
+        procs.append(fake_workers)
         if not all(_wait(f"http://127.0.0.1:{p}/health") for p in ports):
             return {"skipped": "the fake workers did not start"}
         raw_path = tempfile.mktemp(suffix=".txt")

@@ -179,7 +179,7 @@ class VirtualFleet:
         """``pooled_of`` > 1 builds the pooled-cache bound: one engine with that many instances' capacity
         and speed (same batch limits scaled by the caller)."""
         cfg.validate()
-        self.w = workload
+        self.workload = workload
         self.cfg = cfg
         self.clock = _Clock()
         profile = get_profile(cfg.profile)
@@ -269,9 +269,9 @@ class VirtualFleet:
 
     # ------------------------------------------------------------------ running
     def run(self) -> FleetRun:
-        reqs = self.w.requests
-        if self.w.closed_loop:
-            conc = getattr(self.w.mode, "concurrency", 1)
+        reqs = self.workload.requests
+        if self.workload.closed_loop:
+            conc = getattr(self.workload.mode, "concurrency", 1)
             for _ in range(min(conc, len(reqs))):
                 self._release_closed(0.0)
         else:
@@ -297,12 +297,12 @@ class VirtualFleet:
     def _sample(self) -> None:
         self.load_times.append(self.clock.now)
         self.load_samples.append([self.router.load.get(TargetKey(n)).in_flight for n in self.names])
-        if self.finished < len(self.w.requests) and self.clock.pending():
+        if self.finished < len(self.workload.requests) and self.clock.pending():
             self.clock.at(self.clock.now + self.cfg.sample_interval_s, self._sample)
 
     def _release_closed(self, now: float) -> None:
         """Closed loop: the next request not yet sent whose predecessor (if any) is done."""
-        reqs = self.w.requests
+        reqs = self.workload.requests
         while self._closed_next < len(reqs):
             r = reqs[self._closed_next]
             self._closed_next += 1
@@ -326,7 +326,7 @@ class VirtualFleet:
             RequestId(r.id),
             chains=chains,
             num_tokens=n,
-            prefix_text=prefix_text(r, self.w.token_space, self.prefix_length),
+            prefix_text=prefix_text(r, self.workload.token_space, self.prefix_length),
             affinity=r.affinity_id,
             model=None,
             prefix_length=self.prefix_length,
@@ -435,7 +435,7 @@ class VirtualFleet:
         for dep in self.dependents.pop(rid, []):
             at = max(dep.arrival_s or 0.0, now + dep.think_s)
             self._at_activity(at, partial(self._arrive, dep))
-        if self.w.closed_loop:
+        if self.workload.closed_loop:
             self._release_closed(now)
 
     def _first_token(self, rid: str, t: float) -> None:
@@ -486,9 +486,10 @@ class VirtualFleet:
         r = self.by_id[rid]
         eng = self.engines[i]
         erid = leg_id(RequestId(rid)) if prefill_leg else rid
-        prompt = prompt_tokens(r, self.w.token_space)
+        space = self.workload.token_space
+        prompt = prompt_tokens(r, space)
         try:
-            out = output_tokens(r, self.w.token_space) if r.output_segments and not prefill_leg else None
+            out = output_tokens(r, space) if r.output_segments and not prefill_leg else None
             eng.add_request(
                 erid,
                 prompt,
