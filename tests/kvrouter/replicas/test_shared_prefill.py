@@ -108,7 +108,7 @@ async def host_pair(
     workers = [router(), router()]
     # as the gateway does: every worker builds its shared state (its count of peers' prefill) ...
     states = [SharedState(r, config(ns_flush.url, "a"), registry=CollectorRegistry()) for r in workers]
-    for k, r in enumerate(workers):  # ... then attaches to the host (kvrouter.host.wiring.WorkerHost.attach)
+    for k, r in enumerate(workers):  # ... over the host's memory (what Gateway(host=WorkerHost(...)) builds)
         r.load.shared = HostLoads(mem, k)
         r.host = RingSync(
             r.indexer, SpeculativeRings(mem, k), keep_outbox=k == 0, peer_prefill=r.peer_prefill
