@@ -378,10 +378,10 @@ def targets(out: dict[str, Any]) -> dict[str, Any]:
 
 def _ttfb_added(r: dict[str, Any]) -> float | None:
     seq = r.get("sequential", {})
-    rt, dt = seq.get("router_chat_stream_ttfb"), seq.get("direct_chat_stream_ttfb")
-    if not rt or not dt:
+    routed, direct = seq.get("router_chat_stream_ttfb"), seq.get("direct_chat_stream_ttfb")
+    if not routed or not direct:
         return None
-    return round(rt["p50_ms"] - dt["p50_ms"], 3)
+    return round(routed["p50_ms"] - direct["p50_ms"], 3)
 
 
 if __name__ == "__main__":  # ``python -m kvrouter.lab.bench.gateway_bench --workers 1,2 ...``: other settings
