@@ -55,13 +55,20 @@ def _survey(rows: Any, pos_of_slot: Any, pos: Any) -> Any:
             if r - lo > best_n:
                 best_lo, best_n = lo, r - lo
             lo = r
-    fa = np.uint64(0)
-    fb = np.uint64(0)
+    fingerprint_a = np.uint64(0)
+    fingerprint_b = np.uint64(0)
     for r in range(best_lo, n):
         x = np.uint64(pos[r]) * _MIX
-        fa += x ^ (x >> np.uint64(29))
-        fb += (x + _MIX) * (x | np.uint64(1))
-    return 1 if plain else 2, rows[best_lo, 1], best_lo, best_lo + best_n, np.int64(fa), np.int64(fb)
+        fingerprint_a += x ^ (x >> np.uint64(29))
+        fingerprint_b += (x + _MIX) * (x | np.uint64(1))
+    return (
+        1 if plain else 2,
+        rows[best_lo, 1],
+        best_lo,
+        best_lo + best_n,
+        np.int64(fingerprint_a),
+        np.int64(fingerprint_b),
+    )
 
 
 @njit(cache=True)
@@ -183,7 +190,7 @@ class AnswerCache:
         if not len(rows):
             return self._objs[:n].tolist()
         pos = np.empty(len(rows), dtype=np.int64)
-        status, d, lo, hi, fa, fb = _survey(rows, self._pos_of_slot, pos)
+        status, d, lo, hi, fingerprint_a, fingerprint_b = _survey(rows, self._pos_of_slot, pos)
         if status == 0:
             return None
         if self._n_objs > n + self.max_kept:
@@ -192,7 +199,9 @@ class AnswerCache:
             self._kept = cykhash.Int64toInt64Map()
             self._templates.clear()
         if status == 1 and hi - lo >= _BULK_MIN:
-            return self._from_template(pos, rows, d, lo, hi, (d, len(rows) - lo, fa, fb))
+            return self._from_template(
+                pos, rows, d, lo, hi, (d, len(rows) - lo, fingerprint_a, fingerprint_b)
+            )
         sel = np.arange(n, dtype=np.int64)
         plain = ~rows[:, 2:].any(axis=1)
         ppos, depth = (pos, rows[:, 1]) if status == 1 else (pos[plain], rows[plain, 1])

@@ -3,7 +3,7 @@
 Built from the facts of vLLM's schema (fields are only ever appended; <= 0.23 positional, >= 0.24 maps with
 fields defaulting to None left out; 0.9 batches carry no rank).  The simulated fleet publishes with this,
 and the tests use it to produce each release's shape.  The 0.33 output is byte-identical to vLLM's golden
-payloads (see tests/test_wire.py).
+payloads (see tests/indexer/test_wire.py).
 """
 
 from __future__ import annotations

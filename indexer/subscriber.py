@@ -145,11 +145,11 @@ class EventSubscriber:
         for src in [s for s in self.status if s.instance == name]:
             self.status.pop(src, None)
             self._replay_eps.pop(src, None)
-            rt = self._replay_tasks.pop(src, None)
-            if rt:
-                rt.cancel()
+            task = self._replay_tasks.pop(src, None)
+            if task:
+                task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await rt
+                    await task
         self.indexer.remove_instance(name)
 
     # ------------------------------------------------------------------ sockets

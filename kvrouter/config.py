@@ -1,29 +1,17 @@
 """The router's fleet file: the indexer's ``FleetConfig`` plus routing, limits, tenants and gateway.
 
-::
+Every key with its type, default and meaning is in docs/configuration.md (generated from these structs'
+field docstrings); a fleet file in brief::
 
     block_size: 16
     tokenizer: /models/llama            # fleet-wide tokenizer (a local dir or an HF id in the local cache)
-    models:
-      llama: {tokenizer: /models/llama, policy: kv-aware}
+    models: {llama: {tokenizer: /models/llama, policy: kv-aware}}
     instances: [...]                    # see indexer.config
-    routing:
-      policy: kv-aware                  # kv-aware | prefix-hash | least-loaded | round-robin | random |
-                                        # session
-      session: {header: x-session-id, ttl_s: 1800}
-      kv_aware: {compute_weight: 8.0, load_weight: 32}   # offload_value: a flat worth for every tier
-      prefix_hash: {prefix_length: 1024, load_bound: 1.25}
-      disaggregation: {mode: conditional, local_prefill_tokens: 2048}   # fleets with prefill/decode roles
-    limits: {concurrency_threshold: 0, max_in_flight: 0, queue_size: 256, queue_timeout_s: 30}
-    tenants:
-      require_api_key: false
-      api_keys: {"sk-team-a": {name: team-a, salt: "a9f3..."}}
+    routing: {policy: kv-aware, kv_aware: {compute_weight: 8.0, load_weight: 32}}
+    limits: {concurrency_threshold: 0, queue_size: 256, queue_timeout_s: 30, max_requests: 4096}
     flows: {fairness: work, tenants: {team-a: {priority: 1}}}   # see kvrouter.flows.config
-    gateway: {request_timeout_s: 600, first_byte_timeout_s: 60, max_retries: 2, admin_token: null}
-    responses: {affinity_ttl_s: 86400, max_entries: 500000, probe: true}
-    lora: {load_on_demand: false, adapters: {sql-lora: {path: /adapters/sql, base: llama}}}
-    tracing: {enabled: false, sample_rate: 0.01, endpoint: null}   # and the OTEL_* variables
-    access_log: {enabled: false, sample_rate: 1.0}
+
+The whole file is validated once, when read (``RouterConfig``); a misspelt key is refused with its path.
 """
 
 from __future__ import annotations

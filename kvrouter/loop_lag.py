@@ -8,26 +8,11 @@ from "we are slow", and "we are overloaded" from "we stalled once".
                    standing_s = the least lag of the ticks of the last window_s (two ticks at least)
                    demand = share of that window the loop's thread was running or waiting for a CPU
 
-A loop that falls behind delays everything it runs by the same amount: a timer, a request's next step, a
-response already waiting in its socket.  Two readers need that number, in two forms:
-
-* timeouts: a health check, a connect or a Redis round trip that timed out while the loop itself stood
-  still (a collection, a burst of work, the machine's other processes) says nothing about the peer.
-  ``stalled(mark, timeout)``: the loop's total delay since ``mark = monitor.mark()`` was a large share of
-  the timeout.
-* admission (``kvrouter.pipeline.admission``): a loop that is *always* behind does more work than it can,
-  and each request it admits makes every other one later.  ``standing_s`` is the least delay over a
-  window (CoDel's measure of a standing queue, against a burst): one long stall is followed by ticks on
-  time and leaves it at 0, so a collection or one long prompt never turns requests away; a loop busy
-  every turn keeps every tick late, and it rises.  A loop can also be late because the machine's other
-  processes hold the CPUs while it has little to do: ``demand`` tells the two apart.  It is the share of
-  the window the loop's thread was runnable (on a CPU, or queued for one: Linux
-  ``/proc/thread-self/schedstat``), against the time it sat idle waiting for I/O; a loop that is the
-  bottleneck never idles.  Without schedstat it is the thread's CPU time alone (a busy loop beside other
-  busy processes then reads lower than it is: admission refuses less, never more).
-
-The timer costs one callback and one read of schedstat per ``tick_s`` (100 per second, a few
-microseconds each).
+Timeouts: ``stalled(mark, timeout)``: the loop's own delay since ``mark = monitor.mark()`` was a large
+share of the timeout (it says nothing about the peer).  Admission (``pipeline.admission``): one long
+stall leaves ``standing_s`` at 0, only a loop behind on every turn raises it; ``demand`` (Linux
+``/proc/thread-self/schedstat``; else the thread's CPU time) tells a loop that is the bottleneck from
+one kept waiting by other processes (docs/gateway.md, "Admission").
 """
 
 from __future__ import annotations

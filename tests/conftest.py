@@ -28,9 +28,9 @@ ROOT = Path(__file__).resolve().parents[1]
 E2E = (
     "tests/kvrouter/epp/test_envoy.py",
     "tests/kvrouter/epp/test_pool_envoy.py",
-    "tests/kvrouter/workers/test_serve_workers.py",
-    "tests/kvrouter/workers/test_agreement_workers.py",
-    "tests/kvrouter/workers/test_metrics_workers.py",
+    "tests/kvrouter/host/test_serve_workers.py",
+    "tests/kvrouter/host/test_agreement_workers.py",
+    "tests/kvrouter/host/test_metrics_workers.py",
     "tests/kvrouter/commands/test_serve_workers_default.py",
     "tests/kvrouter/lab/reliability/test_command.py",
     "tests/kvrouter/lab/sim/server/test_cli.py",

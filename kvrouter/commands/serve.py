@@ -1,6 +1,6 @@
 """``kvrouter serve --fleet FILE [--host 127.0.0.1] [--port 8080] [--policy kv-aware] [--workers N]``: the
 gateway.  ``--workers`` (default: the machine's cores) worker processes accept on one port and route as one
-(``kvrouter.workers``); ``--workers 1`` is one process, no fork."""
+(``kvrouter.host``); ``--workers 1`` is one process, no fork."""
 
 from __future__ import annotations
 
@@ -94,7 +94,7 @@ def _serve(
 ) -> int:
     _use_uvloop()
     if host is not None:
-        from ..workers import WorkerHost
+        from ..host.wiring import WorkerHost
 
         assert isinstance(host, WorkerHost)
     gw = Gateway(
@@ -155,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
     tokens = FleetTokens.from_config(cfg)
     if n == 1:
         return _serve(args, cfg, tokens)
-    from ..workers import Supervisor, preload, shared_host
+    from ..host.supervisor import Supervisor, preload, shared_host
 
     preload(cfg, tokens)
     gc.collect()

@@ -2,20 +2,17 @@
 priority, the flow with the least service counted so far; shed lowest priority first.  Pure: no clock,
 no I/O.  One instance lives in each front door's ``pipeline.CapacityGate`` and in the evaluator's fleet.
 
-::
-
-    push(w) ──▶ queues[(priority, tenant)] FIFO ──best()──▶ the head of the flow ranked first:
-                                                          (-priority, counter, ticket)   (fifo: ticket)
-    charge(flow, cost)   counter += cost / weight   (every admitted request, waited or not)
+    push(w) -> queues[(priority, tenant)] FIFO; best() -> the head of the flow ranked first by
+    (-priority, counter, ticket) (fifo: ticket); charge(flow, cost): counter += cost / weight
 
 Invariants:
 
-- A flow that becomes backlogged has its counter lifted to the least counter of the flows of its priority
-  that are backlogged (none: to the priority's virtual time, the greatest counter charged there), so idle
-  time is never banked as credit (the virtual token counter's rule).
+- A flow that becomes backlogged has its counter lifted to the least counter of the backlogged flows of
+  its priority (none: the priority's virtual time, the greatest counter charged there), so idle time is
+  never banked as credit.
 - When the queue is full, a newcomer displaces the newest waiter of the flow ranked last among those it
-  outranks: a lower priority first, then (not ``fifo``) a flow of its own priority with more service than
-  the newcomer's.  Otherwise the newcomer is refused.  A flow of priority below 0 never waits.
+  outranks: a lower priority first, then (not ``fifo``) a flow of its own priority with more service.
+  Otherwise the newcomer is refused.  A flow of priority below 0 never waits.  (docs/flows.md)
 """
 
 from __future__ import annotations

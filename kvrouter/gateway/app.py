@@ -1,6 +1,4 @@
-"""The gateway: one process's components, wired once and started and stopped together.
-
-::
+"""The gateway: one process's components, wired once and started and stopped together::
 
     Gateway
     ├── Indexer ◀── EventSubscriber (ZeroMQ; none with a remote indexer)   WarmRestart (snapshots)
@@ -13,7 +11,7 @@
     ├── LoopLag: how far the event loop is behind (admission; timeouts judged against it)
     └── DisaggProxy: a disaggregated model's two legs, over the Proxy
 
-The HTTP routes are in ``handlers``; ``build_gateway`` makes the aiohttp app.
+HTTP routes: ``handlers``; ``build_gateway`` makes the aiohttp app.
 """
 
 from __future__ import annotations
@@ -62,7 +60,7 @@ from .upstream_http import UpstreamHttp
 
 
 class HostScrape(Protocol):
-    """The host's /metrics over every worker (``kvrouter.workers.scrape.HostScrape``)."""
+    """The host's /metrics over every worker (``kvrouter.host.scrape.HostScrape``)."""
 
     def start(self) -> None: ...
 
@@ -72,8 +70,9 @@ class HostScrape(Protocol):
 
 
 class WorkerShare(Protocol):
-    """One worker's share of its host's state under ``serve --workers N`` (``kvrouter.workers.WorkerHost``):
-    what the gateway's parts are built over instead of their own in-process state."""
+    """One worker's share of its host's state under ``serve --workers N``
+    (``kvrouter.host.wiring.WorkerHost``): what the gateway's parts are built over instead of their own
+    in-process state."""
 
     me: int
     loads: HostLoads
@@ -226,7 +225,7 @@ class Gateway:
         self._checks: asyncio.Task[None] | None = None
         self._watch: asyncio.Task[None] | None = None
         self.leader = host is None or host.leader
-        """False in a worker of several on one host (``kvrouter.workers``): the leader alone writes index
+        """False in a worker of several on one host (``kvrouter.host``): the leader alone writes index
         snapshots, syncs with other hosts' replicas and runs the start-up fleet check."""
         self.host_state: Callable[[], dict[str, object]] | None = host.state if host is not None else None
         """This worker's place on its host, for /health (None: one process)."""

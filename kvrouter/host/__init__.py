@@ -1,7 +1,5 @@
-"""The state the worker processes of one host share (``kvrouter serve --workers N``), in one block of
-shared memory: what keeps N processes routing as one.
-
-::
+"""The worker processes of one host (``kvrouter serve --workers N``) and the state they share in one
+block of shared memory, which keeps N processes routing as one::
 
     memory.py     HostLayout, HostMemory (typed views over the shared buffer), SlotDirectory (names -> slots)
     loads.py      HostLoads: per-worker load rows, engine and external load  (routing.LoadTracker's seam)
@@ -9,11 +7,12 @@ shared memory: what keeps N processes routing as one.
     queue.py      QueueBoard: the limits' queue and the held-requests bound  (pipeline.CapacityGate's)
     flows.py      HostFlows: the flows' accounts, backlogs and rate buckets  (flows.FlowQueue's, too)
     spec_ring.py  SpeculativeRings: speculative entries, one ring per worker (routing.Router's HostSync)
-    metrics_board.py  MetricsBoard: each worker's last metrics snapshot, and the scrape generation
-    metric_merge.py   Snapshot, merge: the host's one /metrics out of every worker's registry
+    metrics_board.py, metric_merge.py   each worker's last metrics snapshot; the host's one /metrics
+    supervisor.py Supervisor, shared_host, preload: fork N workers, replace the dead, stop on signals
+    wiring.py     WorkerHost (a worker's share of the host, for Gateway), RingSync; scrape.py: HostScrape
 
-Pure: plain memory (numpy views over a buffer the caller made) and a lock the caller passes; making the
-shared mapping and the processes is ``kvrouter.workers``'s job.
+The boards are pure (numpy views over a buffer the caller made, a lock the caller passes); ``supervisor``
+makes the shared mapping and the processes.  Import it and ``wiring`` by module: this package loads neither.
 """
 
 from .flows import HostFlows

@@ -61,9 +61,6 @@ class HostLoads:
             self._own[slot, IN_FLIGHT] += 1
             return True
 
-    def clear_own(self, slot: int) -> None:
-        self._own[slot] = 0
-
     def totals(self) -> np.ndarray:
         """[targets, 4] summed over every worker's row."""
         return self._loads.sum(axis=0)

@@ -2,16 +2,11 @@
 
 ::
 
-    HostLayout(workers, targets, instances, ring_words)
-      └── HostMemory(buffer)  ── view("loads")    int64 [workers, targets, 4]   each worker writes its row
-                              ── view("engine")   float64 [targets, 3]          scraped engine load
-                              ── view("external") int64 [targets, 2]            other hosts' load (replicas)
-                              ── view("health")   float64 [instances, 6]        health and ejections
-                              ── view("queue")    int64 [workers, 4]            the limits' queue, per worker
-                              ── view("flow_*")   the flows' accounts, backlog and rate buckets (host/flows)
-                              ── view("rings")    int64 [workers, ring_words]   speculative entries
-                              ── view("metric_*") each worker's last metrics snapshot (metrics_board)
-                              ── SlotDirectory    names -> slots (targets; instances; flows)
+    HostLayout(workers, targets, instances, ring_words) ─ HostMemory(buffer).view(name):
+      loads int64 [workers, targets, 4] (each worker its row)   engine float64 [targets, 3]
+      external int64 [targets, 2]   health float64 [instances, 6]   queue int64 [workers, 4]
+      flow_* (host/flows)   rings int64 [workers, ring_words]   metric_* (metrics_board)
+      SlotDirectory: names -> slots (targets; instances; flows)
 
 The buffer comes from the caller (an anonymous shared mapping made before the workers fork, or a plain
 ``bytearray`` in one process and in tests): nothing here opens a file or a socket.  Every field is an

@@ -114,8 +114,3 @@ class SpeculativeRings:
             del out[start:]
             cur = int(self._heads[k])
         self._cursor[k] = max(cur, head)
-
-    def skip_to_heads(self) -> None:
-        """Start reading from now on (a worker just started: older entries are its index's business no
-        more than the events it has not seen)."""
-        self._cursor = [int(h) for h in self._heads]

@@ -2,29 +2,17 @@
 
 ::
 
-    front door, headers parsed ──▶ Admission.held()  ──refused──▶ 429 + Retry-After (no body read,
-                                      │                            nothing parsed, nothing routed)
+    front door, headers parsed ──▶ Admission.held() ──refused──▶ 429 + Retry-After (no body read)
                                       └─ taken: held until the request ends (answered, failed, gone)
 
     refused when  requests held (this worker, or the host's with several) >= limits.max_requests
-                  ("gateway_full": a bound on memory and on the backlog)
-             or   this worker's event loop is always behind, by more than limits.max_loop_lag_s
-                  (``LoopLag.standing_s``), and never idle (``LoopLag.demand`` >= MIN_DEMAND):
-                  "gateway_busy", its CPU is the bottleneck; refused with a probability that grows
-                  from 0 at the bound to 1 at twice it, so the delay settles near the bound.  One long
-                  stall (a collection) refuses nothing, nor does a loop that is late only because other
-                  processes hold the CPUs while it has little to do
-
-Why the loop's delay and not only a count: when the router's own CPU is the bottleneck, a request admitted
-now makes every request in flight later, and a count reaches its bound only once the backlog is already
-that many requests deep (``max_requests`` requests x their latency).  Every request waits for the loop:
-the refused ones too, for their 429.  Refusing on the delay keeps the loop near the bound, so a 429
-comes back within a few of the loop's turns, and the requests taken are served at a bounded latency.
-A refusal costs a small share of a served request (``kvrouter bench gateway``, ``refusal``), so the
-gateway keeps serving most of its capacity at several times its capacity offered.
+                  ("gateway_full"), or this worker's event loop is always behind, by more than
+                  limits.max_loop_lag_s (``LoopLag.standing_s``), and never idle (``LoopLag.demand``
+                  >= MIN_DEMAND): "gateway_busy", refused with a probability that grows from 0 at the
+                  bound to 1 at twice it.  No refusal for one long stall, nor for a loop kept waiting
 
 Every front door calls ``held()`` first (the aiohttp proxy before reading the body; the endpoint picker
-at the request headers), so this decision is written once.
+at the request headers), so this decision is written once.  Why the loop's delay: docs/gateway.md.
 """
 
 from __future__ import annotations
@@ -74,7 +62,7 @@ class Admission:
         rng: Callable[[], float] = random.random,
     ) -> None:
         self.limits = limits
-        self.m = metrics
+        self.metrics = metrics
         self.lag = lag
         """This worker's loop delay (None or not running: admission by count alone)."""
         self.rng = rng
@@ -99,7 +87,7 @@ class Admission:
         return None
 
     def _count(self, err: Overloaded) -> Overloaded:
-        self.m.rejections.labels(err.reason).inc()
+        self.metrics.rejections.labels(err.reason).inc()
         return err
 
     @contextmanager

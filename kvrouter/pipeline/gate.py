@@ -1,23 +1,18 @@
 """A bounded wait for capacity: requests that find every instance at their cap wait here for at most
 ``timeout``, as flows (``kvrouter.flows.FlowQueue``): the highest priority first, then the flow with the
 least service; when ``size`` already wait, the newcomer displaces a waiter it outranks or is turned away
-(429 + Retry-After).
+(429 + Retry-After), as is one expected to wait past ``timeout`` (``queue_wait``, ``early_refusal``).
 
-Capacity freed (``release``) is handed out here, not raced for: ``pump`` tries the head ranked first and
-gives it what its ``attempt`` got (a decision with a slot claimed); a head that finds no capacity makes
-its group (its model) wait, and the next group's head is tried.  A newcomer goes straight to ``attempt``
-only when no request of its group waits, so a late arrival never overtakes one that waits.  Every
-admitted request is charged to its flow by ``cost`` at the moment it gets capacity.
+Capacity freed (``release``) is handed out here, not raced for: ``pump`` tries the head ranked first; a
+head that finds no capacity makes its group (its model) wait, and the next group's head is tried.  A
+newcomer goes straight to ``attempt`` only when no request of its group waits, so a late arrival never
+overtakes one that waits.  Every admitted request is charged to its flow when it gets capacity.
 
-With several worker processes on one host, ``shared`` makes the queue the host's: ``size`` bounds the
-waiters of every worker together, and a worker's best waiter takes freed capacity only when no other
-worker's best waiter outranks it.  Capacity freed in another worker cannot wake this one's event loop: a
-worker with waiters looks again every ``poll_s``.  Alone, the best waiter looks again every ``recheck_s``:
-capacity can come back without a release (an instance back in rotation, an ejection over), and a waiter
-must not sit out its timeout beside it.
-
-A newcomer expected to wait past ``timeout`` (``queue_wait.WaitEstimate``, learnt from the waits seen)
-is refused at once, reason ``expected_timeout``, rather than one timeout later (``early_refusal``)."""
+With several worker processes, ``shared`` makes the queue the host's: ``size`` bounds every worker's
+waiters together, and a worker's best waiter takes freed capacity only when no other worker's best
+waiter outranks it.  Capacity freed in another worker cannot wake this loop: a worker with waiters looks
+again every ``poll_s``; alone, the best waiter looks again every ``recheck_s`` (capacity can come back
+without a release: an instance back in rotation, an ejection over)."""
 
 from __future__ import annotations
 

@@ -1,27 +1,17 @@
-"""The request path, once, for every front door (the HTTP proxy, the endpoint picker).
+"""The request path, once, for every front door (the HTTP proxy, the endpoint picker)::
 
-::
-
-    prepare   body + headers ──parse──▶ session, tenant salt, LoRA adapter ──▶ model served? ──▶
-              [previous_response_id: pinned to the instance holding it] ──tokenize (tokenizer cache)──▶
-              request_chains ──▶ route_input ──▶ [remote indexer lookup]             = Prepared
+    prepare   body + headers ──parse──▶ session, tenant (flow, rate limits), LoRA adapter ──▶ model
+              served? ──▶ [previous_response_id: pinned] ──tokenize──▶ request_chains ──▶ route_input
+              ──▶ [remote indexer lookup]                                                 = Prepared
     admit     Prepared ──Router.route (limits)──▶ Decision; every target at its cap: wait in the
-              CapacityGate (by flow: priority, then fair share; bounded) or Overloaded; no target:
-              ServiceUnavailable.  Its flow (tenant, priority: ``kvrouter.flows``) is read in prepare,
-              where the tenant's rate limits apply too
-    dispatch  the front door sends it to ``chosen``: load accounted, speculative entries, predicted tokens
-    first_token / finished(usage)
-              load released (and the gate woken), vLLM's reported cached tokens against the prediction
+              CapacityGate or Overloaded; no target: ServiceUnavailable (``admit_plan``: a ``PDPlan``)
+    dispatch  the front door sends it to ``chosen``: load accounted, speculative entries
+    first_token / finished(usage)   load released (and the gate woken), reported cached tokens recorded
 
-A model whose instances have prefill/decode roles (``disaggregated``) is admitted with ``admit_plan``
-instead: the same gate, and a ``PDPlan`` (``routing.disagg``) naming a decode instance and, when split, a
-prefill instance.  A split request has two loads: ``prefill_dispatched`` / ``prefill_finished`` for its
-prefill leg, ``dispatched(received=True)`` / ``first_token`` / ``finished`` for its decode leg; each is
-released exactly once, whatever fails.
-
-The front door owns the bytes (reading the body, sending it upstream, streaming back) and calls these in
-that order; ``reroute`` gives the next-best target after a failed attempt.  Decisions, shadow scoring,
-predicted-vs-reported metrics and rejections are recorded here, so every front door reports the same.
+Invariant: every load taken is released exactly once, whatever fails (a split request has two: its
+prefill leg's and its decode leg's; docs/disaggregation.md).  The front door owns the bytes and calls
+these in order; ``reroute`` gives the next-best target after a failed attempt.  Decisions, shadow scoring
+and rejections are recorded here, so every front door reports the same.
 """
 
 from __future__ import annotations

@@ -2,22 +2,17 @@
 
 ::
 
-    replica 1 ─┐  every interval_s (50 ms), one round trip (Lua):      ┌─ LoadTracker.external_in_flight
-    replica 2 ─┼─ publish own lease (load) + new speculative entries ──┤
-    replica N ─┘  read peers' leases + peers' entries since cursor ────┴─ index speculative layer
+    replica 1 ─┐  every interval_s, one round trip (Lua):               ┌─ LoadTracker.external_in_flight
+    replica N ─┴─ publish own lease + new speculative entries; read peers' ┴─ index speculative layer
 
-Every replica subscribes to every instance's KV events itself (ZeroMQ PUB/SUB), so the block index
-needs no shared store on the hot path; what only routers know (in flight per target, speculative entries
-for requests just sent) goes through Redis as expiring leases.  The request path waits for Redis only to
-place a prompt that no target holds (``claims``: one call, bounded by ``timeout_s``, skipped while Redis
-fails), where the prefill that follows costs far more than the call.
+Every replica subscribes to every instance's KV events itself, so the block index needs no shared store;
+what only routers know goes through Redis as expiring leases.  The request path waits for Redis only to
+place a prompt no target holds (``claims``: one bounded call, skipped while Redis fails).  Design notes:
+docs/replicas.md.
 
-``config``    ``SharedStateConfig`` (one struct, validated once)
-``state``     ``ReplicaState``: the pure half (what to publish, how to take peers' state in)
-``store``     ``ReplicaStore`` seam: ``RedisReplicaStore`` (Lua) and ``MemoryReplicaHub`` (virtual time)
-``shared``    ``SharedState``: the asyncio loop, failure counting, resynchronisation
-``claims``    ``PrefixClaims``: the first replica to place a new prompt claims where; the others follow
-``warm``      ``WarmRestart``: periodic index snapshots to a file or Redis, restore at start
+``config`` ``SharedStateConfig``; ``state`` ``ReplicaState`` (the pure half); ``store`` the
+``ReplicaStore`` seam (``RedisReplicaStore``, ``MemoryReplicaHub``); ``shared`` ``SharedState`` (the
+asyncio shell); ``claims`` ``PrefixClaims`` (first placement wins); ``warm`` ``WarmRestart`` (snapshots).
 """
 
 from .claims import PrefixClaims

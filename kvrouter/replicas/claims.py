@@ -7,18 +7,12 @@ Redis; a replica placing the same prompt while the claim lives follows it.
               ─▶ PrefixClaims.claim(first block's chain, T) ─▶ one Lua call: the claim's target, T if none
               ─▶ owner ≠ T: T's slot given back, the owner expected to hold the prompt (a speculative
                  entry there, in this index alone) ─▶ decide again
-
     P:claim:<chain>   string  target key    PX ttl      (P = ``{namespace}:replicas``, as the sync keys)
 
-Why: under concurrent clients a new prompt's first requests reach several replicas (or worker processes)
-at once, before any round trip can tell one of the other's placement; each places it by its own view of
-the load, and under cache pressure each extra copy evicts another prompt (issue 29).  A claim is one
-atomic step, so every replica that asks while it lives gets the same answer.  The claim lives as long as
-a speculative entry: by then the events show where the prompt is stored.
-
-A failure (Redis down or slower than ``replicas.timeout_s``) is counted and the request is placed on the
-local view; for ``replicas.lease_s`` after one, new prompts are placed without asking (``skipped``), so an
-outage costs each of them no wait.  A claim only ever narrows where a new prompt goes; no request needs one.
+A claim is one atomic step, living as long as a speculative entry.  A failure (Redis down or slower than
+``replicas.timeout_s``) is counted and the request is placed on the local view; for ``replicas.lease_s``
+after one, new prompts are placed without asking (``skipped``).  A claim only ever narrows where a new
+prompt goes; no request needs one.  Why claims: docs/replicas.md.
 """
 
 from __future__ import annotations

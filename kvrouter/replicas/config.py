@@ -34,7 +34,7 @@ class SharedStateConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
     """Placing a prompt no target holds: claim the placement in Redis, or follow another replica's claim
     (``replicas.claims``), and publish it at once rather than at the next interval.  Under concurrent
     clients a new prompt's first requests reach several replicas before any round trip, which would
-    otherwise place it apart (issue 29)."""
+    otherwise place it apart."""
     speculative_window_s: float = 10.0
     """How far back a (re)starting replica reads peers' speculative entries; entries older than this are
     trimmed from Redis (keep it above the indexer's speculative TTL)."""

@@ -6,19 +6,13 @@
                        on error: count by reason, log once per outage, keep routing on the local view;
                        past lease_s without success, drop the peers' load; read the whole window again
                        on the first success after an outage (resynchronised)
-
-    before placing a prompt no target holds (``fresh``): a round trip begun after the call, so that
-                       where peers placed their last new prompts is known; after it (``nudge``): the
-                       next round trip at once, to publish it (``replicas.claim_new_prefixes``)
+    ``fresh``: before placing a prompt no target holds, a round trip begun after the call; ``nudge``:
+                       after it, the next round trip at once (``replicas.claim_new_prefixes``)
 
 Lifecycle: ``await start()`` once the router exists (it turns on ``Indexer.speculative_outbox``),
 ``await stop()`` on shutdown (cancels the task, drops this replica's lease in the store at once, bounded
-by ``timeout_s``).  Only ``fresh`` runs on the request path, for a prompt no target holds.
-
-Why: peers learn of a placement a round trip after it (``interval_s`` on average).  Under concurrent
-clients new prompts reach several replicas within that time, and each places its own on the cache it sees
-least filled, the same one where a peer has just placed another (issue 29): a round trip on either side of
-such a placement makes them about one round trip apart.
+by ``timeout_s``).  Only ``fresh`` runs on the request path, for a prompt no target holds (why:
+docs/replicas.md).
 """
 
 from __future__ import annotations

@@ -2,35 +2,17 @@
 
 ::
 
-    Router.load (own in flight, own prefill) ──┐  (several workers: the host's, refreshed)
-    Indexer.speculative_outbox (entries sent) ──┤  only those whose blocks are not stored yet
-    ResponseAffinity.outbox (response ids seen) ┴─ request(now) ─▶ SyncRequest ─▶ store (Redis / memory)
-                                                                                     │ one round trip
-    LoadTracker.set_external(sum of peers) ◀──┬─ apply(reply, now) ◀─ SyncReply ◀────┘
-    BlockIndex.add_speculative(peer entries) ◀┤   (with what is left of each entry's TTL)
-    Router.peer_prefill (peer entries) ◀──────┤   (their queued prefill, until the events show it done)
-    Router.host.peers(peer entries) ◀─────────┤   (several workers: to the others, through the rings)
-    ResponseAffinity.learned(peer entries) ◀──┘
+    Router.load, Indexer.speculative_outbox, ResponseAffinity.outbox ── request(now) ─▶ SyncRequest ─▶ store
+    LoadTracker.set_external (sum of peers)   ◀─┬─ apply(reply, now) ◀─ SyncReply ◀─ (one round trip)
+    BlockIndex.add_speculative (peer entries) ◀─┤   (with what is left of each entry's TTL)
+    Router.peer_prefill, Router.host.peers    ◀─┤   (peer entries: queued prefill; the host's workers)
+    ResponseAffinity.learned (response ids)   ◀─┘
 
-What a peer reports is a round trip old when read, and older by the next one: a prefill of a few
-milliseconds (a fast fleet, or round trips a busy event loop delays) is long done by then.  So a peer's
-queued prefill counts only as far as its entries' blocks are not yet stored (``routing.PeerPrefill``: the
-events every replica takes in end it at about the same moment everywhere), and an entry whose blocks were
-stored (or stored and evicted again, or expired) before its replica could publish it is not published:
-peers would count the target as holding those blocks for the rest of the entry's TTL.
-
-A published batch is one msgpack map ``{"s": [SpecWire...], "a": [SharedHolder...]}`` (a batch from a
-replica of the release before, a bare list of ``SpecWire``, is still read).  Response ids reach the peers
-that are up within the store's window (``speculative_window_s``); a replica that starts later finds an
-older id by asking the fleet (``responses.probe``).
-
-The hot path never waits for this: routing reads the local ``LoadTracker`` and index, which hold the
-peers' state as of the last round trip (~``interval_s`` old).  Peer entries go straight into the index,
-not through ``Indexer.add_speculative``, so they are never published again (no echo between replicas).
-
-Clocks: a batch's entries carry the TTL left when published; the store stamps the batch with its own
-clock (a stream id) and the reply carries the store's time, so a reader subtracts the batch's age on
-the store's clock and never compares two hosts' clocks.
+Invariants: an entry whose blocks were stored (or stored and evicted, or expired) before it could be
+published is not published; peer entries go straight into the index, never through
+``Indexer.add_speculative``, so they are never published again (no echo); a batch's entries carry the TTL
+left when published and a reader ages them on the store's clock, never comparing two hosts' clocks.  The
+hot path never waits for this.  Wire format and reasons: docs/replicas.md.
 """
 
 from __future__ import annotations
@@ -182,7 +164,7 @@ class ReplicaState:
 
     def request(self, now: float, *, lease_s: float, window_s: float, max_read: int) -> SyncRequest:
         if self.router.host is not None:
-            # Several workers (``kvrouter.workers``): the other workers' entries reach this one's outbox
+            # Several workers (``kvrouter.host``): the other workers' entries reach this one's outbox
             # when it takes them in, which it otherwise does only before a decision of its own.
             self.router.host.pull()
         self.take_outbox(now)

@@ -1,6 +1,6 @@
 """Where replicas meet: a ``ReplicaStore`` answers one ``SyncRequest`` with the peers' state, atomically.
 
-Two implementations pass one behaviour suite (``tests/test_shared_store_contract.py``):
+Two implementations pass one behaviour suite (``tests/kvrouter/replicas/test_store_contract.py``):
 ``RedisReplicaStore`` (one Lua script per round trip, on a real Redis) and ``MemoryReplicaHub`` (the same
 semantics in process, on a clock passed in: the virtual fleet's replicas meet there).
 

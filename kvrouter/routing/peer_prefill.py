@@ -5,20 +5,14 @@
     a peer's speculative entry (blocks its request must compute there) ──add──▶ entries per source,
                                                                                  and their distinct chains
     before a decision: tokens(source, now, indexer) ──▶ block_size x distinct chains of the live entries
-        an entry ends once the events show its last block stored there (its prefill is done), or at
-        its expiry; the router charges a target the smaller of this and the peers' reported prefill
-
-Why: a peer's load report says how many prompt tokens it has still to prefill per target as of its last
-round trip (``kvrouter.replicas``), and a reader keeps that figure until the next one.  A prefill shorter
-than that (a fast fleet, or round trips that a busy event loop delays) is long done when the figure is
-used, yet still charges the target: replicas whose views of one target differ by a stale prefill then
-disagree on the placement band (one request's prefill is about the band's width) and split a burst of
-one new prefix, or send new prefixes where a single router would not.  The KV events every replica takes
-in say when the blocks are stored, at about the same moment everywhere, so this view ends with the work.
+        the router charges a target the smaller of this and the peers' reported prefill
 
 Invariant: ``tokens`` is ``block_size`` x the number of distinct chains over the source's live entries,
 where an entry is live from ``add`` until a ``tokens`` call finds its last chain stored there or its
-expiry passed (found stored once, it stays done: a block stored and evicted again was computed).
+expiry passed (found stored once, it stays done: a block stored and evicted again was computed).  The
+KV events every replica takes in say when the blocks are stored, at about the same moment everywhere,
+so this view ends with the work; a peer's reported figure is a round trip old (why that matters:
+docs/replicas.md).
 """
 
 from __future__ import annotations

@@ -126,7 +126,7 @@ class Decision(msgspec.Struct):
 
 class HostSync(Protocol):
     """What the other worker processes of this host did that the index must know (their speculative
-    entries), and what this one did that they must (``kvrouter.workers``)."""
+    entries), and what this one did that they must (``kvrouter.host``)."""
 
     def pull(self) -> None:
         """Before a decision: apply the other workers' new speculative entries to this index."""

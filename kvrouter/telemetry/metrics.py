@@ -20,10 +20,10 @@ from .telemetry import Telemetry
 
 class TelemetryCollector(Collector):
     def __init__(self, telemetry: Telemetry) -> None:
-        self.t = telemetry
+        self.telemetry = telemetry
 
     def collect(self) -> Iterator[Metric]:
-        sink = self.t.sink
+        sink = self.telemetry.sink
         if sink is not None:
             yield CounterMetricFamily(
                 "kvrouter_trace_requests",
@@ -34,7 +34,7 @@ class TelemetryCollector(Collector):
             for result, n in (("sent", sink.sent), ("failed", sink.failed), ("dropped", sink.dropped)):
                 spans.add_metric([result], n)
             yield spans
-        if self.t.access.enabled:
+        if self.telemetry.access.enabled:
             yield CounterMetricFamily(
-                "kvrouter_access_log_lines", "Access-log lines written", value=self.t.logged
+                "kvrouter_access_log_lines", "Access-log lines written", value=self.telemetry.logged
             )

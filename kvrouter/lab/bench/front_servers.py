@@ -169,7 +169,7 @@ def main(a: argparse.Namespace) -> dict[str, Any]:
     if d is None or py is None:
         return {"skipped": "shared/peerbench or its venvs missing"}
     wport = free_ports((0,))
-    fw = subprocess.Popen(
+    fake_workers = subprocess.Popen(
         [str(py), str(Path(d) / "fakeworker.py"), "--ports", str(wport)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -207,8 +207,8 @@ def main(a: argparse.Namespace) -> dict[str, Any]:
                 except subprocess.TimeoutExpired:
                     p.kill()
     finally:
-        fw.terminate()
-        fw.wait(timeout=20)
+        fake_workers.terminate()
+        fake_workers.wait(timeout=20)
     lean = out.get("lean", {}).get("cpu_ms_per_req")
     out["cpu_over_lean"] = {
         k: round(v["cpu_ms_per_req"] / lean, 3)

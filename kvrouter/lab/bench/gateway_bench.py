@@ -1,25 +1,17 @@
 """The gateway against sglang-router in front of the same fake workers, in the same run.
 
-Every run uses ``shared/peerbench/router_bench.py`` (sequential added latency, added time to the first
-streamed chunk, requests/s at concurrency 32, prefix stickiness), so all figures come from one harness and
-one machine state.  kvrouter runs as ``kvrouter serve --workers W --front F`` (subprocess) for each W of
-``--workers`` (default 1, 2 and the machine's cores) with the lean core, and once with one worker and
-aiohttp in front (``kvrouter_aiohttp_w1``: the previous front, for the ratio), on the fleet file the
-harness writes, the kv-aware policy and the fleet's tokenizer (the deepseek tokenizer).  Token parity
-checks are off (``fleet_overlay``): the fake workers' toy ``/tokenize`` would fail them, and a fleet
-failing parity is routed without token ids, so with them on nothing would be hashed or looked up; with
-them off every prompt is tokenized, hashed and looked up in the index, as behind real vLLM instances.
+Every run uses ``shared/peerbench/router_bench.py`` (added latency, added time to the first streamed
+chunk, requests/s at concurrency 32, prefix stickiness), so all figures come from one harness.  kvrouter
+runs as ``kvrouter serve --workers W --front F`` for each W of ``--workers`` with the lean core, and once
+with one worker and aiohttp in front (``kvrouter_aiohttp_w1``), with token parity checks off
+(``fleet_overlay``) so that every prompt is tokenized, hashed and looked up behind the fake workers.
 
-``profile`` (``gateway_profile``): one lean router under the same request shapes, its CPU per request
-and where that CPU goes (a CPU-time sampled profile, by category).
+Each router's process tree is sampled here (``proctree.TreeSampler``): CPU of every process over the run
+per request (``cpu_ms_per_req_run``, the same measure for sglang) and memory as PSS summed over the tree.
 
-The harness reads CPU from the one process it started; a kvrouter with workers is a process tree, so each
-router's tree is also sampled here (``proctree.TreeSampler``): CPU of every process from the moment it is
-ready to the end of the run over every request the harness sent it (``cpu_ms_per_req_run``, the same
-measure for sglang), and memory as PSS summed over the tree (shared pages counted once).
-
-``refusal`` (``refusal_bench``): CPU per request the gateway refuses (429 before the body is read) against
-CPU per request it serves, in the same run, with its target (``--refusal-only``: that part alone).
+``profile`` (``gateway_profile``): one lean router's CPU per request, by category.  ``refusal``
+(``refusal_bench``): CPU per refused request against CPU per served one (``--refusal-only``: that alone).
+The method in full: docs/results.md, "How the benches measure".
 """
 
 from __future__ import annotations
@@ -386,10 +378,10 @@ def targets(out: dict[str, Any]) -> dict[str, Any]:
 
 def _ttfb_added(r: dict[str, Any]) -> float | None:
     seq = r.get("sequential", {})
-    rt, dt = seq.get("router_chat_stream_ttfb"), seq.get("direct_chat_stream_ttfb")
-    if not rt or not dt:
+    routed, direct = seq.get("router_chat_stream_ttfb"), seq.get("direct_chat_stream_ttfb")
+    if not routed or not direct:
         return None
-    return round(rt["p50_ms"] - dt["p50_ms"], 3)
+    return round(routed["p50_ms"] - direct["p50_ms"], 3)
 
 
 if __name__ == "__main__":  # ``python -m kvrouter.lab.bench.gateway_bench --workers 1,2 ...``: other settings

@@ -240,21 +240,21 @@ def profile(
     }
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        fw = subprocess.Popen(
+        fake_workers = subprocess.Popen(
             [str(py), str(Path(d) / "fakeworker.py"), "--ports", *map(str, ports)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        procs.append(fw)
+        procs.append(fake_workers)
         if not all(_wait(f"http://127.0.0.1:{p}/health") for p in ports):
             return {"skipped": "the fake workers did not start"}
         raw_path = tempfile.mktemp(suffix=".txt")
         cmd = [sys.executable, "-m", "kvrouter.lab.bench.cpu_sampler", raw_path, "--log-level", "WARNING"]
-        rt = subprocess.Popen(
+        router = subprocess.Popen(
             [*cmd, "serve", "--fleet", fleet, "--port", str(rport), "--workers", "1"],
             stdout=subprocess.DEVNULL,
         )
-        procs.append(rt)
+        procs.append(router)
         base = f"http://127.0.0.1:{rport}"
         if not _wait(base + "/livez"):
             return {"skipped": "the router did not start"}
@@ -262,7 +262,7 @@ def profile(
         perf = shutil.which("perf")
         perf_p = (
             subprocess.Popen(
-                [perf, "record", "-e", "cpu-clock", "-F", "999", "-p", str(rt.pid), "-o", perf_path],
+                [perf, "record", "-e", "cpu-clock", "-F", "999", "-p", str(router.pid), "-o", perf_path],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
@@ -270,13 +270,13 @@ def profile(
             else None
         )
         try:
-            phases = asyncio.run(_load(base, {k: every[k] for k in shapes}, n, conc, rt.pid))
+            phases = asyncio.run(_load(base, {k: every[k] for k in shapes}, n, conc, router.pid))
         finally:
             if perf_p is not None:
                 perf_p.send_signal(signal.SIGINT)
                 perf_p.wait(timeout=60)
-            rt.terminate()  # the sampler writes its stacks as the router exits
-            rt.wait(timeout=60)
+            router.terminate()  # the sampler writes its stacks as the router exits
+            router.wait(timeout=60)
         raw = Path(raw_path).read_text() if Path(raw_path).exists() else ""
         on_cpu = _perf_dsos(perf, perf_path) if perf else None
         cpus = [p["cpu_ms_per_req"] for p in phases.values() if p["cpu_ms_per_req"] is not None]

@@ -3,19 +3,16 @@ run, on one ``kvrouter serve --workers 1`` in front of a simulated instance.
 
 ::
 
-    kvrouter sim (1 instance, test profile) ◀── kvrouter serve --workers 1 (limits.max_requests = cap)
-                                                   ▲ CPU: /proc/<pid>/stat before and after each phase
-    raw HTTP/1.1 client, `connections` keep-alive connections, each one request at a time (closed loop)
-
+    kvrouter sim (1 instance) ◀── kvrouter serve --workers 1 (limits.max_requests = cap)
+                                     ▲ CPU: /proc/<pid>/stat before and after each phase
+    raw HTTP/1.1 client, `connections` keep-alive connections, one request at a time each
     floor     GET /livez: what the HTTP server costs per request before any handler work
     served    the instance answers at once: every request routed, proxied, answered 200
-    refused   the instance holds every request (latency fault): `cap` requests fill the gateway, then
-              every request is refused (429 + Retry-After) before its body is read
+    refused   the instance holds every request: `cap` requests fill the gateway, then every request
+              is refused (429 + Retry-After) before its body is read
 
-The client is a few lines of asyncio (no HTTP library): at these rates an HTTP client costs as much CPU as
-the gateway, and it runs on the same cores.  The gateway's CPU is read from the kernel, so the client's
-own cost is not in the figures; it only bounds the rate reached.  Bodies are the load scenario's (a
-completion of 288 token ids, ~2 KB), so a refused request's body arrives in full, as a real client's does.
+The gateway's CPU is read from the kernel, so the client's own cost is not in the figures
+(docs/results.md, "How the benches measure").
 """
 
 from __future__ import annotations

@@ -7,28 +7,12 @@ through a real redis-server, and against N replicas that share nothing, on the s
                                           │ every replica subscribes to every instance's KV events  │
                                           └─ replicas.redis_url: load + speculative entries ─ redis-server
 
-Each setup has its own fleet (``kvrouter sim`` in a child process) and routers, all started once; before
-each workload the fleet's caches are emptied (``POST /reset_prefix_cache``, as on vLLM) and the routers'
-indexes and speculative entries are waited empty, so every workload meets a cold fleet.  Hit rates are
-the engines' own report (``usage.prompt_tokens_details.cached_tokens``).
-The fleet's caches are small enough that not every prefix fits everywhere, so a prefix computed on two
-instances costs another prefix its place.
-
-Scenarios (``replicas_scenarios``; chat requests, ``groups`` shared system prompts), each run interleaved
-(the groups' prompts shuffled) and in bursts (each group's prompts one after another):
-
-paced    the bench's own: a slow fleet, one client at Poisson 3 req/s, or a burst of 8 of one new prompt
-         every 0.5 s (``--burst-gap-s``): the burst is shorter than a sync interval, so replicas cannot
-         learn of each other's requests; at the default gap a burst meets a busy fleet (earlier groups
-         still prefill), where the replicas' views of the load differ
-clients  issue 29's: a fast fleet whose caches cannot hold every prompt, 8 concurrent clients (each sends
-         its next request when the last is answered): requests take milliseconds, round trips between
-         replicas take longer, and under cache pressure a prefix placed twice costs another its place
-
-Every router is ``kvrouter serve --workers N`` (``--workers``; default: serve's own, one per core).
-
-The setups run in a rotated order from run to run, so a slow phase of this shared machine does not always
-hit the same one; compare the setups within a run.
+Each setup has its own fleet and routers, started once; before each workload the fleet's caches are
+emptied (``POST /reset_prefix_cache``) and the routers' indexes and speculative entries are waited empty,
+so every workload meets a cold fleet.  Hit rates are the engines' own report (``cached_tokens``).
+Scenarios (``replicas_scenarios``: ``paced``, ``clients``) run interleaved and in bursts; the setups run
+in a rotated order from run to run, so compare setups within a run.  The scenarios and why each is
+shaped as it is: docs/results.md, "How the benches measure".
 """
 
 from __future__ import annotations

@@ -1,26 +1,15 @@
 """``kvrouter eval --flows``: tenants and priorities under saturation, every fairness mode in the same runs.
 
-The trace: ``interactive`` tenants (priority 1, one system prompt each, so their requests hit the cache),
-one ``noisy`` tenant of the same priority and weight sending five times an interactive tenant's rate (its
-own prompts), and a ``batch`` tenant at priority 0 (long prompts, long outputs).  ``load`` scales every
-rate.  For each load and each fairness mode (``flows.FAIRNESS``), three runs of the same trace:
+The trace: ``interactive`` tenants (priority 1, one system prompt each), one ``noisy`` tenant of the same
+priority and weight at five times an interactive tenant's rate, and a ``batch`` tenant at priority 0
+(long prompts, long outputs); ``load`` scales every rate.  For each load and each fairness mode
+(``flows.FAIRNESS``), three runs of the same trace: ``full`` (every tenant), ``no_batch`` (without the
+batch tenant) and ``alone`` (each interactive tenant by itself, once per load).
 
-    full       every tenant
-    no_batch   without the batch tenant: what high priority gets when no low-priority flood comes
-    alone      each interactive tenant by itself (once per load: no one to share with)
-
-and the figures the issue asks for, against ``fifo`` in the same runs:
-
-    ttft_p99_vs_alone         each interactive tenant's TTFT p99 in ``full`` / the same tenant ``alone``
-    high_p99_vs_no_batch      priority 1's TTFT p99 in ``full`` / in ``no_batch``
-    jain_work                 Jain's index between the equal-weight priority-1 tenants (interactive and
-                              noisy) of tokens computed while the trace arrives (requests finished by its
-                              end) / their max-min fair share of what the group got (demand: every
-                              request of the tenant, as computed when served)
-    throughput_vs_fifo        tokens computed per second of makespan / fifo's
-
-Tokens computed: prompt tokens vLLM did not serve from cache plus output tokens, of answered requests; a
-refused request's demand is its whole prompt and output.
+Figures, against ``fifo`` in the same runs: ``ttft_p99_vs_alone``, ``high_p99_vs_no_batch``,
+``jain_work`` and ``throughput_vs_fifo`` (each defined in docs/flows.md, "Evaluation and the live
+scenario").  Tokens computed: prompt tokens vLLM did not serve from cache plus output tokens, of answered
+requests; a refused request's demand is its whole prompt and output.
 """
 
 from __future__ import annotations

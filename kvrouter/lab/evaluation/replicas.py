@@ -127,7 +127,7 @@ class ReplicatedFleet(VirtualFleet):
         st = self.states[i]
         st.published()
         st.apply(reply, now)
-        if self.finished < len(self.w.requests) and self.clock.pending():
+        if self.finished < len(self.workload.requests) and self.clock.pending():
             self.clock.at(now - self.rcfg.rtt_s + self.rcfg.interval_s, partial(self._sync, i))
 
     def _deliver(self, name: str, seq: int, payload: bytes) -> None:

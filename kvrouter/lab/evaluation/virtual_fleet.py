@@ -8,23 +8,11 @@
                      │ first_token / finished ◀─(net latency + way back)───────────────────────┘ outputs
 
 Nothing here routes or models an engine: routing is ``kvrouter.routing.Router`` over ``indexer.Indexer``
-(fed the engines' events as real vLLM payloads, decoded and hashed exactly as in the gateway), and every
-engine is ``kvrouter.lab.sim.engine.engine.Engine`` behind its ``FrontEnd`` (vLLM's API server: HTTP, the
-renderer's queue, the hop to the engine core, the way back of each output).  This module only keeps the
-clock: a heap of timed actions.
-When the router finds every instance at its cap, requests wait in the gateway's flow queue
-(``kvrouter.flows.FlowQueue``: bounded; by priority and fair share unless ``fairness`` is ``fifo``; a
-request's flow is its ``tenant`` at the priority ``priorities`` gives it), charged as the gateway charges.
-
-A fleet with prefill/decode ``roles`` is planned by ``routing.disagg.DisaggPlanner`` (the gateway's
-``RequestPipeline.admit_plan`` calls the same), and a split request runs as the gateway runs it::
-
-    plan ─(net)─▶ prefill engine: max_tokens 1, blocks held ─(net, router, net)─▶ decode engine: admitted
-    with its local hit, the rest pulled (latency + tokens x KV bytes / bandwidth) ─▶ blocks land (announced),
-    the prefill engine's released ─▶ last prompt token, then decode
-
-Inter-token latency is recorded per request from the engine steps' ends (a coalesced run of k decode steps
-spreads its duration over its k tokens), so a decode stalled behind another request's prefill shows.
+(fed the engines' events as real vLLM payloads), every engine is ``kvrouter.lab.sim.engine.engine.Engine``
+behind its ``FrontEnd``, requests at every instance's cap wait in ``kvrouter.flows.FlowQueue``, and a
+fleet with prefill/decode ``roles`` is planned by ``routing.disagg.DisaggPlanner``, as in the gateway.
+This module only keeps the clock: a heap of timed actions.  Inter-token latency is recorded per request
+from the engine steps' ends.  How a split request and the flow queue run here: docs/simulator.md.
 """
 
 from __future__ import annotations
@@ -191,7 +179,7 @@ class VirtualFleet:
         """``pooled_of`` > 1 builds the pooled-cache bound: one engine with that many instances' capacity
         and speed (same batch limits scaled by the caller)."""
         cfg.validate()
-        self.w = workload
+        self.workload = workload
         self.cfg = cfg
         self.clock = _Clock()
         profile = get_profile(cfg.profile)
@@ -281,9 +269,9 @@ class VirtualFleet:
 
     # ------------------------------------------------------------------ running
     def run(self) -> FleetRun:
-        reqs = self.w.requests
-        if self.w.closed_loop:
-            conc = getattr(self.w.mode, "concurrency", 1)
+        reqs = self.workload.requests
+        if self.workload.closed_loop:
+            conc = getattr(self.workload.mode, "concurrency", 1)
             for _ in range(min(conc, len(reqs))):
                 self._release_closed(0.0)
         else:
@@ -309,12 +297,12 @@ class VirtualFleet:
     def _sample(self) -> None:
         self.load_times.append(self.clock.now)
         self.load_samples.append([self.router.load.get(TargetKey(n)).in_flight for n in self.names])
-        if self.finished < len(self.w.requests) and self.clock.pending():
+        if self.finished < len(self.workload.requests) and self.clock.pending():
             self.clock.at(self.clock.now + self.cfg.sample_interval_s, self._sample)
 
     def _release_closed(self, now: float) -> None:
         """Closed loop: the next request not yet sent whose predecessor (if any) is done."""
-        reqs = self.w.requests
+        reqs = self.workload.requests
         while self._closed_next < len(reqs):
             r = reqs[self._closed_next]
             self._closed_next += 1
@@ -338,7 +326,7 @@ class VirtualFleet:
             RequestId(r.id),
             chains=chains,
             num_tokens=n,
-            prefix_text=prefix_text(r, self.w.token_space, self.prefix_length),
+            prefix_text=prefix_text(r, self.workload.token_space, self.prefix_length),
             affinity=r.affinity_id,
             model=None,
             prefix_length=self.prefix_length,
@@ -447,7 +435,7 @@ class VirtualFleet:
         for dep in self.dependents.pop(rid, []):
             at = max(dep.arrival_s or 0.0, now + dep.think_s)
             self._at_activity(at, partial(self._arrive, dep))
-        if self.w.closed_loop:
+        if self.workload.closed_loop:
             self._release_closed(now)
 
     def _first_token(self, rid: str, t: float) -> None:
@@ -498,9 +486,10 @@ class VirtualFleet:
         r = self.by_id[rid]
         eng = self.engines[i]
         erid = leg_id(RequestId(rid)) if prefill_leg else rid
-        prompt = prompt_tokens(r, self.w.token_space)
+        space = self.workload.token_space
+        prompt = prompt_tokens(r, space)
         try:
-            out = output_tokens(r, self.w.token_space) if r.output_segments and not prefill_leg else None
+            out = output_tokens(r, space) if r.output_segments and not prefill_leg else None
             eng.add_request(
                 erid,
                 prompt,

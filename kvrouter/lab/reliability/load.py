@@ -6,15 +6,13 @@
                                                └─ /proc (tree): PSS, sockets; /metrics: tasks per worker
     1 ramp        rate x1.4 per step until a step fails (errors, 429, falling behind, p99 too high): R
     2 direct      R straight to the instances: the latency without the gateway
-    3 sustained   R for warm_s (each worker's first contact with traffic: its code paged in, pages
-                  shared with the supervisor copied on first write), then R for sustain_s: zero
-                  errors, p99 added latency, memory trend
+    3 sustained   R for warm_s, then R for sustain_s: zero errors, p99 added latency, memory trend
     4 idle        the gateway's sockets and tasks back where they were
-    5 overload    2R, then 4R: 200 or 429 + Retry-After (admission: limits.max_requests and the event
-                  loop's standing delay, limits.max_loop_lag_s), no other answer
+    5 overload    2R, then 4R: 200 or 429 + Retry-After, no other answer
     6 recovery    R/2: how soon the 429s stop and latency is back
 
-Everything binds 127.0.0.1; every phase is bounded in time and in outstanding requests.
+Everything binds 127.0.0.1; every phase is bounded in time and in outstanding requests (docs/reliability.md,
+"The scenarios").
 """
 
 from __future__ import annotations

@@ -101,20 +101,6 @@ def tree_pss_mb(pid: int) -> float:
     return total / 1024
 
 
-def open_fds(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-def tcp_sockets(pid: int) -> int:
-    """Open socket file descriptors of ``pid`` (client and server connections, listeners)."""
-    n = 0
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        with contextlib.suppress(OSError):
-            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:"):
-                n += 1
-    return n
-
-
 class TcpConn(msgspec.Struct, frozen=True):
     local_port: int
     remote_port: int

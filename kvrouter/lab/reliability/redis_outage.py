@@ -3,19 +3,16 @@ replicas resynchronise when it is back.
 
 ::
 
-    gateway A ─┐ SharedState (50 ms round trips)  ┌─ redis-server (killed, then restarted empty)
-    gateway B ─┴──────────────────────────────────┘
+    gateway A ─┐ SharedState (round trips)  ┌─ redis-server (killed, then restarted empty)
+    gateway B ─┴────────────────────────────┘
     burst: a new prefix to A; B is asked (explain) where it would send the same prefix until it names a
            cache reason or ``reach_within_s`` has passed, then sent it, while A's request is still queued
            at its instance (latency fault, longer than ``reach_within_s``): only A's shared speculative
            entry can make B choose A's instance for its cache
 
-B is asked on a condition (its answer), not after a fixed delay: the scenario shares one event loop and
-this machine's CPU with everything it drives, so a fixed delay measured the machine as much as the
-replicas.  How long A's entry took to reach B is a figure of its own.
-
-Each gateway runs the fleet file's ``replicas: {redis_url: ...}`` (``Gateway.shared``), as ``kvrouter serve``
-does.
+B is asked on a condition (its answer), not after a fixed delay; how long A's entry took to reach B is a
+figure of its own.  Each gateway runs the fleet file's ``replicas: {redis_url: ...}``
+(``Gateway.shared``), as ``kvrouter serve`` does.
 """
 
 from __future__ import annotations

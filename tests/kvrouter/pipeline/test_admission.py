@@ -77,7 +77,7 @@ async def test_past_max_requests_the_next_is_refused_until_one_ends() -> None:
     assert adm.active == 0
     with adm.held():  # room again
         pass
-    assert rejections(adm.m, "gateway_full") == 1
+    assert rejections(adm.metrics, "gateway_full") == 1
 
 
 async def test_the_hosts_count_bounds_every_worker() -> None:
@@ -110,7 +110,7 @@ async def test_a_standing_delay_refuses_a_share_and_twice_the_bound_refuses_all(
     adm = admission(lag, draw=0.999)
     err = adm.refusal()
     assert err is not None and err.reason == "gateway_busy"
-    assert rejections(adm.m, "gateway_busy") == 1
+    assert rejections(adm.metrics, "gateway_busy") == 1
 
 
 async def test_one_long_stall_refuses_nothing(lag: LoopLag) -> None:

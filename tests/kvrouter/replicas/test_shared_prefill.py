@@ -20,11 +20,11 @@ from prometheus_client import CollectorRegistry
 from indexer import Indexer
 from indexer.encode import PayloadEncoder
 from kvrouter.host import HostLayout, HostLoads, HostMemory, SpeculativeRings
+from kvrouter.host.wiring import RingSync
 from kvrouter.replicas import SharedState
 from kvrouter.routing import RouteInput, Router
 from kvrouter.routing.router import Candidate
 from kvrouter.types import InstanceId
-from kvrouter.workers.wiring import RingSync
 from tests.kvrouter.replicas.test_shared_state import BS, TARGETS, Pair, config, ns_flush, pair, router
 from tests.support.redis_server import RedisServer, redis_server
 
@@ -108,7 +108,7 @@ async def host_pair(
     workers = [router(), router()]
     # as the gateway does: every worker builds its shared state (its count of peers' prefill) ...
     states = [SharedState(r, config(ns_flush.url, "a"), registry=CollectorRegistry()) for r in workers]
-    for k, r in enumerate(workers):  # ... then attaches to the host (kvrouter.workers.WorkerHost.attach)
+    for k, r in enumerate(workers):  # ... over the host's memory (what Gateway(host=WorkerHost(...)) builds)
         r.load.shared = HostLoads(mem, k)
         r.host = RingSync(
             r.indexer, SpeculativeRings(mem, k), keep_outbox=k == 0, peer_prefill=r.peer_prefill

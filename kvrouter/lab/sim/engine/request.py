@@ -147,10 +147,6 @@ class Request:
                 rest_extra=self._extra_rest,
             )
 
-    @property
-    def is_finished(self) -> bool:
-        return self.status is Status.FINISHED
-
     def ensure_hashes(self, num_blocks: int) -> None:
         """Hash full blocks up to ``num_blocks`` (blocks completed by generated tokens)."""
         have = len(self.block_hashes)
@@ -180,11 +176,6 @@ class Request:
             assert self._outputs is not None
             out += self._outputs[max(start, p) - p : stop - p]
         return out
-
-    @property
-    def all_token_ids(self) -> list[int]:
-        """Every token so far (a copy: tests and debugging; the engine uses ``token_slice``)."""
-        return self.token_slice(0, self.num_tokens)
 
     def extra_keys(self, start_block: int, end_block: int) -> list[tuple[str, ...] | None]:
         """The ``extra_keys`` list of a BlockStored event for blocks ``start_block .. end_block``."""

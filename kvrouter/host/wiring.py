@@ -6,15 +6,13 @@
                                                    Router(host=RingSync)          (speculative entries)
                                                    UpstreamPool(board=HealthBoard) (health, ejections)
                                                    RequestPipeline(host_queue=QueueBoard, held_host=...)
-                                                     (the limits' queue; its HostFlows: flows' shares
-                                                     and rate limits)
+                                                     (the limits' queue; HostFlows: shares, rate limits)
                                                    host_scrape = HostScrape       (the host's /metrics)
 
-Worker 0 is the leader: it alone scrapes engine load (the others read it from the shared loads), runs the
-start-up fleet check, index snapshots and the replicas' round trips to Redis, which publish the
-whole host's load and speculative entries.  What the round trips bring in reaches every worker: the other
-replicas' load through the shared external cells, their speculative entries through the leader's ring
-(flagged as another replica's, so each worker counts them as that replica's queued prefill too).
+Worker 0 is the leader: it alone scrapes engine load, runs the start-up fleet check, index snapshots and
+the replicas' round trips to Redis (for the whole host's load and speculative entries).  What the round
+trips bring in reaches every worker: other replicas' load through the shared external cells, their
+speculative entries through the leader's ring (flagged as another replica's queued prefill).
 """
 
 from __future__ import annotations
@@ -26,8 +24,8 @@ from prometheus_client.core import Metric
 from indexer import Indexer
 from indexer.indexer import SpeculativeEntry
 
-from ..host import HealthBoard, HostLoads, HostMemory, MetricsBoard, QueueBoard, SpeculativeRings
 from ..routing.peer_prefill import PeerPrefill
+from . import HealthBoard, HostLoads, HostMemory, MetricsBoard, QueueBoard, SpeculativeRings
 from .scrape import HostScrape, WakePipes
 
 

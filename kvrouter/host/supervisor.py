@@ -26,12 +26,12 @@ from collections.abc import Callable
 from types import FrameType
 
 from ..config import RouterFleetConfig
-from ..host import HostLayout, HostMemory, MetricsBoard
 from ..pipeline import FleetTokens
+from . import HostLayout, HostMemory, MetricsBoard
 from .scrape import wake_pipes
 from .wiring import WorkerHost
 
-log = logging.getLogger("kvrouter.workers")
+log = logging.getLogger("kvrouter.host")
 
 RESPAWN_BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 5.0)
 """Delay before replacing a worker, by how many times that worker died within the last minute."""

@@ -14,8 +14,8 @@ from indexer.types import SourceKey
 from kvrouter.config import RouterFleetConfig
 from kvrouter.gateway import Gateway
 from kvrouter.host import HostLayout, HostMemory
+from kvrouter.host.wiring import WorkerHost
 from kvrouter.types import RequestId, TargetKey
-from kvrouter.workers import WorkerHost
 
 
 def fleet() -> RouterFleetConfig:

@@ -13,7 +13,7 @@ from pathlib import Path
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.kvrouter.workers.test_serve_workers import HeldFleet, body, children, fresh, serve
+from tests.kvrouter.host.test_serve_workers import HeldFleet, body, children, fresh, serve
 from tests.support.wait import until
 
 REQUESTS = 240

@@ -24,10 +24,10 @@ from collections.abc import Callable, Iterable
 import msgspec
 from prometheus_client.core import Metric
 
-from ..host import MetricsBoard, SnapshotTooLarge
-from ..host.metric_merge import Snapshot, decode, encode, merge, plus_base, snapshot
+from . import MetricsBoard, SnapshotTooLarge
+from .metric_merge import Snapshot, decode, encode, merge, plus_base, snapshot
 
-log = logging.getLogger("kvrouter.workers")
+log = logging.getLogger("kvrouter.host")
 
 WakePipes = list[tuple[int, int]]
 """(read end, write end) per worker, non-blocking."""
