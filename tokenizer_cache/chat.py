@@ -96,6 +96,8 @@ class ChatRenderer:
         own = getattr(tok, "chat_template", None)
         self._own: str | dict[str, str] | None = own if isinstance(own, (str, dict)) else None
         self._specials = {k: str(v) for k in _SPECIAL_TOKENS if (v := getattr(tok, k, None)) is not None}
+        self._merges_inline: bool | None = None
+        """``merges_inline_system``, probed once: the templates it probes are fixed per renderer."""
 
     # -- whole requests ----------------------------------------------------------------------------
 
@@ -123,8 +125,12 @@ class ChatRenderer:
         """Whether vLLM merges an Anthropic request's inline system messages into the first one for this
         model: one of the templates it resolves (without tools, with an empty tool list) fails on a system
         message after the first (``anthropic_inputs.requires_system_first``)."""
-        variants: tuple[list[Any] | None, ...] = (None, [])
-        return any(requires_system_first(self._resolve(self._template, tools)) for tools in variants)
+        if self._merges_inline is None:  # (two threads may both probe: the answer is the same)
+            variants: tuple[list[Any] | None, ...] = (None, [])
+            self._merges_inline = any(
+                requires_system_first(self._resolve(self._template, tools)) for tools in variants
+            )
+        return self._merges_inline
 
     def render_plan(self, plan: ChatPlan, placeholders: Mapping[str, str] | None = None) -> RenderedChat:
         """The prompt vLLM renders for a planned request (raises ``ChatTemplateError`` and subclasses).
