@@ -4,7 +4,7 @@
 
     HostLayout(workers, targets, instances, ring_words)
       └── HostMemory(buffer)  ── view("loads")    int64 [workers, targets, 4]   each worker writes its row
-                              ── view("engine")   float64 [targets, 3]          scraped engine load
+                              ── view("engine")   float64 [targets, 4]          scraped engine load
                               ── view("external") int64 [targets, 2]            other hosts' load (replicas)
                               ── view("health")   float64 [instances, 6]        health and ejections
                               ── view("queue")    int64 [workers, 4]            the limits' queue, per worker
@@ -69,7 +69,7 @@ class HostLayout(msgspec.Struct, frozen=True):
             ("instance_names", "u1", (i, NAME_BYTES + 8)),
             ("counters", "i8", (4,)),
             ("loads", "i8", (w, t, 4)),
-            ("engine", "f8", (t, 3)),
+            ("engine", "f8", (t, 4)),
             ("external", "i8", (t, 2)),
             ("health", "f8", (i, 6)),
             ("queue", "i8", (w, 4)),

@@ -523,6 +523,7 @@ class RequestPipeline:
             if p.rec is not None:
                 tries[1] = time.time_ns()
                 tries[2] += 1
+            self._set_reserved(p)
             d = self._claimed(p, (), only)
             return None if d.reason == "at_capacity" else d
 
@@ -599,6 +600,14 @@ class RequestPipeline:
         if self.publish_now is not None and chosen.cached_tokens == 0:
             self.publish_now()
 
+    def _set_reserved(self, p: Prepared) -> None:
+        """Whether ``p`` may fill the capacity kept for high priority (``routing.saturation``), as its
+        flow stands now; ``fifo`` knows no priorities: every request may."""
+        sat = self.cfg.limits.saturation
+        p.inp.reserved = self.cfg.flows.fairness == "fifo" or sat.reserved(
+            p.flow.priority, self.gate.queue.depth(p.flow)
+        )
+
     async def _wait(self, p: Prepared, attempt: Callable[[], _T | None], cost: Callable[[_T], float]) -> _T:
         labels = self.flow_labels(p.flow)
         t0 = time.monotonic()
@@ -654,11 +663,12 @@ class RequestPipeline:
             if p.rec is not None:
                 tries[1] = time.time_ns()
                 tries[2] += 1
+            self._set_reserved(p)
             plan = self.plan(p, shadow=False)
             if plan.reason == "at_capacity":
                 return None
             d = plan.decode.chosen
-            if d is not None and not self.router.claim(p.inp.request_id, d):
+            if d is not None and not self.router.claim(p.inp.request_id, d, p.inp.reserved):
                 return None  # another worker took its last slot: plan again when capacity frees
             return plan
 
@@ -724,7 +734,7 @@ class RequestPipeline:
             d = self.decide(p, lost, only=only, shadow=shadow)
             if d.chosen is None and len(lost) > len(exclude):
                 return Decision(None, d.policy, "at_capacity", d.ranked)  # the rest are at their caps
-            if d.chosen is None or self.router.claim(p.inp.request_id, d.chosen):
+            if d.chosen is None or self.router.claim(p.inp.request_id, d.chosen, p.inp.reserved):
                 return d
             lost.add(d.chosen.target)
 
@@ -790,6 +800,8 @@ class RequestPipeline:
 
     def first_token(self, p: Prepared) -> None:
         self.router.first_token(p.inp.request_id)
+        if self.cfg.limits.saturation.max_prefill_tokens:
+            self.gate.release()  # its prompt is computed: a target full of prefill may take another
         if p.rec is not None:
             p.rec.first_token()
 

@@ -39,6 +39,7 @@ from kvrouter.lab.workloads.build import Keys
 from kvrouter.lab.workloads.spec import OpenLoop, Request, Segment, TokenSpace, Workload
 from kvrouter.percentiles import quantile
 from kvrouter.routing import KV_AWARE, RouterConfig
+from kvrouter.routing.saturation import Saturation
 
 
 class FlowsSpec(msgspec.Struct, frozen=True):
@@ -57,6 +58,10 @@ class FlowsSpec(msgspec.Struct, frozen=True):
     instances: int = 2
     profile: str = "llama-3.1-70b-8xh100"
     max_in_flight: int = 8
+    max_prefill_tokens: int = 0
+    """``limits.saturation.max_prefill_tokens`` (0: the cap alone)."""
+    reserve: float = 0.0
+    """``limits.saturation.reserve``, kept for priority 1 (the fair modes; ``fifo`` knows no priority)."""
     queue_size: int = 4096
     seed: int = 0
 
@@ -127,7 +132,8 @@ def run_case(spec: FlowsSpec, load: float, fairness: str, variant: str) -> dict[
         priorities=_priorities(spec),
         seed=spec.seed,
     )
-    router = RouterConfig(policy=KV_AWARE, max_in_flight=spec.max_in_flight, shadow=False)
+    sat = Saturation(max_prefill_tokens=spec.max_prefill_tokens, reserve=spec.reserve, reserved_priority=1)
+    router = RouterConfig(policy=KV_AWARE, max_in_flight=spec.max_in_flight, saturation=sat, shadow=False)
     run = VirtualFleet(w, fleet, router).run()
     return summarize_flows(run, w, spec.duration_s)
 
