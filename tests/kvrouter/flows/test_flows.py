@@ -162,3 +162,33 @@ async def test_a_newcomer_does_not_overtake_a_waiter_of_its_group() -> None:
     other = await gate.acquire(lambda: 7, Flow("c", 0), group="other")  # another model is not held up
     assert other == 7
     late.cancel()
+
+
+async def test_a_head_kept_out_of_the_reserve_does_not_hold_up_one_that_may_fill_it() -> None:
+    # One slot is left, and it is the reserve: the noisy flow, with others of its own waiting, may not
+    # fill it; the calm flow, with nothing else waiting, may.  The noisy head ranks first (earlier ticket,
+    # equal counters), fails, and the calm head behind it gets the slot.
+    gate = CapacityGate(16, 5.0, fairness="work")
+    reserve = {"free": 0}
+
+    def attempt(flow: Flow) -> int | None:
+        if reserve["free"] and gate.queue.depth(flow) <= 1:
+            reserve["free"] -= 1
+            return 1
+        return None
+
+    noisy = [
+        asyncio.create_task(gate.acquire(lambda: attempt(Flow("noisy", 1)), Flow("noisy", 1)))
+        for _ in range(3)
+    ]
+    await asyncio.sleep(0)
+    calm = asyncio.create_task(gate.acquire(lambda: attempt(Flow("calm", 1)), Flow("calm", 1)))
+    await asyncio.sleep(0)
+    assert len(gate.queue) == 4
+    reserve["free"] = 1
+    gate.release()
+    assert await asyncio.wait_for(calm, 1.0) == 1
+    assert not any(t.done() for t in noisy)
+    for t in noisy:
+        t.cancel()
+    await asyncio.gather(*noisy, return_exceptions=True)
