@@ -3,7 +3,10 @@
 The trace: ``interactive`` tenants (priority 1, one system prompt each, so their requests hit the cache),
 one ``noisy`` tenant of the same priority and weight sending five times an interactive tenant's rate (its
 own prompts), and a ``batch`` tenant at priority 0 (long prompts, long outputs).  ``load`` scales every
-rate.  For each load and each fairness mode (``flows.FAIRNESS``), three runs of the same trace:
+rate.  Saturation is the fleet's own signal (``limits.saturation``: prompt tokens still to prefill per
+instance), with a share kept for priority 1 flows with nothing else waiting, the same in every mode
+(``fifo`` fills the reserve too: it knows no priority).  For each load and each fairness mode
+(``flows.FAIRNESS``), three runs of the same trace:
 
     full       every tenant
     no_batch   without the batch tenant: what high priority gets when no low-priority flood comes
@@ -57,10 +60,11 @@ class FlowsSpec(msgspec.Struct, frozen=True):
     batch_output_len: int = 256
     instances: int = 2
     profile: str = "llama-3.1-70b-8xh100"
-    max_in_flight: int = 8
-    max_prefill_tokens: int = 0
+    max_in_flight: int = 0
+    """``limits.max_in_flight`` (0: no fixed cap: saturation is read from the prefill backlog)."""
+    max_prefill_tokens: int = 2048
     """``limits.saturation.max_prefill_tokens`` (0: the cap alone)."""
-    reserve: float = 0.0
+    reserve: float = 0.5
     """``limits.saturation.reserve``, kept for priority 1 (the fair modes; ``fifo`` knows no priority)."""
     queue_size: int = 4096
     seed: int = 0

@@ -192,3 +192,24 @@ async def test_a_head_kept_out_of_the_reserve_does_not_hold_up_one_that_may_fill
     for t in noisy:
         t.cancel()
     await asyncio.gather(*noisy, return_exceptions=True)
+
+
+def test_objectives_are_read_from_headers_and_predicted_at_the_best_target() -> None:
+    from kvrouter.flows import Objective, SloConfig, TargetView, miss, predict, read_objective
+
+    cfg = SloConfig(prefill_tokens_per_s=1000.0, decode_step_s=0.02, decode_step_per_request_s=0.001)
+    assert read_objective(cfg, {"x-slo-ttft-ms": "250", "x-slo-tpot-ms": " 40 "}) == (
+        Objective(0.25, 0.04),
+        [],
+    )
+    assert read_objective(cfg, {}) == (None, [])
+    for bad in ("soon", "-5", "0", "nan", "inf", "1e12"):
+        assert read_objective(cfg, {"x-slo-ttft-ms": bad}) == (None, ["ttft_slo:malformed"])
+    # the least predicted TTFT decides: 500 queued + 100 uncached at 1,000 tokens/s, 10 decoding
+    ttft, tpot = predict(cfg, [TargetView(4000, 1000, 0), TargetView(500, 100, 10)])
+    assert ttft == pytest.approx(0.6) and tpot == pytest.approx(0.03)
+    assert miss(Objective(0.5, None), ttft, tpot) == "ttft"
+    assert miss(Objective(0.7, 0.025), ttft, tpot) == "tpot"
+    assert miss(Objective(0.7, 0.05), ttft, tpot) is None
+    assert predict(SloConfig(), [TargetView(10**6, 10**6, 100)]) == (None, None)  # no rates: no prediction
+    assert miss(Objective(0.001, 0.001), None, None) is None

@@ -155,3 +155,41 @@ async def test_a_tenants_work_is_its_uncached_prompt_and_its_decode(fleet: SimFl
             work[(("priority", "2"), ("tenant", "vip"))]
             == usage["prompt_tokens"] + usage["completion_tokens"]
         )
+
+
+def _slo_flows(on_miss: str) -> dict[str, Any]:
+    # 1,000 prompt tokens a second: a prompt of a few dozen tokens is predicted at tens of milliseconds
+    return {**FLOWS, "flows": {**FLOWS["flows"], "slo": {"on_miss": on_miss, "prefill_tokens_per_s": 1000.0}}}
+
+
+async def test_an_objective_the_fleet_cannot_meet_is_refused_early_with_the_reason(fleet: SimFleet) -> None:
+    async with gateway(fleet, **_slo_flows("reject")) as (_, base), aiohttp.ClientSession() as s:
+        status, h = await chat(s, base, "sk-calm", "slo " * 50, **{"x-slo-ttft-ms": "1"})
+        assert status == 429 and h["x-kvrouter-slo"].startswith("rejected; ttft; predicted_ms=")
+        status, h = await chat(s, base, "sk-calm", "slo " * 50, **{"x-slo-ttft-ms": "60000"})
+        assert status == 200 and h["x-kvrouter-slo"] == "met"
+        status, h = await chat(s, base, "sk-calm", "no objective")
+        assert status == 200 and "x-kvrouter-slo" not in h
+        status, h = await chat(s, base, "sk-calm", "bad", **{"x-slo-ttft-ms": "soon"})
+        assert status == 200 and "x-kvrouter-slo" not in h  # ignored, counted
+        async with s.get(f"{base}/metrics") as r:
+            assert r.status == 200
+            m = await r.text()
+        slo = samples(m, "kvrouter_flow_slo_total")
+        assert slo[(("outcome", "rejected_ttft"), ("tenant", "calm"))] == 1.0
+        assert slo[(("outcome", "met"), ("tenant", "calm"))] == 1.0
+        assert samples(m, "kvrouter_rejections_total")[(("reason", "slo_ttft"),)] == 1.0
+        warned = samples(m, "kvrouter_flow_header_warnings_total")
+        assert warned[(("header", "ttft_slo"), ("reason", "malformed"))] == 1.0
+
+
+async def test_an_objective_the_fleet_cannot_meet_is_served_at_the_lower_priority(fleet: SimFleet) -> None:
+    async with gateway(fleet, **_slo_flows("demote")) as (_, base), aiohttp.ClientSession() as s:
+        status, h = await chat(s, base, "sk-vip", "slo " * 50, **{"x-slo-ttft-ms": "1"})
+        # not saturated: served, at priority -1 (sheddable), and told so
+        assert status == 200 and h["x-kvrouter-slo"].startswith("demoted; ttft; predicted_ms=")
+        async with s.get(f"{base}/metrics") as r:
+            assert r.status == 200
+            m = await r.text()
+        assert samples(m, "kvrouter_flow_slo_total")[(("outcome", "demoted_ttft"), ("tenant", "vip"))] == 1.0
+        assert samples(m, "kvrouter_flow_admitted_total")[(("priority", "-1"), ("tenant", "vip"))] == 1.0
