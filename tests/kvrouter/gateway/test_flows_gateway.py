@@ -193,3 +193,37 @@ async def test_an_objective_the_fleet_cannot_meet_is_served_at_the_lower_priorit
             m = await r.text()
         assert samples(m, "kvrouter_flow_slo_total")[(("outcome", "demoted_ttft"), ("tenant", "vip"))] == 1.0
         assert samples(m, "kvrouter_flow_admitted_total")[(("priority", "-1"), ("tenant", "vip"))] == 1.0
+
+
+async def test_the_reserve_is_kept_from_a_low_priority_flood_for_high_priority(fleet: SimFleet) -> None:
+    # 2 instances x 2 slots; half of each cap kept for priority 1 and above: the flood (priority 0) holds
+    # one slot per instance and waits for those, and the vip request finds a kept slot at once.
+    limits = {"max_in_flight": 2, "queue_size": 64, "queue_timeout_s": 30, "saturation": {"reserve": 0.5}}
+    async with gateway(fleet, **{**FLOWS, "limits": limits}) as (gw, base), aiohttp.ClientSession() as s:
+        for srv in fleet.servers:
+            async with s.post(f"{srv.url}/sim/faults", json={"latency_s": 0.3}) as r:
+                assert r.status == 200
+        try:
+            done: list[str] = []
+
+            async def one(key: str, name: str) -> None:
+                st, h = await chat(s, base, key, name)
+                assert st == 200
+                done.append(name)
+
+            flood = [asyncio.create_task(one("sk-noisy", f"noisy {i}")) for i in range(8)]
+            await until(lambda: gw.pipeline.gate.waiting >= 6, what="the noisy tenant's backlog")
+            assert gw.pipeline.router.load.total_in_flight() == 2  # the other two slots are kept
+            await one("sk-vip", "vip")
+            # it did not wait for a slot: only the two noisy requests in flight when it came could end first
+            assert done.index("vip") <= 2, done
+            await asyncio.gather(*flood)
+            async with s.get(f"{base}/metrics") as r:
+                assert r.status == 200
+                m = await r.text()
+            waits = samples(m, "kvrouter_flow_queue_wait_seconds_count")
+            assert waits[(("priority", "2"), ("tenant", "vip"))] == 1.0
+        finally:
+            for srv in fleet.servers:
+                async with s.post(f"{srv.url}/sim/faults", json={"latency_s": 0.0}) as r:
+                    assert r.status == 200
