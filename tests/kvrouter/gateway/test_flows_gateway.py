@@ -207,7 +207,7 @@ async def test_the_reserve_is_kept_from_a_low_priority_flood_for_high_priority(f
             done: list[str] = []
 
             async def one(key: str, name: str) -> None:
-                st, h = await chat(s, base, key, name)
+                st, _ = await chat(s, base, key, name)
                 assert st == 200
                 done.append(name)
 
