@@ -14,7 +14,8 @@
       kv_aware: {compute_weight: 8.0, load_weight: 32}   # offload_value: a flat worth for every tier
       prefix_hash: {prefix_length: 1024, load_bound: 1.25}
       disaggregation: {mode: conditional, local_prefill_tokens: 2048}   # fleets with prefill/decode roles
-    limits: {concurrency_threshold: 0, max_in_flight: 0, queue_size: 256, queue_timeout_s: 30}
+    limits: {concurrency_threshold: 0, max_in_flight: 0, queue_size: 256, queue_timeout_s: 30,
+             saturation: {max_prefill_tokens: 2048, reserve: 0.5}}   # see kvrouter.routing.saturation
     tenants:
       require_api_key: false
       api_keys: {"sk-team-a": {name: team-a, salt: "a9f3..."}}
