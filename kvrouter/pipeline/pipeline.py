@@ -543,7 +543,7 @@ class RequestPipeline:
             if p.rec is not None:
                 tries[1] = time.time_ns()
                 tries[2] += 1
-            self._set_reserved(p)
+            self.set_reserved(p)
             d = self._claimed(p, (), only)
             return None if d.reason == "at_capacity" else d
 
@@ -652,7 +652,7 @@ class RequestPipeline:
         p.flow = Flow(p.flow.tenant, min(p.flow.priority, cfg.demote_priority))
         p.slo = f"demoted; {missed}; predicted_ms={predicted * 1e3:.0f}"
 
-    def _set_reserved(self, p: Prepared) -> None:
+    def set_reserved(self, p: Prepared) -> None:
         """Whether ``p`` may fill the capacity kept for high priority (``routing.saturation``), as its
         flow stands now; ``fifo`` knows no priorities: every request may."""
         sat = self.cfg.limits.saturation
@@ -716,7 +716,7 @@ class RequestPipeline:
             if p.rec is not None:
                 tries[1] = time.time_ns()
                 tries[2] += 1
-            self._set_reserved(p)
+            self.set_reserved(p)
             plan = self.plan(p, shadow=False)
             if plan.reason == "at_capacity":
                 return None
@@ -944,6 +944,7 @@ def explain(
                 "in_flight": c.in_flight,
                 "pending_prefill_tokens": c.pending_prefill_tokens,
                 "decoding": c.decoding,
+                "kv_usage": c.kv_usage,
                 "saturated": c.saturated,
                 "score": c.score,
             }
@@ -956,7 +957,13 @@ def explain(
             "value": {"GPU": 1.0, "CPU": values.cpu, "STORAGE": values.storage, **values.shared},
         },
         "decision_ms": round(elapsed_s * 1e3, 3),
-        "flow": {"tenant": p.flow.tenant, "priority": p.flow.priority, "ignored_headers": p.flow_notes},
+        "flow": {
+            "tenant": p.flow.tenant,
+            "priority": p.flow.priority,
+            "ignored_headers": p.flow_notes,
+            "may_fill_reserve": p.inp.reserved,
+            "objective": None if p.objective is None else msgspec.to_builtins(p.objective),
+        },
     }
     if plan is not None:
         out["disaggregation"] = explain_plan(plan)

@@ -87,6 +87,8 @@ async def test_bad_flow_headers_are_counted_and_served_at_the_default(fleet: Sim
                 "tenant": "default",
                 "priority": 0,
                 "ignored_headers": ["tenant:needs_key"],
+                "may_fill_reserve": False,  # below limits.saturation.reserved_priority (1)
+                "objective": None,
             }
         async with s.get(f"{base}/metrics") as r:
             assert r.status == 200
