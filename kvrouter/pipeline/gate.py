@@ -210,7 +210,7 @@ class CapacityGate:
         """What capacity ``w`` can use: its group's, within the limits its priority and its flow's
         backlog set (``routing.saturation``: one that cannot fill the reserve fails where one that can
         may not).  A head that finds none makes its class wait, not its whole group."""
-        return (w.group, w.flow.priority, self.queue.depth(w.flow) > 1)
+        return (w.group, w.flow.priority, self.queue.waiting(w.flow) > 1)
 
     def _first(self, w: Waiter[_Pending[Any]]) -> bool:
         """No other worker's best waiter outranks ``w`` (ranked with the host's accounts)."""

@@ -657,7 +657,7 @@ class RequestPipeline:
         flow stands now; ``fifo`` knows no priorities: every request may."""
         sat = self.cfg.limits.saturation
         p.inp.reserved = self.cfg.flows.fairness == "fifo" or sat.reserved(
-            p.flow.priority, self.gate.queue.depth(p.flow)
+            p.flow.priority, self.gate.queue.waiting(p.flow)
         )
 
     async def _wait(self, p: Prepared, attempt: Callable[[], _T | None], cost: Callable[[_T], float]) -> _T:

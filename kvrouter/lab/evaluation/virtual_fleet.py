@@ -394,7 +394,7 @@ class VirtualFleet:
         """As the gateway's pipeline: whether the request may fill the capacity kept for high priority."""
         f = self.flow(rid)
         self.inputs[rid].reserved = self.cfg.fairness == "fifo" or self.saturation.reserved(
-            f.priority, self.queue.depth(f)
+            f.priority, self.queue.waiting(f)
         )
 
     def _charge(self, rid: str, cached_tokens: int) -> None:
@@ -493,7 +493,7 @@ class VirtualFleet:
                 failed.add(self._class(w))
 
     def _class(self, w: Waiter[str]) -> tuple[int, bool]:
-        return (w.flow.priority, self.queue.depth(w.flow) > 1)
+        return (w.flow.priority, self.queue.waiting(w.flow) > 1)
 
     def _prefill_done(self, rid: str, cached: int) -> None:
         """A prefill leg answered: its load is released, its decode leg sent with its params."""

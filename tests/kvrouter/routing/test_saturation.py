@@ -124,3 +124,19 @@ def test_vllm_kv_cache_usage_is_read_and_shared_by_the_hosts_workers() -> None:
         load=b,
     )
     assert r.route(RouteInput(RequestId("x"), 10), [Target(InstanceId("v0"))]).reason == "at_capacity"
+
+
+def test_a_flows_waiters_in_another_worker_keep_it_out_of_the_reserve() -> None:
+    from kvrouter.flows import Flow, FlowQueue
+    from kvrouter.host import HostFlows
+
+    layout = HostLayout(workers=2, targets=1, instances=1, ring_words=8, metric_bytes=64, flows=32)
+    mem = HostMemory(layout, bytearray(layout.size()), threading.Lock())
+    mine: FlowQueue[str] = FlowQueue(8, "work", accounts=HostFlows(mem, 0))
+    other = HostFlows(mem, 1)
+    noisy, calm = Flow("noisy", 1), Flow("calm", 1)
+    sat = Saturation(reserve=0.5)
+    assert mine.waiting(noisy) == 0 and sat.reserved(1, mine.waiting(noisy))
+    other.set_waiting(noisy, 3)  # the other worker's backlog of the same flow
+    assert mine.waiting(noisy) == 3 and not sat.reserved(1, mine.waiting(noisy))
+    assert sat.reserved(1, mine.waiting(calm))
