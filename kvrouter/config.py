@@ -8,7 +8,7 @@ field docstrings); a fleet file in brief::
     models: {llama: {tokenizer: /models/llama, policy: kv-aware}}
     instances: [...]                    # see indexer.config
     routing: {policy: kv-aware, kv_aware: {compute_weight: 8.0, load_weight: 32}}
-    limits: {concurrency_threshold: 0, queue_size: 256, queue_timeout_s: 30, max_requests: 4096}
+    limits: {queue_size: 256, queue_timeout_s: 30, saturation: {max_prefill_tokens: 2048, reserve: 0.5}}
     flows: {fairness: work, tenants: {team-a: {priority: 1}}}   # see kvrouter.flows.config
 
 The whole file is validated once, when read (``RouterConfig``); a misspelt key is refused with its path.
@@ -29,6 +29,7 @@ from .membership.config import DiscoveryConfig, MembershipConfig
 from .replicas.config import SharedStateConfig, SnapshotConfig
 from .routing import KV_AWARE, DisaggSettings, PolicySettings
 from .routing.router import RouterConfig
+from .routing.saturation import Saturation
 from .routing.tier_value import tier_values
 from .telemetry.config import AccessLogConfig, TracingConfig
 
@@ -75,6 +76,9 @@ class LimitsConfig(msgspec.Struct, frozen=True):
     """Per-instance requests in flight at which new requests spill to the next-best instance (0: off)."""
     max_in_flight: int = 0
     """Per-instance hard cap; when all instances are at it, requests wait in the queue (0: no cap)."""
+    saturation: Saturation = Saturation()
+    """When an instance is full by the fleet's own signals (prompt tokens still to prefill there, vLLM's
+    KV-cache usage), and the share of every limit kept for high priority (``routing.saturation``)."""
     queue_size: int = 256
     """Requests allowed to wait for capacity; beyond it the gateway answers 429 with Retry-After."""
     queue_timeout_s: float = 30.0
@@ -281,6 +285,7 @@ class RouterFleetConfig(FleetConfig, frozen=True, forbid_unknown_fields=True):
             raise ConfigError(str(e)) from None
         if self.limits.queue_size < 0 or self.limits.queue_timeout_s <= 0:
             raise ConfigError("limits: queue_size must be >= 0 and queue_timeout_s > 0")
+        self.limits.saturation.validate()
         if self.limits.max_requests < 0 or self.limits.max_loop_lag_s < 0:
             raise ConfigError("limits: max_requests and max_loop_lag_s must be >= 0")
         if self.routing.shadow_every < 1:
@@ -293,6 +298,7 @@ class RouterFleetConfig(FleetConfig, frozen=True, forbid_unknown_fields=True):
             model_policies={k: m.policy for k, m in self.models.items() if m.policy},
             concurrency_threshold=self.limits.concurrency_threshold,
             max_in_flight=self.limits.max_in_flight,
+            saturation=self.limits.saturation,
             speculative=r.speculative,
             shadow=r.shadow,
             settings=r,

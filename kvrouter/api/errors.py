@@ -34,6 +34,8 @@ class ApiError(Exception):
         self.param = param
         if reason is not None:
             self.reason = reason
+        self.headers: dict[str, str] = {}
+        """Headers the answer carries besides its content type (the reason a request was refused)."""
 
     def body(self) -> bytes:
         return error_body(self.status, self.message, self.err_type, self.param)

@@ -248,12 +248,15 @@ class Exchange:
         d, p = self.decision, self.prepared
         if d is None or p is None or served is None:
             return {}
-        return {
+        out = {
             "x-kvrouter-instance": served.target,
             "x-kvrouter-cached-tokens": str(served.hit_tokens),
             "x-kvrouter-policy": d.policy,
             "x-kvrouter-reason": d.reason,
         }
+        if p.slo is not None:
+            out["x-kvrouter-slo"] = p.slo
+        return out
 
     def _response_body(self, msg: ProcessingRequest) -> list[ProcessingResponse]:
         b = msg.response_body

@@ -8,12 +8,14 @@ the same classes.
     identity.py   identify: a request's flow from its API key's tenant and its headers
     scheduler.py  FlowQueue: priority first, then the least-served flow; sheds lowest first
     rate.py       RateLimiter: requests and tokens per minute per tenant
+    slo.py        read_objective, predict, miss: TTFT/TPOT objectives checked before waiting
 """
 
 from .config import FAIRNESS, Fairness, FlowsConfig, TenantFlow
 from .identity import identify
 from .rate import Buckets, BucketStore, LocalBuckets, RateLimiter
 from .scheduler import Flow, FlowAccounts, FlowQueue, LocalAccounts, Refused, Waiter, request_cost
+from .slo import Objective, SloConfig, TargetView, miss, predict, read_objective
 
 __all__ = [
     "FAIRNESS",
@@ -26,10 +28,16 @@ __all__ = [
     "FlowsConfig",
     "LocalAccounts",
     "LocalBuckets",
+    "Objective",
     "RateLimiter",
     "Refused",
+    "SloConfig",
+    "TargetView",
     "TenantFlow",
     "Waiter",
     "identify",
+    "miss",
+    "predict",
+    "read_objective",
     "request_cost",
 ]

@@ -23,6 +23,8 @@ import msgspec
 
 from indexer.errors import ConfigError
 
+from .slo import SloConfig
+
 Fairness = Literal["fifo", "requests", "vtc", "work"]
 FAIRNESS: tuple[Fairness, ...] = ("fifo", "requests", "vtc", "work")
 """``fifo``: one queue in arrival order, priorities ignored (the router before flows).  The others serve
@@ -70,6 +72,9 @@ class FlowsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     tenants: dict[str, TenantFlow] = {}
     max_tenant_name: int = 64
     """Longer header tenant names are refused (counted) and the request is the default tenant's."""
+    slo: SloConfig = SloConfig()
+    """SLO-aware admission: TTFT/TPOT objectives stated in headers, predicted before waiting
+    (``flows.slo``)."""
 
     def tenant(self, name: str) -> TenantFlow:
         t = self.tenants.get(name)
@@ -78,6 +83,7 @@ class FlowsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     def validate(self) -> None:
         if self.fairness not in FAIRNESS:
             raise ConfigError(f"flows.fairness must be one of {', '.join(FAIRNESS)}")
+        self.slo.validate()
         if self.expected_output_tokens < 0 or self.max_tenant_name < 1:
             raise ConfigError("flows: expected_output_tokens must be >= 0 and max_tenant_name >= 1")
         for name, t in self.tenants.items():

@@ -82,6 +82,9 @@ class FlowAccounts(Protocol):
     def set_waiting(self, flow: Flow, n: int) -> None:
         """This process's waiters of ``flow`` (the host's accounts see every process's backlog)."""
 
+    def waiting(self, flow: Flow, own: int) -> int:
+        """Waiters of ``flow`` in every process sharing these accounts (``own``: this process's)."""
+
 
 class LocalAccounts:
     def __init__(self) -> None:
@@ -109,6 +112,9 @@ class LocalAccounts:
     def set_waiting(self, flow: Flow, n: int) -> None:
         pass  # the queue's own table is the only backlog
 
+    def waiting(self, flow: Flow, own: int) -> int:
+        return own
+
 
 class FlowQueue(Generic[T]):
     def __init__(
@@ -131,6 +137,10 @@ class FlowQueue(Generic[T]):
     def depth(self, flow: Flow) -> int:
         q = self._queues.get(flow)
         return len(q) if q else 0
+
+    def waiting(self, flow: Flow) -> int:
+        """Waiters of ``flow`` here and, with the host's accounts, in every worker of the host."""
+        return self.accounts.waiting(flow, self.depth(flow))
 
     def flows(self) -> list[Flow]:
         """Flows with waiters."""

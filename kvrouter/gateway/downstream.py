@@ -70,7 +70,7 @@ def error_answer(e: ApiError, retry_after_s: float | None, path: str) -> tuple[i
     ``Retry-After`` for the errors a client should come back after (overloaded, unavailable): the error's
     own ``retry_after_s`` when it knows better (a rate limit knows when its bucket refills), else
     ``retry_after_s``."""
-    headers = {"Content-Type": "application/json"}
+    headers = {**e.headers, "Content-Type": "application/json"}
     if isinstance(e, Overloaded) and e.retry_after_s is not None:
         retry_after_s = e.retry_after_s
     if retry_after_s is not None and isinstance(e, (Overloaded, ServiceUnavailable)):

@@ -91,6 +91,8 @@ async def _route_and_forward(
             "x-kvrouter-reason": d.reason,
             "x-kvrouter-decision-ms": f"{(time.perf_counter() - p.started) * 1e3:.3f}",
         }
+        if p.slo is not None:
+            extra["x-kvrouter-slo"] = p.slo
         log.debug(
             "routed", extra={"request": p.inp.request_id, "target": d.chosen.target, "reason": d.reason}
         )

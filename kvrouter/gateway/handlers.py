@@ -150,6 +150,7 @@ async def fleet(request: web.Request) -> web.Response:
 async def explain(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
     p = await gw.pipeline.prepare(await request.read(), None, request.headers, operator=True)
+    gw.pipeline.set_reserved(p)
     d = gw.pipeline.decide(p, dry_run=True)
     plan = gw.pipeline.plan(p, dry_run=True) if gw.pipeline.disaggregated(p) else None
     elapsed = time.perf_counter() - p.started

@@ -384,11 +384,13 @@ class UpstreamPool:
                 text = await r.text()
         except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError):
             return
-        running, waiting = parse_engine_load(text)
+        running, waiting, kv = parse_engine_load(text)
         now = time.monotonic()
         for t in u.targets():
             rank = str(t.dp_rank)
-            self.load.observe_engine(t.key, int(running.get(rank, 0)), int(waiting.get(rank, 0)), now)
+            self.load.observe_engine(
+                t.key, int(running.get(rank, 0)), int(waiting.get(rank, 0)), now, kv.get(rank, 0.0)
+            )
 
 
 def learn_models(u: Upstream, listing: object) -> None:
@@ -403,18 +405,28 @@ def learn_models(u: Upstream, listing: object) -> None:
     u.adapters = {m["id"]: m["parent"] for m in cards if isinstance(m.get("parent"), str)}
 
 
-def parse_engine_load(text: str) -> tuple[dict[str, float], dict[str, float]]:
-    """vllm:num_requests_running / waiting per engine (data-parallel rank) from /metrics text."""
+def parse_engine_load(text: str) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+    """vllm:num_requests_running / waiting and vllm:kv_cache_usage_perc (a 0-1 fraction;
+    vllm:gpu_cache_usage_perc before vLLM 0.13) per engine (data-parallel rank) from /metrics text."""
     running: dict[str, float] = {}
     waiting: dict[str, float] = {}
+    kv: dict[str, float] = {}
+    names = {
+        "vllm:num_requests_running": running,
+        "vllm:num_requests_waiting": waiting,
+        "vllm:kv_cache_usage_perc": kv,
+        "vllm:gpu_cache_usage_perc": kv,
+    }
     try:
         for fam in text_string_to_metric_families(text):
-            dest = {"vllm:num_requests_running": running, "vllm:num_requests_waiting": waiting}.get(fam.name)
+            dest = names.get(fam.name)
             if dest is None:
                 continue
             for s in fam.samples:
                 eng = s.labels.get("engine", "0")
-                dest[eng] = dest.get(eng, 0.0) + s.value
+                # Requests add up over an engine's samples; a usage fraction is a level (the highest).
+                prev = dest.get(eng, 0.0)
+                dest[eng] = max(prev, s.value) if dest is kv else prev + s.value
     except (ValueError, TypeError):
         pass
-    return running, waiting
+    return running, waiting, kv

@@ -80,6 +80,9 @@ class HostFlows:
     def set_waiting(self, flow: Flow, n: int) -> None:
         self._waiting[self.me, self.flow_slot(flow)] = n
 
+    def waiting(self, flow: Flow, own: int) -> int:
+        return max(own, int(self._waiting[:, self.flow_slot(flow)].sum()))
+
     def clear_row(self, worker: int) -> None:
         """A worker that died waits for nothing."""
         self._waiting[worker] = 0

@@ -66,17 +66,19 @@ class HostLoads:
         return self._loads.sum(axis=0)
 
     def read(self, slots: list[int]) -> list[tuple[list[int], list[float], list[int]]]:
-        """For each slot: (the 4 counts summed over workers, engine [running, waiting, seen_at],
+        """For each slot: (the 4 counts summed over workers, engine [running, waiting, seen_at, kv usage],
         external [in flight, prefill tokens]), in one pass over the rows."""
         counts = self._loads[:, slots].sum(axis=0).tolist()
         return list(zip(counts, self._engine[slots].tolist(), self._external[slots].tolist(), strict=True))
 
-    def set_engine(self, slot: int, running: int, waiting: int, seen_at: float) -> None:
+    def set_engine(
+        self, slot: int, running: int, waiting: int, seen_at: float, kv_usage: float = 0.0
+    ) -> None:
         e = self._engine[slot]
-        e[0], e[1], e[2] = running, waiting, seen_at
+        e[0], e[1], e[2], e[3] = running, waiting, seen_at, kv_usage
 
     def engine(self, slot: int) -> tuple[int, int, float | None]:
-        r, w, at = self._engine[slot]
+        r, w, at, _ = self._engine[slot]
         return int(r), int(w), None if at == 0 or math.isnan(at) else float(at)
 
     def set_external(self, slot: int, in_flight: int, prefill_tokens: int) -> None:

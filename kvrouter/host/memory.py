@@ -3,7 +3,7 @@
 ::
 
     HostLayout(workers, targets, instances, ring_words) ─ HostMemory(buffer).view(name):
-      loads int64 [workers, targets, 4] (each worker its row)   engine float64 [targets, 3]
+      loads int64 [workers, targets, 4] (each worker its row)   engine float64 [targets, 4]
       external int64 [targets, 2]   health float64 [instances, 6]   queue int64 [workers, 4]
       flow_* (host/flows)   rings int64 [workers, ring_words]   metric_* (metrics_board)
       SlotDirectory: names -> slots (targets; instances; flows)
@@ -64,7 +64,7 @@ class HostLayout(msgspec.Struct, frozen=True):
             ("instance_names", "u1", (i, NAME_BYTES + 8)),
             ("counters", "i8", (4,)),
             ("loads", "i8", (w, t, 4)),
-            ("engine", "f8", (t, 3)),
+            ("engine", "f8", (t, 4)),
             ("external", "i8", (t, 2)),
             ("health", "f8", (i, 6)),
             ("queue", "i8", (w, 4)),

@@ -145,7 +145,13 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
                 fleet = {
                     **base_fleet,
                     "tenants": {"api_keys": KEYS},
-                    "limits": {"max_in_flight": 2, "queue_size": 1024, "queue_timeout_s": 60},
+                    "limits": {
+                        "max_in_flight": 2,
+                        "queue_size": 1024,
+                        "queue_timeout_s": 60,
+                        # both tenants are priority 0: the reserve is kept for a flow with nothing waiting
+                        "saturation": {"reserve": a.reserve, "reserved_priority": 0},
+                    },
                     "flows": {"fairness": mode},
                 }
                 async with _serve(fleet, tmp, a.port + k, a.workers) as base:
@@ -171,6 +177,9 @@ def main() -> int:
     p.add_argument("--flood", type=int, default=32, help="concurrent clients of the flooding tenant")
     p.add_argument("--requests", type=int, default=40, help="the calm tenant's requests per phase")
     p.add_argument("--modes", default="fifo,work")
+    p.add_argument(
+        "--reserve", type=float, default=0.0, help="limits.saturation.reserve (fifo may fill it too)"
+    )
     p.add_argument("--profile", default="test")
     p.add_argument("--port", type=int, default=18300)
     p.add_argument("--sim-port", type=int, default=18400)

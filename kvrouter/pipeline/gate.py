@@ -212,7 +212,7 @@ class CapacityGate:
         failed: set[Hashable] = set()
         served = 0
         while limit is None or served < limit:
-            heads = [h for h in self.queue.heads() if h.group not in failed]
+            heads = [h for h in self.queue.heads() if self._class(h) not in failed]
             if not heads:
                 break
             w = heads[0]
@@ -227,7 +227,7 @@ class CapacityGate:
                 self._publish(w.flow)
                 continue
             if got is None:
-                failed.add(w.group)
+                failed.add(self._class(w))
                 continue
             self.queue.remove(w)
             self.queue.charge(w.flow, p.cost(got))
@@ -235,6 +235,12 @@ class CapacityGate:
             self._publish(w.flow)
             served += 1
         return served
+
+    def _class(self, w: Waiter[_Pending[Any]]) -> Hashable:
+        """What capacity ``w`` can use: its group's, within the limits its priority and its flow's
+        backlog set (``routing.saturation``: one that cannot fill the reserve fails where one that can
+        may not).  A head that finds none makes its class wait, not its whole group."""
+        return (w.group, w.flow.priority, self.queue.waiting(w.flow) > 1)
 
     def _first(self, w: Waiter[_Pending[Any]]) -> bool:
         """No other worker's best waiter outranks ``w`` (ranked with the host's accounts)."""

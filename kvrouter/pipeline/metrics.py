@@ -179,6 +179,13 @@ class FlowMetrics:
             ["tenant", "priority"],
             registry=r,
         )
+        self.slo = CachedCounter(
+            "kvrouter_flow_slo",
+            "Requests stating a TTFT or TPOT objective, per tenant and outcome (met: predicted to meet it; "
+            "rejected_ttft, rejected_tpot, demoted_ttft, demoted_tpot: predicted to miss it)",
+            ["tenant", "outcome"],
+            registry=r,
+        )
         self.header_warnings = CachedCounter(
             "kvrouter_flow_header_warnings",
             "Tenant or priority headers ignored, by header and reason (malformed, needs_key, not_allowed)",

@@ -41,7 +41,17 @@ from ..api.responses import ResponseNotFound
 from ..api.routes import is_admin
 from ..api.usage import UsageReport
 from ..config import RouterFleetConfig
-from ..flows import Flow, RateLimiter, identify, request_cost
+from ..flows import (
+    Flow,
+    Objective,
+    RateLimiter,
+    TargetView,
+    identify,
+    miss,
+    predict,
+    read_objective,
+    request_cost,
+)
 from ..loop_lag import LoopLag
 from ..routing import Candidate, Decision, DisaggPlanner, PDPlan, RouteInput, Router, Target, route_input
 from ..routing.disagg import explain_plan
@@ -109,6 +119,10 @@ class Prepared(msgspec.Struct):
     corrected: bool = False
     flow_notes: list[str] = []
     """Tenant or priority headers ignored (``header:reason``)."""
+    objective: Objective | None = None
+    """The TTFT/TPOT it states (``flows.slo``), if any."""
+    slo: str | None = None
+    """What admission made of its objective (``met``, ``demoted; ttft``...): the ``x-kvrouter-slo`` header."""
 
     def exemplar(self) -> dict[str, str] | None:
         """Exemplar labels for an observation made for this request (a traced request's trace id)."""
@@ -277,6 +291,7 @@ class RequestPipeline:
             # A tenant's salt is enforced, never chosen by the client: its cache stays its own.
             req.set_salt(salt)
         flow, notes = self.flow_of(headers)
+        objective, slo_notes = read_objective(self.cfg.flows.slo, headers)
         base = self.fleet.base_model(req.model)
         if base is not None:  # a LoRA adapter: its blocks are keyed by its name, its tokenizer is its base's
             req.lora_name, req.base_model = req.model, base
@@ -350,7 +365,8 @@ class RequestPipeline:
             rec,
             flow=flow,
             expected_output=expected,
-            flow_notes=notes,
+            flow_notes=notes + self._warned(slo_notes),
+            objective=objective,
         )
 
     # ------------------------------------------------------------------ flows
@@ -358,10 +374,13 @@ class RequestPipeline:
         """The request's flow; each header ignored is counted (a warning, never an error)."""
         key = self.cfg.tenants.api_keys.get(bearer(headers.get("authorization")))
         flow, notes = identify(self.cfg.flows, None if key is None else key.name, headers, self._keyed)
+        return flow, self._warned(notes)
+
+    def _warned(self, notes: list[str]) -> list[str]:
         for n in notes:
             header, _, reason = n.partition(":")
             self.metrics.flows.header_warnings.labels(header, reason).inc()
-        return flow, notes
+        return notes
 
     def flow_labels(self, flow: Flow) -> tuple[str, str]:
         return (flow.tenant if flow.tenant in self._named else "other", str(flow.priority))
@@ -515,12 +534,14 @@ class RequestPipeline:
         ``Overloaded`` (queue full or timed out), ``ServiceUnavailable`` (no healthy target)."""
 
         tries = [time.time_ns() if p.rec is not None else 0, 0, 0]  # admission began, last try began, tries
+        self._check_objective(p)
         new = await self._new_prompt(p)
 
         def attempt() -> Decision | None:
             if p.rec is not None:
                 tries[1] = time.time_ns()
                 tries[2] += 1
+            self.set_reserved(p)
             d = self._claimed(p, (), only)
             return None if d.reason == "at_capacity" else d
 
@@ -597,6 +618,46 @@ class RequestPipeline:
         if self.publish_now is not None and chosen.cached_tokens == 0:
             self.publish_now()
 
+    def _check_objective(self, p: Prepared) -> None:
+        """Before ``p`` waits: predict its TTFT and TPOT at its best target (``flows.slo``); one it would
+        miss is refused (``Overloaded``, 429) or served at ``demote_priority``, the reason in
+        ``x-kvrouter-slo`` and ``kvrouter_flow_slo_total``."""
+        if p.objective is None:
+            return
+        cfg = self.cfg.flows.slo
+        cands = self.router.candidates(p.inp, self.fleet.targets(p.inp.model), time.monotonic(), p.remote)
+        views = [
+            TargetView(c.pending_prefill_tokens, max(0, p.inp.num_tokens - c.cached_tokens), c.decoding)
+            for c in cands
+        ]
+        ttft, tpot = predict(cfg, views)
+        missed = miss(p.objective, ttft, tpot)
+        tenant = self.flow_labels(p.flow)[0]
+        if missed is None:
+            p.slo = "met"
+            self.metrics.flows.slo.labels(tenant, "met").inc()
+            return
+        predicted = (ttft if missed == "ttft" else tpot) or 0.0  # (a miss is always predicted)
+        if cfg.on_miss == "reject":
+            self.metrics.flows.slo.labels(tenant, f"rejected_{missed}").inc()
+            err = Overloaded(
+                f"the {missed.upper()} objective cannot be met: {predicted * 1e3:.0f} ms predicted",
+                reason=f"slo_{missed}",
+            )
+            err.headers["x-kvrouter-slo"] = f"rejected; {missed}; predicted_ms={predicted * 1e3:.0f}"
+            raise self.rejected(err)
+        self.metrics.flows.slo.labels(tenant, f"demoted_{missed}").inc()
+        p.flow = Flow(p.flow.tenant, min(p.flow.priority, cfg.demote_priority))
+        p.slo = f"demoted; {missed}; predicted_ms={predicted * 1e3:.0f}"
+
+    def set_reserved(self, p: Prepared) -> None:
+        """Whether ``p`` may fill the capacity kept for high priority (``routing.saturation``), as its
+        flow stands now; ``fifo`` knows no priorities: every request may."""
+        sat = self.cfg.limits.saturation
+        p.inp.reserved = self.cfg.flows.fairness == "fifo" or sat.reserved(
+            p.flow.priority, self.gate.queue.waiting(p.flow)
+        )
+
     async def _wait(self, p: Prepared, attempt: Callable[[], _T | None], cost: Callable[[_T], float]) -> _T:
         labels = self.flow_labels(p.flow)
         t0 = time.monotonic()
@@ -647,16 +708,18 @@ class RequestPipeline:
         instance) has capacity, waiting in the gate while every decode instance is at its cap."""
 
         tries = [time.time_ns() if p.rec is not None else 0, 0, 0]
+        self._check_objective(p)
 
         def attempt() -> PDPlan | None:
             if p.rec is not None:
                 tries[1] = time.time_ns()
                 tries[2] += 1
+            self.set_reserved(p)
             plan = self.plan(p, shadow=False)
             if plan.reason == "at_capacity":
                 return None
             d = plan.decode.chosen
-            if d is not None and not self.router.claim(p.inp.request_id, d):
+            if d is not None and not self.router.claim(p.inp.request_id, d, p.inp.reserved):
                 return None  # another worker took its last slot: plan again when capacity frees
             return plan
 
@@ -722,7 +785,7 @@ class RequestPipeline:
             d = self.decide(p, lost, only=only, shadow=shadow)
             if d.chosen is None and len(lost) > len(exclude):
                 return Decision(None, d.policy, "at_capacity", d.ranked)  # the rest are at their caps
-            if d.chosen is None or self.router.claim(p.inp.request_id, d.chosen):
+            if d.chosen is None or self.router.claim(p.inp.request_id, d.chosen, p.inp.reserved):
                 return d
             lost.add(d.chosen.target)
 
@@ -788,6 +851,8 @@ class RequestPipeline:
 
     def first_token(self, p: Prepared) -> None:
         self.router.first_token(p.inp.request_id)
+        if self.cfg.limits.saturation.max_prefill_tokens:
+            self.gate.release()  # its prompt is computed: a target full of prefill may take another
         if p.rec is not None:
             p.rec.first_token()
 
@@ -877,6 +942,7 @@ def explain(
                 "in_flight": c.in_flight,
                 "pending_prefill_tokens": c.pending_prefill_tokens,
                 "decoding": c.decoding,
+                "kv_usage": c.kv_usage,
                 "saturated": c.saturated,
                 "score": c.score,
             }
@@ -889,7 +955,13 @@ def explain(
             "value": {"GPU": 1.0, "CPU": values.cpu, "STORAGE": values.storage, **values.shared},
         },
         "decision_ms": round(elapsed_s * 1e3, 3),
-        "flow": {"tenant": p.flow.tenant, "priority": p.flow.priority, "ignored_headers": p.flow_notes},
+        "flow": {
+            "tenant": p.flow.tenant,
+            "priority": p.flow.priority,
+            "ignored_headers": p.flow_notes,
+            "may_fill_reserve": p.inp.reserved,
+            "objective": None if p.objective is None else msgspec.to_builtins(p.objective),
+        },
     }
     if plan is not None:
         out["disaggregation"] = explain_plan(plan)

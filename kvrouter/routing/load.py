@@ -37,6 +37,8 @@ class InstanceLoad(msgspec.Struct):
     """From the engine's /metrics: vllm:num_requests_running (0 when unknown)."""
     engine_waiting: int = 0
     """From the engine's /metrics: vllm:num_requests_waiting."""
+    engine_kv_usage: float = 0.0
+    """From the engine's /metrics: vllm:kv_cache_usage_perc (0-1; 0 when unknown)."""
     external_in_flight: int = 0
     """Requests other router replicas have in flight here (shared router state; 0 with one router)."""
     external_prefill_tokens: int = 0
@@ -75,7 +77,9 @@ class SharedLoads(Protocol):
         """Per slot: the summed counts, the engine's [running, waiting, seen_at (0: never)] and the
         external [in flight, prefill tokens]."""
 
-    def set_engine(self, slot: int, running: int, waiting: int, seen_at: float) -> None: ...
+    def set_engine(
+        self, slot: int, running: int, waiting: int, seen_at: float, kv_usage: float = 0.0
+    ) -> None: ...
 
     def set_external(self, slot: int, in_flight: int, prefill_tokens: int) -> None: ...
 
@@ -112,6 +116,7 @@ class LoadTracker:
             load = self.get(key)
             load.in_flight, load.prefilling, load.pending_prefill_tokens, load.decoding = counts
             load.engine_running, load.engine_waiting = int(eng[0]), int(eng[1])
+            load.engine_kv_usage = float(eng[3])
             load.external_in_flight, load.external_prefill_tokens = ext
 
     def get(self, inst: TargetKey) -> InstanceLoad:
@@ -196,11 +201,13 @@ class LoadTracker:
             pre = int(r.prefilling)
             self.shared.add(self._slot(r.instance), -1, -pre, -r.prefill_tokens * pre, pre - 1)
 
-    def observe_engine(self, inst: TargetKey, running: int, waiting: int, now: float) -> None:
+    def observe_engine(
+        self, inst: TargetKey, running: int, waiting: int, now: float, kv_usage: float = 0.0
+    ) -> None:
         load = self.get(inst)
-        load.engine_running, load.engine_waiting = running, waiting
+        load.engine_running, load.engine_waiting, load.engine_kv_usage = running, waiting, kv_usage
         if self.shared is not None:
-            self.shared.set_engine(self._slot(inst), running, waiting, now)
+            self.shared.set_engine(self._slot(inst), running, waiting, now, kv_usage)
 
     def set_external(self, loads: Mapping[TargetKey, tuple[int, int]]) -> None:
         """Other replicas' (in flight, prefill tokens) per instance; instances absent here get zero."""

@@ -29,6 +29,7 @@ from ..types import InstanceId, RequestId, Role, TargetKey, target_key
 from .load import InstanceLoad, LoadTracker
 from .peer_prefill import PeerPrefill
 from .policies import KV_AWARE, Candidate, Policy, PolicySettings, RouteView, SessionTable
+from .saturation import Saturation
 from .tier_value import DEFAULT_TIER_VALUES, OWN_TIERS, TierValues, credited_split
 
 _EMPTY = np.zeros(0, dtype=np.int64)
@@ -43,6 +44,8 @@ class RouterConfig(msgspec.Struct, frozen=True):
     """Requests in flight at which a target spills to the next-best one (0: no threshold)."""
     max_in_flight: int = 0
     """Hard cap per target; when every target is at it, requests wait (0: no cap)."""
+    saturation: Saturation = Saturation()
+    """The fleet's own signals of a full target, and the share of every limit kept for high priority."""
     speculative: bool = True
     """Record speculative index entries for dispatched requests, so a burst of a new prefix stays together."""
     shadow: bool = True
@@ -84,6 +87,9 @@ class RouteInput(msgspec.Struct):
     model: str | None = None
     session: str | None = None
     """The session the request belongs to (the session policy keeps it on its target)."""
+    reserved: bool = True
+    """Whether it may fill the share of every limit kept for high priority (``Saturation.reserved``:
+    set from its flow's priority and backlog before each decision)."""
 
 
 def route_input(
@@ -223,6 +229,7 @@ class Router:
                 others_in_flight=max(0, load.effective_in_flight() - load.in_flight),
                 pending_prefill_tokens=load.pending_prefill_tokens + self._peers_prefill(t, load, now),
                 decoding=max(load.decoding, load.engine_running - load.prefilling),
+                kv_usage=load.engine_kv_usage,
                 weight=t.weight,
             )
             m = matches.get((t.instance, t.dp_rank))
@@ -298,8 +305,8 @@ class Router:
         if not cands:
             return Decision(None, policy.name, "no_target", [])
         view = RouteView(inp.num_tokens, inp.prefix_key, inp.session, now, chains=inp.chains)
-        cap = self.config.max_in_flight
-        open_ = [c for c in cands if not cap or c.in_flight < cap]
+        cap, sat = self.config.max_in_flight, self.config.saturation
+        open_ = [c for c in cands if sat.full(c, cap, inp.reserved) is None]
         if not open_:
             return Decision(None, policy.name, "at_capacity", policy.rank(view, cands, dry_run=True))
         ranked = policy.rank(view, open_, dry_run=dry_run)
@@ -387,11 +394,12 @@ class Router:
                 if self.host is not None:
                     self.host.push()
 
-    def claim(self, rid: RequestId, chosen: Candidate) -> bool:
+    def claim(self, rid: RequestId, chosen: Candidate, reserved: bool = True) -> bool:
         """Take a slot for ``rid`` on ``chosen`` before it is dispatched there, when ``max_in_flight``
-        caps the targets (always True without a cap).  False: another worker process of the host took
-        the last one since this decision read the loads."""
-        cap = self.config.max_in_flight
+        caps the targets (always True without a cap); not ``reserved``: it sees the cap less the
+        reserve.  False: another worker process of the host took the last one since this
+        decision read the loads."""
+        cap = self.config.saturation.cap(self.config.max_in_flight, reserved)
         return not cap or self.load.claim(rid, chosen.target, cap)
 
     def first_token(self, rid: RequestId) -> None:

@@ -39,6 +39,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     f.add_argument("--batch-rate", type=float, default=FlowsSpec().batch_rate)
     f.add_argument("--flows-instances", type=int, default=FlowsSpec().instances)
     f.add_argument("--flows-max-in-flight", type=int, default=FlowsSpec().max_in_flight)
+    f.add_argument(
+        "--flows-max-prefill-tokens",
+        type=int,
+        default=FlowsSpec().max_prefill_tokens,
+        help="limits.saturation.max_prefill_tokens (0: the cap alone)",
+    )
+    f.add_argument(
+        "--flows-reserve",
+        type=float,
+        default=FlowsSpec().reserve,
+        help="limits.saturation.reserve, kept for priority 1 in the fair modes",
+    )
     p.add_argument(
         "--set", action="append", default=[], metavar="KEY=JSON", help="workload parameter override"
     )
@@ -240,6 +252,8 @@ def _flows(a: argparse.Namespace) -> int:
             instances=a.flows_instances,
             profile=a.profile,
             max_in_flight=a.flows_max_in_flight,
+            max_prefill_tokens=a.flows_max_prefill_tokens,
+            reserve=a.flows_reserve,
             seed=a.seed,
         )
         report = evaluate_flows(

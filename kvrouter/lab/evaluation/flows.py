@@ -2,9 +2,10 @@
 
 The trace: ``interactive`` tenants (priority 1, one system prompt each), one ``noisy`` tenant of the same
 priority and weight at five times an interactive tenant's rate, and a ``batch`` tenant at priority 0
-(long prompts, long outputs); ``load`` scales every rate.  For each load and each fairness mode
-(``flows.FAIRNESS``), three runs of the same trace: ``full`` (every tenant), ``no_batch`` (without the
-batch tenant) and ``alone`` (each interactive tenant by itself, once per load).
+(long prompts, long outputs); ``load`` scales every rate.  Saturation is the fleet's own signal
+(``limits.saturation``), with a share kept for priority 1 flows, the same in every mode.  For each load and
+each fairness mode (``flows.FAIRNESS``), three runs of the same trace: ``full`` (every tenant),
+``no_batch`` (without the batch tenant) and ``alone`` (each interactive tenant by itself, once per load).
 
 Figures, against ``fifo`` in the same runs: ``ttft_p99_vs_alone``, ``high_p99_vs_no_batch``,
 ``jain_work`` and ``throughput_vs_fifo`` (each defined in docs/flows.md, "Evaluation and the live
@@ -28,6 +29,7 @@ from kvrouter.lab.workloads.build import Keys
 from kvrouter.lab.workloads.spec import OpenLoop, Request, Segment, TokenSpace, Workload
 from kvrouter.percentiles import quantile
 from kvrouter.routing import KV_AWARE, RouterConfig
+from kvrouter.routing.saturation import Saturation
 
 
 class FlowsSpec(msgspec.Struct, frozen=True):
@@ -45,7 +47,12 @@ class FlowsSpec(msgspec.Struct, frozen=True):
     batch_output_len: int = 256
     instances: int = 2
     profile: str = "llama-3.1-70b-8xh100"
-    max_in_flight: int = 8
+    max_in_flight: int = 0
+    """``limits.max_in_flight`` (0: no fixed cap: saturation is read from the prefill backlog)."""
+    max_prefill_tokens: int = 2048
+    """``limits.saturation.max_prefill_tokens`` (0: the cap alone)."""
+    reserve: float = 0.5
+    """``limits.saturation.reserve``, kept for priority 1 (the fair modes; ``fifo`` knows no priority)."""
     queue_size: int = 4096
     seed: int = 0
 
@@ -116,7 +123,8 @@ def run_case(spec: FlowsSpec, load: float, fairness: str, variant: str) -> dict[
         priorities=_priorities(spec),
         seed=spec.seed,
     )
-    router = RouterConfig(policy=KV_AWARE, max_in_flight=spec.max_in_flight, shadow=False)
+    sat = Saturation(max_prefill_tokens=spec.max_prefill_tokens, reserve=spec.reserve, reserved_priority=1)
+    router = RouterConfig(policy=KV_AWARE, max_in_flight=spec.max_in_flight, saturation=sat, shadow=False)
     run = VirtualFleet(w, fleet, router).run()
     return summarize_flows(run, w, spec.duration_s)
 

@@ -189,6 +189,7 @@ class VirtualFleet:
         self.indexer = Indexer(cfg.block_size, shared=self.tiers.shared)
         router_cfg = msgspec.structs.replace(router_cfg, tiers=tier_values(self.tiers))
         self.router = Router(self.indexer, router_cfg)
+        self.saturation = router_cfg.saturation
         self.prefix_length = router_cfg.settings.prefix_hash.prefix_length
         # Without events the index holds only speculative entries, which no policy outside READS_INDEX
         # reads (they rank by load, turn or hash): such runs skip hashing, lookups and speculative entries,
@@ -340,6 +341,7 @@ class VirtualFleet:
             return self._try_plan(self.planner, rid, queue_if_full=queue_if_full)
         now = self.clock.now
         inp = self.inputs[rid]
+        self._set_reserved(rid)
         d = self.router.route(inp, self.targets, now)
         if d.chosen is None:
             self._unrouted(rid, d.reason, queue_if_full)
@@ -376,6 +378,13 @@ class VirtualFleet:
         tenant = self.by_id[rid].tenant or "default"
         return Flow(tenant, self.cfg.priorities.get(tenant, 0))
 
+    def _set_reserved(self, rid: str) -> None:
+        """As the gateway's pipeline: whether the request may fill the capacity kept for high priority."""
+        f = self.flow(rid)
+        self.inputs[rid].reserved = self.cfg.fairness == "fifo" or self.saturation.reserved(
+            f.priority, self.queue.waiting(f)
+        )
+
     def _charge(self, rid: str, cached_tokens: int) -> None:
         """Admitted: its flow is charged as the gateway charges it (its output known exactly here)."""
         r, f = self.by_id[rid], self.flow(rid)
@@ -398,6 +407,7 @@ class VirtualFleet:
     def _try_plan(self, planner: DisaggPlanner, rid: str, *, queue_if_full: bool) -> bool:
         now = self.clock.now
         inp = self.inputs[rid]
+        self._set_reserved(rid)
         plan = planner.plan(inp, self.targets, now, shadow=False)
         d = plan.decode.chosen
         if d is None:
@@ -441,6 +451,8 @@ class VirtualFleet:
     def _first_token(self, rid: str, t: float) -> None:
         self.records[rid].first_token_s = t
         self.router.first_token(RequestId(rid))
+        if self.saturation.max_prefill_tokens and self.queue:
+            self._drain_queue()  # its prompt is computed: a target full of prefill may take another
 
     def _finish(self, rid: str, cached: tuple[int, int, int], out_tokens: int) -> None:
         rec = self.records[rid]
@@ -455,8 +467,21 @@ class VirtualFleet:
         self._drain_queue()
 
     def _drain_queue(self) -> None:
-        while (w := self.queue.best()) is not None and self._try_route(w.item, queue_if_full=False):
-            self.queue.remove(w)
+        """As the gateway's gate hands out freed capacity: the best head first; a head that finds none
+        makes the heads of its class (priority, and whether its flow has others waiting) wait."""
+        failed: set[tuple[int, bool]] = set()
+        while True:
+            heads = [h for h in self.queue.heads() if self._class(h) not in failed]
+            if not heads:
+                return
+            w = heads[0]
+            if self._try_route(w.item, queue_if_full=False):
+                self.queue.remove(w)
+            else:
+                failed.add(self._class(w))
+
+    def _class(self, w: Waiter[str]) -> tuple[int, bool]:
+        return (w.flow.priority, self.queue.waiting(w.flow) > 1)
 
     def _prefill_done(self, rid: str, cached: int) -> None:
         """A prefill leg answered: its load is released, its decode leg sent with its params."""
@@ -548,7 +573,9 @@ class VirtualFleet:
             if o.first_token:
                 t = end + lat + fe.first_output_delay(self.records[rid].prompt_tokens)
                 self._first_out[rid] = t
-                self.clock.at(t, partial(self._first_token, rid, t))
+                # With a prefill limit a first token frees capacity: the router may dispatch then.
+                at = self._at_activity if self.saturation.max_prefill_tokens else self.clock.at
+                at(t, partial(self._first_token, rid, t))
             else:
                 last = self.last_out.get(rid, end)
                 rec = self.records[rid]

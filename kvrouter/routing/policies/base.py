@@ -61,6 +61,8 @@ class Candidate(msgspec.Struct):
     round trip old) and whatever more the engine reports running or waiting (its last scrape)."""
     pending_prefill_tokens: int = 0
     decoding: int = 0
+    kv_usage: float = 0.0
+    """vLLM's KV-cache usage there (0-1, its last scrape; 0 when not scraped)."""
     weight: float = 1.0
     footprint: int = 0
     """GPU blocks the index holds for this target plus its speculative entries (0 when unknown): how much

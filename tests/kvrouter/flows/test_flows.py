@@ -162,3 +162,54 @@ async def test_a_newcomer_does_not_overtake_a_waiter_of_its_group() -> None:
     other = await gate.acquire(lambda: 7, Flow("c", 0), group="other")  # another model is not held up
     assert other == 7
     late.cancel()
+
+
+async def test_a_head_kept_out_of_the_reserve_does_not_hold_up_one_that_may_fill_it() -> None:
+    # One slot is left, and it is the reserve: the noisy flow, with others of its own waiting, may not
+    # fill it; the calm flow, with nothing else waiting, may.  The noisy head ranks first (earlier ticket,
+    # equal counters), fails, and the calm head behind it gets the slot.
+    gate = CapacityGate(16, 5.0, fairness="work")
+    reserve = {"free": 0}
+
+    def attempt(flow: Flow) -> int | None:
+        if reserve["free"] and gate.queue.depth(flow) <= 1:
+            reserve["free"] -= 1
+            return 1
+        return None
+
+    noisy = [
+        asyncio.create_task(gate.acquire(lambda: attempt(Flow("noisy", 1)), Flow("noisy", 1)))
+        for _ in range(3)
+    ]
+    await asyncio.sleep(0)
+    calm = asyncio.create_task(gate.acquire(lambda: attempt(Flow("calm", 1)), Flow("calm", 1)))
+    await asyncio.sleep(0)
+    assert len(gate.queue) == 4
+    reserve["free"] = 1
+    gate.release()
+    assert await asyncio.wait_for(calm, 1.0) == 1
+    assert not any(t.done() for t in noisy)
+    for t in noisy:
+        t.cancel()
+    await asyncio.gather(*noisy, return_exceptions=True)
+
+
+def test_objectives_are_read_from_headers_and_predicted_at_the_best_target() -> None:
+    from kvrouter.flows import Objective, SloConfig, TargetView, miss, predict, read_objective
+
+    cfg = SloConfig(prefill_tokens_per_s=1000.0, decode_step_s=0.02, decode_step_per_request_s=0.001)
+    assert read_objective(cfg, {"x-slo-ttft-ms": "250", "x-slo-tpot-ms": " 40 "}) == (
+        Objective(0.25, 0.04),
+        [],
+    )
+    assert read_objective(cfg, {}) == (None, [])
+    for bad in ("soon", "-5", "0", "nan", "inf", "1e12"):
+        assert read_objective(cfg, {"x-slo-ttft-ms": bad}) == (None, ["ttft_slo:malformed"])
+    # the least predicted TTFT decides: 500 queued + 100 uncached at 1,000 tokens/s, 10 decoding
+    ttft, tpot = predict(cfg, [TargetView(4000, 1000, 0), TargetView(500, 100, 10)])
+    assert ttft == pytest.approx(0.6) and tpot == pytest.approx(0.03)
+    assert miss(Objective(0.5, None), ttft, tpot) == "ttft"
+    assert miss(Objective(0.7, 0.025), ttft, tpot) == "tpot"
+    assert miss(Objective(0.7, 0.05), ttft, tpot) is None
+    assert predict(SloConfig(), [TargetView(10**6, 10**6, 100)]) == (None, None)  # no rates: no prediction
+    assert miss(Objective(0.001, 0.001), None, None) is None

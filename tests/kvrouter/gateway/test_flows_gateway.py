@@ -87,6 +87,8 @@ async def test_bad_flow_headers_are_counted_and_served_at_the_default(fleet: Sim
                 "tenant": "default",
                 "priority": 0,
                 "ignored_headers": ["tenant:needs_key"],
+                "may_fill_reserve": False,  # below limits.saturation.reserved_priority (1)
+                "objective": None,
             }
         async with s.get(f"{base}/metrics") as r:
             assert r.status == 200
@@ -155,3 +157,75 @@ async def test_a_tenants_work_is_its_uncached_prompt_and_its_decode(fleet: SimFl
             work[(("priority", "2"), ("tenant", "vip"))]
             == usage["prompt_tokens"] + usage["completion_tokens"]
         )
+
+
+def _slo_flows(on_miss: str) -> dict[str, Any]:
+    # 1,000 prompt tokens a second: a prompt of a few dozen tokens is predicted at tens of milliseconds
+    return {**FLOWS, "flows": {**FLOWS["flows"], "slo": {"on_miss": on_miss, "prefill_tokens_per_s": 1000.0}}}
+
+
+async def test_an_objective_the_fleet_cannot_meet_is_refused_early_with_the_reason(fleet: SimFleet) -> None:
+    async with gateway(fleet, **_slo_flows("reject")) as (_, base), aiohttp.ClientSession() as s:
+        status, h = await chat(s, base, "sk-calm", "slo " * 50, **{"x-slo-ttft-ms": "1"})
+        assert status == 429 and h["x-kvrouter-slo"].startswith("rejected; ttft; predicted_ms=")
+        status, h = await chat(s, base, "sk-calm", "slo " * 50, **{"x-slo-ttft-ms": "60000"})
+        assert status == 200 and h["x-kvrouter-slo"] == "met"
+        status, h = await chat(s, base, "sk-calm", "no objective")
+        assert status == 200 and "x-kvrouter-slo" not in h
+        status, h = await chat(s, base, "sk-calm", "bad", **{"x-slo-ttft-ms": "soon"})
+        assert status == 200 and "x-kvrouter-slo" not in h  # ignored, counted
+        async with s.get(f"{base}/metrics") as r:
+            assert r.status == 200
+            m = await r.text()
+        slo = samples(m, "kvrouter_flow_slo_total")
+        assert slo[(("outcome", "rejected_ttft"), ("tenant", "calm"))] == 1.0
+        assert slo[(("outcome", "met"), ("tenant", "calm"))] == 1.0
+        assert samples(m, "kvrouter_rejections_total")[(("reason", "slo_ttft"),)] == 1.0
+        warned = samples(m, "kvrouter_flow_header_warnings_total")
+        assert warned[(("header", "ttft_slo"), ("reason", "malformed"))] == 1.0
+
+
+async def test_an_objective_the_fleet_cannot_meet_is_served_at_the_lower_priority(fleet: SimFleet) -> None:
+    async with gateway(fleet, **_slo_flows("demote")) as (_, base), aiohttp.ClientSession() as s:
+        status, h = await chat(s, base, "sk-vip", "slo " * 50, **{"x-slo-ttft-ms": "1"})
+        # not saturated: served, at priority -1 (sheddable), and told so
+        assert status == 200 and h["x-kvrouter-slo"].startswith("demoted; ttft; predicted_ms=")
+        async with s.get(f"{base}/metrics") as r:
+            assert r.status == 200
+            m = await r.text()
+        assert samples(m, "kvrouter_flow_slo_total")[(("outcome", "demoted_ttft"), ("tenant", "vip"))] == 1.0
+        assert samples(m, "kvrouter_flow_admitted_total")[(("priority", "-1"), ("tenant", "vip"))] == 1.0
+
+
+async def test_the_reserve_is_kept_from_a_low_priority_flood_for_high_priority(fleet: SimFleet) -> None:
+    # 2 instances x 2 slots; half of each cap kept for priority 1 and above: the flood (priority 0) holds
+    # one slot per instance and waits for those, and the vip request finds a kept slot at once.
+    limits = {"max_in_flight": 2, "queue_size": 64, "queue_timeout_s": 30, "saturation": {"reserve": 0.5}}
+    async with gateway(fleet, **{**FLOWS, "limits": limits}) as (gw, base), aiohttp.ClientSession() as s:
+        for srv in fleet.servers:
+            async with s.post(f"{srv.url}/sim/faults", json={"latency_s": 0.3}) as r:
+                assert r.status == 200
+        try:
+            done: list[str] = []
+
+            async def one(key: str, name: str) -> None:
+                st, _ = await chat(s, base, key, name)
+                assert st == 200
+                done.append(name)
+
+            flood = [asyncio.create_task(one("sk-noisy", f"noisy {i}")) for i in range(8)]
+            await until(lambda: gw.pipeline.gate.waiting >= 6, what="the noisy tenant's backlog")
+            assert gw.pipeline.router.load.total_in_flight() == 2  # the other two slots are kept
+            await one("sk-vip", "vip")
+            # it did not wait for a slot: only the two noisy requests in flight when it came could end first
+            assert done.index("vip") <= 2, done
+            await asyncio.gather(*flood)
+            async with s.get(f"{base}/metrics") as r:
+                assert r.status == 200
+                m = await r.text()
+            waits = samples(m, "kvrouter_flow_queue_wait_seconds_count")
+            assert waits[(("priority", "2"), ("tenant", "vip"))] == 1.0
+        finally:
+            for srv in fleet.servers:
+                async with s.post(f"{srv.url}/sim/faults", json={"latency_s": 0.0}) as r:
+                    assert r.status == 200
