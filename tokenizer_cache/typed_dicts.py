@@ -147,16 +147,74 @@ class IterableOf(Node):
         raise Invalid("an iterable")
 
 
+_NOT_OBJECTS: frozenset[type] = frozenset({str, list, int, float, bool, type(None)})
+"""JSON value types that are never objects (``is_object`` is false for them without an ABC check)."""
+
+
 @dataclass(frozen=True)
 class OneOf(Node):
+    """A union in pydantic's smart mode (module docstring).
+
+    Members a value's tags rule out (``TD.rejects``: not an object, or a required literal such as
+    ``type`` that differs) are not tried.  Which remain depends only on the value's tag strings, so the
+    candidates are found once per combination of tag values the members declare (a string no member
+    declares counts as absent: every member requiring that tag rejects both), in member order.  A value
+    no candidate takes is walked again over every member, so its error names every member's reason as
+    ``check_all`` (the reference the dispatch is held to) does."""
+
     choices: tuple[Node, ...]
 
+    def __post_init__(self) -> None:
+        known: dict[str, set[str]] = {}
+        for c in self.choices:
+            if isinstance(c, TD):
+                for key, values in c.tags:
+                    known.setdefault(key, set()).update(values)
+        tags = tuple((k, frozenset(v)) for k, v in known.items())
+        object.__setattr__(self, "_tags", tags)
+        scalar = tuple(c for c in self.choices if not isinstance(c, TD))
+        # Per JSON scalar type, the members that may take it (a string is no null, None no string).
+        object.__setattr__(
+            self, "_scalar", {t: tuple(c for c in scalar if _may_take(c, t)) for t in _NOT_OBJECTS}
+        )
+        # Bounded: at most one entry per combination of the members' own literal values.
+        object.__setattr__(self, "_by_tags", {})
+
+    def _candidates(self, value: Any) -> tuple[Node, ...]:
+        t = type(value)
+        if t is not dict:
+            if t in _NOT_OBJECTS:
+                return self._scalar[t]  # type: ignore[attr-defined]
+            if not isinstance(value, Mapping):
+                return tuple(c for c in self.choices if not isinstance(c, TD))
+        key = tuple(
+            tag if type(tag := value.get(k)) is str and tag in known else None
+            for k, known in self._tags  # type: ignore[attr-defined]
+        )
+        by_tags: dict[tuple[str | None, ...], tuple[Node, ...]] = self._by_tags  # type: ignore[attr-defined]
+        found = by_tags.get(key)
+        if found is None:
+            found = tuple(c for c in self.choices if not isinstance(c, TD) or c.rejects(value) is None)
+            by_tags[key] = found
+        return found
+
     def check(self, value: Any) -> tuple[Any, int | None]:
+        try:
+            return self._walk(self._candidates(value), value, screened=True)
+        except Invalid:
+            return self.check_all(value)  # raises, with every member's reason
+
+    def check_all(self, value: Any) -> tuple[Any, int | None]:
+        """Every member tried in order (no dispatch)."""
+        return self._walk(self.choices, value, screened=False)
+
+    def _walk(self, choices: tuple[Node, ...], value: Any, *, screened: bool) -> tuple[Any, int | None]:
+        """``screened``: ``choices`` holds only members whose ``rejects`` passed for ``value``."""
         best: tuple[Any, int | None] | None = None
         reasons: list[Any] = []
-        for choice in self.choices:
+        for choice in choices:
             if isinstance(choice, TD):
-                if (why := choice.rejects(value)) is not None:
+                if not screened and (why := choice.rejects(value)) is not None:
                     reasons.append(why)  # a cheap first look: not an object, or a tag that differs
                     continue
                 if (
@@ -181,6 +239,15 @@ class OneOf(Node):
         return best
 
 
+def _may_take(node: Node, t: type) -> bool:
+    """False when ``node`` refuses every value of type ``t`` whatever it is."""
+    if isinstance(node, (Str, Lit)):
+        return t is str
+    if isinstance(node, Null):
+        return t is type(None)
+    return True
+
+
 def _nests(node: Node) -> bool:
     if isinstance(node, TD):
         return True
@@ -192,7 +259,8 @@ def _nests(node: Node) -> bool:
 
 
 def is_object(value: Any) -> bool:
-    return type(value) is dict or isinstance(value, Mapping)
+    t = type(value)
+    return t is dict or (t not in _NOT_OBJECTS and isinstance(value, Mapping))
 
 
 class TD(Node):

@@ -55,7 +55,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--set", action="append", default=[], metavar="KEY=JSON", help="workload parameter override"
     )
     p.add_argument("--instances", type=int, default=8)
-    p.add_argument("--profile", default="llama-3.1-70b-8xh100")
+    p.add_argument(
+        "--profile",
+        default=None,
+        help="timing profile (default: the workload's hint, else llama-3.1-70b-8xh100)",
+    )
     p.add_argument(
         "--capacity-blocks", type=int, default=None, help="KV blocks per instance (default: profile)"
     )
@@ -136,6 +140,20 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
     return out
 
 
+def _profile(a: argparse.Namespace) -> str:
+    if a.profile:
+        return str(a.profile)
+    if a.workload:
+        from kvrouter.lab.workloads.errors import UnknownWorkload
+        from kvrouter.lab.workloads.registry import describe
+
+        try:
+            return str(describe(a.workload)["hints"].get("profile", FleetSimConfig().profile))
+        except UnknownWorkload:
+            pass  # the evaluation names the unknown workload
+    return FleetSimConfig().profile
+
+
 def spec_from_args(a: argparse.Namespace) -> EvalSpec:
     overrides = parse_sets(a.set)
     return EvalSpec(
@@ -144,7 +162,7 @@ def spec_from_args(a: argparse.Namespace) -> EvalSpec:
         overrides=overrides,
         fleet=FleetSimConfig(
             instances=a.instances,
-            profile=a.profile,
+            profile=_profile(a),
             capacity_blocks=a.capacity_blocks,
             cpu_offload_blocks=a.cpu_offload_blocks,
             shared_l2_blocks=a.l2_blocks,
@@ -250,7 +268,7 @@ def _flows(a: argparse.Namespace) -> int:
             interactive_rate=a.interactive_rate,
             batch_rate=a.batch_rate,
             instances=a.flows_instances,
-            profile=a.profile,
+            profile=_profile(a),
             max_in_flight=a.flows_max_in_flight,
             max_prefill_tokens=a.flows_max_prefill_tokens,
             reserve=a.flows_reserve,

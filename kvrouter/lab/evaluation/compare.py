@@ -122,6 +122,7 @@ def summarize(
         "throughput_tok_s": out_tok / span,
         "prompt_throughput_tok_s": prompt / span,
         "gpu_s_per_request": sum(run.busy_s) / len(done) if done else float("nan"),
+        "encoder_tokens": sum(run.encoder_tokens),
         "makespan_s": span,
         "max_over_mean_load": max(work) / mean_work if mean_work else 1.0,
         "max_over_mean_in_flight": max(inflight) / statistics.fmean(inflight)

@@ -141,6 +141,9 @@ class FleetRun(msgspec.Struct):
     makespan_s: float
     busy_s: list[float] = []
     """Seconds each instance spent in engine steps (its GPUs busy): the fleet's compute cost."""
+    encoder_tokens: list[int] = []
+    """Multimodal embeddings each instance's encoder computed (items missed by the prefix and encoder
+    caches)."""
 
 
 class _Clock:
@@ -235,6 +238,7 @@ class VirtualFleet:
         self.busy = [False] * cfg.instances
         self.work = [0] * cfg.instances
         self.busy_s = [0.0] * cfg.instances
+        self.encoder_tokens = [0] * cfg.instances
         if cfg.roles and len(cfg.roles) != cfg.instances:
             raise ValueError(f"{len(cfg.roles)} roles for {cfg.instances} instances")
         roles = cfg.roles or ["both"] * cfg.instances
@@ -293,6 +297,7 @@ class VirtualFleet:
             | {f"decode:{k}": v for k, v in self.indexer.counters.decode_errors.items()},
             self._last_finish,
             self.busy_s,
+            self.encoder_tokens,
         )
 
     def _sample(self) -> None:
@@ -522,6 +527,7 @@ class VirtualFleet:
                 cache_salt=r.cache_salt,
                 hold_blocks=prefill_leg,
                 remote_prefill_tokens=len(prompt) if decode_leg else None,
+                mm_items=r.items,
                 **({"output_token_ids": out.tolist()} if out is not None and _supports_output(eng) else {}),
             )
         except RequestRejected:
@@ -553,6 +559,7 @@ class VirtualFleet:
         end = self.clock.now + res.duration_s
         self.work[i] += res.prefill_tokens + res.decode_tokens
         self.busy_s[i] += res.duration_s
+        self.encoder_tokens[i] += res.encoder_tokens
         events = eng.take_events()
         if events:
             seq = self.seqs[i]

@@ -53,12 +53,18 @@ def instances_for(name: str) -> int:
     return int(describe(name)["hints"].get("instances", 8))
 
 
+def profile_for(name: str) -> str:
+    """The timing profile the workload names (its registry hint: a vision model for images), else the
+    fleet's default."""
+    return str(describe(name)["hints"].get("profile", FleetSimConfig().profile))
+
+
 def workload_spec(name: str, scale: Scale, *, policies: tuple[str, ...] = POLICIES) -> EvalSpec:
     over, fraction = SIZES.get(name, ({}, 1.0))
     spec = EvalSpec(
         workload=name,
         overrides=dict(over),
-        fleet=FleetSimConfig(instances=instances_for(name)),
+        fleet=FleetSimConfig(instances=instances_for(name), profile=profile_for(name)),
         policies=policies,
         series=True,
     )

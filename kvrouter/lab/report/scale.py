@@ -70,7 +70,8 @@ def sized(spec: EvalSpec, fraction: float, min_requests: int = 1) -> EvalSpec:
     """``spec`` with about ``fraction`` of its workload's requests, keeping the workload's shape.
 
     A staged schedule keeps its rates and shortens every stage (its later, busier stages survive); a
-    multi-turn workload keeps its turns and loses conversations; a trace keeps its first requests;
+    multi-turn workload keeps its turns and loses conversations (the multimodal agent: sessions and
+    questions); a trace keeps its first requests;
     anything else keeps its arrival process and loses requests."""
     if spec.workload is None:
         raise ValueError("sized needs a named workload")
@@ -88,6 +89,11 @@ def sized(spec: EvalSpec, fraction: float, min_requests: int = 1) -> EvalSpec:
         turns = max(1, int(getattr(params, "turns", 1)))
         n = max(-(-min_requests // turns), round(getattr(params, "num_conversations", 0) * fraction))
         over = {"num_conversations": n}
+    elif "num_sessions" in fields:  # sessions keep their turns; questions are cut alike
+        over = {
+            k: max(min_requests if k == "num_questions" else 1, round(getattr(params, k) * fraction))
+            for k in ("num_sessions", "num_questions")
+        }
     elif isinstance(arrival, Staged) and getattr(params, "num_requests", None) is None:
         n = len(make_workload(spec.workload, **spec.overrides).requests)
         f = max(fraction, min(1.0, min_requests / max(n, 1)))

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import numpy.typing as npt
 
+from indexer.extra_keys import mixed_request_content
 from indexer.hashing import (
     MAX_BLOCK_SIZE,
     I64Array,
@@ -164,7 +165,12 @@ class BlockContentCache:
     def chain_hashes(self, request: Request, base: int | None = None) -> I64Array:
         """Chain hashes (``indexer`` ``ChainHash`` values) of the prompt's full blocks.
 
-        ``base`` defaults to the namespace of the request's ``cache_salt`` (no LoRA)."""
+        ``base`` defaults to the namespace of the request's ``cache_salt`` (no LoRA).  A prompt's
+        multimodal items are mixed into the blocks they overlap, as the index mixes an event's extra keys
+        and the gateway a live request's (``indexer.extra_keys``)."""
         if base is None:
             base = base_hash(None, request.cache_salt)
-        return chain(self.content_hashes(request), base)
+        content = self.content_hashes(request)
+        if request.items:
+            content = mixed_request_content(content, request.items, self.block_size)
+        return chain(content, base)

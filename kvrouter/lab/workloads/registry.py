@@ -6,6 +6,7 @@ number of instances the peer used, which the workload records but does not act o
 
 Names: ``aws-8k-shared-prefix``, ``sglang-gsp``, ``vllm-prefix-repetition``, ``llmd-precise``,
 ``llmd-shared-prefix``, ``llmd-tiered``, ``multi-turn``, ``dynamo-prefix-ratio``, ``rag``, ``tenants``,
+``multimodal-agent``,
 ``short-chat``, ``mooncake-conversation`` and ``mooncake-synthetic`` (the Kimi traces).
 ``kvrouter eval --list`` prints each with its defaults.
 """
@@ -23,6 +24,7 @@ from msgspec import Struct
 from kvrouter.lab.workloads.chat import MultiTurnParams, ShortChatParams, multi_turn, short_chat
 from kvrouter.lab.workloads.errors import InvalidParameters, UnknownWorkload
 from kvrouter.lab.workloads.mooncake import MooncakeOptions, load_mooncake, shipped_trace
+from kvrouter.lab.workloads.multimodal import MultimodalAgentParams, multimodal_agent
 from kvrouter.lab.workloads.rag import RagParams, rag
 from kvrouter.lab.workloads.shared_prefix import (
     Aws8kParams,
@@ -96,6 +98,11 @@ REGISTRY: Mapping[str, WorkloadEntry] = MappingProxyType(
             {"instances": 8, "model": "Qwen3-32B"},
         ),
         "rag": WorkloadEntry(RagParams, rag, "RAG over a document set", {"instances": 8}),
+        "multimodal-agent": WorkloadEntry(
+            MultimodalAgentParams, multimodal_agent,
+            "computer-use agents resending screenshots; documents with figures shared across users",
+            {"instances": 8, "model": "Qwen2.5-VL-72B", "profile": "qwen2.5-vl-72b-8xh100"},
+        ),
         "tenants": WorkloadEntry(
             TenantsParams, tenants, "tenants sending the same prompts under their own cache_salt",
             {"instances": 4},

@@ -17,7 +17,7 @@ A request is in one of three forms:
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import msgspec
 from msgspec import Struct
@@ -32,6 +32,22 @@ class Segment(Struct, frozen=True, array_like=True, gc=False):
     """Stream id, 0 <= key < 2**64; derived from the workload's seed and what the segment stands for."""
     length: int
     """Number of leading tokens of the stream used (>= 0)."""
+
+
+class MediaItem(NamedTuple):
+    """One multimodal item (an image) of a tokens-form prompt: vLLM's identifier for it (its bytes' hash,
+    or the client's ``uuid``) and its placeholder range in the prompt's tokens.
+
+    The placeholder tokens are the prompt's own (a segment of the workload's placeholder stream, the
+    same for every image, as vLLM's pad tokens are): only the identifier tells two images apart, through
+    the blocks' extra keys (``indexer.extra_keys``).  A tuple: what the engine and ``indexer.extra_keys``
+    take for an item."""
+
+    identifier: str
+    offset: int
+    """First placeholder token's position in the prompt."""
+    length: int
+    """Placeholder tokens (the image's size decides them)."""
 
 
 class ChatMessage(Struct, frozen=True, gc=False):
@@ -100,6 +116,9 @@ class Request(Struct, frozen=True, kw_only=True, omit_defaults=True):
     output_segments: tuple[Segment, ...] = ()
     """The tokens a simulated engine should generate, when a later prompt contains them (multi-turn chat):
     an engine that emits exactly these caches decode blocks that the next turn can hit.  Empty: any."""
+    items: tuple[MediaItem, ...] = ()
+    """Multimodal items of a tokens-form prompt, in offset order: keyed into its blocks as vLLM keys them,
+    and encoded by the engine when its prefill reaches them uncached."""
     cache_salt: str | None = None
     """vLLM ``cache_salt``: requests under different salts never share cache blocks."""
     tenant: str | None = None

@@ -108,6 +108,8 @@ class StepResult(msgspec.Struct, gc=False):
     preempted: list[RequestId]
     shared_loaded_tokens: int = 0
     """Tokens loaded from the shared store."""
+    encoder_tokens: int = 0
+    """Multimodal embeddings the encoder computed (``encoder``)."""
 
 
 class EngineMetrics(msgspec.Struct):
@@ -285,6 +287,7 @@ class Engine:
             stats.loaded_tokens,
             preempted,
             stats.shared_loaded_tokens,
+            stats.encoder_tokens,
         )
 
     def step_many(self, max_steps: int, max_duration_s: float) -> StepResult:

@@ -22,6 +22,7 @@ import numpy as np
 
 from indexer.extra_keys import block_mm_keys
 from indexer.hashing import TokenIds, id_list
+from kvrouter.lab.sim.engine.encoder import EncoderWindow
 from kvrouter.lab.sim.engine.hashing import block_extra_keys, chain_hashes, chain_hashes_keyed, extra_digest
 from kvrouter.lab.sim.engine.types import BlockHash
 from kvrouter.types import RequestId
@@ -53,6 +54,7 @@ class Request:
         "block_size",
         "cache_salt",
         "cpu_loaded_tokens",
+        "encoder",
         "hold",
         "loaded",
         "lora_id",
@@ -126,6 +128,8 @@ class Request:
             self._outputs = output_token_ids[:max_tokens]
             if len(self._outputs) < max_tokens:
                 self._outputs += self._draw(max_tokens - len(self._outputs))
+        self.encoder = EncoderWindow(mm_items) if mm_items else None
+        """Its multimodal items' encoder inputs, scheduled as its prefill reaches them."""
         self._mm: list[tuple[tuple[str, int], ...]] = (
             block_mm_keys(mm_items, len(prompt_token_ids) // block_size, block_size) if mm_items else []
         )

@@ -22,6 +22,7 @@ from typing import Literal
 
 import msgspec
 
+from kvrouter.lab.sim.engine.encoder import EncoderCache
 from kvrouter.lab.sim.engine.kvcache import KVCacheManager
 from kvrouter.lab.sim.engine.request import Request, Status
 from kvrouter.lab.sim.engine.types import BlockId, FinishReason
@@ -95,6 +96,9 @@ class BatchStats(msgspec.Struct, gc=False):
     """Tokens loaded from the CPU tier."""
     shared_loaded_tokens: int = 0
     """Tokens loaded from a shared store (``shared_store``)."""
+    encoder_tokens: int = 0
+    """Multimodal embeddings the encoder computed (items neither in the prefix hit nor in the encoder
+    cache: ``encoder``)."""
 
 
 class Counters(msgspec.Struct):
@@ -131,6 +135,8 @@ class Scheduler:
         """Transfers to start, from admissions since the shell last took them."""
         self.held: dict[RequestId, Request] = {}
         """Finished prefill legs whose blocks stay allocated until released."""
+        self.encoder_cache = EncoderCache(config.max_num_batched_tokens)
+        """vLLM's default encoder cache holds ``max_num_batched_tokens`` embeddings."""
         self._cpu_loading: list[Request] = []
         """Admitted this step with a load from the CPU tier (also in ``loading``), in admission order."""
 
@@ -160,6 +166,8 @@ class Scheduler:
         self.kv.free(req)
         req.status = Status.PREEMPTED
         req.num_computed_tokens = 0
+        if req.encoder is not None:
+            req.encoder.reset()
         req.num_preemptions += 1
         self.counters.preemptions += 1
         self.waiting.appendleft(req)
@@ -359,10 +367,12 @@ class Scheduler:
         c = self.counters
         finished: list[Request] = []
         max_len = self.max_model_len
-        decode = prefill = pairs = context = generated = 0
+        decode = prefill = pairs = context = generated = encoded = 0
         for req, n in scheduled:
             before = req.num_computed_tokens
             after = before + n
+            if req.encoder is not None:
+                encoded += req.encoder.encode(before, after, self.encoder_cache)
             req.num_computed_tokens = after
             context += after
             if n == 1 and req.num_output_tokens and after == req.num_tokens:
@@ -401,6 +411,7 @@ class Scheduler:
         stats.prefill_tokens = prefill
         stats.attention_pairs = pairs
         stats.context_tokens = context
+        stats.encoder_tokens = encoded
         if finished:
             for req in finished:
                 self._finished(req)

@@ -170,6 +170,9 @@ class TimingProfile(msgspec.Struct, frozen=True):
     """Fixed KV capacity in blocks (the ``test`` profile); None: derived from memory as above."""
     frontend: FrontendCosts = VLLM_033_FRONTEND
     """vLLM's API server around the engine, per request (the same CPU work whatever the GPUs)."""
+    encoder_flops_per_token: float = 0.0
+    """Vision encoder FLOPs per placeholder token (one embedding) of a multimodal item; 0: a text model.
+    Run at the same achieved FLOP rate as prefill, before the step's forward pass."""
 
     def validate(self) -> None:
         if self.num_gpus < 1:
@@ -244,6 +247,25 @@ QWEN3_32B_2XH100 = TimingProfile(
     max_context=40960,
 )
 
+# Qwen2.5-VL-72B-Instruct: its language model is Qwen2.5-72B (80 layers, hidden 8192, 64 query and 8 KV
+# heads of dim 128: Llama-3.1-70B's attention shape and KV size), 72.7e9 params with the vision tower.
+#   Vision encoder (config.json vision_config): 32 blocks, hidden 1280, SwiGLU MLP 3420, ~0.63e9 params in
+#   the blocks; each placeholder token merges 2 x 2 patches of 14 px, so one embedding is 4 patch tokens
+#   through the blocks, 4 x 2 x 0.63e9 = 5.0e9 FLOPs; attention: 28 windowed layers (112 px: 64 patches)
+#   and 4 full ones (a 1280 x 720 screenshot: ~4800 patches), 4 x 1280 x (28 x 64 + 4 x 4800) x 4 = 0.4e9;
+#   the merger MLP 2 x (5120 x 5120 + 5120 x 8192) = 0.14e9: ~5.6e9 FLOPs per placeholder token.  The
+#   tower runs on the instance's GPUs at prefill's MFU (vLLM shards it with the model's tensor
+#   parallelism by default).  Decode and prefill calibration: Llama's.
+QWEN25_VL_72B_8XH100 = msgspec.structs.replace(
+    LLAMA_31_70B_8XH100,
+    name="qwen2.5-vl-72b-8xh100",
+    description="Qwen2.5-VL-72B-Instruct, BF16, 8 x H100 SXM, TP8 (vLLM): Llama-3.1-70B's calibration "
+    "(same attention shape) with 72.7e9 params and a 0.67e9-param vision tower at 5.6 GFLOP per image token",
+    weight_bytes=145.4e9,
+    flops_per_token=145.4e9,
+    encoder_flops_per_token=5.6e9,
+)
+
 # A tiny, fast pseudo-model for tests and demos on a laptop: ~1 ms per decode step, ~0.5M prompt tokens/s,
 # 4096 blocks (65k tokens) of KV, no front-end cost.
 TEST = TimingProfile(
@@ -265,7 +287,9 @@ TEST = TimingProfile(
     frontend=NO_FRONTEND,
 )
 
-PROFILES: dict[str, TimingProfile] = {p.name: p for p in (LLAMA_31_70B_8XH100, QWEN3_32B_2XH100, TEST)}
+PROFILES: dict[str, TimingProfile] = {
+    p.name: p for p in (LLAMA_31_70B_8XH100, QWEN3_32B_2XH100, QWEN25_VL_72B_8XH100, TEST)
+}
 
 
 def get_profile(name: str) -> TimingProfile:
@@ -304,6 +328,8 @@ class TimingModel:
             ) / self._flops
             memory = (p.weight_bytes + stats.context_tokens * p.kv_bytes_per_token) / self._bw
             t = p.step_overhead_s + stats.num_scheduled * p.per_seq_overhead_s + max(compute, memory)
+        if stats.encoder_tokens:
+            t += stats.encoder_tokens * p.encoder_flops_per_token / self._flops
         if stats.loaded_tokens:
             t += stats.loaded_tokens * p.kv_bytes_per_token / p.cpu_load_bytes_per_s
         if stats.shared_loaded_tokens:

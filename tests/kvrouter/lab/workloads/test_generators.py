@@ -272,3 +272,40 @@ def test_sglang_gsp_grouped_is_the_same_prompts_in_group_order() -> None:
     assert prompts(grouped) == prompts(shuffled)
     with pytest.raises(ValueError, match="grouped"):
         make_workload("sglang-gsp", grouped=True, fresh_questions=True, **params)
+
+
+def test_multimodal_agent_resends_screenshots_and_shares_figures() -> None:
+    w = make_workload("multimodal-agent", num_sessions=3, turns=3, num_questions=40, num_documents=4)
+    pad = None
+    sessions: dict[str, list[int]] = {}
+    for i, r in enumerate(w.requests):
+        toks = tokens(w, i)
+        assert r.num_prompt_tokens == len(toks)
+        for it in r.items:  # every image is a run of the placeholder stream: equal tokens for equal sizes
+            run = toks[it.offset : it.offset + it.length]
+            pad = run if pad is None or len(run) > len(pad) else pad
+            assert np.array_equal(run, pad[: len(run)])
+        if r.session_id is not None:
+            sessions.setdefault(r.session_id, []).append(i)
+    assert len(sessions) == 3
+    for idx in sessions.values():
+        turns = [w.requests[i] for i in idx]
+        assert [len(r.items) for r in turns] == [1, 2, 3]
+        for prev, cur, i_prev, i_cur in zip(turns, turns[1:], idx, idx[1:]):
+            assert cur.items[: len(prev.items)] == prev.items  # the same screenshots at the same places
+            grown = np.concatenate([tokens(w, i_prev), output_tokens(prev, w.token_space)])
+            assert np.array_equal(tokens(w, i_cur)[: len(grown)], grown)
+            assert cur.depends_on == prev.id
+        assert all(it.length == 1196 for r in turns for it in r.items)
+    questions = [r for r in w.requests if r.session_id is None]
+    assert len(questions) == 40
+    by_doc: dict[str | None, set[tuple[object, ...]]] = {}
+    for r in questions:
+        by_doc.setdefault(r.group, set()).add(r.items)
+        assert len(r.items) == 4 and all(it.length == 609 for it in r.items)
+    assert all(len(v) == 1 for v in by_doc.values())  # one document, the same figures for every user
+    assert len({it.identifier for r in questions for it in r.items}) == 4 * len(by_doc)
+    with pytest.raises(InvalidParameters, match="tokens form"):
+        make_workload("multimodal-agent", form="chat")
+    with pytest.raises(InvalidParameters):
+        make_workload("multimodal-agent", num_requests=10)
