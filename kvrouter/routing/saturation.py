@@ -8,17 +8,9 @@ A target is full for a request when any limit it has reached says so::
 
 ``share`` is 1 for requests that may fill the reserve, ``1 - reserve`` for the others: the last part of every
 limit is kept for requests of priority ``reserved_priority`` and above whose flow has no other request
-waiting (``reserved``).  A flow asking for more than it gets (requests of its own wait behind) fills only
-the rest, so a well-behaved tenant of the same priority as a flooding one still finds room.  The cap does
-not preempt (a request holds its slot until it ends), so without a reserve a high-priority arrival waits
-for a low-priority request already running to finish, and a batch request runs for seconds.
-
-Why the prefill tokens: vLLM runs every request it accepts at once up to ``max_num_seqs``; what grows
-under load is the prompt tokens it has still to prefill, and every request's time to first token waits
-behind them (in vLLM's own first-come queue, where no priority or fair share applies).  Kept in the
-router instead, the same backlog waits in the flow queue, in the order flows decide.  A target with
-nothing left to prefill always takes a request, however long its prompt (a limit below one prompt must
-not make it unservable).  Pure: no clock, no I/O."""
+waiting (``reserved``).  A target with nothing left to prefill always takes a request, however long its
+prompt (a limit below one prompt must not make it unservable).  Why these signals and the reserve:
+docs/flows.md, "When an instance is full".  Pure: no clock, no I/O."""
 
 from __future__ import annotations
 

@@ -6,17 +6,12 @@ documents whose figures many users share.
     agent turn k:  [tools][task][shot 0]([action j][result j+1][shot j+1]) for j < k    (one session)
     document QA:   [system][section 1][figure 1] ... [section m][figure m][question]    (doc d, Zipf)
 
-An image is a run of placeholder tokens (the workload's placeholder stream, the same for every image, as
-vLLM's pad tokens are) and a ``MediaItem`` naming it: two images at the same place differ only by their
-identifiers, which vLLM keys into the blocks they overlap and the router mixes into its block hashes the
-same way.  A screenshot is sent again at every later turn of its session; a document's figures are the
-same items for every user who asks about it.  Turn k's ``action k`` is its ``output_segments`` (an
-engine generating exactly those tokens caches what turn k+1 hits), and each turn ``depends_on`` the
-previous one, sent ``response_time_s + think`` after it in open loop.
-
-Placeholder counts are Qwen2.5-VL's (``tokenizer_cache.mm.processors``): a 1280 x 720 screenshot resizes to
-1288 x 728, 46 x 26 merged patches = 1196 tokens; an 800 x 600 figure to 812 x 588, 609 tokens.  Tokens
-form only: an image has no text rendering.
+An image is a run of placeholder tokens (the same stream for every image, as vLLM's pad tokens are) and
+a ``MediaItem`` naming it: two images at the same place differ only by their identifiers, which vLLM keys
+into the blocks they overlap and the router mixes into its block hashes the same way.  Turn k's ``action
+k`` is its ``output_segments`` and each turn ``depends_on`` the previous one, sent ``response_time_s +
+think`` after it in open loop.  Placeholder counts are Qwen2.5-VL's (``tokenizer_cache.mm.processors``:
+a 1280 x 720 screenshot is 1196 tokens, an 800 x 600 figure 609); docs/multimodal.md, "In the evaluation".
 """
 
 from __future__ import annotations
