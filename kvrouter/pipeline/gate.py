@@ -94,7 +94,10 @@ class CapacityGate:
         self.shared = shared
         self.poll_s = poll_s
         self.recheck_s = recheck_s
-        self.queue: FlowQueue[_Pending[Any]] = FlowQueue(size, fairness, weight)
+        # With a shared queue the flows' accounts are the host's: one scheduler over every worker.
+        self.queue: FlowQueue[_Pending[Any]] = FlowQueue(
+            size, fairness, weight, accounts=None if shared is None else shared.flows
+        )
         self.early_refusal = early_refusal
         self.wait = WaitEstimate()
         """Seconds a place in the queue costs, from the waits that ended here."""

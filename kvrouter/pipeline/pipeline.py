@@ -198,8 +198,6 @@ class RequestPipeline:
             early_refusal=cfg.limits.early_refusal,
         )
         self.rate = RateLimiter(flows.tenant, None if host_queue is None else host_queue.flows)
-        if host_queue is not None:  # the flows' accounts are the host's: one scheduler over every worker
-            self.gate.queue.accounts = host_queue.flows
         self._keyed = frozenset(t.name for t in cfg.tenants.api_keys.values())
         """Tenants that have an API key: never taken from a header."""
         self._named = self._keyed | set(flows.tenants) | {flows.default_tenant}
