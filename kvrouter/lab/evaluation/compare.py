@@ -202,6 +202,7 @@ def run_one(
             f,
             events=False,
             instances=1,
+            profiles=[],  # a mixed fleet's bound is n instances of its ``profile`` (pick the fastest)
             capacity_blocks=None if f.capacity_blocks is None else f.capacity_blocks * n,
             max_num_seqs=f.max_num_seqs * n,
             max_num_batched_tokens=f.max_num_batched_tokens * n,

@@ -61,6 +61,8 @@ from kvrouter.types import InstanceId, RequestId, Role, TargetKey, leg_id
 class FleetSimConfig(msgspec.Struct, frozen=True):
     instances: int = 8
     profile: str = "llama-3.1-70b-8xh100"
+    profiles: list[str] = []
+    """Instance i's timing profile in a mixed fleet (empty: every instance ``profile``)."""
     capacity_blocks: int | None = None
     """KV blocks per instance (None: the profile's)."""
     block_size: int = 16
@@ -107,7 +109,13 @@ class FleetSimConfig(msgspec.Struct, frozen=True):
     kv_latency_s: float = 0.002
     """Fixed cost of one KV transfer (handshake, notification)."""
 
+    def instance_profiles(self) -> list[str]:
+        """Each instance's timing profile."""
+        return list(self.profiles) or [self.profile] * self.instances
+
     def validate(self) -> None:
+        if self.profiles and len(self.profiles) != self.instances:
+            raise SimConfigError(f"{len(self.profiles)} profiles for {self.instances} instances")
         if self.shared_l2_blocks < 0 or self.shared_l2_gbps <= 0:
             raise SimConfigError("shared_l2_blocks must be >= 0 and shared_l2_gbps positive")
         if self.prompt_api not in PROMPT_APIS:
@@ -215,7 +223,7 @@ class VirtualFleet:
         if capacity is None and pooled_of > 1:
             capacity = profile.kv_capacity_blocks(cfg.block_size) * pooled_of
         ecfg = EngineConfig(
-            profile=cfg.profile,
+            profile=profile.name,
             speed=float(pooled_of),
             cache=CacheConfig(
                 block_size=cfg.block_size,
@@ -234,11 +242,16 @@ class VirtualFleet:
             if cfg.shared_l2_blocks and pooled_of == 1
             else None
         )
-        self.engines = [Engine(ecfg, shared=self.l2) for _ in self.names]
+        self.profiles = [get_profile(n) for n in cfg.instance_profiles()]
+        self.engines = [
+            Engine(msgspec.structs.replace(ecfg, profile=p.name), shared=self.l2) for p in self.profiles
+        ]
         # A pooled engine stands for pooled_of instances: as many API servers, each as fast as one (its
         # engine's speed-up is throughput, not a shorter path for each request).
-        costs = profile.frontend if cfg.frontend else NO_FRONTEND
-        self.frontends = [FrontEnd(costs, workers=costs.renderer_workers * pooled_of) for _ in self.names]
+        self.frontends = [
+            FrontEnd(c, workers=c.renderer_workers * pooled_of)
+            for c in (p.frontend if cfg.frontend else NO_FRONTEND for p in self.profiles)
+        ]
         self._first_out: dict[str, float] = {}
         """When each request's first token reaches the router (its later outputs cannot come before)."""
         self.writers = [PayloadWriter(cfg.release) for _ in self.names]
