@@ -465,7 +465,8 @@ class VirtualFleet:
 
     def _first_token(self, rid: str, t: float) -> None:
         self.records[rid].first_token_s = t
-        self.router.first_token(RequestId(rid))
+        if self.router.first_token(RequestId(rid), t) is not None:
+            self.router.latency.train()  # virtual time: training costs none of it
 
     def _finish(self, rid: str, cached: tuple[int, int, int], out_tokens: int) -> None:
         rec = self.records[rid]
@@ -475,7 +476,8 @@ class VirtualFleet:
             rec.cached_tokens, rec.cpu_tokens, rec.l2_tokens = cached
         rec.output_tokens = out_tokens
         self.last_out.pop(rid, None)
-        self.router.finished(RequestId(rid))
+        if self.router.finished(RequestId(rid), rec.finish_s, out_tokens) is not None:
+            self.router.latency.train()
         self._done(rid)
         self._drain_queue()
 
