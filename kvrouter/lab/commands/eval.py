@@ -23,7 +23,12 @@ from kvrouter.lab.sim.engine.timing import parse_profiles
 from kvrouter.lab.sim.errors import SimError
 from kvrouter.routing import DisaggSettings
 from kvrouter.routing.disagg import parse_roles
-from kvrouter.routing.policies import KvAwareSettings, PolicySettings, PrefixHashSettings
+from kvrouter.routing.policies import (
+    KvAwareSettings,
+    PolicySettings,
+    PredictedLatencySettings,
+    PrefixHashSettings,
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -45,6 +50,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--set", action="append", default=[], metavar="KEY=JSON", help="workload parameter override"
     )
     p.add_argument("--instances", type=int, default=8)
+    p.add_argument(
+        "--predicted-latency",
+        default="{}",
+        metavar="JSON",
+        help="the predicted-latency policy's settings as JSON, e.g. "
+        '\'{"recompute_weight": 2, "model": {"warmup": 32}}\'',
+    )
     p.add_argument("--profile", default="llama-3.1-70b-8xh100")
     p.add_argument(
         "--profiles",
@@ -162,6 +174,7 @@ def spec_from_args(a: argparse.Namespace) -> EvalSpec:
                 compute_weight=a.compute_weight, load_weight=a.load_weight, placement_band=a.placement_band
             ),
             prefix_hash=PrefixHashSettings(prefix_length=a.prefix_length, load_bound=a.load_bound),
+            predicted_latency=msgspec.json.decode(a.predicted_latency, type=PredictedLatencySettings),
             seed=a.seed,
         ),
         concurrency_threshold=a.concurrency_threshold,
