@@ -15,7 +15,8 @@ Features (tokens in thousands, request counts in tens, so every coefficient is o
     TTFT  1, prompt tokens not cached there, tokens it loads from a tier below the GPU, queued prefill,
           requests decoding there, tokens cached on its GPU (rendered, read), and tokens to prefill
           (queued and own) x requests decoding (decodes take a share of every step's token budget and
-          lengthen each step, so prefill slows with the decode batch)
+          lengthen each step, so prefill slows with the decode batch), and the prompt's attention
+          (tokens to compute x the context they attend to: quadratic in a long prompt)
     TPOT  1, requests decoding there with this one, queued prefill plus this prompt's, requests prefilling
 
 The model class is recursive least squares with exponential forgetting (the newest observations weigh
@@ -103,7 +104,7 @@ class LatencyModelConfig(msgspec.Struct, frozen=True):
     def prior(self, kind: str) -> tuple[float, ...]:
         if kind == TTFT:
             p = self.prefill_s_per_1k_tokens
-            return (self.ttft_base_s, p, self.load_s_per_1k_tokens, p, self.ttft_s_per_10_decoding, 0.0, 0.0)
+            return (self.ttft_base_s, p, self.load_s_per_1k_tokens, p, self.ttft_s_per_10_decoding, 0.0, 0.0, 0.0)
         return (self.tpot_base_s, self.tpot_s_per_10_decoding, self.tpot_s_per_1k_prefill, 0.0)
 
 
@@ -159,7 +160,8 @@ def ttft_features(num_tokens: int, c: Candidate) -> tuple[float, ...]:
     offload = c.hit_tokens * c.offload_blocks // c.matched_blocks if c.matched_blocks else 0
     uncached = max(0, num_tokens - c.hit_tokens)
     u, q, d = uncached / 1e3, c.pending_prefill_tokens / 1e3, c.decoding / 10
-    return (1.0, u, offload / 1e3, q, d, (c.hit_tokens - offload) / 1e3, (u + q) * d)
+    h = c.hit_tokens / 1e3
+    return (1.0, u, offload / 1e3, q, d, h - offload / 1e3, (u + q) * d, u * (h + u / 2) / 100)
 
 
 def tpot_features(num_tokens: int, c: Candidate) -> tuple[float, ...]:
@@ -237,7 +239,7 @@ class LatencyBook:
         """The part of ``c``'s predicted TTFT that is this prompt's own prefill (uncached and loaded)."""
         coef = self.model(c.target).models[TTFT].coef
         x = ttft_features(num_tokens, c)
-        return max(0.0, coef[1] * x[1] + coef[2] * x[2] + coef[6] * x[1] * x[4])
+        return max(0.0, coef[1] * x[1] + coef[2] * x[2] + coef[6] * x[1] * x[4] + coef[7] * x[7])
 
     # ------------------------------------------------------------------ observing
     def dispatched(self, rid: RequestId, num_tokens: int, chosen: Candidate, now: float) -> None:
