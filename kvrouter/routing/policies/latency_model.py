@@ -104,7 +104,16 @@ class LatencyModelConfig(msgspec.Struct, frozen=True):
     def prior(self, kind: str) -> tuple[float, ...]:
         if kind == TTFT:
             p = self.prefill_s_per_1k_tokens
-            return (self.ttft_base_s, p, self.load_s_per_1k_tokens, p, self.ttft_s_per_10_decoding, 0.0, 0.0, 0.0)
+            return (
+                self.ttft_base_s,
+                p,
+                self.load_s_per_1k_tokens,
+                p,
+                self.ttft_s_per_10_decoding,
+                0.0,
+                0.0,
+                0.0,
+            )
         return (self.tpot_base_s, self.tpot_s_per_10_decoding, self.tpot_s_per_1k_prefill, 0.0)
 
 
