@@ -51,7 +51,7 @@ Outcome = str
 """What became of an observation: used, clipped (an outlier, bounded), invalid (dropped)."""
 
 
-class LatencyModelConfig(msgspec.Struct, frozen=True):
+class LatencyModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """The latency models' prior and learning (``routing.predicted_latency.model``)."""
 
     ttft_base_s: float = 0.05

@@ -23,7 +23,7 @@ from .latency_model import LatencyBook, LatencyModelConfig
 PREDICTED_LATENCY = "predicted-latency"
 
 
-class PredictedLatencySettings(PolicyConfig, frozen=True):
+class PredictedLatencySettings(PolicyConfig, frozen=True, forbid_unknown_fields=True):
     name: ClassVar[str] = PREDICTED_LATENCY
     reads_index: ClassVar[bool] = True
 
@@ -32,6 +32,10 @@ class PredictedLatencySettings(PolicyConfig, frozen=True):
     recompute_weight: float = 0.0
     """Extra weight of this prompt's own predicted prefill time there: the capacity it takes from later
     requests (kv-aware's ``compute_weight``, in seconds of that target rather than tokens)."""
+    placement_band: bool = True
+    """Among the targets predicted within kv-aware's ``placement_band`` of the fastest that hold as much
+    of the prompt, place a new prefix as kv-aware does (least-filled caches, then the prefix's ring
+    order), so its later requests find it where routers agree it goes."""
     model: LatencyModelConfig = LatencyModelConfig()
     """The latency models' prior and learning (every target's, whatever the active policy)."""
 
@@ -74,17 +78,17 @@ class PredictedLatency:
         if len(over) == len(cands):
             over = set()
         slo = s.tpot_objective_s
-        return sorted(
+        missed = {c.target for c in cands if slo and (c.predicted_tpot_s or 0.0) > slo}
+        out = sorted(
             cands,
-            key=lambda c: (
-                c.target in over,
-                bool(slo) and (c.predicted_tpot_s or 0.0) > slo,
-                c.score,
-                c.in_flight,
-                -c.cached_tokens,
-                c.target,
-            ),
+            key=lambda c: (c.target in over, c.target in missed, c.score, c.in_flight, -c.cached_tokens),
         )
+        if not s.placement_band:
+            return out
+        # kv-aware's placement of a new prefix among the targets predicted within the band of the
+        # fastest (a target over the bound or missing the objective is never in it)
+        busy = self.cold.busy_targets(cands) if cap is not None else set()
+        return self.cold.placed(req, cands, out, over | missed, busy)
 
     def reason(self, chosen: Candidate) -> str:
         if self._was_cold:

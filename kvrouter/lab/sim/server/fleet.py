@@ -87,7 +87,7 @@ class SimFleetConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Timing profile (``kvrouter.lab.sim.engine.timing.PROFILES``)."""
     profiles: list[str] = []
     """A mixed fleet: instance i's timing profile (empty: every instance ``profile``).  The fleet file
-    names it as the instance's ``kind``, with the latency prior its timing model gives."""
+    does not say which is which: the router learns each instance's speed from its answers."""
     speed: float = 1.0
     """Run this many times faster than the modelled hardware."""
     capacity_blocks: int | None = None

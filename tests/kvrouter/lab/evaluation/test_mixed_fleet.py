@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import argparse
 
+import msgspec
 import pytest
 
 from kvrouter.lab.commands import eval as eval_command
+from kvrouter.lab.commands import sim as sim_command
 from kvrouter.lab.evaluation.virtual_fleet import FleetSimConfig, RequestRecord, VirtualFleet
 from kvrouter.lab.sim.engine import SimConfigError, UnknownProfile, get_profile
 from kvrouter.lab.sim.engine.timing import PROFILES, parse_profiles
@@ -79,3 +81,24 @@ def test_eval_command_builds_a_mixed_fleet() -> None:
     spec = eval_command.spec_from_args(a)
     assert spec.fleet.instances == 4
     assert spec.fleet.instance_profiles() == [H100, H100, A100, A100]
+
+
+def test_eval_command_reads_the_predicted_latency_settings() -> None:
+    p = argparse.ArgumentParser()
+    eval_command.add_arguments(p)
+    a = p.parse_args(["--workload", "short-chat", "--predicted-latency", '{"recompute_weight": 2}'])
+    assert eval_command.spec_from_args(a).settings.predicted_latency.recompute_weight == 2
+    bad = p.parse_args(["--workload", "short-chat", "--predicted-latency", '{"recompute_wieght": 2}'])
+    with pytest.raises(ValueError, match="recompute_wieght"):
+        eval_command.spec_from_args(bad)
+
+
+def test_live_sim_fleet_gives_each_instance_its_profile() -> None:
+    p = argparse.ArgumentParser()
+    sim_command.add_arguments(p)
+    a = p.parse_args(["--fleet-out", "f.yaml", "--profiles", "test*2,test-slow"])
+    cfg = sim_command.config_from_args(a)
+    assert cfg.instances == 3
+    assert [i.engine.profile for i in cfg.instance_configs(20000)] == ["test", "test", "test-slow"]
+    with pytest.raises(SimConfigError, match="2 profiles for 3 instances"):
+        msgspec.structs.replace(cfg, profiles=["test", "test"]).validate()
