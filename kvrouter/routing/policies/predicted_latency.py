@@ -6,7 +6,8 @@ times the router observes (``latency_model``), so a slower machine's tokens cost
     every candidate warm?  no ──▶ kv-aware's ranking (predictions still shown), reason "cold"
                            yes ─▶ score = predicted TTFT + recompute_weight x this prompt's own prefill
                                   there; over the load bound last, then predicted TPOT over the objective,
-                                  then by score
+                                  then by score; a new prefix among those within kv-aware's placement
+                                  band of the best placed as kv-aware places it
 
 The load bound is kv-aware's (``routing.kv_aware.load_bound`` and ``load_slack``): a model that is
 wrong cannot pile the traffic onto one target beyond it.
