@@ -30,9 +30,10 @@ class PredictedLatencySettings(PolicyConfig, frozen=True, forbid_unknown_fields=
 
     tpot_objective_s: float = 0.0
     """Time per output token a target must be predicted to meet to be preferred (0: no objective)."""
-    recompute_weight: float = 0.0
+    recompute_weight: float = 1.0
     """Extra weight of this prompt's own predicted prefill time there: the capacity it takes from later
-    requests (kv-aware's ``compute_weight``, in seconds of that target rather than tokens)."""
+    requests (kv-aware's ``compute_weight``, in seconds of that target rather than tokens).  Tuned with
+    ``kvrouter eval`` (docs/measurements.md, "Predicted latency on mixed fleets")."""
     placement_band: bool = True
     """Among the targets predicted within kv-aware's ``placement_band`` of the fastest that hold as much
     of the prompt, place a new prefix as kv-aware does (least-filled caches, then the prefix's ring
