@@ -152,6 +152,7 @@ async def explain(request: web.Request) -> web.Response:
     p = await gw.pipeline.prepare(await request.read(), None, request.headers, operator=True)
     gw.pipeline.set_reserved(p)
     d = gw.pipeline.decide(p, dry_run=True)
+    gw.router.predict(p.inp.num_tokens, d.ranked)  # whatever the policy, its latency models' view
     plan = gw.pipeline.plan(p, dry_run=True) if gw.pipeline.disaggregated(p) else None
     elapsed = time.perf_counter() - p.started
     return web.json_response(explain_body(p, d, elapsed, plan, gw.router.tier_values))

@@ -80,6 +80,20 @@ class PipelineMetrics:
             ["tier"],
             registry=r,
         )
+        self.latency_error = CachedHistogram(
+            "kvrouter_latency_prediction_error_ratio",
+            "|predicted - observed| / observed, per request whose target's latency model was warm",
+            ["kind"],
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 1, 2, 5),
+            registry=r,
+        )
+        self.latency_observations = CachedCounter(
+            "kvrouter_latency_observations",
+            "Observed TTFT and TPOT by what became of them: used, clipped (an outlier, bounded before it "
+            "trained the model), invalid (not finite, not positive or too long: dropped)",
+            ["kind", "outcome"],
+            registry=r,
+        )
         self.cached_error = Histogram(
             "kvrouter_cached_tokens_error",
             "Predicted minus reported cached tokens, per request with a usage report",

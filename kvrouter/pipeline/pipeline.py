@@ -55,6 +55,7 @@ from ..flows import (
 from ..loop_lag import LoopLag
 from ..routing import Candidate, Decision, DisaggPlanner, PDPlan, RouteInput, Router, Target, route_input
 from ..routing.disagg import explain_plan
+from ..routing.policies import Observation
 from ..routing.response_affinity import Holder, ResponseAffinity
 from ..routing.tier_value import DEFAULT_TIER_VALUES, TierValues
 from ..telemetry import RequestRecord, Telemetry
@@ -215,6 +216,8 @@ class RequestPipeline:
         disaggregated plan is made on this router's view alone)."""
         self._ids = itertools.count()
         self._decisions = 0
+        self._training = False
+        """A ``latency.train`` is scheduled."""
         self.id_prefix = id_prefix
         """Request ids are ``<prefix><n>``: unique in this process (each worker of a host has its own)."""
 
@@ -848,17 +851,44 @@ class RequestPipeline:
             self.metrics.routed_credit.labels(tier).inc(n * self.router.tier_values.of(tier))
 
     def first_token(self, p: Prepared) -> None:
-        self.router.first_token(p.inp.request_id)
+        self._observed(self.router.first_token(p.inp.request_id, time.monotonic()))
         if self.cfg.limits.saturation.max_prefill_tokens:
             self.gate.release()  # its prompt is computed: a target full of prefill may take another
         if p.rec is not None:
             p.rec.first_token()
 
+    def _observed(self, o: Observation | None) -> None:
+        """An observed TTFT or TPOT: its error counted, and the models trained once this task yields (the
+        decision of no request waits for it)."""
+        if o is None:
+            return
+        if o.outcome == "invalid":
+            self.metrics.latency_observations.labels(o.kind, o.outcome).inc()
+            return
+        if o.warm and o.predicted_s > 0:
+            self.metrics.latency_error.labels(o.kind).observe(
+                abs(o.predicted_s - o.observed_s) / o.observed_s
+            )
+        if not self._training:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # a caller without a loop: trained now
+                self._train()
+                return
+            self._training = True
+            loop.call_soon(self._train)
+
+    def _train(self) -> None:
+        self._training = False
+        for kind, outcome in self.router.latency.train():
+            self.metrics.latency_observations.labels(kind, outcome).inc()
+
     def finished(self, p: Prepared, chosen: Candidate, usage: UsageReport | None = None) -> None:
         """The attempt on ``chosen`` is over (answered, failed or abandoned): its load is released and a
         waiting request may take the freed capacity.  ``usage``: what vLLM reported, if it did (a split
         request's decode leg reports its prefill instance's cache hit: pass None)."""
-        self.router.finished(p.inp.request_id)
+        out = None if usage is None else usage.completion_tokens
+        self._observed(self.router.finished(p.inp.request_id, time.monotonic(), out))
         self._output_known(p, usage)
         self.gate.release()  # (the gate keeps the queue-depth gauge)
         self._reported(p, chosen, usage)
@@ -943,6 +973,8 @@ def explain(
                 "kv_usage": c.kv_usage,
                 "saturated": c.saturated,
                 "score": c.score,
+                "predicted_ttft_s": c.predicted_ttft_s,
+                "predicted_tpot_s": c.predicted_tpot_s,
             }
             for c in d.ranked
         ],

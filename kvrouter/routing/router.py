@@ -28,7 +28,16 @@ from indexer.indexer import SpeculativeEntry
 from ..types import InstanceId, RequestId, Role, TargetKey, target_key
 from .load import InstanceLoad, LoadTracker
 from .peer_prefill import PeerPrefill
-from .policies import KV_AWARE, Candidate, Policy, PolicySettings, RouteView, SessionTable
+from .policies import (
+    KV_AWARE,
+    Candidate,
+    LatencyBook,
+    Observation,
+    Policy,
+    PolicySettings,
+    RouteView,
+    SessionTable,
+)
 from .saturation import Saturation
 from .tier_value import DEFAULT_TIER_VALUES, OWN_TIERS, TierValues, credited_split
 
@@ -167,6 +176,9 @@ class Router:
         """Other router replicas' prefill not yet done per target, by the events (replicas sharing
         speculative entries): their reported queued prefill counts up to it."""
         self.sessions = SessionTable(self.config.settings.session)
+        self.latency = LatencyBook(self.config.settings.predicted_latency.model)
+        """Every target's latency models, fed by every whole request's dispatch, first token and end
+        (``policies.latency_model``); the caller trains them off the request path (``latency.train``)."""
         self._policies: dict[str, Policy] = {}
         self.policy_names = self.config.settings.names()
         flat = self.config.settings.kv_aware.offload_value
@@ -178,7 +190,7 @@ class Router:
     def policy(self, name: str) -> Policy:
         p = self._policies.get(name)
         if p is None:
-            p = self._policies[name] = self.config.settings.build(name, self.sessions)
+            p = self._policies[name] = self.config.settings.build(name, self.sessions, self.latency)
         return p
 
     def policy_for(self, model: str | None) -> Policy:
@@ -380,10 +392,13 @@ class Router:
         Only the blocks past those the index already holds there become speculative entries: an entry
         for a stored block would outlive its eviction (entries end when confirmed or expired, and a block
         already stored is confirmed only by being stored again), and claim it held for up to the TTL."""
+        whole = prefill_tokens is None
         if prefill_tokens is None:
             # The valued credit, not the hit: a block loaded from a slower tier still costs its load time,
             # counted in prefill-token equivalents (``tier_value``).
             prefill_tokens = max(0, inp.num_tokens - chosen.cached_tokens)
+        if request_id is None and whole:
+            self.latency.dispatched(inp.request_id, inp.num_tokens, chosen, now)
         self.load.dispatch(request_id or inp.request_id, chosen.target, prefill_tokens)
         if inp.session is not None:
             self.sessions.record(inp.session, chosen.target, now)
@@ -402,11 +417,27 @@ class Router:
         cap = self.config.saturation.cap(self.config.max_in_flight, reserved)
         return not cap or self.load.claim(rid, chosen.target, cap)
 
-    def first_token(self, rid: RequestId) -> None:
+    def first_token(self, rid: RequestId, now: float | None = None) -> Observation | None:
+        """``rid``'s first token reached the router at ``now`` (None: no clock, nothing observed): its
+        prefill load ends; its TTFT against the prediction, queued for ``latency.train``."""
         self.load.first_token(rid)
+        return None if now is None else self.latency.first_token(rid, now)
 
-    def finished(self, rid: RequestId) -> None:
+    def finished(
+        self, rid: RequestId, now: float | None = None, output_tokens: int | None = None
+    ) -> Observation | None:
+        """``rid`` ended (answered, failed or abandoned) at ``now``: its load goes; with ``output_tokens``
+        known, its TPOT against the prediction, queued for ``latency.train``."""
         self.load.finish(rid)
+        if now is None:
+            self.latency.forget(rid)
+            return None
+        return self.latency.finished(rid, now, output_tokens)
+
+    def predict(self, num_tokens: int, cands: list[Candidate]) -> None:
+        """Fill in every candidate's predicted TTFT and TPOT (explain, whatever the policy)."""
+        for c in cands:
+            c.predicted_ttft_s, c.predicted_tpot_s = self.latency.predict(num_tokens, c)
 
     @staticmethod
     def no_chains() -> I64Array:

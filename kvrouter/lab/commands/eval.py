@@ -19,9 +19,16 @@ from kvrouter.lab.evaluation.compare import DEFAULT_POLICIES, EvalSpec, evaluate
 from kvrouter.lab.evaluation.flows import FlowsSpec, evaluate_flows, flows_table
 from kvrouter.lab.evaluation.pd import DEFAULT_SETUPS, evaluate_pd, pd_table
 from kvrouter.lab.evaluation.virtual_fleet import FleetSimConfig
+from kvrouter.lab.sim.engine.timing import parse_profiles
+from kvrouter.lab.sim.errors import SimError
 from kvrouter.routing import DisaggSettings
 from kvrouter.routing.disagg import parse_roles
-from kvrouter.routing.policies import KvAwareSettings, PolicySettings, PrefixHashSettings
+from kvrouter.routing.policies import (
+    KvAwareSettings,
+    PolicySettings,
+    PredictedLatencySettings,
+    PrefixHashSettings,
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -56,9 +63,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--instances", type=int, default=8)
     p.add_argument(
+        "--predicted-latency",
+        default="{}",
+        metavar="JSON",
+        help="the predicted-latency policy's settings as JSON, e.g. "
+        '\'{"recompute_weight": 2, "model": {"warmup": 32}}\'',
+    )
+    p.add_argument(
         "--profile",
         default=None,
         help="timing profile (default: the workload's hint, else llama-3.1-70b-8xh100)",
+    )
+    p.add_argument(
+        "--profiles",
+        default=None,
+        metavar="LIST",
+        help="a mixed fleet: each instance's profile, e.g. llama-3.1-70b-8xh100*2,llama-3.1-70b-8xa100*2 "
+        "(sets --instances; the pooled-cache bound stays n x --profile)",
     )
     p.add_argument(
         "--capacity-blocks", type=int, default=None, help="KV blocks per instance (default: profile)"
@@ -156,13 +177,15 @@ def _profile(a: argparse.Namespace) -> str:
 
 def spec_from_args(a: argparse.Namespace) -> EvalSpec:
     overrides = parse_sets(a.set)
+    profiles = parse_profiles(a.profiles) if a.profiles else []
     return EvalSpec(
         workload=a.workload,
         trace=a.trace,
         overrides=overrides,
         fleet=FleetSimConfig(
-            instances=a.instances,
+            instances=len(profiles) or a.instances,
             profile=_profile(a),
+            profiles=profiles,
             capacity_blocks=a.capacity_blocks,
             cpu_offload_blocks=a.cpu_offload_blocks,
             shared_l2_blocks=a.l2_blocks,
@@ -181,6 +204,7 @@ def spec_from_args(a: argparse.Namespace) -> EvalSpec:
                 compute_weight=a.compute_weight, load_weight=a.load_weight, placement_band=a.placement_band
             ),
             prefix_hash=PrefixHashSettings(prefix_length=a.prefix_length, load_bound=a.load_bound),
+            predicted_latency=msgspec.json.decode(a.predicted_latency, type=PredictedLatencySettings),
             seed=a.seed,
         ),
         concurrency_threshold=a.concurrency_threshold,
@@ -216,7 +240,7 @@ def run(a: argparse.Namespace) -> int:
             )
         else:
             result = evaluate(spec, jobs=a.jobs, show_progress=not a.no_progress)
-    except (ValueError, OSError) as e:
+    except (ValueError, OSError, SimError) as e:
         print(f"kvrouter eval: {e}", file=sys.stderr)
         return 2
     print(pd_table(result) if a.roles else table(result))

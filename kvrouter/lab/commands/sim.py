@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 from indexer.encode import RELEASES
 from kvrouter.heap import freeze_startup_heap
-from kvrouter.lab.sim.engine.timing import PROFILES
+from kvrouter.lab.sim.engine.timing import PROFILES, parse_profiles
 from kvrouter.lab.sim.errors import SimError
 from kvrouter.lab.sim.server.faults import FaultConfig
 from kvrouter.lab.sim.server.fleet import SimFleet, SimFleetConfig, parse_roles
@@ -51,6 +51,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--fleet-out", required=True, help="fleet file to write (YAML) once every instance is up")
     p.add_argument("--profile", default=DEFAULT_PROFILE, choices=sorted(PROFILES), help="timing profile")
+    p.add_argument(
+        "--profiles",
+        default=None,
+        metavar="LIST",
+        help="a mixed fleet: each instance's profile, e.g. qwen3-32b-2xh100*2,qwen3-32b-2xa100*2 "
+        "(sets --instances)",
+    )
     p.add_argument("--speed", type=float, default=1.0, help="run this many times faster than the hardware")
     p.add_argument(
         "--capacity-blocks", type=int, default=None, help="KV blocks per rank (default: profile's)"
@@ -99,8 +106,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def config_from_args(a: argparse.Namespace) -> SimFleetConfig:
     roles = parse_roles(a.roles) if a.roles else []
+    profiles = parse_profiles(a.profiles) if a.profiles else []
     return SimFleetConfig(
-        instances=len(roles) or a.instances,
+        instances=len(roles) or len(profiles) or a.instances,
+        profiles=profiles,
         roles=roles,
         kv_transfer=KvTransferConfig(bandwidth_bytes_per_s=a.kv_bandwidth, lease_s=a.kv_lease),
         name_prefix=a.name_prefix,

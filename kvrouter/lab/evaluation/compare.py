@@ -203,6 +203,7 @@ def run_one(
             f,
             events=False,
             instances=1,
+            profiles=[],  # a mixed fleet's bound is n instances of its ``profile`` (pick the fastest)
             capacity_blocks=None if f.capacity_blocks is None else f.capacity_blocks * n,
             max_num_seqs=f.max_num_seqs * n,
             max_num_batched_tokens=f.max_num_batched_tokens * n,
@@ -225,6 +226,10 @@ def run_one(
     res = summarize(run, series=spec.series, slo_ttft_s=spec.slo_ttft_s, slo_tpot_s=spec.slo_tpot_s)
     if policy not in READS_INDEX:  # no events: the router had nothing to predict from
         res["prediction_abs_error_mean_tokens"] = res["prediction_exact_fraction"] = None
+    # The latency models learn under every policy (of the requests it placed); their error after warm-up:
+    book = vf.router.latency
+    res["ttft_mape"], res["tpot_mape"] = book.errors["ttft"].mape, book.errors["tpot"].mape
+    res["latency_outcomes"] = book.state()["outcomes"]
     res["wall_s"] = time.perf_counter() - t0
     return res
 
@@ -353,7 +358,7 @@ def to_csv(result: dict[str, Any]) -> str:
 
 def table(result: dict[str, Any]) -> str:
     """A plain-text table for the terminal."""
-    rows = [("policy", "hit", "TTFT p50", "p90", "p99", "mean", "tok/s", "rej", "max/mean")]
+    rows = [("policy", "hit", "TTFT p50", "p90", "p99", "mean", "tok/s", "rej", "max/mean", "TTFT MAPE")]
     for name, r in result["policies"].items():
         rows.append(
             (
@@ -366,6 +371,7 @@ def table(result: dict[str, Any]) -> str:
                 f"{r['throughput_tok_s']:.0f}",
                 str(r["rejected"]),
                 f"{r['max_over_mean_load']:.2f}",
+                "-" if r.get("ttft_mape") is None else f"{r['ttft_mape']:.3f}",
             )
         )
     b = result["bounds"]

@@ -49,6 +49,8 @@ from kvrouter.types import InstanceId, RequestId, Role, TargetKey, leg_id
 class FleetSimConfig(msgspec.Struct, frozen=True):
     instances: int = 8
     profile: str = "llama-3.1-70b-8xh100"
+    profiles: list[str] = []
+    """Instance i's timing profile in a mixed fleet (empty: every instance ``profile``)."""
     capacity_blocks: int | None = None
     """KV blocks per instance (None: the profile's)."""
     block_size: int = 16
@@ -95,7 +97,13 @@ class FleetSimConfig(msgspec.Struct, frozen=True):
     kv_latency_s: float = 0.002
     """Fixed cost of one KV transfer (handshake, notification)."""
 
+    def instance_profiles(self) -> list[str]:
+        """Each instance's timing profile."""
+        return list(self.profiles) or [self.profile] * self.instances
+
     def validate(self) -> None:
+        if self.profiles and len(self.profiles) != self.instances:
+            raise SimConfigError(f"{len(self.profiles)} profiles for {self.instances} instances")
         if self.shared_l2_blocks < 0 or self.shared_l2_gbps <= 0:
             raise SimConfigError("shared_l2_blocks must be >= 0 and shared_l2_gbps positive")
         if self.prompt_api not in PROMPT_APIS:
@@ -207,7 +215,7 @@ class VirtualFleet:
         if capacity is None and pooled_of > 1:
             capacity = profile.kv_capacity_blocks(cfg.block_size) * pooled_of
         ecfg = EngineConfig(
-            profile=cfg.profile,
+            profile=profile.name,
             speed=float(pooled_of),
             cache=CacheConfig(
                 block_size=cfg.block_size,
@@ -226,11 +234,16 @@ class VirtualFleet:
             if cfg.shared_l2_blocks and pooled_of == 1
             else None
         )
-        self.engines = [Engine(ecfg, shared=self.l2) for _ in self.names]
+        self.profiles = [get_profile(n) for n in cfg.instance_profiles()]
+        self.engines = [
+            Engine(msgspec.structs.replace(ecfg, profile=p.name), shared=self.l2) for p in self.profiles
+        ]
         # A pooled engine stands for pooled_of instances: as many API servers, each as fast as one (its
         # engine's speed-up is throughput, not a shorter path for each request).
-        costs = profile.frontend if cfg.frontend else NO_FRONTEND
-        self.frontends = [FrontEnd(costs, workers=costs.renderer_workers * pooled_of) for _ in self.names]
+        self.frontends = [
+            FrontEnd(c, workers=c.renderer_workers * pooled_of)
+            for c in (p.frontend if cfg.frontend else NO_FRONTEND for p in self.profiles)
+        ]
         self._first_out: dict[str, float] = {}
         """When each request's first token reaches the router (its later outputs cannot come before)."""
         self.writers = [PayloadWriter(cfg.release) for _ in self.names]
@@ -455,7 +468,8 @@ class VirtualFleet:
 
     def _first_token(self, rid: str, t: float) -> None:
         self.records[rid].first_token_s = t
-        self.router.first_token(RequestId(rid))
+        if self.router.first_token(RequestId(rid), t) is not None:
+            self.router.latency.train()  # virtual time: training costs none of it
         if self.saturation.max_prefill_tokens and self.queue:
             self._drain_queue()  # its prompt is computed: a target full of prefill may take another
 
@@ -467,7 +481,8 @@ class VirtualFleet:
             rec.cached_tokens, rec.cpu_tokens, rec.l2_tokens = cached
         rec.output_tokens = out_tokens
         self.last_out.pop(rid, None)
-        self.router.finished(RequestId(rid))
+        if self.router.finished(RequestId(rid), rec.finish_s, out_tokens) is not None:
+            self.router.latency.train()
         self._done(rid)
         self._drain_queue()
 

@@ -7,11 +7,15 @@ candidate targets of one request; limits are applied by the router.
     least-loaded  fewest requests in flight                                          (``least_loaded``)
     round-robin   in turn                                                            (``round_robin``)
     random        uniformly (seeded)                                                 (``random_order``)
+    predicted-latency  lowest TTFT predicted by per-target models learned online     (``predicted_latency``,
+                       the models: ``latency_model``)
 """
 
 from .base import MIN_WEIGHT, Candidate, Policy, PolicyConfig, PolicyContext, RouteView, load_cap
 from .kv_aware import KV_AWARE, RING_KEY_BLOCKS, KvAware, KvAwareSettings
+from .latency_model import LatencyBook, LatencyModelConfig, Observation
 from .least_loaded import LEAST_LOADED, LeastLoaded, LeastLoadedSettings
+from .predicted_latency import PREDICTED_LATENCY, PredictedLatency, PredictedLatencySettings
 from .prefix_hash import PREFIX_HASH, PrefixHash, PrefixHashSettings
 from .random_order import RANDOM, Random, RandomSettings
 from .registry import ALL_POLICIES, BUILT_IN, READS_INDEX, PolicySettings, make_policy, policy_name
@@ -24,6 +28,7 @@ __all__ = [
     "KV_AWARE",
     "LEAST_LOADED",
     "MIN_WEIGHT",
+    "PREDICTED_LATENCY",
     "PREFIX_HASH",
     "RANDOM",
     "READS_INDEX",
@@ -33,12 +38,17 @@ __all__ = [
     "Candidate",
     "KvAware",
     "KvAwareSettings",
+    "LatencyBook",
+    "LatencyModelConfig",
     "LeastLoaded",
     "LeastLoadedSettings",
+    "Observation",
     "Policy",
     "PolicyConfig",
     "PolicyContext",
     "PolicySettings",
+    "PredictedLatency",
+    "PredictedLatencySettings",
     "PrefixHash",
     "PrefixHashSettings",
     "Random",

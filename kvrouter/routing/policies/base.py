@@ -27,6 +27,7 @@ from indexer.hashing import I64Array
 from ...types import InstanceId, TargetKey
 
 if TYPE_CHECKING:
+    from .latency_model import LatencyBook
     from .registry import PolicySettings
     from .session import SessionTable
 
@@ -71,6 +72,10 @@ class Candidate(msgspec.Struct):
     """At or over the concurrency threshold: chosen only if every target is."""
     score: float = 0.0
     """The policy's score (lower is better), for explain and logs."""
+    predicted_ttft_s: float | None = None
+    predicted_tpot_s: float | None = None
+    """The latency models' predictions for this request here (``latency_model``), when a policy or
+    explain asked for them."""
 
     @property
     def load(self) -> float:
@@ -129,6 +134,9 @@ class PolicyContext:
     """Every policy's settings (a policy built on another one reads that one's here) and the seed."""
     sessions: SessionTable
     """The router's session table, filled on every dispatch whatever the policy."""
+    latency: LatencyBook | None = None
+    """The router's latency models, trained on every observed request whatever the policy (None: a
+    policy that reads them makes its own)."""
 
 
 class PolicyConfig(msgspec.Struct, frozen=True):

@@ -97,8 +97,15 @@ class KvAware:
             over = {c.target for c in cands if c.load > cap}
             if len(over) == len(cands):
                 over = set()
-            busy = self._busy(cands)
+            busy = self.busy_targets(cands)
         out = sorted(cands, key=lambda c: (c.target in over, c.score, c.in_flight, -c.cached_tokens))
+        return self.placed(req, cands, out, over, busy)
+
+    def placed(
+        self, req: RouteView, cands: list[Candidate], out: list[Candidate], over: set[str], busy: set[str]
+    ) -> list[Candidate]:
+        """``out`` (``cands`` ranked by score, ``over`` last) with its placement band reordered (see
+        ``placement_band``): what a policy scoring in other units shares with this one."""
         band = self._band(out, over)
         if band > 1:
             # The band is a leading run of the cost order, so whatever it reorders stays ahead of every
@@ -114,7 +121,7 @@ class KvAware:
             out = head + out[band:]
         return out
 
-    def _busy(self, cands: list[Candidate]) -> set[str]:
+    def busy_targets(self, cands: list[Candidate]) -> set[str]:
         """Targets where a burst of a new prefix (``load_slack`` requests) would be split by the bound, which
         rises with the burst's own share of the mean; in the band they come after those with room.  At a
         few requests in flight none is.  Judged on this router's own requests: other replicas' come a

@@ -13,7 +13,9 @@ import msgspec
 
 from .base import Policy, PolicyConfig, PolicyContext
 from .kv_aware import KvAwareSettings
+from .latency_model import LatencyBook
 from .least_loaded import LeastLoadedSettings
+from .predicted_latency import PredictedLatencySettings
 from .prefix_hash import PrefixHashSettings
 from .random_order import RandomSettings
 from .round_robin import RoundRobinSettings
@@ -31,6 +33,8 @@ class PolicySettings(msgspec.Struct, frozen=True):
     random: RandomSettings = RandomSettings()
     session: SessionSettings = SessionSettings()
     """The session policy: the header naming a session, how long one is remembered, how many."""
+    predicted_latency: PredictedLatencySettings = PredictedLatencySettings()
+    """Lowest predicted TTFT from latency models learned online; its ``model`` is every router's."""
     seed: int = 0
     """The seed of every policy that draws random numbers (least-loaded's ties, random)."""
 
@@ -54,10 +58,13 @@ class PolicySettings(msgspec.Struct, frozen=True):
             raise ValueError(f"unknown policy {name!r}; choose from {', '.join(configs)}")
         return c
 
-    def build(self, name: str, sessions: SessionTable | None = None) -> Policy:
+    def build(
+        self, name: str, sessions: SessionTable | None = None, latency: LatencyBook | None = None
+    ) -> Policy:
         """The policy called ``name``.  ``sessions``: the table the session policy reads (the router's,
-        filled on every dispatch); a new one when None."""
-        return self.config(name).build(PolicyContext(self, sessions or SessionTable(self.session)))
+        filled on every dispatch); a new one when None.  ``latency``: the router's latency models."""
+        ctx = PolicyContext(self, sessions or SessionTable(self.session), latency)
+        return self.config(name).build(ctx)
 
     def validate(self) -> None:
         """Every policy's own checks; ``ValueError`` naming the setting (``routing.<field>.<setting>``)."""

@@ -87,7 +87,15 @@ async def test_routing_goes_where_the_cache_is(fleet: SimFleet) -> None:
             for sample in fam.samples
             if sample.name == "kvrouter_shadow_cached_tokens_total"
         }
-        assert set(shadow) == {"kv-aware", "prefix-hash", "least-loaded", "round-robin", "random", "session"}
+        assert set(shadow) == {
+            "kv-aware",
+            "prefix-hash",
+            "least-loaded",
+            "round-robin",
+            "random",
+            "session",
+            "predicted-latency",
+        }
         assert shadow["kv-aware"] == sum(pred for pred, _ in hits) + int(h1["x-kvrouter-cached-tokens"])
         assert "kvrouter_shadow_scored_total 6.0" in m
 
@@ -183,7 +191,16 @@ async def test_explain_shows_every_candidate_without_sending(fleet: SimFleet) ->
         assert st == 200 and d["tokenized"] and d["num_tokens"] > 50
         assert {c["target"] for c in d["candidates"]} == {i.name for i in gw.cfg.instances}
         assert d["choice"] in {c["target"] for c in d["candidates"]}
-        assert set(d["shadow"]) == {"prefix-hash", "least-loaded", "round-robin", "random", "session"}
+        assert set(d["shadow"]) == {
+            "prefix-hash",
+            "least-loaded",
+            "round-robin",
+            "random",
+            "session",
+            "predicted-latency",
+        }
+        # every candidate with the latency models' predictions, whatever the policy
+        assert all(c["predicted_ttft_s"] is not None for c in d["candidates"])
         assert gw.router.load.total_in_flight() == 0
 
 

@@ -124,7 +124,15 @@ async def test_a_policy_from_one_module_routes_through_the_pipeline() -> None:
         assert (d.policy, d.reason, d.chosen.target) == (SHORTEST_QUEUE, "queue", want)
         # every built-in policy is asked what it would have done; the active one is not
         assert sorted(pipe.router.shadow(d)) == sorted(
-            ["kv-aware", "prefix-hash", "least-loaded", "round-robin", "random", "session"]
+            [
+                "kv-aware",
+                "prefix-hash",
+                "least-loaded",
+                "round-robin",
+                "random",
+                "session",
+                "predicted-latency",
+            ]
         )
         pipe.dispatched(p, d.chosen)
         queued[want] += n_tokens

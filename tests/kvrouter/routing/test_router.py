@@ -173,7 +173,14 @@ def test_shadow_scoring_does_not_disturb_policies() -> None:
         assert d1.chosen and d2.chosen
         seq1.append(d1.chosen.instance)
         seq2.append(d2.chosen.instance)
-        assert set(d1.shadow) == {"kv-aware", "prefix-hash", "least-loaded", "random", "session"}
+        assert set(d1.shadow) == {
+            "kv-aware",
+            "prefix-hash",
+            "least-loaded",
+            "random",
+            "session",
+            "predicted-latency",
+        }
         # the decision's own ranking keeps the active policy's scores (shadow ranks write theirs too)
         assert [(c.target, c.score) for c in d1.ranked] == [(c.target, c.score) for c in d2.ranked]
     assert seq1 == seq2

@@ -287,9 +287,87 @@ TEST = TimingProfile(
     frontend=NO_FRONTEND,
 )
 
+
+class Gpu(msgspec.Struct, frozen=True):
+    """One GPU's datasheet figures, what a profile's roofline reads of the hardware."""
+
+    name: str
+    bf16_flops: float
+    """Dense BF16 peak."""
+    hbm_bytes_per_s: float
+    mem_bytes: float
+    """Memory as CUDA reports it."""
+
+
+H100_SXM = Gpu("h100", H100_BF16_FLOPS, H100_HBM_BYTES_PER_S, H100_MEM_BYTES)
+# NVIDIA A100 SXM4 80GB datasheet: 312 TFLOPS dense BF16, 2,039 GB/s HBM2e, 80 GB (81,920 MiB = 85.9e9 bytes).
+A100_SXM_80GB = Gpu("a100", 312e12, 2.039e12, 85.9e9)
+
+
+def on_gpus(base: TimingProfile, gpu: Gpu, num_gpus: int) -> TimingProfile:
+    """``base``'s model on ``num_gpus`` x ``gpu`` with tensor parallelism: the same architecture figures,
+    the GPU's datasheet peak, bandwidth and memory, and ``base``'s fitted fractions of peak (``mfu``,
+    ``mbu``: an assumption, no serving figure of these setups was calibrated; the step overheads and the API
+    server are the same vLLM).  Named ``<model>-<n>x<gpu>`` as the calibrated profiles are."""
+    model = base.name.rsplit("-", 1)[0]
+    return msgspec.structs.replace(
+        base,
+        name=f"{model}-{num_gpus}x{gpu.name}",
+        description=f"{base.description.split(',')[0]}, BF16, {num_gpus} x {gpu.name.upper()}, TP{num_gpus} "
+        f"(derived from {base.name}: datasheet peak, bandwidth and memory, its fitted mfu and mbu)",
+        num_gpus=num_gpus,
+        peak_flops=gpu.bf16_flops,
+        hbm_bytes_per_s=gpu.hbm_bytes_per_s,
+        gpu_mem_bytes=gpu.mem_bytes,
+    )
+
+
+TEST_SLOW = msgspec.structs.replace(
+    TEST,
+    name="test-slow",
+    description="the test pseudo-model on a slower GPU: a third of its FLOPs, 0.6 of its bandwidth",
+    peak_flops=TEST.peak_flops / 3,
+    hbm_bytes_per_s=TEST.hbm_bytes_per_s * 0.6,
+)
+"""For live tests of mixed fleets: ``test``'s ratios of an A100 to an H100."""
+
+# Mixed fleets (``kvrouter eval --profiles``, ``kvrouter sim --profiles``): older GPUs and other
+# tensor-parallel sizes of the same two models.  On A100s a 70B prefill runs at about a third of the H100
+# rate (312 vs 989 TFLOPS) and decodes at about 0.6x (2.0 vs 3.35 TB/s); TP1 and TP4 halve or double a
+# TP2/TP8 instance's throughput and change its KV capacity (the weight shard per GPU).
+DERIVED = (
+    on_gpus(LLAMA_31_70B_8XH100, A100_SXM_80GB, 8),
+    on_gpus(LLAMA_31_70B_8XH100, H100_SXM, 4),
+    on_gpus(QWEN3_32B_2XH100, A100_SXM_80GB, 2),
+    on_gpus(QWEN3_32B_2XH100, H100_SXM, 1),
+    on_gpus(QWEN3_32B_2XH100, H100_SXM, 4),
+)
+
 PROFILES: dict[str, TimingProfile] = {
-    p.name: p for p in (LLAMA_31_70B_8XH100, QWEN3_32B_2XH100, QWEN25_VL_72B_8XH100, TEST)
+    p.name: p
+    for p in (LLAMA_31_70B_8XH100, QWEN3_32B_2XH100, QWEN25_VL_72B_8XH100, TEST, TEST_SLOW, *DERIVED)
 }
+
+
+def parse_profiles(spec: str) -> list[str]:
+    """``a*2,b*2`` (or ``a,a,b,b``) -> each instance's profile name, in order; ``UnknownProfile`` for a name
+    not in ``PROFILES``, ``SimConfigError`` for a bad count."""
+    out: list[str] = []
+    for part in (x.strip() for x in spec.split(",")):
+        if not part:
+            continue
+        name, _, count = part.partition("*")
+        get_profile(name)
+        try:
+            n = int(count) if count else 1
+        except ValueError:
+            raise SimConfigError(f"profiles {spec!r}: {count!r} is not a count") from None
+        if n < 1:
+            raise SimConfigError(f"profiles {spec!r}: counts must be >= 1")
+        out += [name] * n
+    if not out:
+        raise SimConfigError(f"profiles {spec!r}: no instance")
+    return out
 
 
 def get_profile(name: str) -> TimingProfile:

@@ -85,6 +85,9 @@ class SimFleetConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Also serve the pooling, scoring and transcription routes."""
     profile: str = DEFAULT_PROFILE
     """Timing profile (``kvrouter.lab.sim.engine.timing.PROFILES``)."""
+    profiles: list[str] = []
+    """A mixed fleet: instance i's timing profile (empty: every instance ``profile``).  The fleet file
+    does not say which is which: the router learns each instance's speed from its answers."""
     speed: float = 1.0
     """Run this many times faster than the modelled hardware."""
     capacity_blocks: int | None = None
@@ -138,6 +141,8 @@ class SimFleetConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise SimConfigError("instances must be >= 1")
         if self.roles and len(self.roles) != self.instances:
             raise SimConfigError(f"{len(self.roles)} roles for {self.instances} instances")
+        if self.profiles and len(self.profiles) != self.instances:
+            raise SimConfigError(f"{len(self.profiles)} profiles for {self.instances} instances")
         if self.base_port < 0 or self.base_port + self.instances * self.stride > 65536:
             raise SimConfigError("the port layout does not fit below 65536")
         if self.replay and not self.events:
@@ -168,6 +173,7 @@ class SimFleetConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         )
         out = []
         seen: dict[str, int] = {}
+        profiles = self.profiles or [self.profile] * self.instances
         for i in range(self.instances):
             b = base_port + i * self.stride
             name = f"{self.name_prefix}-{i}"
@@ -189,7 +195,7 @@ class SimFleetConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                     runtime_lora=self.runtime_lora,
                     responses_store=self.responses_store,
                     pooling=self.pooling,
-                    engine=engine,
+                    engine=msgspec.structs.replace(engine, profile=profiles[i]),
                     release=self.release,
                     topic=self.topic,
                     connect_endpoint=self.bind,

@@ -1,0 +1,321 @@
+"""Per-target latency models learned online: each target's time to first token (TTFT) and time per output
+token (TPOT) as linear functions of what the router knows when it decides.
+
+::
+
+    dispatched(rid, view, chosen, now)  features snapshot + prediction   (request path: a dict insert)
+    first_token(rid, now) / finished(rid, now, n)  ──▶ observations pending
+    train()  ──▶ each target's models (off the request path: the front door schedules it)
+    predict(view, candidate) ──▶ (TTFT s, TPOT s): two short dot products
+
+Recursive least squares with exponential forgetting, from a prior (``LatencyModelConfig``), weighted by
+1 / observed time (relative error); a target is cold until ``warmup`` TTFT observations.  Wild
+observations (not finite, not positive, over ``max_latency_s``) are counted and dropped; outliers past
+``outlier_ratio`` of the prediction are counted and clipped; the covariance is bounded.  The features and
+the reasons for each: docs/predicted-latency.md.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+
+import msgspec
+import numpy as np
+
+from ...types import RequestId, TargetKey
+from .base import Candidate
+
+TTFT = "ttft"
+TPOT = "tpot"
+KINDS = (TTFT, TPOT)
+
+Outcome = str
+"""What became of an observation: used, clipped (an outlier, bounded), invalid (dropped)."""
+
+
+class LatencyModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The latency models' prior and learning (``routing.predicted_latency.model``)."""
+
+    ttft_base_s: float = 0.05
+    """Prior: TTFT of an empty prompt on an idle target (the API server, one step)."""
+    prefill_s_per_1k_tokens: float = 0.1
+    """Prior: seconds to prefill 1,000 prompt tokens (own and queued alike)."""
+    load_s_per_1k_tokens: float = 0.02
+    """Prior: seconds to load 1,000 cached tokens from a tier below the GPU."""
+    ttft_s_per_10_decoding: float = 0.01
+    """Prior: TTFT added by ten requests decoding there (their share of each step)."""
+    tpot_base_s: float = 0.02
+    """Prior: TPOT of a lone request."""
+    tpot_s_per_10_decoding: float = 0.005
+    """Prior: TPOT added by ten more requests decoding beside it."""
+    tpot_s_per_1k_prefill: float = 0.002
+    """Prior: TPOT added by 1,000 prompt tokens to prefill there (chunks sharing its steps)."""
+    prior_variance: float = 10.0
+    """How loosely the prior is held (each coefficient's variance, in relative-error units): large
+    learns fast from few observations; small trusts the prior longer."""
+    forgetting: float = 0.998
+    """Weight kept by the past at each observation (1: never forget; 0.998: a memory of about 500)."""
+    warmup: int = 16
+    """TTFT observations a target's model needs before it is trusted (warm)."""
+    outlier_ratio: float = 4.0
+    """A warm model's observation further than this factor from its prediction is clipped to it."""
+    cold_outlier_ratio: float = 20.0
+    """The same bound while the model is cold (the prior may be far off)."""
+    max_latency_s: float = 600.0
+    """Longer observations are dropped as wild (a clock jump, a stream that never ended)."""
+    max_pending: int = 100_000
+    """Requests awaiting their first token or end that are remembered (the oldest are forgotten)."""
+
+    def validate(self) -> None:
+        positive = (
+            ("ttft_base_s", self.ttft_base_s),
+            ("tpot_base_s", self.tpot_base_s),
+            ("prior_variance", self.prior_variance),
+            ("max_latency_s", self.max_latency_s),
+        )
+        for name, v in positive:
+            if not v > 0:
+                raise ValueError(f"model.{name} must be > 0")
+        if not 0 < self.forgetting <= 1:
+            raise ValueError("model.forgetting must be in (0, 1]")
+        if self.outlier_ratio <= 1 or self.cold_outlier_ratio <= 1:
+            raise ValueError("model.outlier_ratio and model.cold_outlier_ratio must be > 1")
+        if self.warmup < 0 or self.max_pending < 1:
+            raise ValueError("model.warmup must be >= 0 and model.max_pending >= 1")
+
+    def prior(self, kind: str) -> tuple[float, ...]:
+        if kind == TTFT:
+            p = self.prefill_s_per_1k_tokens
+            return (
+                self.ttft_base_s,
+                p,
+                self.load_s_per_1k_tokens,
+                p,
+                self.ttft_s_per_10_decoding,
+                0.0,
+                0.0,
+                0.0,
+            )
+        return (self.tpot_base_s, self.tpot_s_per_10_decoding, self.tpot_s_per_1k_prefill, 0.0)
+
+
+MAX_TRACE = 1e6
+"""Bound on the covariance's trace (forgetting with features that do not vary grows it without end)."""
+FLOOR_S = 1e-3
+"""Observed times below this weigh as this (the relative-error weight stays finite)."""
+
+
+class Rls:
+    """One linear model, ``y ~ theta . x``, fitted by weighted recursive least squares with forgetting:
+    after observations (x_i, y_i, w_i) it holds the minimiser of
+    ``sum_i lam^(n-i) w_i (y_i - theta.x_i)^2 + lam^n (theta - theta0)' P0^-1 (theta - theta0)``."""
+
+    __slots__ = ("coef", "lam", "p", "theta")
+
+    def __init__(self, theta0: tuple[float, ...], variance: float, forgetting: float) -> None:
+        d = len(theta0)
+        self.theta = np.array(theta0, dtype=np.float64)
+        self.p = np.eye(d) * variance
+        self.lam = forgetting
+        self.coef: tuple[float, ...] = tuple(theta0)
+        """``theta`` as floats: what ``predict`` reads (a tuple dot product beats numpy at this size)."""
+
+    def predict(self, x: tuple[float, ...]) -> float:
+        return sum(a * b for a, b in zip(self.coef, x))
+
+    def update(self, x: tuple[float, ...], y: float, w: float = 1.0) -> None:
+        """One observation ``y`` at ``x`` with weight ``w`` (> 0)."""
+        xs = np.array(x, dtype=np.float64) * math.sqrt(w)
+        ys = y * math.sqrt(w)
+        px = self.p @ xs
+        gain = px / (self.lam + xs @ px)
+        self.theta = self.theta + gain * (ys - xs @ self.theta)
+        self.p = (self.p - np.outer(gain, px)) / self.lam
+        tr = float(np.trace(self.p))
+        if tr > MAX_TRACE:
+            self.p *= MAX_TRACE / tr
+        self.coef = tuple(float(v) for v in self.theta)
+
+
+class TargetModel:
+    """A target's two models and how many observations trained each."""
+
+    __slots__ = ("models", "seen")
+
+    def __init__(self, cfg: LatencyModelConfig) -> None:
+        self.models = {k: Rls(cfg.prior(k), cfg.prior_variance, cfg.forgetting) for k in KINDS}
+        self.seen = dict.fromkeys(KINDS, 0)
+
+
+def ttft_features(num_tokens: int, c: Candidate) -> tuple[float, ...]:
+    offload = c.hit_tokens * c.offload_blocks // c.matched_blocks if c.matched_blocks else 0
+    uncached = max(0, num_tokens - c.hit_tokens)
+    u, q, d = uncached / 1e3, c.pending_prefill_tokens / 1e3, c.decoding / 10
+    h = c.hit_tokens / 1e3
+    return (1.0, u, offload / 1e3, q, d, h - offload / 1e3, (u + q) * d, u * (h + u / 2) / 100)
+
+
+def tpot_features(num_tokens: int, c: Candidate) -> tuple[float, ...]:
+    uncached = max(0, num_tokens - c.hit_tokens)
+    prefilling = max(0, c.in_flight - c.decoding)
+    return (1.0, (c.decoding + 1) / 10, (c.pending_prefill_tokens + uncached) / 1e3, prefilling / 10)
+
+
+@dataclass(slots=True)
+class _Pending:
+    target: TargetKey
+    sent: float
+    x_ttft: tuple[float, ...]
+    x_tpot: tuple[float, ...]
+    pred_ttft: float
+    pred_tpot: float
+    warm: bool
+    first: float | None = None
+
+
+class Observation(msgspec.Struct, frozen=True):
+    """One observed time against what was predicted for it at dispatch."""
+
+    target: TargetKey
+    kind: str
+    observed_s: float
+    predicted_s: float
+    warm: bool
+    """The target's model was warm when the prediction was made."""
+    outcome: Outcome = "used"
+
+
+class ErrorStats(msgspec.Struct):
+    """Absolute percentage errors of warm predictions, by kind."""
+
+    n: int = 0
+    sum_ape: float = 0.0
+
+    @property
+    def mape(self) -> float | None:
+        return self.sum_ape / self.n if self.n else None
+
+
+class LatencyBook:
+    """Every target's latency models, the requests awaiting observation and the observations awaiting
+    training.  Pure: the caller passes every time."""
+
+    def __init__(self, cfg: LatencyModelConfig | None = None) -> None:
+        self.cfg = cfg or LatencyModelConfig()
+        self.targets: dict[TargetKey, TargetModel] = {}
+        self._pending: dict[RequestId, _Pending] = {}
+        self._queue: list[tuple[Observation, tuple[float, ...]]] = []
+        self.outcomes: Counter[tuple[str, str]] = Counter()
+        """Observations by (kind, outcome)."""
+        self.errors = {k: ErrorStats() for k in KINDS}
+
+    def model(self, target: TargetKey) -> TargetModel:
+        m = self.targets.get(target)
+        if m is None:
+            m = self.targets[target] = TargetModel(self.cfg)
+        return m
+
+    def warm(self, target: TargetKey) -> bool:
+        m = self.targets.get(target)
+        return m is not None and m.seen[TTFT] >= self.cfg.warmup
+
+    def predict(self, num_tokens: int, c: Candidate) -> tuple[float, float]:
+        """(TTFT, TPOT) in seconds for a request of ``num_tokens`` sent to ``c`` now (never below 0)."""
+        m = self.targets.get(c.target) or self.model(c.target)
+        ttft = m.models[TTFT].predict(ttft_features(num_tokens, c))
+        tpot = m.models[TPOT].predict(tpot_features(num_tokens, c))
+        return max(0.0, ttft), max(0.0, tpot)
+
+    def prefill_s(self, num_tokens: int, c: Candidate) -> float:
+        """The part of ``c``'s predicted TTFT that is this prompt's own prefill (uncached and loaded)."""
+        coef = self.model(c.target).models[TTFT].coef
+        x = ttft_features(num_tokens, c)
+        return max(0.0, coef[1] * x[1] + coef[2] * x[2] + coef[6] * x[1] * x[4] + coef[7] * x[7])
+
+    # ------------------------------------------------------------------ observing
+    def dispatched(self, rid: RequestId, num_tokens: int, chosen: Candidate, now: float) -> None:
+        """``rid`` was sent to ``chosen`` at ``now``: remember what was known and predicted."""
+        if len(self._pending) >= self.cfg.max_pending:
+            del self._pending[next(iter(self._pending))]
+        m = self.model(chosen.target)
+        xa, xb = ttft_features(num_tokens, chosen), tpot_features(num_tokens, chosen)
+        pa = max(0.0, m.models[TTFT].predict(xa))
+        pb = max(0.0, m.models[TPOT].predict(xb))
+        warm = m.seen[TTFT] >= self.cfg.warmup
+        self._pending.pop(rid, None)
+        self._pending[rid] = _Pending(chosen.target, now, xa, xb, pa, pb, warm)
+
+    def first_token(self, rid: RequestId, now: float) -> Observation | None:
+        p = self._pending.get(rid)
+        if p is None or p.first is not None:
+            return None
+        p.first = now
+        return self._observe(Observation(p.target, TTFT, now - p.sent, p.pred_ttft, p.warm), p.x_ttft)
+
+    def finished(self, rid: RequestId, now: float, output_tokens: int | None) -> Observation | None:
+        """``rid`` ended: with its first token seen and ``output_tokens`` >= 2, its mean time per later
+        token is observed.  Forgotten either way."""
+        p = self._pending.pop(rid, None)
+        if p is None or p.first is None or output_tokens is None or output_tokens < 2:
+            return None
+        tpot = (now - p.first) / (output_tokens - 1)
+        return self._observe(Observation(p.target, TPOT, tpot, p.pred_tpot, p.warm), p.x_tpot)
+
+    def forget(self, rid: RequestId) -> None:
+        self._pending.pop(rid, None)
+
+    def _observe(self, o: Observation, x: tuple[float, ...]) -> Observation:
+        y = o.observed_s
+        if not math.isfinite(y) or y <= 0 or y > self.cfg.max_latency_s:
+            o = msgspec.structs.replace(o, outcome="invalid")
+            self.outcomes[(o.kind, o.outcome)] += 1
+            return o
+        if o.warm and o.predicted_s > 0:
+            e = self.errors[o.kind]
+            e.n += 1
+            e.sum_ape += abs(o.predicted_s - y) / y
+        self._queue.append((o, x))
+        return o
+
+    @property
+    def pending_training(self) -> int:
+        return len(self._queue)
+
+    def train(self) -> list[tuple[str, Outcome]]:
+        """Fit every queued observation into its target's model; each one's (kind, outcome)."""
+        queue, self._queue = self._queue, []
+        return [(o.kind, self._learn(o, x)) for o, x in queue]
+
+    def _learn(self, o: Observation, x: tuple[float, ...]) -> str:
+        m = self.model(o.target)
+        rls = m.models[o.kind]
+        warm = m.seen[TTFT] >= self.cfg.warmup
+        ratio = self.cfg.outlier_ratio if warm else self.cfg.cold_outlier_ratio
+        pred = rls.predict(x)
+        y = o.observed_s
+        outcome = "used"
+        if pred > 0 and not pred / ratio <= y <= pred * ratio:
+            y = min(max(y, pred / ratio), pred * ratio)
+            outcome = "clipped"
+        rls.update(x, y, 1.0 / max(y, FLOOR_S) ** 2)
+        m.seen[o.kind] += 1
+        self.outcomes[(o.kind, outcome)] += 1
+        return outcome
+
+    def state(self) -> dict[str, object]:
+        """Each target's coefficients, observation counts and warmth; the error and outcome counts."""
+        return {
+            "targets": {
+                t: {
+                    "warm": m.seen[TTFT] >= self.cfg.warmup,
+                    "observations": dict(m.seen),
+                    "ttft_coef": [round(v, 6) for v in m.models[TTFT].coef],
+                    "tpot_coef": [round(v, 6) for v in m.models[TPOT].coef],
+                }
+                for t, m in self.targets.items()
+            },
+            "mape": {k: e.mape for k, e in self.errors.items()},
+            "outcomes": {f"{k}:{o}": n for (k, o), n in sorted(self.outcomes.items())},
+        }

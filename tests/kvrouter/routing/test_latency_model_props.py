@@ -1,0 +1,198 @@
+"""The latency models against simple references.
+
+- ``Rls`` after any sequence of weighted observations holds the closed-form minimiser of the forgotten,
+  weighted squared error plus the prior (solved from scratch with numpy's least squares).
+- ``LatencyBook`` against a reference that keeps every request's dispatch and first-token times and
+  computes each observation (TTFT, TPOT) and each outcome from scratch: drops what is not finite, not
+  positive or too long, counts everything by kind and outcome, and forgets what ended.
+- Wild observations (a clock jump, a stalled stream) move a warm model at most the outlier ratio.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvrouter.routing.policies import Candidate, LatencyBook, LatencyModelConfig
+from kvrouter.routing.policies.latency_model import TPOT, TTFT, Rls, ttft_features
+from kvrouter.types import InstanceId, RequestId, TargetKey
+
+D = 4
+coef = st.floats(-2, 2, allow_nan=False)
+xs = st.lists(st.floats(0, 20, allow_nan=False), min_size=D - 1, max_size=D - 1).map(lambda v: (1.0, *v))
+obs = st.tuples(xs, st.floats(0.01, 50, allow_nan=False), st.floats(0.01, 10, allow_nan=False))
+
+
+def reference(theta0: np.ndarray, var: float, lam: float, data: list[tuple[tuple[float, ...], float, float]]):
+    """argmin sum lam^(n-i) w_i (y_i - t.x_i)^2 + lam^n (t - theta0)' (var I)^-1 (t - theta0)."""
+    n = len(data)
+    rows = [math.sqrt(lam**n / var) * np.eye(D)]
+    rhs = [math.sqrt(lam**n / var) * theta0]
+    for i, (x, y, w) in enumerate(data):
+        s = math.sqrt(lam ** (n - 1 - i) * w)
+        rows.append(s * np.array([x]))
+        rhs.append(np.array([s * y]))
+    a, b = np.vstack(rows), np.concatenate(rhs)
+    return np.linalg.lstsq(a, b, rcond=None)[0]
+
+
+@settings(max_examples=150)
+@given(
+    theta0=st.lists(coef, min_size=D, max_size=D),
+    var=st.floats(0.1, 10),
+    lam=st.sampled_from([1.0, 0.999, 0.99, 0.95]),
+    data=st.lists(obs, max_size=40),
+)
+def test_rls_is_the_forgotten_weighted_least_squares_fit(
+    theta0: list[float], var: float, lam: float, data: list[tuple[tuple[float, ...], float, float]]
+) -> None:
+    m = Rls(tuple(theta0), var, lam)
+    for x, y, w in data:
+        m.update(x, y, w)
+    want = reference(np.array(theta0), var, lam, data)
+    assert np.allclose(m.theta, want, rtol=1e-5, atol=1e-5 * (1 + np.abs(want).max()))
+    assert m.coef == tuple(float(v) for v in m.theta)
+    x = (1.0, 2.0, 3.0, 4.0)
+    assert m.predict(x) == sum(a * b for a, b in zip(m.coef, x))
+
+
+def cand(target: str, pending: int = 0, decoding: int = 0, hit: int = 0) -> Candidate:
+    return Candidate(
+        InstanceId(target),
+        0,
+        TargetKey(target),
+        pending_prefill_tokens=pending,
+        decoding=decoding,
+        in_flight=decoding,
+        hit_tokens=hit,
+        matched_blocks=hit // 16,
+        gpu_blocks=hit // 16,
+    )
+
+
+events = st.lists(
+    st.tuples(
+        st.sampled_from(["dispatch", "first", "finish", "finish_none"]),
+        st.integers(0, 5),  # request
+        st.sampled_from(["a", "b"]),
+        st.one_of(
+            st.floats(0.001, 5),
+            st.sampled_from([-3.0, 0.0, 1e7, math.inf, math.nan]),  # a clock jump back or ahead, no clock
+        ),
+        st.integers(0, 4),  # output tokens
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=200)
+@given(events=events)
+def test_book_observes_what_a_reference_computes_from_the_times(events: list) -> None:
+    cfg = LatencyModelConfig(warmup=3, max_latency_s=600)
+    book = LatencyBook(cfg)
+    sent: dict[str, tuple[str, float]] = {}
+    first: dict[str, float] = {}
+    counts: dict[tuple[str, str], int] = {}
+    now = 0.0
+    for op, i, target, dt, n_out in events:
+        rid = RequestId(f"r{i}")
+        now = now + dt if math.isfinite(dt) else dt  # a clock that jumps stays where it jumped to
+        if op == "dispatch":
+            book.dispatched(rid, 100, cand(target), now)
+            sent[rid] = (target, now)
+            first.pop(rid, None)
+            continue
+        if op == "first":
+            o = book.first_token(rid, now)
+            if rid not in sent or rid in first:
+                assert o is None
+                continue
+            first[rid] = now
+            want_kind, want_y, want_target = TTFT, now - sent[rid][1], sent[rid][0]
+        else:
+            o = book.finished(rid, now, None if op == "finish_none" else n_out)
+            known = sent.pop(rid, None)
+            t1 = first.pop(rid, None)
+            if known is None or t1 is None or op == "finish_none" or n_out < 2:
+                assert o is None
+                continue
+            want_kind, want_y, want_target = TPOT, (now - t1) / (n_out - 1), known[0]
+        assert o is not None
+        assert (o.kind, o.target) == (want_kind, want_target)
+        assert o.observed_s == want_y or (math.isnan(o.observed_s) and math.isnan(want_y))
+        wild = not math.isfinite(want_y) or want_y <= 0 or want_y > cfg.max_latency_s
+        assert (o.outcome == "invalid") == wild
+        if wild:
+            counts[(want_kind, "invalid")] = counts.get((want_kind, "invalid"), 0) + 1
+        for kind, outcome in book.train():
+            assert outcome in ("used", "clipped")
+            counts[(kind, outcome)] = counts.get((kind, outcome), 0) + 1
+        for m in book.targets.values():
+            for r in m.models.values():
+                assert all(math.isfinite(v) for v in r.coef)
+    assert dict(book.outcomes) == counts
+    assert set(book._pending) == set(sent)
+
+
+def test_wild_observations_move_a_warm_model_at_most_the_outlier_ratio() -> None:
+    cfg = LatencyModelConfig(warmup=8)
+    book = LatencyBook(cfg)
+    c = cand("a", pending=2000)
+    # A target that takes 0.3 s per 1k tokens: 0.05 + 0.3 * (1 + 2) on this request.
+    truth = 0.05 + 0.3 * 3
+    t = 0.0
+    for i in range(200):
+        rid = RequestId(f"r{i}")
+        book.dispatched(rid, 1000, c, t)
+        book.first_token(rid, t + truth)
+        book.train()
+        book.finished(rid, t + truth, 1)
+        t += 10
+    assert book.warm(TargetKey("a"))
+    before = book.predict(1000, c)[0]
+    assert abs(before - truth) / truth < 0.02
+    # a stalled stream (100 s), a clock jump back, one forward past the bound
+    for i, dt in enumerate((100.0, -50.0, 1e6)):
+        rid = RequestId(f"w{i}")
+        book.dispatched(rid, 1000, c, t)
+        book.first_token(rid, t + dt)
+        book.train()
+    after = book.predict(1000, c)[0]
+    # clipped to 4x the prediction, it weighs as one observation among the ~200 remembered
+    assert before < after < before * 1.1
+    assert book.outcomes[(TTFT, "clipped")] == 1 and book.outcomes[(TTFT, "invalid")] == 2
+    # and the next ordinary observations pull it back
+    for i in range(100):
+        rid = RequestId(f"s{i}")
+        book.dispatched(rid, 1000, c, t)
+        book.first_token(rid, t + truth)
+        book.train()
+        t += 10
+    assert abs(book.predict(1000, c)[0] - truth) / truth < 0.05
+
+
+def test_two_targets_learn_their_own_speed_from_varied_load() -> None:
+    book = LatencyBook(LatencyModelConfig(warmup=16))
+    rng = np.random.default_rng(1)
+    speed = {"fast": 0.1, "slow": 0.3}  # seconds per 1k tokens to prefill
+    t = 0.0
+    for i in range(400):
+        target = "fast" if i % 2 else "slow"
+        c = cand(target, pending=int(rng.integers(0, 8000)), decoding=int(rng.integers(0, 30)))
+        n = int(rng.integers(100, 6000))
+        x = ttft_features(n, c)
+        y = 0.04 + speed[target] * (x[1] + x[3]) + 0.01 * x[4]
+        rid = RequestId(f"r{i}")
+        assert book.warm(TargetKey(target)) == (i // 2 >= 16)
+        book.dispatched(rid, n, c, t)
+        book.first_token(rid, t + y)
+        book.train()
+        t += 1
+    for target, s in speed.items():
+        c = cand(target, pending=4000, decoding=10)
+        want = 0.04 + s * 7 + 0.01
+        assert abs(book.predict(3000, c)[0] - want) / want < 0.02
+    assert book.errors[TTFT].mape is not None and book.errors[TTFT].mape < 0.1
