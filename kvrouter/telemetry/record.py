@@ -20,6 +20,13 @@ TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"
 
 Attrs = dict[str, Any]
+SpanTuple = tuple[str, int, "int | None", str, int, int, Attrs]
+"""One span as it crosses to the exporter: name, span id, parent span id (None: none), kind, start and
+end (ns since the epoch), attributes."""
+Compact = tuple[int, "str | None", bool, list[SpanTuple]]
+"""A traced request's spans for the exporter, built of plain values only (``marshal`` carries them to
+the exporter's process): trace id, tracestate, whether the root's parent is the client's (remote) span,
+and the spans, the root first."""
 _ROOT_FACTS = ("model", "tenant", "request_id", "instance", "prefill_instance", "attempts")
 
 
@@ -168,6 +175,27 @@ class RequestRecord:
             v = f.get(k)
             if v is not None:
                 attrs[f"kvrouter.{k}"] = v
+
+    def compact(self) -> Compact:
+        """The spans as plain values, once ended (a phase still open ends with the request)."""
+        end = self.root.end_ns
+        root = self.root
+        client = self.parent
+        spans: list[SpanTuple] = [
+            (
+                root.name,
+                root.span_id,
+                None if client is None else client[1],
+                root.kind,
+                root.start_ns,
+                end,
+                root.attrs,
+            )
+        ]
+        spans += [
+            (p.name, p.span_id, p.parent, p.kind, p.start_ns, p.end_ns or end, p.attrs) for p in self.phases
+        ]
+        return (self.trace_id, self.tracestate, client is not None, spans)
 
     @property
     def trace_hex(self) -> str:
