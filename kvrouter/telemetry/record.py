@@ -27,7 +27,11 @@ Compact = tuple[int, "str | None", bool, list[SpanTuple]]
 """A traced request's spans for the exporter, built of plain values only (``marshal`` carries them to
 the exporter's process): trace id, tracestate, whether the root's parent is the client's (remote) span,
 and the spans, the root first."""
-_ROOT_FACTS = ("model", "tenant", "request_id", "instance", "prefill_instance", "attempts")
+_ROOT_FACTS = tuple(
+    (k, f"kvrouter.{k}")
+    for k in ("model", "tenant", "request_id", "instance", "prefill_instance", "attempts")
+)
+"""The facts the root span carries, with their attribute names."""
 
 
 class Phase:
@@ -93,6 +97,7 @@ class RequestRecord:
         self.upstream: Phase | None = None
         """The attempt or leg on its way now (its span is the parent vLLM is told of)."""
         self._upstream_mark = 0
+        self._exemplar: dict[str, str] | None = None
 
     # ------------------------------------------------------------------ spans
     def phase(
@@ -171,10 +176,10 @@ class RequestRecord:
         attrs = self.root.attrs
         attrs["http.route"] = self.route
         attrs["http.response.status_code"] = status
-        for k in _ROOT_FACTS:  # the rest is on the steps' own spans
+        for k, name in _ROOT_FACTS:  # the rest is on the steps' own spans
             v = f.get(k)
             if v is not None:
-                attrs[f"kvrouter.{k}"] = v
+                attrs[name] = v
 
     def compact(self) -> Compact:
         """The spans as plain values, once ended (a phase still open ends with the request)."""
@@ -202,5 +207,10 @@ class RequestRecord:
         return f"{self.trace_id:032x}"
 
     def exemplar(self) -> dict[str, str] | None:
-        """The exemplar labels of a traced request's observations (None: not traced)."""
-        return {"trace_id": self.trace_hex} if self.traced else None
+        """The exemplar labels of a traced request's observations (None: not traced); made once."""
+        if not self.traced:
+            return None
+        ex = self._exemplar
+        if ex is None:
+            ex = self._exemplar = {"trace_id": self.trace_hex}
+        return ex
