@@ -2,8 +2,9 @@
 
 ::
 
-    RequestRecord ──spans()──▶ bytes of Span messages      (on the request's task, once it ended)
-    [those bytes, ...] ──request()──▶ ResourceSpans ▸ ScopeSpans ▸ [Span ...]   (on the export thread)
+    RequestRecord.compact() ──spans_of()──▶ bytes of Span messages
+    [those bytes, ...] ──request()──▶ ResourceSpans ▸ ScopeSpans ▸ [Span ...]
+    (both in the exporter's process, or on the export thread: never on the request path)
 
 The SDK's encoder builds a protobuf object per span, attribute and value (and the SDK a ``Span`` with its
 locks and limits before that); writing the bytes directly costs a fraction of it, which is what keeps a
