@@ -88,6 +88,8 @@ def otlp_sender(cfg: TracingConfig) -> SpanSender:
 class Shipper(Protocol):
     """Encodes and sends a batch of traced requests' spans: (spans sent, spans that failed)."""
 
+    def start(self) -> None: ...
+
     def ship(self, batch: list[Compact]) -> tuple[int, int]: ...
 
     def shutdown(self) -> None: ...
@@ -102,6 +104,9 @@ class OtlpShipper:
         self.encoder = OtlpEncoder(dict(resource.attributes))
         self.sender = sender or otlp_sender(cfg)
         self.batch = cfg.max_export_batch_size
+
+    def start(self) -> None:
+        pass
 
     def ship(self, batch: list[Compact]) -> tuple[int, int]:
         spans: list[bytes] = []
@@ -173,8 +178,9 @@ def _plain_request(c: Compact) -> Compact:
 
 class ExporterProcess:
     """The exporter's process seen from the router: each batch goes over its standard input (``marshal``,
-    length-prefixed) and its answer, (sent, failed), comes back on its standard output.  Started at the
-    first batch; one that exited is started again at the next (its batch in flight counted failed)."""
+    length-prefixed) and its answer, (sent, failed), comes back on its standard output.  Started when the
+    export thread starts; one that exited is started again at the next batch (its batch in flight counted
+    failed)."""
 
     def __init__(self, cfg: TracingConfig) -> None:
         self.cfg = cfg
@@ -193,6 +199,10 @@ class ExporterProcess:
         )
         self.starts += 1
         return self._proc
+
+    def start(self) -> None:
+        if self._proc is None:
+            self._start()
 
     def ship(self, batch: list[Compact]) -> tuple[int, int]:
         n = sum(len(c[3]) for c in batch)
@@ -274,6 +284,10 @@ class SpanSink:
 
     def _run(self) -> None:
         batch = self.cfg.max_export_batch_size
+        try:
+            self.shipper.start()  # before the first traced request: its start-up is no batch's wait
+        except Exception:
+            log.exception("the span exporter could not start")
         while True:
             with self._cv:
                 if not self._stop and not self._flushing and self._pending_spans < batch:

@@ -70,7 +70,7 @@ async def test_the_exporter_process_sends_what_was_recorded() -> None:
             # The exporter's process dies: the next batch starts a new one.
             proc = sink.shipper._proc
             assert proc is not None and sink.shipper.starts == 1
-            os.kill(proc.pid, signal.SIGKILL)
+            os.kill(proc.pid, signal.SIGKILL)  # (started with the export thread, before any batch)
             await loop.run_in_executor(None, proc.wait)
             more = [one(t, 100 + i) for i in range(2)]
             assert await loop.run_in_executor(None, sink.force_flush)
