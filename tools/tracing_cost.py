@@ -5,14 +5,17 @@ measures the whole router, where the machine's noise is larger than these figure
 
 One request's record as the pipeline makes it (parse, tokenize, index lookup, decision, an upstream
 attempt with its connect, first token and completion; the facts of the access log), ended and, when
-traced, encoded and queued for export; with an OTLP/HTTP receiver in this process (its decoding counts
-here too, so the exported figure is an upper bound).  JSON on stdout.
+traced, queued for export: the request path alone (this thread's CPU), encoded (every thread of this
+process), and sent to an OTLP/HTTP receiver in this process (its decoding counts here too, so the
+exported figures are upper bounds) from the export thread or from the exporter's own process (its CPU
+added).  JSON on stdout.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import time
 from typing import Any
 
@@ -87,14 +90,49 @@ def one(tel: Telemetry, headers: dict[str, str]) -> None:
     tel.end(rec, 200)
 
 
-def cost(tel: Telemetry, n: int, headers: dict[str, str] | None = None) -> float:
+def cost(
+    tel: Telemetry, n: int, headers: dict[str, str] | None = None, clock: Any = time.process_time
+) -> float:
     h = headers or {}
     for _ in range(200):
         one(tel, h)
-    t = time.process_time()
+    t = clock()
     for _ in range(n):
         one(tel, h)
-    return round((time.process_time() - t) / n * 1e6, 2)
+    return round((clock() - t) / n * 1e6, 2)
+
+
+def exported(
+    a: argparse.Namespace, sink: OtlpSink, endpoint: str, process: bool, out: dict[str, Any]
+) -> float:
+    """CPU per request, recorded to received: this process's threads and (``process``) the exporter's
+    process, whose CPU is read once it exited (``RUSAGE_CHILDREN``), less its start-up."""
+    cfg = TracingConfig(
+        enabled=True, sample_rate=1.0, endpoint=endpoint, max_queue_size=1 << 20, export_process=process
+    )
+    start = 0.0
+    if process:  # the process's start-up (imports), once per router worker: measured alone, taken off
+        k0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        idle = Telemetry(cfg)
+        assert idle.sink is not None
+        idle.sink.force_flush()
+        idle.shutdown()
+        k1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        start = (k1.ru_utime + k1.ru_stime) - (k0.ru_utime + k0.ru_stime)
+        out["exporter_process_start_cpu_ms"] = round(start * 1e3, 1)
+    tel = Telemetry(cfg)
+    assert tel.sink is not None
+    before = sink.spans
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.process_time()
+    for _ in range(a.requests):
+        one(tel, {})
+    tel.sink.force_flush()
+    tel.shutdown()
+    k = resource.getrusage(resource.RUSAGE_CHILDREN)
+    total = time.process_time() - t + (k.ru_utime + k.ru_stime) - (kids.ru_utime + kids.ru_stime) - start
+    assert sink.spans - before == 9 * a.requests, (sink.spans, before)  # 9 spans a request
+    return round(total / a.requests * 1e6, 2)
 
 
 def main() -> None:
@@ -108,19 +146,16 @@ def main() -> None:
     out["unsampled_us"] = cost(
         Telemetry(TracingConfig(enabled=True, sample_rate=0.0), sink=discard), a.requests
     )
-    out["sampled_encoded_us"] = cost(
-        Telemetry(TracingConfig(enabled=True, sample_rate=1.0), sink=discard), a.requests
-    )
-    sink = OtlpSink()
-    cfg = TracingConfig(enabled=True, sample_rate=1.0, endpoint=sink.start(), max_queue_size=1 << 20)
-    tel = Telemetry(cfg)
+    sampled = Telemetry(TracingConfig(enabled=True, sample_rate=1.0), sink=discard)
+    out["sampled_request_path_us"] = cost(sampled, a.requests, clock=time.thread_time)
     t = time.process_time()
-    out["sampled_exported_us"] = cost(tel, a.requests)
-    assert tel.sink is not None
-    tel.sink.force_flush()
-    out["sampled_exported_incl_flush_us"] = round((time.process_time() - t) / (a.requests + 200) * 1e6, 2)
-    out["spans_received"] = sink.spans
-    tel.shutdown()
+    cost(sampled, a.requests)
+    discard.force_flush()
+    out["sampled_encoded_us"] = round((time.process_time() - t) / (a.requests + 200) * 1e6, 2)
+    sink = OtlpSink()
+    endpoint = sink.start()
+    out["sampled_exported_thread_us"] = exported(a, sink, endpoint, False, out)
+    out["sampled_exported_process_us"] = exported(a, sink, endpoint, True, out)
     sink.stop()
     discard.shutdown()
     print(json.dumps(out, indent=1))

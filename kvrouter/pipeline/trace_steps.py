@@ -27,36 +27,37 @@ def usage_attrs(usage: UsageReport | None) -> dict[str, int]:
 def trace_decision(rec: RequestRecord, d: Decision, ns0: int, ns1: int, ns2: int) -> None:
     """The index lookup (``ns0``..``ns1``: matched blocks per tier, of the best-matching candidate and of
     the chosen one) and the ranking (``ns1``..``ns2``: policy, choice, runner-up, their scores)."""
-    best = max(d.ranked, key=lambda c: c.matched_blocks, default=None)
-    look: dict[str, Any] = {"kvrouter.candidates": len(d.ranked)}
+    ranked = d.ranked
+    best = None
+    for r in ranked:  # the first with the most matched blocks
+        if best is None or r.matched_blocks > best.matched_blocks:
+            best = r
+    look: dict[str, Any] = {"kvrouter.candidates": len(ranked)}
     if best is not None:
         look["kvrouter.matched_blocks"] = best.matched_blocks
         look["kvrouter.matched_target"] = best.target
-        for tier, n in {"GPU": best.gpu_blocks, "speculative": best.speculative_blocks, **best.tiers}.items():
+        look["kvrouter.matched_blocks.GPU"] = best.gpu_blocks
+        look["kvrouter.matched_blocks.speculative"] = best.speculative_blocks
+        for tier, n in best.tiers.items():
             look[f"kvrouter.matched_blocks.{tier}"] = n
     rec.phase("kvrouter.index_lookup", ns0, ns1, look)
     attrs: dict[str, Any] = {"kvrouter.policy": d.policy, "kvrouter.reason": d.reason}
-    if d.chosen is not None:
-        c = d.chosen
-        attrs.update(
-            {
-                "kvrouter.chosen": c.target,
-                "kvrouter.chosen.score": float(c.score),
-                "kvrouter.chosen.cached_tokens": c.hit_tokens,
-                "kvrouter.chosen.in_flight": c.in_flight,
-            }
-        )
-        for tier, n in {"GPU": c.gpu_blocks, "speculative": c.speculative_blocks, **c.tiers}.items():
+    c = d.chosen
+    if c is not None:
+        attrs["kvrouter.chosen"] = c.target
+        attrs["kvrouter.chosen.score"] = float(c.score)
+        attrs["kvrouter.chosen.cached_tokens"] = c.hit_tokens
+        attrs["kvrouter.chosen.in_flight"] = c.in_flight
+        attrs["kvrouter.chosen.blocks.GPU"] = c.gpu_blocks
+        attrs["kvrouter.chosen.blocks.speculative"] = c.speculative_blocks
+        for tier, n in c.tiers.items():
             attrs[f"kvrouter.chosen.blocks.{tier}"] = n
-        runner = next((r for r in d.ranked if r is not c), None)
-        if runner is not None:
-            attrs.update(
-                {
-                    "kvrouter.runner_up": runner.target,
-                    "kvrouter.runner_up.score": float(runner.score),
-                    "kvrouter.runner_up.cached_tokens": runner.hit_tokens,
-                }
-            )
+        for r in ranked:
+            if r is not c:
+                attrs["kvrouter.runner_up"] = r.target
+                attrs["kvrouter.runner_up.score"] = float(r.score)
+                attrs["kvrouter.runner_up.cached_tokens"] = r.hit_tokens
+                break
     rec.phase("kvrouter.decision", ns1, ns2, attrs)
 
 

@@ -44,6 +44,9 @@ class TracingConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Spans queued at most; past it a request's spans are dropped (``OTEL_BSP_MAX_QUEUE_SIZE``)."""
     max_export_batch_size: int = 512
     """Spans per export request (``OTEL_BSP_MAX_EXPORT_BATCH_SIZE``)."""
+    export_process: bool = True
+    """Encode and send spans in a process of their own (fed over a pipe), off the router's CPU and GIL;
+    False: on a thread of the router's process."""
 
     def validate(self) -> None:
         if not 0.0 <= self.sample_rate <= 1.0:

@@ -1,10 +1,16 @@
-"""Spans out over OTLP: a traced request's phases, encoded when it ends, batched, and sent by the
-OpenTelemetry SDK's exporter (http/protobuf or gRPC) from a thread of their own.
+"""Spans out over OTLP: a traced request's spans, handed over as plain values when it ends, batched,
+encoded and sent by the OpenTelemetry SDK's exporter (http/protobuf or gRPC), away from the request path.
 
 ::
 
-    request ends ──SpanSink.emit──▶ OtlpEncoder.spans ──▶ queue (bounded: full ─▶ dropped, counted)
-    export thread: every schedule delay, or at a full batch ──▶ request bytes ──▶ SDK exporter ──▶ receiver
+    request ends ──SpanSink.emit──▶ RequestRecord.compact ──▶ queue (bounded: full ─▶ dropped, counted)
+    export thread: every schedule delay, or at a full batch ──▶ Shipper.ship(batch) ──▶ (sent, failed)
+      ExporterProcess (default): marshal ──pipe──▶ ``exporter_proc`` ▸ OtlpShipper ──▶ receiver
+      OtlpShipper (``tracing.export_process: false``, or a sender given): on the export thread itself
+
+The request path pays for its records and one tuple per span; encoding and sending (the bulk of a
+sampled request's cost) run in the exporter's process, so they neither take the event loop's CPU nor
+its GIL.  The export thread waits for each batch's answer, so a batch is sent once it is acknowledged.
 
 The SDK supplies what an operator configures: the resource (``OTEL_RESOURCE_ATTRIBUTES``,
 ``OTEL_SERVICE_NAME``), the exporters with their endpoint, headers, TLS, compression and timeout
@@ -15,14 +21,19 @@ The SDK supplies what an operator configures: the resource (``OTEL_RESOURCE_ATTR
 from __future__ import annotations
 
 import logging
+import marshal
+import os
+import subprocess
+import sys
 import threading
-from typing import Any, Protocol
+from typing import IO, Any, Protocol
 
+import msgspec
 from opentelemetry.sdk.resources import Resource
 
 from .config import TracingConfig
 from .otlp_wire import OtlpEncoder
-from .record import RequestRecord
+from .record import Compact, RequestRecord
 
 log = logging.getLogger("kvrouter.telemetry")
 
@@ -74,13 +85,179 @@ def otlp_sender(cfg: TracingConfig) -> SpanSender:
     return _GrpcSender(cfg) if cfg.protocol == "grpc" else _HttpSender(cfg)
 
 
-class SpanSink:
+class Shipper(Protocol):
+    """Encodes and sends a batch of traced requests' spans: (spans sent, spans that failed)."""
+
+    def start(self) -> None: ...
+
+    def ship(self, batch: list[Compact]) -> tuple[int, int]: ...
+
+    def shutdown(self) -> None: ...
+
+
+class OtlpShipper:
+    """Encodes requests' spans (``otlp_wire``) and sends them, at most ``max_export_batch_size`` spans
+    per export request: in the exporter's process, or on the router's export thread."""
+
     def __init__(self, cfg: TracingConfig, sender: SpanSender | None = None) -> None:
-        self.cfg = cfg
         resource = Resource.create({"service.name": cfg.service_name})
         self.encoder = OtlpEncoder(dict(resource.attributes))
         self.sender = sender or otlp_sender(cfg)
-        self._pending: list[bytes] = []
+        self.batch = cfg.max_export_batch_size
+
+    def start(self) -> None:
+        pass
+
+    def ship(self, batch: list[Compact]) -> tuple[int, int]:
+        spans: list[bytes] = []
+        for c in batch:
+            spans += self.encoder.spans_of(c)
+        sent = failed = 0
+        for i in range(0, len(spans), self.batch):
+            chunk = spans[i : i + self.batch]
+            try:
+                ok = self.sender.send(self.encoder.request(chunk))
+            except Exception:  # the exporter's failure is never the request path's
+                log.exception("span export failed")
+                ok = False
+            if ok:
+                sent += len(chunk)
+            else:
+                failed += len(chunk)
+        return sent, failed
+
+    def shutdown(self) -> None:
+        self.sender.shutdown()
+
+
+_LEN = 4
+
+
+def write_frame(out: IO[bytes], payload: bytes) -> None:
+    out.write(len(payload).to_bytes(_LEN, "little") + payload)
+    out.flush()
+
+
+def read_frame(inp: IO[bytes]) -> bytes | None:
+    """One frame, or None at the end of the stream (the other side closed it)."""
+    head = inp.read(_LEN)
+    if len(head) < _LEN:
+        return None
+    n = int.from_bytes(head, "little")
+    body = inp.read(n)
+    if len(body) < n:
+        return None
+    return body
+
+
+def _plain(v: Any) -> Any:
+    """An attribute value as a built-in type (``marshal`` takes exact types only: a str enum is not)."""
+    if isinstance(v, bool):
+        return bool(v)
+    if isinstance(v, int):
+        return int(v)
+    if isinstance(v, float):
+        return float(v)
+    if isinstance(v, list | tuple):
+        return [_plain(x) for x in v]
+    return str(v)
+
+
+def _plain_request(c: Compact) -> Compact:
+    t, ts, remote, spans = c
+    return (
+        t,
+        ts,
+        remote,
+        [
+            (str(n), s, p, k, a, b, {str(key): _plain(v) for key, v in at.items()})
+            for n, s, p, k, a, b, at in spans
+        ],
+    )
+
+
+class ExporterProcess:
+    """The exporter's process seen from the router: each batch goes over its standard input (``marshal``,
+    length-prefixed) and its answer, (sent, failed), comes back on its standard output.  Started when the
+    export thread starts; one that exited is started again at the next batch (its batch in flight counted
+    failed)."""
+
+    def __init__(self, cfg: TracingConfig) -> None:
+        self.cfg = cfg
+        self._proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        cmd = [
+            sys.executable,
+            "-m",
+            "kvrouter.telemetry.exporter_proc",
+            msgspec.json.encode(self.cfg).decode(),
+        ]
+        self._proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=os.environ.copy()
+        )
+        self.starts += 1
+        return self._proc
+
+    def start(self) -> None:
+        if self._proc is None:
+            self._start()
+
+    def ship(self, batch: list[Compact]) -> tuple[int, int]:
+        n = sum(len(c[3]) for c in batch)
+        try:
+            payload = marshal.dumps(batch)
+        except ValueError:
+            payload = marshal.dumps([_plain_request(c) for c in batch])
+        proc = self._proc
+        if proc is not None and proc.poll() is not None:
+            log.warning("the span exporter's process exited (code %s): starting it again", proc.poll())
+            self._stop(proc)
+            proc = None
+        if proc is None:
+            proc = self._start()
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            write_frame(proc.stdin, payload)
+            reply = read_frame(proc.stdout)
+        except OSError:
+            reply = None
+        if reply is None:
+            log.warning("the span exporter's process exited (code %s): its batch is lost", proc.poll())
+            self._stop(proc)
+            return 0, n
+        sent, failed = marshal.loads(reply)
+        return int(sent), int(failed)
+
+    def _stop(self, proc: subprocess.Popen[bytes]) -> None:
+        if proc.stdin is not None:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+        try:
+            proc.wait(self.cfg.export_timeout_s + 5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+        self._proc = None
+
+    def shutdown(self) -> None:
+        if self._proc is not None:
+            self._stop(self._proc)
+
+
+class SpanSink:
+    def __init__(self, cfg: TracingConfig, sender: SpanSender | None = None) -> None:
+        self.cfg = cfg
+        self.shipper: Shipper = (
+            OtlpShipper(cfg, sender) if sender is not None or not cfg.export_process else ExporterProcess(cfg)
+        )
+        self._pending: list[Compact] = []
+        self._pending_spans = 0
         self._cv = threading.Condition()
         self._flushing = 0
         self._busy = False
@@ -93,35 +270,39 @@ class SpanSink:
         self._thread.start()
 
     def emit(self, rec: RequestRecord) -> None:
-        spans = self.encoder.spans(rec)
+        c = rec.compact()
+        n = len(c[3])
         with self._cv:
-            if len(self._pending) + len(spans) > self.cfg.max_queue_size:
-                self.dropped += len(spans)
+            if self._pending_spans + n > self.cfg.max_queue_size:
+                self.dropped += n
                 return
-            self._pending.extend(spans)
-            if len(self._pending) >= self.cfg.max_export_batch_size:
+            self._pending.append(c)
+            self._pending_spans += n
+            if self._pending_spans >= self.cfg.max_export_batch_size:
                 self._cv.notify()
         self.emitted += 1
 
     def _run(self) -> None:
         batch = self.cfg.max_export_batch_size
+        try:
+            self.shipper.start()  # before the first traced request: its start-up is no batch's wait
+        except Exception:
+            log.exception("the span exporter could not start")
         while True:
             with self._cv:
-                if not self._stop and not self._flushing and len(self._pending) < batch:
+                if not self._stop and not self._flushing and self._pending_spans < batch:
                     self._cv.wait(self.cfg.schedule_delay_s)
-                take, self._pending = self._pending[:batch], self._pending[batch:]
-                stop = self._stop and not self._pending
+                take, self._pending, self._pending_spans = self._pending, [], 0
+                stop = self._stop
                 self._busy = bool(take)
             if take:
                 try:
-                    ok = self.sender.send(self.encoder.request(take))
+                    sent, failed = self.shipper.ship(take)
                 except Exception:  # the exporter's failure is never the request path's
                     log.exception("span export failed")
-                    ok = False
-                if ok:
-                    self.sent += len(take)
-                else:
-                    self.failed += len(take)
+                    sent, failed = 0, sum(len(c[3]) for c in take)
+                self.sent += sent
+                self.failed += failed
             with self._cv:
                 self._busy = False
                 if not self._pending and self._flushing:
@@ -144,4 +325,4 @@ class SpanSink:
             self._stop = True
             self._cv.notify_all()
         self._thread.join(self.cfg.export_timeout_s + 5)
-        self.sender.shutdown()
+        self.shipper.shutdown()

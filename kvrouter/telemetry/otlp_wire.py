@@ -2,8 +2,9 @@
 
 ::
 
-    RequestRecord ──spans()──▶ bytes of Span messages      (on the request's task, once it ended)
-    [those bytes, ...] ──request()──▶ ResourceSpans ▸ ScopeSpans ▸ [Span ...]   (on the export thread)
+    RequestRecord.compact() ──spans_of()──▶ bytes of Span messages
+    [those bytes, ...] ──request()──▶ ResourceSpans ▸ ScopeSpans ▸ [Span ...]
+    (both in the exporter's process, or on the export thread: never on the request path)
 
 The SDK's encoder builds a protobuf object per span, attribute and value (and the SDK a ``Span`` with its
 locks and limits before that); writing the bytes directly costs a fraction of it, which is what keeps a
@@ -18,7 +19,7 @@ import struct
 from collections.abc import Mapping
 from typing import Any
 
-from .record import Phase, RequestRecord
+from .record import Compact, RequestRecord
 
 _F64 = struct.Struct("<Q").pack
 _D64 = struct.Struct("<d").pack
@@ -101,41 +102,45 @@ class OtlpEncoder:
             out.append(head + small[n] + kv if n < 0x80 else field(tag, kv))
         return b"".join(out)
 
-    def _span(self, ph: Phase, head: bytes, parent: int | None, remote: bool) -> bytes:
-        name = self._names.get(ph.name)
-        if name is None:
-            name = self._names[ph.name] = field(0x2A, ph.name.encode())
-        body = b"".join(
-            (
-                head,
-                b"\x12\x08",
-                ph.span_id.to_bytes(8, "big"),
-                b"" if parent is None else b"\x22\x08" + parent.to_bytes(8, "big"),
-                name,
-                _KIND[ph.kind],
-                b"\x39",
-                _F64(ph.start_ns),
-                b"\x41",
-                _F64(ph.end_ns),
-                self.attributes(0x4A, ph.attrs) if ph.attrs else b"",
-                _EMPTY_STATUS,
-                _FLAGS_REMOTE if remote else _FLAGS_LOCAL,
-            )
-        )
-        return field(0x12, body)  # ScopeSpans.spans (2)
-
     def spans(self, rec: RequestRecord) -> list[bytes]:
         """The request's spans: its root (child of the client's span, if any) and every phase."""
-        head = b"\x0a\x10" + rec.trace_id.to_bytes(16, "big")
-        if rec.tracestate:
-            head += field(0x1A, rec.tracestate.encode())
-        root_parent = rec.parent[1] if rec.parent is not None else None
-        out = [self._span(rec.root, head, root_parent, rec.parent is not None)]
-        end = rec.root.end_ns
-        for ph in rec.phases:
-            if not ph.end_ns:
-                ph.end_ns = end
-            out.append(self._span(ph, head, ph.parent, False))
+        return self.spans_of(rec.compact())
+
+    def spans_of(self, c: Compact) -> list[bytes]:
+        """``spans`` of a request's compact form (``RequestRecord.compact``), as the exporter gets it."""
+        trace_id, tracestate, remote, spans = c
+        head = b"\x0a\x10" + trace_id.to_bytes(16, "big")
+        if tracestate:
+            head += field(0x1A, tracestate.encode())
+        names, kinds, attributes, small = self._names, _KIND, self.attributes, _SMALL
+        out = []
+        flags = _FLAGS_REMOTE if remote else _FLAGS_LOCAL
+        for name, span_id, parent, kind, start, end, attrs in spans:
+            nb = names.get(name)
+            if nb is None:
+                nb = names[name] = field(0x2A, name.encode())
+            body = b"".join(
+                (
+                    head,
+                    b"\x12\x08",
+                    span_id.to_bytes(8, "big"),
+                    b"" if parent is None else b"\x22\x08" + parent.to_bytes(8, "big"),
+                    nb,
+                    kinds[kind],
+                    b"\x39",
+                    _F64(start),
+                    b"\x41",
+                    _F64(end),
+                    attributes(0x4A, attrs) if attrs else b"",
+                    _EMPTY_STATUS,
+                    flags,
+                )
+            )
+            n = len(body)
+            out.append(
+                (b"\x12" + small[n] if n < 0x80 else b"\x12" + varint(n)) + body
+            )  # ScopeSpans.spans (2)
+            flags = _FLAGS_LOCAL  # only the root's parent is the client's
         return out
 
     def request(self, spans: list[bytes]) -> bytes:

@@ -20,7 +20,18 @@ TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"
 
 Attrs = dict[str, Any]
-_ROOT_FACTS = ("model", "tenant", "request_id", "instance", "prefill_instance", "attempts")
+SpanTuple = tuple[str, int, "int | None", str, int, int, Attrs]
+"""One span as it crosses to the exporter: name, span id, parent span id (None: none), kind, start and
+end (ns since the epoch), attributes."""
+Compact = tuple[int, "str | None", bool, list[SpanTuple]]
+"""A traced request's spans for the exporter, built of plain values only (``marshal`` carries them to
+the exporter's process): trace id, tracestate, whether the root's parent is the client's (remote) span,
+and the spans, the root first."""
+_ROOT_FACTS = tuple(
+    (k, f"kvrouter.{k}")
+    for k in ("model", "tenant", "request_id", "instance", "prefill_instance", "attempts")
+)
+"""The facts the root span carries, with their attribute names."""
 
 
 class Phase:
@@ -86,6 +97,7 @@ class RequestRecord:
         self.upstream: Phase | None = None
         """The attempt or leg on its way now (its span is the parent vLLM is told of)."""
         self._upstream_mark = 0
+        self._exemplar: dict[str, str] | None = None
 
     # ------------------------------------------------------------------ spans
     def phase(
@@ -164,15 +176,41 @@ class RequestRecord:
         attrs = self.root.attrs
         attrs["http.route"] = self.route
         attrs["http.response.status_code"] = status
-        for k in _ROOT_FACTS:  # the rest is on the steps' own spans
+        for k, name in _ROOT_FACTS:  # the rest is on the steps' own spans
             v = f.get(k)
             if v is not None:
-                attrs[f"kvrouter.{k}"] = v
+                attrs[name] = v
+
+    def compact(self) -> Compact:
+        """The spans as plain values, once ended (a phase still open ends with the request)."""
+        end = self.root.end_ns
+        root = self.root
+        client = self.parent
+        spans: list[SpanTuple] = [
+            (
+                root.name,
+                root.span_id,
+                None if client is None else client[1],
+                root.kind,
+                root.start_ns,
+                end,
+                root.attrs,
+            )
+        ]
+        spans += [
+            (p.name, p.span_id, p.parent, p.kind, p.start_ns, p.end_ns or end, p.attrs) for p in self.phases
+        ]
+        return (self.trace_id, self.tracestate, client is not None, spans)
 
     @property
     def trace_hex(self) -> str:
         return f"{self.trace_id:032x}"
 
     def exemplar(self) -> dict[str, str] | None:
-        """The exemplar labels of a traced request's observations (None: not traced)."""
-        return {"trace_id": self.trace_hex} if self.traced else None
+        """The exemplar labels of a traced request's observations (None: not traced); made once."""
+        if not self.traced:
+            return None
+        ex = self._exemplar
+        if ex is None:
+            ex = self._exemplar = {"trace_id": self.trace_hex}
+        return ex

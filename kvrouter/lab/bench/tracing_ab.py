@@ -7,8 +7,10 @@ sampler ``parentbased_always_off``, spans to an OTLP receiver here).  Each round
 no traceparent, with an unsampled one and with a sampled one; each phase sends N chat requests, 8
 concurrent, and reads the on-CPU time of every router thread (``/proc/PID/task/*/schedstat``) / N.
 
-Reported: the median over rounds of each phase's CPU per request, and of its difference from the same
-round's OFF phase (another process) and ON-none phase (the same process: what tracing adds to a request).
+CPU counts the router's whole process tree: the span exporter's process is the router's cost too (its
+part is also reported alone).  Reported: the median over rounds of each phase's CPU per request, and of
+its difference from the same round's OFF phase (another process) and ON-none phase (the same process:
+what tracing adds to a request).
 """
 
 from __future__ import annotations
@@ -35,13 +37,43 @@ _MODEL = "fake-model"
 
 def on_cpu_ns(pid: int) -> int:
     total = 0
-    for t in os.listdir(f"/proc/{pid}/task"):
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0
+    for t in tasks:
         try:
             with open(f"/proc/{pid}/task/{t}/schedstat") as f:
                 total += int(f.read().split()[0])
         except (OSError, ValueError, IndexError):
             continue
     return total
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (the router's span exporter, its workers), as now."""
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for t in tasks:
+            try:
+                with open(f"/proc/{p}/task/{t}/children") as f:
+                    kids = [int(x) for x in f.read().split()]
+            except (OSError, ValueError):
+                continue
+            out += kids
+            todo += kids
+    return out
+
+
+def tree_cpu_ns(pid: int) -> tuple[int, int]:
+    """On-CPU time of the router's own process and of the processes below it (its span exporter)."""
+    return on_cpu_ns(pid), sum(on_cpu_ns(k) for k in descendants(pid))
 
 
 def _free_port() -> int:
@@ -70,8 +102,11 @@ def _traceparent(rng: random.Random, sampled: bool) -> str:
     return f"00-{rng.getrandbits(128):032x}-{rng.getrandbits(64):016x}-{'01' if sampled else '00'}"
 
 
-async def _phase(base: str, pid: int, n: int, mode: str, rng: random.Random, system: str) -> float:
-    """CPU ns per request of ``n`` chat requests, 8 at a time."""
+async def _phase(
+    base: str, pid: int, n: int, mode: str, rng: random.Random, system: str
+) -> tuple[float, float]:
+    """CPU ns per request of ``n`` chat requests, 8 at a time: the router's process tree, and the part of
+    it in the processes below the router (its span exporter)."""
     sem = asyncio.Semaphore(8)
     conn = aiohttp.TCPConnector(limit=8)
     async with aiohttp.ClientSession(connector=conn) as s:
@@ -89,9 +124,14 @@ async def _phase(base: str, pid: int, n: int, mode: str, rng: random.Random, sys
                     raise RuntimeError(f"status {r.status}")
 
         await asyncio.gather(*(one(i) for i in range(50)))  # warm connections, outside the count
-        c0 = on_cpu_ns(pid)
+        kids0 = descendants(pid)
+        own0, below0 = tree_cpu_ns(pid)
         await asyncio.gather(*(one(i) for i in range(n)))
-        return (on_cpu_ns(pid) - c0) / n
+        own1, below1 = tree_cpu_ns(pid)
+        # an exporter started during the phase counts from zero; one that ended is not subtracted
+        below0 -= sum(on_cpu_ns(k) for k in kids0 if k not in descendants(pid))
+        below = (below1 - below0) / n
+        return (own1 - own0) / n + below, below
 
 
 def tracing_ab(rounds: int, n: int, peer_python: Path, fakeworker: Path) -> dict[str, Any]:
@@ -139,20 +179,23 @@ def tracing_ab(rounds: int, n: int, peer_python: Path, fakeworker: Path) -> dict
             procs.append(p)
             routers[name] = (f"http://127.0.0.1:{port}", p.pid)
 
-        async def drive() -> dict[str, list[float]]:
+        async def drive() -> tuple[dict[str, list[float]], dict[str, list[float]]]:
             for base, _ in routers.values():
                 await _ready(base + "/livez")
             rng = random.Random(7)
             system = " ".join(f"word{rng.randint(0, 5000)}" for _ in range(300))
             got: dict[str, list[float]] = {"off": [], "none": [], "unsampled": [], "sampled": []}
+            below: dict[str, list[float]] = {"off": [], "none": [], "unsampled": [], "sampled": []}
             order = [("off", "off"), ("none", "on"), ("unsampled", "on"), ("sampled", "on")]
             for k in range(rounds):
                 for mode, router in order[k % 4 :] + order[: k % 4]:  # each mode first in turn
                     base, pid = routers[router]
-                    got[mode].append(await _phase(base, pid, n, mode, rng, system))
-            return got
+                    total, sub = await _phase(base, pid, n, mode, rng, system)
+                    got[mode].append(total)
+                    below[mode].append(sub)
+            return got, below
 
-        got = asyncio.run(drive())
+        got, below = asyncio.run(drive())
     finally:
         for p in procs:
             p.terminate()
@@ -169,6 +212,9 @@ def tracing_ab(rounds: int, n: int, peer_python: Path, fakeworker: Path) -> dict
         "requests_per_phase": n,
         "cpu_us_per_req": us,
         "median_cpu_us_per_req": {m: round(statistics.median(v), 1) for m, v in us.items()},
+        "median_exporter_process_cpu_us_per_req": {
+            m: round(statistics.median(v) / 1e3, 1) for m, v in below.items()
+        },
         "added_cpu_us_per_req_paired_median": {
             f"{m}-{base}": round(statistics.median(a - b for a, b in zip(us[m], us[base], strict=True)), 1)
             for m, base in (

@@ -1,0 +1,41 @@
+"""The span exporter's own process (``python -m kvrouter.telemetry.exporter_proc CONFIG``, started by
+``export.ExporterProcess``): reads batches of traced requests' spans (``marshal``, length-prefixed) on
+its standard input, encodes and sends each with ``OtlpShipper`` and answers (sent, failed) on its
+standard output; exits at the end of its input, once the last batch is answered.
+
+Its standard output carries frames only: file descriptor 1 is pointed at standard error before anything
+(the SDK's logging, a library's print) could write to it.
+"""
+
+from __future__ import annotations
+
+import marshal
+import os
+import signal
+import sys
+
+import msgspec
+
+from .config import TracingConfig
+from .export import OtlpShipper, read_frame, write_frame
+
+
+def main(argv: list[str]) -> int:
+    # Ctrl-C reaches the whole process group: the router, shutting down, still sends what it holds here.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    cfg = msgspec.json.decode(argv[0], type=TracingConfig)
+    shipper = OtlpShipper(cfg)
+    inp = sys.stdin.buffer
+    try:
+        while (frame := read_frame(inp)) is not None:
+            sent, failed = shipper.ship(marshal.loads(frame))
+            write_frame(out, marshal.dumps((sent, failed)))
+    finally:
+        shipper.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
