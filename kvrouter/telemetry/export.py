@@ -8,14 +8,10 @@ encoded and sent by the OpenTelemetry SDK's exporter (http/protobuf or gRPC), aw
       ExporterProcess (default): marshal ──pipe──▶ ``exporter_proc`` ▸ OtlpShipper ──▶ receiver
       OtlpShipper (``tracing.export_process: false``, or a sender given): on the export thread itself
 
-The request path pays for its records and one tuple per span; encoding and sending (the bulk of a
-sampled request's cost) run in the exporter's process, so they neither take the event loop's CPU nor
-its GIL.  The export thread waits for each batch's answer, so a batch is sent once it is acknowledged.
-
-The SDK supplies what an operator configures: the resource (``OTEL_RESOURCE_ATTRIBUTES``,
-``OTEL_SERVICE_NAME``), the exporters with their endpoint, headers, TLS, compression and timeout
-(``OTEL_EXPORTER_OTLP_*``); batching follows the batch processor's variables (``OTEL_BSP_*``, read in
-``config``).  The encoding is ``otlp_wire``'s (the SDK's costs several times more per span).
+The request path pays for its records and one tuple per span; encoding and sending run in the
+exporter's process, off the event loop's CPU and GIL.  A batch counts as sent once acknowledged.  The
+SDK supplies what an operator configures (``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_SERVICE_NAME``,
+``OTEL_EXPORTER_OTLP_*``, ``OTEL_BSP_*`` read in ``config``); the encoding is ``otlp_wire``'s.
 """
 
 from __future__ import annotations
