@@ -9,14 +9,16 @@
 Every replica subscribes to every instance's KV events itself (ZeroMQ PUB/SUB), so the block index
 needs no shared store on the hot path; what only routers know (in flight per target, speculative entries
 for requests just sent) goes through Redis as expiring leases.  The request path waits for Redis only to
-place a prompt that no target holds (``claims``: one call, bounded by ``timeout_s``, skipped while Redis
-fails), where the prefill that follows costs far more than the call.
+place a prompt that no target holds (``claims``: one call, two when other new prompts were placed since,
+bounded by ``timeout_s``, skipped while Redis fails), where the prefill that follows costs far more
+than the call.
 
 ``config``    ``SharedStateConfig`` (one struct, validated once)
 ``state``     ``ReplicaState``: the pure half (what to publish, how to take peers' state in)
 ``store``     ``ReplicaStore`` seam: ``RedisReplicaStore`` (Lua) and ``MemoryReplicaHub`` (virtual time)
 ``shared``    ``SharedState``: the asyncio loop, failure counting, resynchronisation
-``claims``    ``PrefixClaims``: the first replica to place a new prompt claims where; the others follow
+``claims``    ``PrefixClaims``: the first replica to place a new prompt claims where; the others follow;
+              a claim is taken only knowing of every new placement before it
 ``warm``      ``WarmRestart``: periodic index snapshots to a file or Redis, restore at start
 """
 
