@@ -29,7 +29,7 @@ import msgspec
 
 from indexer import LookupResult
 from indexer.extra_keys import mm_request_chains
-from indexer.hashing import TokenIds, request_chains
+from indexer.hashing import I64Array, TokenIds, request_chains
 from indexer.types import SourceKey
 from tokenizer_cache.agent_inputs import AgentInputError, responses_messages
 
@@ -55,6 +55,7 @@ from ..flows import (
 from ..loop_lag import LoopLag
 from ..routing import Candidate, Decision, DisaggPlanner, PDPlan, RouteInput, Router, Target, route_input
 from ..routing.disagg import explain_plan
+from ..routing.new_placements import ClaimAnswer
 from ..routing.policies import Observation
 from ..routing.response_affinity import Holder, ResponseAffinity
 from ..routing.tier_value import DEFAULT_TIER_VALUES, TierValues
@@ -147,10 +148,18 @@ def bearer(authorization: str | None) -> str:
 class PlacementClaims(Protocol):
     """Where router replicas agree to place a prompt no target holds (``replicas.PrefixClaims``)."""
 
-    async def claim(self, chain: int, target: str) -> str | None:
-        """The target for the prompt whose first block is ``chain``: ``target`` if this call claimed it,
-        another replica's claim if one lives, None if unknown (then the local view decides)."""
+    async def claim(
+        self, chain: int, target: str, chains: I64Array, *, look: bool = True
+    ) -> ClaimAnswer | None:
+        """Where the prompt whose first block is ``chain`` goes: ``target`` if this call claimed it, another
+        replica's claim if one lives; with ``look``, no owner but the new prompts placed since this process
+        last asked, if any (nothing claimed); None if unknown (then the local view decides)."""
         ...
+
+
+CLAIM_LOOKS = 3
+"""Claims of one new prompt that first look for placements made since (each a decision again when there
+were some); one more then claims without looking, so a stream of new prompts cannot hold one back."""
 
 
 class RequestPipeline:
@@ -550,9 +559,14 @@ class RequestPipeline:
             return self._charge(p, d.predicted_cached_tokens)
 
         d = await self._wait(p, attempt, cost)
-        if new and d.chosen is not None and await self._claim_elsewhere(p, d):
-            self.unclaim(p)  # decided again, for the claimed target (its flow charged for one decision)
-            d = await self._wait(p, attempt, lambda _: 0.0)
+        if new:
+            for look in (True,) * CLAIM_LOOKS + (False,):
+                if d.chosen is None or not await self._claim_elsewhere(p, d, look):
+                    break
+                self.unclaim(p)  # decided again (its flow charged for one decision)
+                d = await self._wait(p, attempt, lambda _: 0.0)
+                if not self.router.new_prefix(p.inp):
+                    break  # following a claim: the prompt is expected where it went
         self._record(d)
         self.metrics.decision_seconds.observe(time.perf_counter() - p.started, p.exemplar())
         if p.rec is not None:
@@ -600,19 +614,27 @@ class RequestPipeline:
             await self.peers_fresh()
         return self.router.new_prefix(p.inp)
 
-    async def _claim_elsewhere(self, p: Prepared, d: Decision) -> bool:
-        """Claim ``d``'s target for the new prompt among the replicas.  True when another replica's claim
-        names another target: the prompt is then expected there (as a peer's speculative entry would say),
-        and the decision must be made again, weighing it as any expected prefix (load bound included)."""
+    async def _claim_elsewhere(self, p: Prepared, d: Decision, look: bool) -> bool:
+        """Claim ``d``'s target for the new prompt among the replicas.  True when the decision must be made
+        again: another replica's claim names another target (the prompt is then expected there, as a
+        peer's speculative entry would say, and weighed as any expected prefix, load bound included), or
+        new prompts were placed since this process last asked (each is expected where it went)."""
         assert self.claims is not None and d.chosen is not None and p.inp.chains is not None
-        owner = await self.claims.claim(int(p.inp.chains[0]), d.chosen.target)
-        if owner is None or owner == d.chosen.target:
+        got = await self.claims.claim(int(p.inp.chains[0]), d.chosen.target, p.inp.chains, look=look)
+        if got is None or got.owner == d.chosen.target:
             return False
-        for c in d.ranked:
-            if c.target == owner:
-                self.router.expect(p.inp, c, time.monotonic())
-                return True
-        return False
+        at = {c.target: c for c in d.ranked}
+        now = time.monotonic()
+        if got.owner is not None:
+            c = at.get(got.owner)
+            if c is not None:
+                self.router.expect(p.inp.chains, c, now)
+            return c is not None
+        for placed in got.newer:
+            c = at.get(placed.target)
+            if c is not None:
+                self.router.expect(placed.chain_array(), c, now)
+        return True
 
     def _placed(self, chosen: Candidate) -> None:
         """Sent where nothing of the prompt was expected: the other replicas are told at once."""

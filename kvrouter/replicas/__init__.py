@@ -7,12 +7,12 @@
 
 Every replica subscribes to every instance's KV events itself, so the block index needs no shared store;
 what only routers know goes through Redis as expiring leases.  The request path waits for Redis only to
-place a prompt no target holds (``claims``: one bounded call, skipped while Redis fails).  Design notes:
-docs/replicas.md.
+place a prompt no target holds (``claims``: one bounded call, two when other new prompts were placed
+since, skipped while Redis fails).  Design notes: docs/replicas.md.
 
 ``config`` ``SharedStateConfig``; ``state`` ``ReplicaState`` (the pure half); ``store`` the
 ``ReplicaStore`` seam (``RedisReplicaStore``, ``MemoryReplicaHub``); ``shared`` ``SharedState`` (the
-asyncio shell); ``claims`` ``PrefixClaims`` (first placement wins); ``warm`` ``WarmRestart`` (snapshots).
+asyncio shell); ``claims`` ``PrefixClaims`` (new placements as one sequence); ``warm`` ``WarmRestart``.
 """
 
 from .claims import PrefixClaims

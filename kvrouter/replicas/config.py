@@ -32,9 +32,11 @@ class SharedStateConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
     """Share speculative entries (a burst of a new prefix sent through several replicas stays together)."""
     claim_new_prefixes: bool = True
     """Placing a prompt no target holds: claim the placement in Redis, or follow another replica's claim
-    (``replicas.claims``), and publish it at once rather than at the next interval.  Under concurrent
-    clients a new prompt's first requests reach several replicas before any round trip, which would
-    otherwise place it apart."""
+    (``replicas.claims``), and publish it at once rather than at the next interval.  A claim is taken only
+    by a replica told of every new prompt placed before it (those it had not heard of are expected where
+    they went and the prompt decided again).  Under concurrent clients a new prompt's first requests reach
+    several replicas before any round trip, which would otherwise place it apart, and distinct new prompts
+    would pile onto the cache each replica sees least filled."""
     speculative_window_s: float = 10.0
     """How far back a (re)starting replica reads peers' speculative entries; entries older than this are
     trimmed from Redis (keep it above the indexer's speculative TTL)."""

@@ -367,12 +367,13 @@ class Router:
             return False
         return not index.held_by_any(int(chains[0]))
 
-    def expect(self, inp: RouteInput, at: Candidate, now: float) -> None:
-        """Another router replica is placing this prompt at ``at`` (its claim): expect its blocks there as
-        a speculative entry of this index alone (that replica publishes its own)."""
-        if inp.chains is not None and len(inp.chains) and isinstance(self.indexer.index, BlockIndex):
+    def expect(self, chains: I64Array, at: Candidate, now: float) -> None:
+        """Another router replica has placed, or is placing, a prompt whose blocks are ``chains`` at ``at``
+        (its claim, or its entry in the placements log): expect them there as a speculative entry of this
+        index alone (that replica publishes its own)."""
+        if len(chains) and isinstance(self.indexer.index, BlockIndex):
             src = SourceKey(at.instance, at.dp_rank)
-            self.indexer.index.add_speculative(src, inp.chains, now=now, ttl=self.indexer.speculative_ttl)
+            self.indexer.index.add_speculative(src, chains, now=now, ttl=self.indexer.speculative_ttl)
 
     def dispatched(
         self,

@@ -140,6 +140,9 @@ def summarize(recs: list[LiveRecord], wl: Workload) -> dict[str, Any]:
         "ttft_p90_ms": round(quantile(ttft, 0.9) * 1e3, 1),
         "instances_used": len({r.instance for r in ok}),
         "instances_per_group": round(statistics.fmean(len(v) for v in where.values()), 2) if where else 0.0,
+        "groups_per_instance": sorted(
+            (sum(1 for v in where.values() if i in v) for i in {r.instance for r in ok}), reverse=True
+        ),
     }
 
 
@@ -169,12 +172,16 @@ async def _ready(base: str, instances: int, peers: int, workers: int | None) -> 
 
 
 async def _diagnostics(s: aiohttp.ClientSession, bases: list[str]) -> dict[str, float]:
-    """Decisions by reason and peer entries taken in, summed over the routers."""
+    """Decisions by reason, claims of new prompts by outcome and peer entries taken in, summed over the
+    routers."""
     out: dict[str, float] = {}
     for b in bases:
         for reason in ("cache", "load", "spill"):
             v = await metric(s, b, "kvrouter_decisions_total", f'reason="{reason}"')
             out[f"decisions_{reason}"] = out.get(f"decisions_{reason}", 0.0) + v
+        for outcome in ("won", "followed", "newer", "error", "skipped"):
+            v = await metric(s, b, "kvrouter_shared_state_prefix_claims_total", f'outcome="{outcome}"')
+            out[f"claims_{outcome}"] = out.get(f"claims_{outcome}", 0.0) + v
         for name, key in (
             ("kvrouter_shared_state_peer_speculative_entries_total", "peer_speculative_entries"),
             ("kvrouter_shared_state_errors_total", "shared_state_errors"),

@@ -4,6 +4,7 @@ put it; the claimant predicts no hit for the prompt it computes, the follower ex
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import msgspec
@@ -101,4 +102,58 @@ async def test_replicas_with_different_views_place_a_new_prompt_where_it_was_cla
     # another prompt: its own claim, by the second replica's choice
     p3 = await second.prepare(body(2), "completions", {})
     d3 = await second.admit(p3)
-    assert d3.chosen is not None and await claims[0].claim(int(p3.inp.chains[0]), "x") == d3.chosen.target  # type: ignore[index]
+    ch = p3.inp.chains
+    assert d3.chosen is not None and ch is not None
+    got = await claims[0].claim(int(ch[0]), "x", ch)
+    assert got is not None and got.owner == d3.chosen.target
+
+
+async def solo_target(seed: int) -> str:
+    pl = pipeline()
+    d = pl.decide(await pl.prepare(body(seed), "completions", {}), dry_run=True)
+    assert d.chosen is not None
+    return d.chosen.target
+
+
+async def colliding() -> tuple[int, int]:
+    """Two prompts that a router on an idle fleet, knowing of neither, places on one target."""
+    seen: dict[str, int] = {}
+    for seed in range(3, 40):
+        t = await solo_target(seed)
+        if t in seen:
+            return seen[t], seed
+        seen[t] = seed
+    raise AssertionError("no two prompts share a target")
+
+
+async def test_new_prompts_placed_at_once_by_two_replicas_spread_as_one_routers_would(
+    claims: tuple[PrefixClaims, PrefixClaims],
+) -> None:
+    """Each replica alone would put its new prompt on the same target (neither knows of the other's
+    yet); the second to claim is told of the first's placement, expects it there and moves, as one
+    router that had placed the first would (its cache the fuller)."""
+    s1, s2 = await colliding()
+    first, second = pipeline(), pipeline()
+    first.claims, second.claims = claims
+    p1 = await first.prepare(body(s1), "completions", {})
+    p2 = await second.prepare(body(s2), "completions", {})
+    d1, d2 = await asyncio.gather(first.admit(p1), second.admit(p2))
+    assert d1.chosen is not None and d2.chosen is not None
+    assert d1.chosen.target != d2.chosen.target
+    assert {d1.chosen.target, d2.chosen.target} >= {await solo_target(s1)}
+    assert d1.predicted_cached_tokens == d2.predicted_cached_tokens == 0
+
+
+async def test_new_prompts_of_one_process_awaiting_their_claims_spread_too(
+    claims: tuple[PrefixClaims, PrefixClaims],
+) -> None:
+    """One process decides its second new prompt while the first awaits its claim (not dispatched yet):
+    the log tells it of the first."""
+    s1, s2 = await colliding()
+    one = pipeline()
+    one.claims = claims[0]
+    p1 = await one.prepare(body(s1), "completions", {})
+    p2 = await one.prepare(body(s2), "completions", {})
+    d1, d2 = await asyncio.gather(one.admit(p1), one.admit(p2))
+    assert d1.chosen is not None and d2.chosen is not None
+    assert d1.chosen.target != d2.chosen.target

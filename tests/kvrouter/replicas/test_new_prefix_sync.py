@@ -7,10 +7,12 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 
+import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
 from kvrouter.replicas import PrefixClaims, SharedState
+from kvrouter.routing.new_placements import ClaimAnswer
 from kvrouter.types import InstanceId
 from tests.kvrouter.replicas.test_shared_state import TARGETS, config, ns_flush, prompt, router, send
 from tests.support.net import free_port
@@ -52,13 +54,41 @@ def test_a_prompt_is_new_until_some_target_holds_or_expects_it() -> None:
     assert r.new_prefix(prompt(4))
 
 
+def chains(*hashes: int) -> np.ndarray:
+    return np.array(hashes, dtype=np.int64)
+
+
+def owner(got: ClaimAnswer | None) -> str | None:
+    assert got is not None and not got.newer
+    return got.owner
+
+
 async def test_the_first_claim_holds_and_later_ones_follow_it(claims: Claims) -> None:
     a, b, reg = claims
-    assert await a.claim(11, "w1") == "w1"
-    assert await b.claim(11, "w2") == "w1"  # b would have placed it on w2
-    assert await a.claim(11, "w0") == "w1"
-    assert await b.claim(12, "w2") == "w2"  # another prompt: another claim
+    assert owner(await a.claim(11, "w1", chains(11, 5))) == "w1"
+    assert owner(await b.claim(11, "w2", chains(11, 5))) == "w1"  # b would have placed it on w2
+    assert owner(await a.claim(11, "w0", chains(11, 5))) == "w1"
     assert (sample(reg, "won"), sample(reg, "followed")) == (1.0, 1.0)
+
+
+async def test_a_new_prompt_is_claimed_only_by_a_process_told_of_every_placement_before_it(
+    claims: Claims,
+) -> None:
+    """Another prompt: b is first told where a placed its new prompt (nothing claimed), then claims; a,
+    which logged its own placement, is told of b's alone; without looking, a claim is taken at once."""
+    a, b, reg = claims
+    assert owner(await a.claim(11, "w1", chains(11, 5))) == "w1"
+    got = await b.claim(12, "w2", chains(12, 6, 7))
+    assert got is not None and got.owner is None
+    assert [(n.target, n.chain_array().tolist()) for n in got.newer] == [("w1", [11, 5])]
+    assert owner(await b.claim(12, "w2", chains(12, 6, 7))) == "w2"
+    got = await a.claim(13, "w0", chains(13))
+    assert got is not None and [(n.target, n.chain_array().tolist()) for n in got.newer] == [
+        ("w2", [12, 6, 7])
+    ]
+    assert owner(await b.claim(14, "w1", chains(14), look=False)) == "w1"  # a's 13 not yet claimed
+    assert owner(await a.claim(12, "w0", chains(12))) == "w2"  # a live claim answers before the log
+    assert (sample(reg, "won"), sample(reg, "newer"), sample(reg, "followed")) == (1.0, 1.0, 1.0)
 
 
 async def test_a_replica_that_follows_a_claim_routes_to_the_claimed_target(claims: Claims) -> None:
@@ -67,15 +97,18 @@ async def test_a_replica_that_follows_a_claim_routes_to_the_claimed_target(claim
     a, b, _ = claims
     ra, rb = router(), router()
     first = send(ra, prompt(9))
-    assert first.chosen is not None and await a.claim(int(prompt(9).chains[0]), first.chosen.target)  # type: ignore[index]
+    assert first.chosen is not None
+    ch = prompt(9).chains
+    assert ch is not None and owner(await a.claim(int(ch[0]), first.chosen.target, ch)) == first.chosen.target
     rb.load.set_external({InstanceId(first.chosen.target): (3, 0)})  # b sees that target busy
     inp = prompt(9)
     mine = rb.route(inp, TARGETS, time.monotonic(), dry_run=True)
     assert mine.chosen is not None and mine.chosen.target != first.chosen.target
-    owner = await b.claim(int(inp.chains[0]), mine.chosen.target)  # type: ignore[index]
-    assert owner == first.chosen.target
-    (at,) = [c for c in mine.ranked if c.target == owner]
-    rb.expect(inp, at, time.monotonic())
+    assert inp.chains is not None
+    got = owner(await b.claim(int(inp.chains[0]), mine.chosen.target, inp.chains))
+    assert got == first.chosen.target
+    (at,) = [c for c in mine.ranked if c.target == got]
+    rb.expect(inp.chains, at, time.monotonic())
     assert not rb.new_prefix(inp)
     d = rb.route(inp, TARGETS, time.monotonic())
     assert d.chosen is not None and d.chosen.target == first.chosen.target
@@ -88,8 +121,8 @@ async def test_an_unreachable_store_costs_one_wait_then_none() -> None:
     reg = CollectorRegistry()
     c = PrefixClaims(config(f"redis://127.0.0.1:{free_port()}/0", "c", timeout_s=0.2), 5.0, registry=reg)
     try:
-        assert await c.claim(1, "w0") is None
-        assert await c.claim(2, "w0") is None
+        assert await c.claim(1, "w0", chains(1)) is None
+        assert await c.claim(2, "w0", chains(2)) is None
         assert (sample(reg, "error"), sample(reg, "skipped")) == (1.0, 1.0)
     finally:
         await c.close()
