@@ -27,7 +27,7 @@ from kvrouter.replicas.state import ReplicaState, SyncReply
 from kvrouter.replicas.store import MemoryReplicaHub
 from kvrouter.routing import RouteInput, Router, RouterConfig
 from kvrouter.routing.load import InstanceLoad
-from kvrouter.routing.policies import Candidate
+from kvrouter.routing.policies import Candidate, Observation
 from kvrouter.routing.router import Decision, Target
 from kvrouter.types import RequestId, TargetKey
 
@@ -54,6 +54,15 @@ class _SummedLoad:
         return InstanceLoad(in_flight=sum(r.load.get(inst).in_flight for r in self.routers))
 
 
+class _EveryReplicaLatency:
+    def __init__(self, routers: list[Router]) -> None:
+        self.routers = routers
+
+    def train(self) -> None:
+        for r in self.routers:
+            r.latency.train()
+
+
 class ReplicaRouters:
     """Stands where ``VirtualFleet`` keeps its router: each request sticks to the replica that took it."""
 
@@ -78,11 +87,18 @@ class ReplicaRouters:
     def dispatched(self, inp: RouteInput, chosen: Candidate, now: float) -> None:
         self.replica(inp.request_id).dispatched(inp, chosen, now)
 
-    def first_token(self, rid: RequestId) -> None:
-        self.replica(rid).first_token(rid)
+    def first_token(self, rid: RequestId, now: float | None = None) -> Observation | None:
+        return self.replica(rid).first_token(rid, now)
 
-    def finished(self, rid: RequestId) -> None:
-        self.replica(rid).finished(rid)
+    def finished(
+        self, rid: RequestId, now: float | None = None, output_tokens: int | None = None
+    ) -> Observation | None:
+        return self.replica(rid).finished(rid, now, output_tokens)
+
+    @property
+    def latency(self) -> _EveryReplicaLatency:
+        """What ``VirtualFleet`` trains: each replica's own latency models (they learn apart)."""
+        return _EveryReplicaLatency(self.routers)
 
     @staticmethod
     def no_chains() -> I64Array:
