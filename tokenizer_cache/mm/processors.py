@@ -88,15 +88,13 @@ _KEEP_SIZES = 4096
 def _replace_in_order(
     ids: Sequence[int], target: int, repls: Sequence[list[int]]
 ) -> tuple[list[int], list[tuple[int, int]]] | None:
-    if len(repls) == 1:  # the common request: one image, three slices copied
-        src = ids if isinstance(ids, list) else list(ids)
+    if len(repls) == 1:  # the common request: one image, its target replaced in a copy
+        one = list(ids)
         try:
-            at = src.index(target)
+            at = one.index(target)
         except ValueError:
             return None
-        one = src[:at]
-        one += repls[0]
-        one += src[at + 1 :]
+        one[at : at + 1] = repls[0]
         return one, [(at, len(repls[0]))]
     out: list[int] = []
     ranges: list[tuple[int, int]] = []
