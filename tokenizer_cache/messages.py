@@ -62,6 +62,7 @@ _MEDIA_KEYS = (
     "input_audio",
     "video_url",
 )
+_MEDIA_KEY_SET = frozenset(_MEDIA_KEYS)
 # Every key some content part type declares: the others travel with a text part in the "openai" format.
 _KNOWN_PART_KEYS = frozenset(
     {
@@ -122,7 +123,8 @@ class MediaSink:
             raise UnsupportedContentError(f"{where}: {modality} items are not reproduced for this model")
         if url is not None and not isinstance(url, str):
             raise RequestValidationError(f"{where}: the media URL must be a string")
-        self.refs.append(MediaRef(modality, url or None, None if uuid is None else str(uuid)))  # type: ignore[arg-type]
+        name = uuid if uuid is None or type(uuid) is str else str(uuid)
+        self.refs.append(MediaRef(modality, url or None, name))  # type: ignore[arg-type]
         return self.placeholders[modality]
 
 
@@ -136,7 +138,8 @@ def _media(part: dict[str, Any], kind: str | None, openai: bool, where: str, sin
     placeholder = sink.add(modality, url, part.get("uuid"), where)
     if openai:
         out = {"type": modality}
-        out.update((k, v) for k, v in part.items() if k not in _KNOWN_PART_KEYS)
+        if not part.keys() <= _KNOWN_PART_KEYS:  # undeclared keys ride along, in the part's order
+            out.update((k, v) for k, v in part.items() if k not in _KNOWN_PART_KEYS)
         return out
     sink.pending.append(placeholder)
     return None
@@ -169,7 +172,7 @@ def _part(part: Any, openai: bool, where: str, sink: MediaSink | None = None) ->
         raise RequestValidationError(f"{where}: a content part must be an object or a string")
     kind = part.get("type")
     if part.get("uuid") is not None or kind is None:
-        if any(k in part for k in _MEDIA_KEYS):
+        if not _MEDIA_KEY_SET.isdisjoint(part):
             return _media(part, kind if isinstance(kind, str) else None, openai, where, sink)
         if "tool_reference" in part:
             return _tool_reference(part.get("name"), openai)
@@ -183,7 +186,8 @@ def _part(part: Any, openai: bool, where: str, sink: MediaSink | None = None) ->
         if not openai:
             return text
         out = {"type": "text", "text": text}
-        out.update((k, v) for k, v in part.items() if k not in _KNOWN_PART_KEYS)
+        if not part.keys() <= _KNOWN_PART_KEYS:
+            out.update((k, v) for k, v in part.items() if k not in _KNOWN_PART_KEYS)
         return out
     if kind == "tool_reference":
         return _tool_reference(part.get("name"), openai)

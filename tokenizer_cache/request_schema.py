@@ -99,6 +99,38 @@ _FILE = TD(
 )
 _REFUSAL = TD("RefusalPart", (("refusal", _S, True), ("type", Lit(("refusal",)), True)))
 _URL = TD("URL", (("url", _S, True),))
+
+
+def _common_part(p: Any) -> tuple[dict[str, Any], int] | None:
+    """The union's outcome for the commonest content parts, without trying its members; None otherwise.
+
+    Exactly these (any key order): ``{type: text, text: str}`` (TextPart, 2 fields set); ``{type:
+    image_url, image_url: {url: str}}`` with or without a ``uuid`` (ImagePart, 3 set, the uuid an extra);
+    ``{type: image_url, image_url: null, uuid: str}`` (SimpleImagePart, 2 set: ImagePart refuses the null
+    URL object).  The output dicts are new, in the member's key order (tests hold this to ``check_all``)."""
+    if type(p) is not dict or type(kind := p.get("type")) is not str:
+        return None
+    n = len(p)
+    if kind == "text":
+        text = p.get("text")
+        return ({"text": text, "type": "text"}, 2) if n == 2 and type(text) is str else None
+    if kind != "image_url" or not 2 <= n <= 3 or "image_url" not in p or (n == 3 and "uuid" not in p):
+        return None
+    obj = p["image_url"]
+    if type(obj) is dict:
+        url = obj.get("url")
+        if len(obj) != 1 or type(url) is not str:
+            return None
+        out: dict[str, Any] = {"image_url": {"url": url}, "type": "image_url"}
+        if n == 3:
+            out["uuid"] = p["uuid"]
+        return out, 3
+    uuid = p.get("uuid")
+    if obj is None and type(uuid) is str:
+        return {"image_url": None, "uuid": uuid, "type": "image_url"}, 2
+    return None
+
+
 _VLLM_PARTS = OneOf(
     (
         _TEXT,
@@ -144,7 +176,8 @@ _VLLM_PARTS = OneOf(
             "ThinkingPart",
             (("thinking", _S, True), ("closed", _B, False), ("type", Lit(("thinking",)), True)),
         ),
-    )
+    ),
+    common=_common_part,
 )
 _FUNCTION = TD("Function", (("arguments", _S, True), ("name", _S, True)))
 _FUNCTION_CALL = TD(

@@ -126,3 +126,51 @@ def test_a_part_no_member_takes_names_every_members_reason(part: Any) -> None:
         _VLLM_PARTS.check(part)
     assert str(fast.value) == str(slow.value)
     assert "TextPart" in str(fast.value)  # a member the tag rules out still gives its reason
+
+
+# The shapes ``request_schema._common_part`` answers, and each one step away from them (a key added,
+# dropped or given another value), in any key order.
+_s3 = st.text(max_size=3)
+_common = st.one_of(
+    st.fixed_dictionaries({"type": st.just("text"), "text": _s3}),
+    st.fixed_dictionaries(
+        {"type": st.just("image_url"), "image_url": st.fixed_dictionaries({"url": _s3})},
+        optional={"uuid": _s3},
+    ),
+    st.fixed_dictionaries({"type": st.just("image_url"), "image_url": st.none(), "uuid": _s3}),
+)
+
+
+@st.composite
+def _near_common(draw: st.DrawFn) -> dict[str, Any]:
+    part = dict(draw(_common))
+    step = draw(st.sampled_from(("none", "add", "drop", "change", "change_url")))
+    if step == "add":
+        part[draw(st.sampled_from(_KEYS))] = draw(_fields)
+    elif step == "drop":
+        del part[draw(st.sampled_from(sorted(part)))]
+    elif step == "change":
+        part[draw(st.sampled_from(sorted(part)))] = draw(_fields)
+    elif step == "change_url" and isinstance(part.get("image_url"), dict):
+        part["image_url"] = {**part["image_url"], draw(st.sampled_from(("url", "detail"))): draw(_fields)}
+    return dict(draw(st.permutations(list(part.items()))))
+
+
+@given(_near_common())
+def test_common_parts_decided_without_the_union_as_the_union_decides(part: dict[str, Any]) -> None:
+    assert _outcome(_VLLM_PARTS.check, part) == _outcome(_VLLM_PARTS.check_all, part)
+
+
+@pytest.mark.parametrize(
+    "part",
+    [
+        {"type": "text", "text": "t"},
+        {"uuid": "a", "type": "image_url", "image_url": None},
+        {"image_url": {"url": "u"}, "type": "image_url"},
+        {"type": "image_url", "uuid": "a", "image_url": {"url": "u"}},
+    ],
+)
+def test_the_common_shapes_take_the_shortcut(part: dict[str, Any]) -> None:
+    assert _VLLM_PARTS.common is not None
+    got = _VLLM_PARTS.common(part)
+    assert got is not None and _plain(got) == _plain(_VLLM_PARTS.check_all(part))

@@ -87,28 +87,32 @@ class MediaResolver:
         self.sized = sized
         self.algorithm: HashAlgorithm = algorithm
         self.max_image_pixels = max_image_pixels
-        self._sizes: OrderedDict[str, ImageInfo] = OrderedDict()
+        # Per uuid whose size was seen, the answer for its next sighting without bytes (LRU).
+        self._seen: OrderedDict[str, Resolved] = OrderedDict()
         self._cap = uuid_sizes
         self._lock = threading.Lock()
 
     def _remember(self, uuid: str, info: ImageInfo) -> None:
         with self._lock:
-            self._sizes[uuid] = info
-            self._sizes.move_to_end(uuid)
-            while len(self._sizes) > self._cap:
-                self._sizes.popitem(last=False)
+            self._seen[uuid] = Resolved(uuid, info, "uuid_cached")
+            self._seen.move_to_end(uuid)
+            while len(self._seen) > self._cap:
+                self._seen.popitem(last=False)
 
-    def _recall(self, uuid: str) -> ImageInfo | None:
+    def _recall(self, uuid: str) -> Resolved | None:
         with self._lock:
-            info = self._sizes.get(uuid)
-            if info is not None:
-                self._sizes.move_to_end(uuid)
-            return info
+            got = self._seen.get(uuid)
+            if got is not None:
+                self._seen.move_to_end(uuid)
+            return got
 
     def resolve(self, ref: MediaRef) -> Resolved:
+        url = ref.url
+        if url is None and ref.uuid is not None and self.sized and ref.modality == "image":
+            seen = self._recall(ref.uuid)  # the common item: a uuid, its size seen before
+            return seen if seen is not None else Resolved(ref.uuid, None, "prefix_only")
         if ref.modality != "image":
             return Resolved(None, None, "prefix_only")
-        url = ref.url
         if url and url[:5].lower() == "data:":
             data = data_url_bytes(url)
             try:
@@ -127,6 +131,4 @@ class MediaResolver:
         if not self.sized:
             return Resolved(ref.uuid, None, "uuid")
         seen = self._recall(ref.uuid)
-        if seen is None:
-            return Resolved(ref.uuid, None, "prefix_only")
-        return Resolved(ref.uuid, seen, "uuid_cached")
+        return seen if seen is not None else Resolved(ref.uuid, None, "prefix_only")

@@ -53,7 +53,9 @@ class Family(Protocol):
     sized: bool
     """Whether an image's token count depends on its size (False: any image expands alike)."""
 
-    def replacement(self, info: ImageInfo | None) -> list[int]: ...
+    def replacement(self, info: ImageInfo | None) -> list[int]:
+        """The ids an image of this size becomes: a list kept for the next image of the size, so callers
+        only read it."""
 
     def expand(self, ids: Sequence[int], images: Sequence[ImageInfo | None]) -> Expansion | None:
         """The ids with the first ``len(images)`` targets replaced, in order; None when the prompt has fewer
@@ -79,9 +81,21 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
     return h_bar, w_bar
 
 
+# Replacement lists kept per family (one per image size seen; dropped all at once past this many).
+_KEEP_SIZES = 4096
+
+
 def _replace_in_order(
     ids: Sequence[int], target: int, repls: Sequence[list[int]]
 ) -> tuple[list[int], list[tuple[int, int]]] | None:
+    if len(repls) == 1:  # the common request: one image, its target replaced in a copy
+        one = list(ids)
+        try:
+            at = one.index(target)
+        except ValueError:
+            return None
+        one[at : at + 1] = repls[0]
+        return one, [(at, len(repls[0]))]
     out: list[int] = []
     ranges: list[tuple[int, int]] = []
     pos = 0
@@ -124,6 +138,7 @@ class QwenVL:
         self.patch = int(cfg.get("patch_size", 14))
         self.merge = int(cfg.get("merge_size", 2))
         self.do_resize = bool(cfg.get("do_resize", True))
+        self._repl: dict[ImageInfo, list[int]] = {}
 
     def count(self, info: ImageInfo) -> int:
         h, w = info.height, info.width
@@ -134,7 +149,13 @@ class QwenVL:
     def replacement(self, info: ImageInfo | None) -> list[int]:
         if info is None:
             raise ValueError("Qwen-VL needs the image's size")
-        return [self.target] * self.count(info)
+        got = self._repl.get(info)
+        if got is None:
+            got = [self.target] * self.count(info)  # raises for an aspect ratio above 200: not kept
+            if len(self._repl) >= _KEEP_SIZES:
+                self._repl.clear()
+            self._repl[info] = got
+        return got
 
     def expand(self, ids: Sequence[int], images: Sequence[ImageInfo | None]) -> Expansion | None:
         got = _replace_in_order(ids, self.target, [self.replacement(i) for i in images])

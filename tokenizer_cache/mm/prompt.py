@@ -75,13 +75,13 @@ class MultimodalModel:
         return cls(family, resolver)
 
     def expand(self, ids: Sequence[int], refs: Sequence[MediaRef]) -> MMPrompt:
-        resolved = [self.resolver.resolve(r) for r in refs]
-        paths = tuple(r.path for r in resolved)
+        resolve = self.resolver.resolve
+        resolved = [resolve(r) for r in refs]
+        paths = tuple([r.path for r in resolved])
+        counts = self.paths
         for p in paths:
-            self.paths[p] += 1
-        known = 0
-        while known < len(resolved) and resolved[known].path != "prefix_only":
-            known += 1
+            counts[p] += 1
+        known = paths.index("prefix_only") if "prefix_only" in paths else len(paths)
         fam = self.family
         complete = known == len(resolved)
         if not complete:
@@ -103,11 +103,10 @@ class MultimodalModel:
                 "fewer image placeholders in the rendered prompt than images", "media_placeholders"
             )
         out, ranges = got
-        items = tuple(
-            MMItem(r.identifier, off, n)
-            for r, (off, n) in zip(resolved[:known], ranges, strict=True)
-            if r.identifier is not None
-        )
+        items = []
+        for r, (off, n) in zip(resolved[:known], ranges, strict=True):
+            if r.identifier is not None:
+                items.append(MMItem(r.identifier, off, n))
         if not complete and fam.name == "gemma3" and out:
             out = out[:-1]  # the newline merge may join the last token with the next image's
-        return MMPrompt(out, items, paths, complete)
+        return MMPrompt(out, tuple(items), paths, complete)
