@@ -30,7 +30,7 @@ def main(argv: list[str]) -> int:
     decode, encode = msgspec.msgpack.Decoder().decode, msgspec.msgpack.Encoder().encode
     try:
         while (frame := read_frame(inp)) is not None:
-            write_frame(out, encode(shipper.ship(decode(frame))))
+            write_frame(out, encode(shipper.ship_requests(decode(frame))))
     finally:
         shipper.shutdown()
     return 0
