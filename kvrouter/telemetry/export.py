@@ -3,9 +3,9 @@ encoded and sent by the OpenTelemetry SDK's exporter (http/protobuf or gRPC), aw
 
 ::
 
-    request ends ──SpanSink.emit──▶ RequestRecord.compact ──▶ queue (bounded: full ─▶ dropped, counted)
+    request ends ──SpanSink.emit──▶ RequestRecord.compact ─msgpack─▶ queue (bounded: full ─▶ dropped)
     export thread: every schedule delay, or at a full batch ──▶ Shipper.ship(batch) ──▶ (sent, failed)
-      ExporterProcess (default): marshal ──pipe──▶ ``exporter_proc`` ▸ OtlpShipper ──▶ receiver
+      ExporterProcess (default): one msgpack array ──pipe──▶ ``exporter_proc`` ▸ OtlpShipper ──▶ receiver
       OtlpShipper (``tracing.export_process: false``, or a sender given): on the export thread itself
 
 The request path pays for its records and one tuple per span; encoding and sending run in the
@@ -17,7 +17,6 @@ SDK supplies what an operator configures (``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_S
 from __future__ import annotations
 
 import logging
-import marshal
 import os
 import subprocess
 import sys
@@ -47,12 +46,36 @@ class _HttpSender:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         self.exporter = OTLPSpanExporter(endpoint=cfg.traces_endpoint, timeout=cfg.export_timeout_s)
+        try:
+            _urllib3_transport(self.exporter)
+        except (AttributeError, ImportError):  # another SDK's insides: its own transport then
+            log.debug("OTLP/HTTP over the SDK's default transport", exc_info=True)
 
     def send(self, payload: bytes) -> bool:
         return bool(self.exporter._client.export(payload).success)
 
     def shutdown(self) -> None:
         self.exporter.shutdown()
+
+
+def _urllib3_transport(exporter: Any) -> None:
+    """The SDK's urllib3 transport in place of its requests one, where they do the same (no proxy for the
+    receiver, no credentials from the environment or a provider): half a POST's CPU, which ``requests``
+    spends reading proxies, ``.netrc`` and CA bundles from the environment again for every POST.  The
+    SDK still makes the headers, compression, retries and certificates."""
+    import requests
+    from opentelemetry.exporter.http.transport._urllib3 import Urllib3HTTPTransport
+    from requests.utils import get_netrc_auth, select_proxy
+
+    client = exporter._client
+    session = getattr(getattr(client, "_transport", None), "_session", None)
+    url = getattr(client, "_endpoint", None)
+    if type(session) is not requests.Session or not url or session.auth is not None:
+        return
+    env = session.merge_environment_settings(url, {}, None, None, None)
+    if select_proxy(url, env["proxies"]) or get_netrc_auth(url) is not None:
+        return
+    client._transport = Urllib3HTTPTransport(verify=env["verify"], cert=session.cert)
 
 
 class _GrpcSender:
@@ -82,11 +105,12 @@ def otlp_sender(cfg: TracingConfig) -> SpanSender:
 
 
 class Shipper(Protocol):
-    """Encodes and sends a batch of traced requests' spans: (spans sent, spans that failed)."""
+    """Encodes and sends a batch of traced requests' spans (each request's ``Compact`` as msgpack,
+    ``spans`` in all): (spans sent, spans that failed)."""
 
     def start(self) -> None: ...
 
-    def ship(self, batch: list[Compact]) -> tuple[int, int]: ...
+    def ship(self, batch: list[bytes], spans: int) -> tuple[int, int]: ...
 
     def shutdown(self) -> None: ...
 
@@ -104,7 +128,10 @@ class OtlpShipper:
     def start(self) -> None:
         pass
 
-    def ship(self, batch: list[Compact]) -> tuple[int, int]:
+    def ship(self, batch: list[bytes], spans: int) -> tuple[int, int]:
+        return self.ship_requests(_decode(frame_of(batch)))
+
+    def ship_requests(self, batch: list[Compact]) -> tuple[int, int]:
         spans: list[bytes] = []
         for c in batch:
             spans += self.encoder.spans_of(c)
@@ -146,8 +173,25 @@ def read_frame(inp: IO[bytes]) -> bytes | None:
     return body
 
 
+_decode = msgspec.msgpack.Decoder().decode
+
+
+def frame_of(batch: list[bytes]) -> bytes:
+    """Requests packed one by one (msgpack), as one msgpack array of them."""
+    n = len(batch)
+    head = (
+        bytes((0x90 | n,))
+        if n < 16
+        else b"\xdc" + n.to_bytes(2, "big")
+        if n < 1 << 16
+        else b"\xdd" + n.to_bytes(4, "big")
+    )
+    return head + b"".join(batch)
+
+
 def _plain(v: Any) -> Any:
-    """An attribute value as a built-in type (``marshal`` takes exact types only: a str enum is not)."""
+    """An attribute value as a built-in type (what msgpack cannot take as it is: a value of some other
+    library's type)."""
     if isinstance(v, bool):
         return bool(v)
     if isinstance(v, int):
@@ -173,7 +217,7 @@ def _plain_request(c: Compact) -> Compact:
 
 
 class ExporterProcess:
-    """The exporter's process seen from the router: each batch goes over its standard input (``marshal``,
+    """The exporter's process seen from the router: each batch goes over its standard input (msgpack,
     length-prefixed) and its answer, (sent, failed), comes back on its standard output.  Started when the
     export thread starts; one that exited is started again at the next batch (its batch in flight counted
     failed)."""
@@ -182,6 +226,7 @@ class ExporterProcess:
         self.cfg = cfg
         self._proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        self._decode = msgspec.msgpack.Decoder(tuple[int, int]).decode
 
     def _start(self) -> subprocess.Popen[bytes]:
         cmd = [
@@ -200,12 +245,8 @@ class ExporterProcess:
         if self._proc is None:
             self._start()
 
-    def ship(self, batch: list[Compact]) -> tuple[int, int]:
-        n = sum(len(c[3]) for c in batch)
-        try:
-            payload = marshal.dumps(batch)
-        except ValueError:
-            payload = marshal.dumps([_plain_request(c) for c in batch])
+    def ship(self, batch: list[bytes], spans: int) -> tuple[int, int]:
+        n, payload = spans, frame_of(batch)
         proc = self._proc
         if proc is not None and proc.poll() is not None:
             log.warning("the span exporter's process exited (code %s): starting it again", proc.poll())
@@ -223,8 +264,12 @@ class ExporterProcess:
             log.warning("the span exporter's process exited (code %s): its batch is lost", proc.poll())
             self._stop(proc)
             return 0, n
-        sent, failed = marshal.loads(reply)
-        return int(sent), int(failed)
+        try:
+            sent, failed = self._decode(reply)
+        except msgspec.DecodeError:
+            log.warning("the span exporter's process answered %r: its batch counted failed", reply[:64])
+            return 0, n
+        return sent, failed
 
     def _stop(self, proc: subprocess.Popen[bytes]) -> None:
         if proc.stdin is not None:
@@ -252,8 +297,9 @@ class SpanSink:
         self.shipper: Shipper = (
             OtlpShipper(cfg, sender) if sender is not None or not cfg.export_process else ExporterProcess(cfg)
         )
-        self._pending: list[Compact] = []
+        self._pending: list[bytes] = []
         self._pending_spans = 0
+        self._encode = msgspec.msgpack.Encoder().encode
         self._cv = threading.Condition()
         self._flushing = 0
         self._busy = False
@@ -266,13 +312,20 @@ class SpanSink:
         self._thread.start()
 
     def emit(self, rec: RequestRecord) -> None:
+        """Queue a request's spans, packed now: one bytes object waits for the batch where its tuples and
+        dicts would (they would outlive two young collections and be promoted, so a traced request's
+        garbage would grow the old generation the full collections traverse)."""
         c = rec.compact()
         n = len(c[3])
+        try:
+            packed = self._encode(c)
+        except TypeError:  # a value of some other library's type
+            packed = self._encode(_plain_request(c))
         with self._cv:
             if self._pending_spans + n > self.cfg.max_queue_size:
                 self.dropped += n
                 return
-            self._pending.append(c)
+            self._pending.append(packed)
             self._pending_spans += n
             if self._pending_spans >= self.cfg.max_export_batch_size:
                 self._cv.notify()
@@ -288,15 +341,16 @@ class SpanSink:
             with self._cv:
                 if not self._stop and not self._flushing and self._pending_spans < batch:
                     self._cv.wait(self.cfg.schedule_delay_s)
-                take, self._pending, self._pending_spans = self._pending, [], 0
+                take, spans = self._pending, self._pending_spans
+                self._pending, self._pending_spans = [], 0
                 stop = self._stop
                 self._busy = bool(take)
             if take:
                 try:
-                    sent, failed = self.shipper.ship(take)
+                    sent, failed = self.shipper.ship(take, spans)
                 except Exception:  # the exporter's failure is never the request path's
                     log.exception("span export failed")
-                    sent, failed = 0, sum(len(c[3]) for c in take)
+                    sent, failed = 0, spans
                 self.sent += sent
                 self.failed += failed
             with self._cv:

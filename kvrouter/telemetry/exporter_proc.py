@@ -1,5 +1,5 @@
 """The span exporter's own process (``python -m kvrouter.telemetry.exporter_proc CONFIG``, started by
-``export.ExporterProcess``): reads batches of traced requests' spans (``marshal``, length-prefixed) on
+``export.ExporterProcess``): reads batches of traced requests' spans (msgpack, length-prefixed) on
 its standard input, encodes and sends each with ``OtlpShipper`` and answers (sent, failed) on its
 standard output; exits at the end of its input, once the last batch is answered.
 
@@ -9,7 +9,6 @@ Its standard output carries frames only: file descriptor 1 is pointed at standar
 
 from __future__ import annotations
 
-import marshal
 import os
 import signal
 import sys
@@ -28,10 +27,10 @@ def main(argv: list[str]) -> int:
     cfg = msgspec.json.decode(argv[0], type=TracingConfig)
     shipper = OtlpShipper(cfg)
     inp = sys.stdin.buffer
+    decode, encode = msgspec.msgpack.Decoder().decode, msgspec.msgpack.Encoder().encode
     try:
         while (frame := read_frame(inp)) is not None:
-            sent, failed = shipper.ship(marshal.loads(frame))
-            write_frame(out, marshal.dumps((sent, failed)))
+            write_frame(out, encode(shipper.ship_requests(decode(frame))))
     finally:
         shipper.shutdown()
     return 0

@@ -21,20 +21,29 @@ from typing import Any
 
 from .record import Compact, RequestRecord
 
-_F64 = struct.Struct("<Q").pack
+_ID = struct.Struct(">HQ").pack
+"""span_id (2, 8 bytes): tag and length, then the id (big-endian, as in its hex form)."""
+_IDS = struct.Struct(">HQHQ").pack
+"""span_id (2) and parent_span_id (4)."""
+_TIMES = struct.Struct("<BQBQ").pack
+"""start_time_unix_nano (7) and end_time_unix_nano (8), fixed64."""
 _D64 = struct.Struct("<d").pack
 _KIND = {"internal": b"\x30\x01", "server": b"\x30\x02", "client": b"\x30\x03"}
 """Span.kind (field 6): proto's SpanKind counts UNSPECIFIED as 0."""
 _FLAGS_LOCAL = b"\x85\x01" + struct.pack("<I", 0x100)  # flags (16): the parent's remoteness is known: local
 _FLAGS_REMOTE = b"\x85\x01" + struct.pack("<I", 0x300)  # ... and remote (the client's span)
 _EMPTY_STATUS = b"\x7a\x00"  # status (15), unset
-_SMALL = [bytes((i,)) for i in range(0x80)]
-"""One-byte varints."""
+_TAIL_LOCAL = _EMPTY_STATUS + _FLAGS_LOCAL
+_TAIL_REMOTE = _EMPTY_STATUS + _FLAGS_REMOTE
+KV_CACHE = 4096
+"""Encoded span attributes kept at most (``OtlpEncoder.span_attributes``)."""
 
 
 def varint(n: int) -> bytes:
     if 0 <= n < 0x80:
         return bytes((n,))
+    if 0 < n < 0x4000:
+        return bytes(((n & 0x7F) | 0x80, n >> 7))
     if n < 0:
         n &= (1 << 64) - 1  # int64 as protobuf writes it: ten bytes, two's complement
     out = bytearray()
@@ -72,34 +81,49 @@ class OtlpEncoder:
     def __init__(self, resource: Mapping[str, Any], scope: str = "kvrouter") -> None:
         self._keys: dict[str, bytes] = {}
         self._names: dict[str, bytes] = {}
+        self._kv: dict[tuple[str, str | int], bytes] = {}
         self._resource = field(0x0A, self.attributes(0x0A, resource))  # ResourceSpans.resource (1)
         self._scope = field(0x0A, field(0x0A, scope.encode()))  # ScopeSpans.scope (1) . name (1)
 
     def attributes(self, tag: int, attrs: Mapping[str, Any]) -> bytes:
-        """Repeated KeyValue under field ``tag`` (the common scalar values written inline: this runs for
-        every attribute of every traced request)."""
-        keys, small = self._keys, _SMALL
-        head = small[tag]
+        """Repeated KeyValue under field ``tag``."""
+        return b"".join(self._entry(tag, k, v) for k, v in attrs.items())
+
+    def _entry(self, tag: int, k: str, v: Any) -> bytes:
+        """One KeyValue as field ``tag`` of its message."""
+        kb = self._keys.get(k)
+        if kb is None:
+            kb = self._keys[k] = field(0x0A, k.encode())
+        t = type(v)
+        if t is str:
+            inner = field(0x0A, v.encode())
+        elif t is int:
+            inner = b"\x18" + varint(v)
+        elif t is float:
+            inner = b"\x21" + _D64(v)
+        else:
+            inner = any_value(v)
+        return field(tag, kb + field(0x12, inner))
+
+    def span_attributes(self, attrs: Mapping[str, Any]) -> bytes:
+        """Span.attributes (9): each (key, value) written once and kept.  Most repeat (a policy, a
+        target, a tier's name, small counts), so the entry is a dict lookup; only exact ``str`` and
+        ``int`` values are kept (``1``, ``True`` and ``1.0`` are equal as dict keys, and are not one
+        AnyValue), the cache emptied once it holds ``KV_CACHE`` entries (token counts and byte sizes
+        vary per request)."""
+        cache, entry = self._kv, self._entry
         out = []
         for k, v in attrs.items():
-            kb = keys.get(k)
-            if kb is None:
-                kb = keys[k] = field(0x0A, k.encode())
             t = type(v)
-            if t is str:
-                b = v.encode()
-                n = len(b)
-                inner = b"\x0a" + small[n] + b if n < 0x80 else any_value(v)
-            elif t is int:
-                inner = b"\x18" + (small[v] if 0 <= v < 0x80 else varint(v))
-            elif t is float:
-                inner = b"\x21" + _D64(v)
+            if t is str or t is int:
+                kv = cache.get((k, v))
+                if kv is None:
+                    if len(cache) >= KV_CACHE:
+                        cache.clear()
+                    kv = cache[(k, v)] = entry(0x4A, k, v)
+                out.append(kv)
             else:
-                inner = any_value(v)
-            n = len(inner)
-            kv = kb + b"\x12" + small[n] + inner if n < 0x80 else kb + field(0x12, inner)
-            n = len(kv)
-            out.append(head + small[n] + kv if n < 0x80 else field(tag, kv))
+                out.append(entry(0x4A, k, v))
         return b"".join(out)
 
     def spans(self, rec: RequestRecord) -> list[bytes]:
@@ -109,12 +133,12 @@ class OtlpEncoder:
     def spans_of(self, c: Compact) -> list[bytes]:
         """``spans`` of a request's compact form (``RequestRecord.compact``), as the exporter gets it."""
         trace_id, tracestate, remote, spans = c
-        head = b"\x0a\x10" + trace_id.to_bytes(16, "big")
+        head = b"\x0a\x10" + trace_id
         if tracestate:
             head += field(0x1A, tracestate.encode())
-        names, kinds, attributes, small = self._names, _KIND, self.attributes, _SMALL
+        names, kinds, span_attrs = self._names, _KIND, self.span_attributes
         out = []
-        flags = _FLAGS_REMOTE if remote else _FLAGS_LOCAL
+        tail = _TAIL_REMOTE if remote else _TAIL_LOCAL
         for name, span_id, parent, kind, start, end, attrs in spans:
             nb = names.get(name)
             if nb is None:
@@ -122,25 +146,20 @@ class OtlpEncoder:
             body = b"".join(
                 (
                     head,
-                    b"\x12\x08",
-                    span_id.to_bytes(8, "big"),
-                    b"" if parent is None else b"\x22\x08" + parent.to_bytes(8, "big"),
+                    _ID(0x1208, span_id) if parent is None else _IDS(0x1208, span_id, 0x2208, parent),
                     nb,
                     kinds[kind],
-                    b"\x39",
-                    _F64(start),
-                    b"\x41",
-                    _F64(end),
-                    attributes(0x4A, attrs) if attrs else b"",
-                    _EMPTY_STATUS,
-                    flags,
+                    _TIMES(0x39, start, 0x41, end),
+                    span_attrs(attrs) if attrs else b"",
+                    tail,
                 )
             )
             n = len(body)
-            out.append(
-                (b"\x12" + small[n] if n < 0x80 else b"\x12" + varint(n)) + body
-            )  # ScopeSpans.spans (2)
-            flags = _FLAGS_LOCAL  # only the root's parent is the client's
+            out.append(  # ScopeSpans.spans (2)
+                (b"\x12" + bytes(((n & 0x7F) | 0x80, n >> 7)) if 0x80 <= n < 0x4000 else b"\x12" + varint(n))
+                + body
+            )
+            tail = _TAIL_LOCAL  # only the root's parent is the client's
         return out
 
     def request(self, spans: list[bytes]) -> bytes:

@@ -23,10 +23,10 @@ Attrs = dict[str, Any]
 SpanTuple = tuple[str, int, "int | None", str, int, int, Attrs]
 """One span as it crosses to the exporter: name, span id, parent span id (None: none), kind, start and
 end (ns since the epoch), attributes."""
-Compact = tuple[int, "str | None", bool, list[SpanTuple]]
-"""A traced request's spans for the exporter, built of plain values only (``marshal`` carries them to
-the exporter's process): trace id, tracestate, whether the root's parent is the client's (remote) span,
-and the spans, the root first."""
+Compact = tuple[bytes, "str | None", bool, list[SpanTuple]]
+"""A traced request's spans for the exporter, built of plain values only (msgpack carries them to the
+exporter's process): trace id (16 bytes, big-endian), tracestate, whether the root's parent is the
+client's (remote) span, and the spans, the root first."""
 _ROOT_FACTS = tuple(
     (k, f"kvrouter.{k}")
     for k in ("model", "tenant", "request_id", "instance", "prefill_instance", "attempts")
@@ -200,7 +200,7 @@ class RequestRecord:
         spans += [
             (p.name, p.span_id, p.parent, p.kind, p.start_ns, p.end_ns or end, p.attrs) for p in self.phases
         ]
-        return (self.trace_id, self.tracestate, client is not None, spans)
+        return (self.trace_id.to_bytes(16, "big"), self.tracestate, client is not None, spans)
 
     @property
     def trace_hex(self) -> str:

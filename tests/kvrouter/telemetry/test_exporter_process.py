@@ -1,6 +1,6 @@
 """Spans encoded and sent by the exporter's own process (``tracing.export_process``, the default): what a
 real OTLP receiver gets is what the request recorded, batches are split at the batch size, a value
-``marshal`` cannot carry as it is (a str enum) still arrives, and an exporter process that died is
+msgpack carries as its value (a str enum) still arrives, and an exporter process that died is
 started again (its batch in flight counted failed, never the request path's problem)."""
 
 from __future__ import annotations
