@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvrouter.epp import Picker, PickerServer
 from kvrouter.lab.sim.server.fleet import SimFleet
+from kvrouter.telemetry import parse_traceparent, traceparent
 from tests.support.envoy import envoy_binary, envoy_config, picker, running_envoy, served_counts
 from tests.support.gateway import MODEL, gateway, sim_fleet
 from tests.support.net import free_port
@@ -251,3 +252,59 @@ async def test_over_limits_is_429_with_retry_after(fleet: SimFleet, tmp_path: Pa
         assert metric(pk, "kvrouter_epp_immediate_responses_total", status="429") == 1
         results = await asyncio.gather(*held)
         assert [r[0] for r in results] == [200, 200, 200]
+
+
+async def test_the_inference_objective_orders_the_queue(tmp_path: Path) -> None:
+    """One instance taking one request at a time, its engine stalled under the first (``batch``): three more
+    ``batch`` requests and one of an unknown objective wait in the picker, then a ``premium`` one arrives.
+    When the engine steps again the premium request is the next to reach the instance.  The order is
+    read from the instance (each request's own ``traceparent``, in arrival order), not from timings."""
+    limits = {"max_in_flight": 1, "queue_size": 16, "queue_timeout_s": 300.0, "early_refusal": False}
+    flows = {"objectives": {"batch": 0, "premium": 1}}
+    body = {"model": MODEL, "max_tokens": 4, "prompt": "a short question " * 8}
+    async with (
+        sim_fleet(1) as fleet,
+        picker(fleet, limits=limits, flows=flows) as (pk, server),
+        await envoy_for(server, tmp_path) as base,
+        aiohttp.ClientSession() as s,
+    ):
+        inst = fleet.servers[0]
+
+        async def send(name: str, objective: str) -> tuple[str, int]:
+            h = {
+                "x-gateway-inference-objective": objective,
+                "traceparent": traceparent(names.index(name) + 1, 1),
+            }
+            async with s.post(base + "/v1/completions", json=body, headers=h) as r:
+                await r.read()
+                return name, r.status
+
+        async def stall(seconds: float) -> None:
+            async with s.post(inst.url + "/sim/faults", json={"stall_s": seconds}) as r:
+                assert r.status == 200, await r.text()
+
+        def waiting() -> float:
+            return metric(pk, "kvrouter_flow_queue_depth")
+
+        names = ["running", "batch-1", "batch-2", "batch-3", "unknown", "premium"]
+        await stall(600)  # resumed below, once every request is where the test wants it
+        tasks = [asyncio.create_task(send("running", "batch"))]
+        await until(lambda: len(inst.instance.trace_contexts) == 1, 120, "the first request at the instance")
+        for i, (name, objective) in enumerate(
+            [("batch-1", "batch"), ("batch-2", "batch"), ("batch-3", "batch"), ("unknown", "nope")]
+        ):
+            tasks.append(asyncio.create_task(send(name, objective)))
+            await until(lambda i=i: waiting() == i + 1, 120, f"{name} waiting")
+        assert metric(pk, "kvrouter_flow_header_warnings_total", header="objective", reason="unknown") == 1
+        tasks.append(asyncio.create_task(send("premium", "premium")))
+        await until(lambda: waiting() == 5, 120, "premium waiting")
+        await stall(0)
+        done = await asyncio.wait_for(asyncio.gather(*tasks), 300)
+        assert [st for _, st in done] == [200] * len(names), done
+        ids = [parse_traceparent(tp) for tp in inst.instance.trace_contexts]
+        arrived = [names[t[0] - 1] if t else "?" for t in ids]
+        # premium overtook every request that waited before it; the others kept their arrival order (one
+        # flow: the unknown objective is the default priority, the batch's)
+        assert arrived == ["running", "premium", "batch-1", "batch-2", "batch-3", "unknown"], arrived
+        assert metric(pk, "kvrouter_flow_admitted_total", priority="1") == 1
+        assert metric(pk, "kvrouter_flow_admitted_total", priority="0") == 5
