@@ -55,7 +55,7 @@ bench: $(STAMP)
 demo: kernels
 	$(BIN)/kvrouter demo
 
-reliability: kernels
+reliability: $(STAMP)
 	$(BIN)/kvrouter reliability
 
 # vLLM's own token ids for the parity corpus (tests/fixtures/parity/), from vLLM's GPU-less render server
