@@ -106,11 +106,15 @@ class MediaResolver:
                 self._seen.move_to_end(uuid)
             return got
 
+    def _named(self, uuid: str) -> Resolved:
+        """An image known only by its uuid: exact when its size was seen with its bytes, else the prefix."""
+        seen = self._recall(uuid)
+        return seen if seen is not None else Resolved(uuid, None, "prefix_only")
+
     def resolve(self, ref: MediaRef) -> Resolved:
         url = ref.url
         if url is None and ref.uuid is not None and self.sized and ref.modality == "image":
-            seen = self._recall(ref.uuid)  # the common item: a uuid, its size seen before
-            return seen if seen is not None else Resolved(ref.uuid, None, "prefix_only")
+            return self._named(ref.uuid)  # the common item: a uuid, its size seen before
         if ref.modality != "image":
             return Resolved(None, None, "prefix_only")
         if url and url[:5].lower() == "data:":
@@ -130,5 +134,4 @@ class MediaResolver:
             return Resolved(None, None, "prefix_only")
         if not self.sized:
             return Resolved(ref.uuid, None, "uuid")
-        seen = self._recall(ref.uuid)
-        return seen if seen is not None else Resolved(ref.uuid, None, "prefix_only")
+        return self._named(ref.uuid)
