@@ -229,10 +229,15 @@ class LatencyBook:
         return max(0.0, ttft), max(0.0, tpot)
 
     def prefill_s(self, num_tokens: int, c: Candidate) -> float:
-        """The part of ``c``'s predicted TTFT that is this prompt's own prefill (uncached and loaded)."""
-        coef = self.model(c.target).models[TTFT].coef
+        """The part of ``c``'s predicted TTFT that is this prompt's own prefill (uncached and loaded), in
+        [0, predicted TTFT].  The bound is not cosmetic: observations at one prompt length cannot tell the
+        intercept from the per-token slope, so a fit may carry a large slope against a negative intercept
+        (the TTFT right, its split wrong); the prompt's own share is never more than the whole."""
+        rls = self.model(c.target).models[TTFT]
+        coef = rls.coef
         x = ttft_features(num_tokens, c)
-        return max(0.0, coef[1] * x[1] + coef[2] * x[2] + coef[6] * x[1] * x[4] + coef[7] * x[7])
+        own = coef[1] * x[1] + coef[2] * x[2] + coef[6] * x[1] * x[4] + coef[7] * x[7]
+        return min(max(0.0, own), max(0.0, rls.predict(x)))
 
     # ------------------------------------------------------------------ observing
     def dispatched(self, rid: RequestId, num_tokens: int, chosen: Candidate, now: float) -> None:

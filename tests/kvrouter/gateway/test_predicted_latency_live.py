@@ -12,8 +12,10 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
+from kvrouter.gateway import Gateway
 from kvrouter.lab.sim.server.fleet import SimFleet
 from tests.support.gateway import MODEL, gateway, sim_fleet
+from tests.support.wait import until
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")  # the fleet serves on the module's loop
 
@@ -38,11 +40,16 @@ async def mixed() -> AsyncIterator[SimFleet]:
         yield f
 
 
-async def stream(s: aiohttp.ClientSession, base: str, body: dict[str, object]) -> str:
+async def stream(gw: Gateway, s: aiohttp.ClientSession, base: str, body: dict[str, object]) -> str:
+    """One request, streamed to its end, and the gateway done with it: the client reads the last byte
+    before the gateway's handler releases the request's load, and a request sent in between would be
+    decided (and its time learned) with the previous one still in flight."""
     async with s.post(f"{base}/v1/chat/completions", json=body) as r:
         assert r.status == 200, await r.text()
         await r.read()
-        return r.headers["x-kvrouter-instance"]
+        target = r.headers["x-kvrouter-instance"]
+    await until(lambda: gw.router.load.total_in_flight() == 0, what="the gateway released the request")
+    return target
 
 
 async def test_the_gateway_learns_which_instance_is_slow(mixed: SimFleet) -> None:
@@ -53,7 +60,7 @@ async def test_the_gateway_learns_which_instance_is_slow(mixed: SimFleet) -> Non
         book = gw.router.latency
         cold = []
         while not all(book.warm(t) for t in (fast, slow)):  # kv-aware spreads new prompts while cold
-            cold.append(await stream(s, base, chat(rng, 2000)))
+            cold.append(await stream(gw, s, base, chat(rng, 2000)))
             assert len(cold) < 40, cold
         assert {fast, slow} <= set(cold)
         async with s.post(f"{base}/v1/route/explain", json=chat(rng, 2000, stream=False)) as r:
@@ -62,7 +69,7 @@ async def test_the_gateway_learns_which_instance_is_slow(mixed: SimFleet) -> Non
         pred = {c["target"]: c["predicted_ttft_s"] for c in ex["candidates"]}
         assert pred[slow] > 1.4 * pred[fast] > 0, pred
         assert all(c["predicted_tpot_s"] is not None for c in ex["candidates"])
-        warm = [await stream(s, base, chat(rng, 2000)) for _ in range(6)]
+        warm = [await stream(gw, s, base, chat(rng, 2000)) for _ in range(6)]
         assert warm == [fast] * 6
         async with s.get(f"{base}/metrics") as r:
             assert r.status == 200

@@ -196,3 +196,45 @@ def test_two_targets_learn_their_own_speed_from_varied_load() -> None:
         want = 0.04 + s * 7 + 0.01
         assert abs(book.predict(3000, c)[0] - want) / want < 0.02
     assert book.errors[TTFT].mape is not None and book.errors[TTFT].mape < 0.1
+
+
+@settings(max_examples=100)
+@given(
+    n=st.integers(1, 8000),
+    times=st.lists(st.tuples(st.floats(0.02, 2.0), st.integers(0, 1)), min_size=1, max_size=30),
+    probe=st.tuples(st.integers(0, 8000), st.integers(0, 20), st.integers(0, 8000)),
+)
+def test_a_prompts_own_prefill_is_never_more_than_its_ttft(
+    n: int, times: list[tuple[float, int]], probe: tuple[int, int, int]
+) -> None:
+    # Prompts of one length (a benchmark's, a test's) leave the intercept and the per-token slope
+    # unidentified; whatever the fit, the prompt's own share of a prediction is within [0, the whole].
+    book = LatencyBook(LatencyModelConfig(warmup=1))
+    for i, (y, decoding) in enumerate(times):
+        rid = RequestId(f"r{i}")
+        book.dispatched(rid, n, cand("t", decoding=decoding), 10.0 * i)
+        book.first_token(rid, 10.0 * i + y)
+        book.train()
+    pending, decoding, m = probe
+    c = cand("t", pending=pending, decoding=decoding)
+    own, ttft = book.prefill_s(m, c), book.predict(m, c)[0]
+    assert 0.0 <= own <= ttft
+
+
+def test_a_recorded_one_length_fit_still_ranks_the_fast_target_first() -> None:
+    # The fits a live gateway held (tests/kvrouter/gateway/test_predicted_latency_live.py, a failing run):
+    # every prompt about 4,900 tokens, the fast target answering in 0.11 s and the slow in 0.33 s.  The
+    # fast one's fit put -0.42 s in its intercept and 0.52 s in its slope, so its "own prefill" (0.53 s)
+    # outweighed the slow target's whole score and predicted-latency sent the prompt to the slow one.
+    fits = {
+        "fast": (-0.4213, 0.1070, 0.02, 0.1, -0.0402, 0.0, -0.0265, 0.0589),
+        "slow": (0.0537, 0.0537, 0.02, 0.1, 0.0105, 0.0, -0.0014, -0.0027),
+    }
+    book = LatencyBook(LatencyModelConfig())
+    for target, theta in fits.items():
+        rls = book.model(TargetKey(target)).models[TTFT]
+        rls.theta, rls.coef = np.array(theta), theta
+    ttft = {t: book.predict(4900, cand(t))[0] for t in fits}
+    assert 0.08 < ttft["fast"] < 0.15 and 0.28 < ttft["slow"] < 0.35, ttft
+    score = {t: ttft[t] + book.prefill_s(4900, cand(t)) for t in fits}
+    assert score["fast"] < score["slow"], score
