@@ -34,8 +34,13 @@ kernels: $(STAMP)
 	$(BIN)/python -m indexer.kernels
 	$(BIN)/python -c "from kvrouter.lab.sim.engine.hashing import warmup; warmup()"
 
+# The unit step on every core (up to 4 pytest workers, pytest-xdist), a test file per worker at a time so
+# a module's fixtures (a fleet, a gateway) start once; most tests wait on sockets as much as they compute.
+# UNIT_WORKERS=0 runs it in this one process.
+UNIT_WORKERS ?= auto
 unit: kernels
-	$(BIN)/pytest -q -x -m "not slow and not e2e" --ignore=tests/real
+	$(BIN)/pytest -q -x -m "not slow and not e2e" --ignore=tests/real \
+	    $(if $(filter 0,$(UNIT_WORKERS)),,-n $(UNIT_WORKERS) --maxprocesses 4 --dist loadfile)
 
 # Process-tree end-to-end tests (tests/conftest.py: E2E), a step of their own.
 e2e: kernels
