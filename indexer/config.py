@@ -108,9 +108,13 @@ class IndexerOptions(msgspec.Struct, frozen=True):
     queue_size: int = 10_000
     """Bounded per-source ingest queue: beyond it batches are dropped, counted, and recovered by replay."""
     idle_probe_s: float = 1.0
-    """A connected source with a replay endpoint that has sent nothing for this long is asked once for
-    anything after its last batch (a replay from ``last``).  vLLM sends no heartbeat, so a lost final batch
-    would otherwise stay unnoticed until the engine's next step, however long that takes.  0: never."""
+    """A connected source with a replay endpoint that has sent nothing for this long is asked for anything
+    after its last batch (a replay from ``last``).  vLLM sends no heartbeat, so a lost final batch would
+    otherwise stay unnoticed until the engine's next step, however long that takes.  While the source stays
+    quiet it is asked again at doubling intervals (1, 2, 4 ... x this), so a batch lost after one probe is
+    found by the next.  0: never."""
+    idle_probe_max_s: float = 60.0
+    """The longest interval between two probes of a source that stays quiet (the doubling stops here)."""
     bind_accept: Literal["any", "listed"] = "any"
     """Bind mode: which topic names create a source.  ``listed``: only the fleet's instances (an
     allow-list; others are refused and counted as ``bind_unlisted``); ``any``: every name, up to
@@ -160,6 +164,11 @@ class FleetConfig(msgspec.Struct, frozen=True):
                 raise ConfigError(f"{inst.name}: model_roles names models it does not serve: {stray}")
         if self.bind is not None and not _ENDPOINT.match(self.bind):
             raise ConfigError(f"bad bind endpoint {self.bind!r}")
+        if self.indexer.idle_probe_s > 0 and self.indexer.idle_probe_max_s < self.indexer.idle_probe_s:
+            raise ConfigError(
+                f"indexer.idle_probe_max_s ({self.indexer.idle_probe_max_s}) must be >= indexer.idle_probe_s "
+                f"({self.indexer.idle_probe_s})"
+            )
         if self.indexer.max_bind_sources < 0:
             raise ConfigError("indexer.max_bind_sources must be >= 0")
         if not 0 <= self.indexer.reserve_blocks_per_source <= self.indexer.max_blocks_per_source:

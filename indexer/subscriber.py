@@ -47,8 +47,11 @@ class SourceStatus(msgspec.Struct):
     disconnected_at: float | None = None
     messages: int = 0
     last_message_at: float | None = None
-    probed: bool = False
-    """An idle probe (``IndexerOptions.idle_probe_s``) went out since the last message."""
+    """When a batch last arrived (published, or new by replay)."""
+    probes: int = 0
+    """Idle probes (``IndexerOptions.idle_probe_s``) sent since the last message."""
+    probed_at: float | None = None
+    """When the last of them went out."""
     mode: str = "connect"
     """``connect``: our SUB connects to the engine's bound PUB; ``bind``: our SUB is bound at ``endpoint``
     and the engine's PUB connects to it (``InstanceConfig.events_mode``)."""
@@ -243,19 +246,29 @@ class EventSubscriber:
         return 1000 if probe <= 0 else max(10, int(min(1.0, probe / 2) * 1000))
 
     def _check_idle(self, src: SourceKey, status: SourceStatus) -> None:
-        """Probe once per quiet spell: a replay from ``last`` brings any batch that was lost at the tail."""
+        """Probe a quiet source: a replay from ``last`` brings any batch that was lost at the tail.  The
+        first probe goes ``idle_probe_s`` after the last message, each later one twice the previous
+        interval after it (at most ``idle_probe_max_s``): a batch lost after a probe, with nothing
+        following it, is found by the next one rather than never."""
         probe = self.opts.idle_probe_s
         if (
             probe <= 0
-            or status.probed
             or not status.connected
             or status.last_message_at is None
             or src not in self._replay_eps
             or src in self._replay_tasks
-            or time.monotonic() - status.last_message_at < probe
         ):
             return
-        status.probed = True
+        now = time.monotonic()
+        if status.probed_at is None:
+            due = status.last_message_at + probe
+        else:
+            step = probe * 2.0 ** min(status.probes, 40)  # the exponent bounded: a float, never overflowing
+            due = status.probed_at + min(step, self.opts.idle_probe_max_s)
+        if now < due:
+            return
+        status.probes += 1
+        status.probed_at = now
         starts = self.indexer.on_idle(src)
         if starts:
             self.counters["idle_probes"] += 1
@@ -282,7 +295,7 @@ class EventSubscriber:
         if status is not None:
             status.messages += 1
             status.last_message_at = time.monotonic()
-            status.probed = False
+            status.probes, status.probed_at = 0, None
         seq = int.from_bytes(seq_b, "big")
         self._request_replays(src, self.indexer.on_message(src, seq, payload))
 
@@ -374,6 +387,7 @@ class EventSubscriber:
         dealer = self.ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
         dealer.connect(endpoint)
+        before = self.indexer.sync(src).last
         got = 0
         ended = False
         try:
@@ -412,3 +426,10 @@ class EventSubscriber:
                 del self._replay_tasks[src]
         self.counters["replayed_batches"] += got
         self._request_replays(src, self.indexer.on_replay_end(src, complete=ended))
+        status = self.status.get(src)
+        if status is not None and self.indexer.sync(src).last != before:
+            # New batches came by replay (a late join's, or the lost ones a probe found): the source was
+            # heard from now, and a quiet spell (the probes' clock) starts here.  Without this, a source
+            # whose batches all came by replay was never probed.
+            status.last_message_at = time.monotonic()
+            status.probes, status.probed_at = 0, None

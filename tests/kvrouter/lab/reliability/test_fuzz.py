@@ -3,15 +3,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import struct
-import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import msgspec
 import pytest
 
-from indexer import Indexer, SourceKey, Trust
-from indexer.config import FleetConfig, IndexerOptions, InstanceConfig
+from indexer import ConfigError, Indexer, SourceKey, Trust
+from indexer.config import FleetConfig, IndexerOptions, InstanceConfig, parse_fleet
 from indexer.encode import PayloadEncoder
 from indexer.subscriber import EventSubscriber
 from indexer.wire import MAX_DP_RANK
@@ -20,9 +20,11 @@ from kvrouter.lab.sim.engine import BlockStored
 from kvrouter.lab.sim.engine.types import BlockHash
 from kvrouter.lab.sim.server.publisher import EventPublisher, PublisherConfig
 from tests.support.net import free_port
+from tests.support.wait import until
 
 BS = 16
 TS = b"\xcb" + struct.pack(">d", 1.7e9)
+SRC = SourceKey("v0", 0)
 
 
 def test_a_quick_fuzz_run_holds_every_property() -> None:
@@ -95,49 +97,94 @@ def test_deep_extra_keys_are_an_event_error() -> None:
     assert sum(c.decode_errors.values()) + sum(c.skipped_events.values()) + sum(c.event_errors.values()) == 1
 
 
-async def test_a_lost_last_batch_is_found_by_the_idle_probe() -> None:
-    """vLLM sends no heartbeat: a dropped final batch is fetched by one replay once the source is quiet,
-    the one probe of that quiet spell (counted on both sides; nothing is published after the loss)."""
+FIRST = list(range(100, 100 + BS))
+LAST = list(range(500, 500 + BS))
+
+
+@asynccontextmanager
+async def probed_source(
+    *, early: bool = False
+) -> AsyncIterator[tuple[EventPublisher, Indexer, EventSubscriber]]:
+    """A publisher with replay and a subscriber probing it after a second of quiet, source ``SRC``; the
+    block of ``FIRST`` published once the subscriber is connected, or before it joins (``early``)."""
     port, rport = free_port(), free_port()
     pub = EventPublisher(
         PublisherConfig(endpoint=f"tcp://127.0.0.1:{port}", replay_endpoint=f"tcp://127.0.0.1:{rport}")
     )
     await pub.start()
+    if early:
+        pub.publish([BlockStored([BlockHash(11)], None, FIRST, BS)])  # before anyone listens
     ix = Indexer(BS)
     inst = InstanceConfig("v0", events=f"tcp://127.0.0.1:{port}", replay=f"tcp://127.0.0.1:{rport}")
-    # Quiet for a second before a probe: the test reads its counters well before the first could go out.
+    # Quiet for a second before a probe: a test reads its counters well before the first could go out.
     opts = IndexerOptions(idle_probe_s=1.0)
     sub = EventSubscriber(ix, FleetConfig(block_size=BS, instances=[inst], indexer=opts))
     await sub.start()
-    src = SourceKey("v0", 0)
     try:
-        await until(lambda: sub.status[src].connected)
-        first = list(range(100, 100 + BS))
-        pub.publish([BlockStored([BlockHash(11)], None, first, BS)])
-        await until(lambda: held(ix, first) == 1)
-        probes, asked = sub.counters["idle_probes"], pub.stats.replay_requests
-        pub.set_drop_rate(1.0)
-        last = list(range(500, 500 + BS))
-        pub.publish([BlockStored([BlockHash(22)], None, last, BS)])  # lost, and nothing follows it
-        await until(lambda: held(ix, last) == 1)
-        assert (pub.stats.batches, pub.stats.dropped) == (2, 1)  # no later batch could have revealed it
-        assert sub.counters["idle_probes"] == probes + 1 and pub.stats.replay_requests == asked + 1
-        assert ix.trust(src) is Trust.EXACT
+        if not early:
+            await until(lambda: sub.status[SRC].connected)
+            pub.publish([BlockStored([BlockHash(11)], None, FIRST, BS)])
+        await until(lambda: held(ix, FIRST) == 1)
+        yield pub, ix, sub
     finally:
         await sub.stop()
         await pub.stop()
 
 
+async def lose_last(pub: EventPublisher, ix: Indexer, sub: EventSubscriber) -> None:
+    """Publish the block of ``LAST`` and lose it (nothing follows it), then wait until the index holds it:
+    only a probe's replay can bring it.  A wait that fails reports both sides' counters."""
+    pub.set_drop_rate(1.0)
+    pub.publish([BlockStored([BlockHash(22)], None, LAST, BS)])
+    try:
+        await until(lambda: held(ix, LAST) == 1, what="the lost batch found")
+    except AssertionError as e:
+        raise AssertionError(f"{e}: {state(sub, pub, ix)}") from None
+    assert (pub.stats.batches, pub.stats.dropped) == (2, 1)  # no later batch could have revealed it
+
+
+async def test_a_lost_last_batch_is_found_by_the_idle_probe() -> None:
+    """vLLM sends no heartbeat: a dropped final batch is fetched by one replay once the source is quiet,
+    the one probe of that quiet spell (counted on both sides; nothing is published after the loss)."""
+    async with probed_source() as (pub, ix, sub):
+        probes, asked = sub.counters["idle_probes"], pub.stats.replay_requests
+        await lose_last(pub, ix, sub)
+        # one probe after the loss (two if the quiet spell's first probe went out before the loss: a
+        # loop stalled a second between the first batch and the publish)
+        assert sub.counters["idle_probes"] - probes in (1, 2)
+        assert pub.stats.replay_requests - asked == sub.counters["idle_probes"] - probes
+        assert ix.trust(SRC) is Trust.EXACT
+
+
+async def test_a_batch_lost_after_a_probe_is_found_by_the_next() -> None:
+    """A quiet source is probed again at doubling intervals: a batch lost after the spell's first probe,
+    with nothing following it, is found by the second (1 s, then 2 s later), not never."""
+    async with probed_source() as (pub, ix, sub):
+        await until(lambda: sub.counters["idle_probes"] >= 1)  # the spell's first probe: nothing new
+        assert sub.status[SRC].probes >= 1 and pub.stats.replay_requests >= 1
+        await lose_last(pub, ix, sub)
+        assert sub.counters["idle_probes"] >= 2 and ix.trust(SRC) is Trust.EXACT
+
+
+async def test_a_source_heard_only_by_replay_is_probed_too() -> None:
+    """A batch published before the subscriber joined arrives by the join's replay, not by the PUB
+    socket; a batch lost after it, with nothing following, is still found by the idle probe."""
+    async with probed_source(early=True) as (pub, ix, sub):
+        assert sub.status[SRC].messages == 0  # it came by replay alone
+        await lose_last(pub, ix, sub)
+        assert sub.counters["idle_probes"] >= 1 and ix.trust(SRC) is Trust.EXACT
+
+
+def state(sub: EventSubscriber, pub: EventPublisher, ix: Indexer) -> str:
+    """What a failed wait reports: the subscriber's counters, the publisher's, the source's phase."""
+    sync = ix.sync(SRC)
+    return (
+        f"subscriber {dict(sub.counters)}, publisher {pub.stats}, {sync.phase} {sync.last}, {sub.status[SRC]}"
+    )
+
+
 def held(ix: Indexer, tokens: list[int]) -> int:
     return max((m.matched_blocks for m in ix.lookup(tokens).instances), default=0)
-
-
-async def until(cond: object, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.01)
 
 
 def test_payload_encoder_round_trip_still_holds() -> None:
@@ -147,3 +194,10 @@ def test_payload_encoder_round_trip_still_holds() -> None:
         p = enc.batch([enc.stored([1, 2], None, list(range(2 * BS)), BS)], ts=1.0)
         ix = Indexer(BS)
         assert ix.apply_payload("v", p) == 1 and held(ix, list(range(2 * BS))) == 2
+
+
+def test_the_probes_longest_interval_is_checked_against_the_first() -> None:
+    with pytest.raises(ConfigError, match="idle_probe_max_s"):
+        parse_fleet({"block_size": BS, "instances": [], "indexer": {"idle_probe_max_s": 0.5}}, FleetConfig)
+    cfg = parse_fleet({"block_size": BS, "instances": [], "indexer": {"idle_probe_s": 0}}, FleetConfig)
+    assert cfg.indexer.idle_probe_max_s == 60.0  # probes off: the bound is not read

@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 import random
 import socket
-import time
-from collections.abc import Callable
 
 from indexer import Indexer, SourceKey, Trust
 from indexer.config import FleetConfig, IndexerOptions, InstanceConfig
@@ -15,6 +13,7 @@ from indexer.subscriber import EventSubscriber
 from kvrouter.lab.sim.engine import CacheConfig, Engine, EngineConfig, SchedulerConfig
 from kvrouter.lab.sim.server.publisher import EventPublisher, PublisherConfig
 from tests.support.net import free_port
+from tests.support.wait import until
 
 BS = 16
 
@@ -136,11 +135,3 @@ def cpu_only(e: Engine, tokens: list[int]) -> int:
             break
         n += 1
     return n
-
-
-async def until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.02)
