@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from tests.support.net import free_port
-from tests.support.real_vllm import RealVllm, VllmSpec, vllm_python
+from tests.support.real_vllm import RealVllm, VllmSpec, running, vllm_python
 
 CAPACITY = 80
 """KV blocks per server as the simulator counts them (vLLM is started with one more)."""
@@ -64,19 +64,8 @@ def real_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealFleet]:
     FIGURES["vllm_version"] = version
     log_dir = tmp_path_factory.mktemp("real-vllm")
     specs = [_spec("vllm-0", lora=True), _spec("vllm-1"), _spec("vllm-2", mode="connect")]
-    servers = [RealVllm(s, log_dir) for s in specs]
-    try:
-        for s in servers:
-            s.start()
-
-        async def ready() -> None:
-            await asyncio.gather(*(s.wait_ready() for s in servers))
-
-        asyncio.run(ready())
+    with running(specs, log_dir) as servers:
         yield RealFleet(servers, log_dir, version)
-    finally:
-        for s in servers:
-            s.stop()
 
 
 @pytest.fixture

@@ -10,8 +10,6 @@ processor files and names the image as vLLM does (its bytes hashed with ``--mode
 from __future__ import annotations
 
 import asyncio
-import base64
-import io
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,12 +17,12 @@ from typing import Any
 
 import aiohttp
 import pytest
-from PIL import Image
 
 from tests.real.conftest import CAPACITY, FIGURES
+from tests.support.mm_chat import image_chat, png_url
 from tests.support.net import free_port
 from tests.support.real_gateway import Outcome, Served, fleet_file, metric, reset_caches, send
-from tests.support.real_vllm import BLOCK_SIZE, VL_MODEL, RealVllm, VllmSpec, models_dir
+from tests.support.real_vllm import BLOCK_SIZE, VL_MODEL, RealVllm, VllmSpec, models_dir, running
 
 SYSTEM = "You look at screenshots and answer in one short sentence. " * 16
 
@@ -36,46 +34,12 @@ def vl_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[
         VllmSpec(f"vllm-vl-{i}", free_port(), free_port(), free_port(), blocks=CAPACITY + 1, model="qwen-vl")
         for i in range(2)
     ]
-    servers = [RealVllm(s, log_dir) for s in specs]
-    try:
-        for s in servers:
-            s.start()
-
-        async def ready() -> None:
-            await asyncio.gather(*(s.wait_ready() for s in servers))
-
-        asyncio.run(ready())
+    with running(specs, log_dir) as servers:
         yield servers, log_dir
-    finally:
-        for s in servers:
-            s.stop()
-
-
-def _png(w: int, h: int, seed: int) -> str:
-    """A PNG of varied pixels (a flat colour would compress to nothing and say little about decoding)."""
-    im = Image.new("RGB", (w, h))
-    im.putdata([((x * seed) % 256, (y * 7 + seed) % 256, (x ^ y) % 256) for y in range(h) for x in range(w)])
-    out = io.BytesIO()
-    im.save(out, "PNG")
-    return "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
 
 
 def _body(image: str, question: str) -> dict[str, Any]:
-    return {
-        "model": VL_MODEL,
-        "max_tokens": 2,
-        "messages": [
-            {"role": "system", "content": SYSTEM},
-            {
-                "role": "user",
-                "content": [
-                    {"type": "text", "text": "Here is the screen:"},
-                    {"type": "image_url", "image_url": {"url": image}},
-                    {"type": "text", "text": question},
-                ],
-            },
-        ],
-    }
+    return image_chat(VL_MODEL, SYSTEM, image, question)
 
 
 async def _until_indexed(s: aiohttp.ClientSession, gw: Served, instance: str, n: int) -> None:
@@ -104,7 +68,7 @@ async def test_images_route_to_their_cache_on_real_vllm(
     try:
         async with aiohttp.ClientSession() as s:
             url = "/v1/chat/completions"
-            a, b = _png(300, 200, 3), _png(300, 200, 5)  # same size: the same placeholder count
+            a, b = png_url(300, 200, 3), png_url(300, 200, 5)  # same size: the same placeholder count
             first = await send(s, gw.url, url, _body(a, "What is open?"))
             seen.append(first)
             assert first.status == 200 and first.instance, first.body

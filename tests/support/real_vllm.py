@@ -19,6 +19,8 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
@@ -251,3 +253,22 @@ class RealVllm:
         except ProcessLookupError:
             return
         time.sleep(0.5)
+
+
+@contextmanager
+def running(specs: list[VllmSpec], log_dir: Path) -> Iterator[list[RealVllm]]:
+    """The servers of ``specs`` started together, yielded once every one answers, stopped on exit
+    (whatever happened: a server that failed to start is stopped with the rest)."""
+    servers = [RealVllm(s, log_dir) for s in specs]
+    try:
+        for s in servers:
+            s.start()
+
+        async def ready() -> None:
+            await asyncio.gather(*(s.wait_ready() for s in servers))
+
+        asyncio.run(ready())
+        yield servers
+    finally:
+        for s in servers:
+            s.stop()

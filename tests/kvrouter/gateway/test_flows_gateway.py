@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
@@ -58,15 +59,44 @@ async def chat(s: aiohttp.ClientSession, base: str, key: str, text: str, **heade
         return r.status, dict(r.headers)
 
 
+async def metrics(s: aiohttp.ClientSession, base: str) -> str:
+    """The gateway's ``/metrics`` text (answered 200)."""
+    async with s.get(f"{base}/metrics") as r:
+        assert r.status == 200
+        return await r.text()
+
+
+async def _faults(s: aiohttp.ClientSession, fleet: SimFleet, latency_s: float) -> None:
+    for srv in fleet.servers:
+        async with s.post(f"{srv.url}/sim/faults", json={"latency_s": latency_s}) as r:
+            assert r.status == 200
+
+
+@asynccontextmanager
+async def slowed(s: aiohttp.ClientSession, fleet: SimFleet) -> AsyncIterator[list[str]]:
+    """Every instance 0.3 s a request (a backlog builds at once), back to full speed after; yields the list
+    that ``one`` appends each request's name to as it ends."""
+    await _faults(s, fleet, 0.3)
+    try:
+        yield []
+    finally:
+        await _faults(s, fleet, 0.0)
+
+
+async def one(s: aiohttp.ClientSession, base: str, done: list[str], key: str, name: str) -> None:
+    """One chat of tenant ``key``, answered 200, its ``name`` appended to ``done`` when it ends."""
+    st, _ = await chat(s, base, key, name)
+    assert st == 200
+    done.append(name)
+
+
 async def test_rate_limited_tenant_gets_429_with_retry_after_and_others_do_not(fleet: SimFleet) -> None:
     async with gateway(fleet, **FLOWS) as (_, base), aiohttp.ClientSession() as s:
         got = [await chat(s, base, "sk-limited", f"hello {i}") for i in range(3)]
         assert [st for st, _ in got] == [200, 200, 429]
         assert int(got[2][1]["Retry-After"]) >= 25  # a request refills in 30 s
         assert (await chat(s, base, "sk-calm", "hello"))[0] == 200
-        async with s.get(f"{base}/metrics") as r:
-            assert r.status == 200
-            m = await r.text()
+        m = await metrics(s, base)
         assert samples(m, "kvrouter_flow_rate_limited_total") == {(("tenant", "limited"),): 1.0}
         assert samples(m, "kvrouter_rejections_total")[(("reason", "rate_limited"),)] == 1.0
 
@@ -90,9 +120,7 @@ async def test_bad_flow_headers_are_counted_and_served_at_the_default(fleet: Sim
                 "may_fill_reserve": False,  # below limits.saturation.reserved_priority (1)
                 "objective": None,
             }
-        async with s.get(f"{base}/metrics") as r:
-            assert r.status == 200
-            w = samples(await r.text(), "kvrouter_flow_header_warnings_total")
+        w = samples(await metrics(s, base), "kvrouter_flow_header_warnings_total")
         assert w[(("header", "tenant"), ("reason", "needs_key"))] == 2.0
         assert w[(("header", "priority"), ("reason", "not_allowed"))] == 1.0
         assert w[(("header", "priority"), ("reason", "malformed"))] == 1.0
@@ -101,39 +129,22 @@ async def test_bad_flow_headers_are_counted_and_served_at_the_default(fleet: Sim
 
 async def test_under_saturation_the_high_priority_tenant_goes_first(fleet: SimFleet) -> None:
     over = {**FLOWS, "limits": {"max_in_flight": 1, "queue_size": 64, "queue_timeout_s": 30}}
-    async with gateway(fleet, **over) as (gw, base), aiohttp.ClientSession() as s:
-        for srv in fleet.servers:
-            async with s.post(f"{srv.url}/sim/faults", json={"latency_s": 0.3}) as r:
-                assert r.status == 200
-        try:
-            done: list[str] = []
-
-            async def one(key: str, name: str) -> None:
-                st, _ = await chat(s, base, key, name)
-                assert st == 200
-                done.append(name)
-
-            flood = [asyncio.create_task(one("sk-noisy", f"noisy {i}")) for i in range(8)]
-            await until(lambda: gw.pipeline.gate.waiting >= 6, what="the noisy tenant's backlog")
-            vip = asyncio.create_task(one("sk-vip", "vip"))
-            await until(lambda: gw.pipeline.gate.queue.depth(Flow("vip", 2)) == 1, what="vip waiting")
-            older = gw.pipeline.gate.queue.depth(Flow("noisy", 0))
-            assert older >= 2  # older waiters it must overtake
-            await asyncio.gather(*flood, vip)
-            # The next slot freed is vip's: before it end only the noisy requests not waiting when it came
-            # (done or in flight), and perhaps the one sent to the other slot freed with it.
-            assert done.index("vip") <= 8 - older + 1, (older, done)
-            async with s.get(f"{base}/metrics") as r:
-                assert r.status == 200
-                m = await r.text()
-            admitted = samples(m, "kvrouter_flow_admitted_total")
-            assert admitted[(("priority", "2"), ("tenant", "vip"))] == 1.0
-            assert admitted[(("priority", "0"), ("tenant", "noisy"))] == 8.0
-            assert samples(m, "kvrouter_flow_work_tokens_total")[(("priority", "0"), ("tenant", "noisy"))] > 0
-        finally:
-            for srv in fleet.servers:
-                async with s.post(f"{srv.url}/sim/faults", json={"latency_s": 0.0}) as r:
-                    assert r.status == 200
+    async with gateway(fleet, **over) as (gw, base), aiohttp.ClientSession() as s, slowed(s, fleet) as done:
+        flood = [asyncio.create_task(one(s, base, done, "sk-noisy", f"noisy {i}")) for i in range(8)]
+        await until(lambda: gw.pipeline.gate.waiting >= 6, what="the noisy tenant's backlog")
+        vip = asyncio.create_task(one(s, base, done, "sk-vip", "vip"))
+        await until(lambda: gw.pipeline.gate.queue.depth(Flow("vip", 2)) == 1, what="vip waiting")
+        older = gw.pipeline.gate.queue.depth(Flow("noisy", 0))
+        assert older >= 2  # older waiters it must overtake
+        await asyncio.gather(*flood, vip)
+        # The next slot freed is vip's: before it end only the noisy requests not waiting when it came
+        # (done or in flight), and perhaps the one sent to the other slot freed with it.
+        assert done.index("vip") <= 8 - older + 1, (older, done)
+        m = await metrics(s, base)
+        admitted = samples(m, "kvrouter_flow_admitted_total")
+        assert admitted[(("priority", "2"), ("tenant", "vip"))] == 1.0
+        assert admitted[(("priority", "0"), ("tenant", "noisy"))] == 8.0
+        assert samples(m, "kvrouter_flow_work_tokens_total")[(("priority", "0"), ("tenant", "noisy"))] > 0
 
 
 async def test_a_tenants_work_is_its_uncached_prompt_and_its_decode(fleet: SimFleet) -> None:
@@ -148,9 +159,7 @@ async def test_a_tenants_work_is_its_uncached_prompt_and_its_decode(fleet: SimFl
         ) as r:
             assert r.status == 200
             usage = (await r.json())["usage"]
-        async with s.get(f"{base}/metrics") as r:
-            assert r.status == 200
-            work = samples(await r.text(), "kvrouter_flow_work_tokens_total")
+        work = samples(await metrics(s, base), "kvrouter_flow_work_tokens_total")
         # nothing of it was cached anywhere: all its prompt, plus the tokens vLLM reports it generated
         assert usage["prompt_tokens_details"]["cached_tokens"] == 0
         assert (
@@ -174,9 +183,7 @@ async def test_an_objective_the_fleet_cannot_meet_is_refused_early_with_the_reas
         assert status == 200 and "x-kvrouter-slo" not in h
         status, h = await chat(s, base, "sk-calm", "bad", **{"x-slo-ttft-ms": "soon"})
         assert status == 200 and "x-kvrouter-slo" not in h  # ignored, counted
-        async with s.get(f"{base}/metrics") as r:
-            assert r.status == 200
-            m = await r.text()
+        m = await metrics(s, base)
         slo = samples(m, "kvrouter_flow_slo_total")
         assert slo[(("outcome", "rejected_ttft"), ("tenant", "calm"))] == 1.0
         assert slo[(("outcome", "met"), ("tenant", "calm"))] == 1.0
@@ -190,9 +197,7 @@ async def test_an_objective_the_fleet_cannot_meet_is_served_at_the_lower_priorit
         status, h = await chat(s, base, "sk-vip", "slo " * 50, **{"x-slo-ttft-ms": "1"})
         # not saturated: served, at priority -1 (sheddable), and told so
         assert status == 200 and h["x-kvrouter-slo"].startswith("demoted; ttft; predicted_ms=")
-        async with s.get(f"{base}/metrics") as r:
-            assert r.status == 200
-            m = await r.text()
+        m = await metrics(s, base)
         assert samples(m, "kvrouter_flow_slo_total")[(("outcome", "demoted_ttft"), ("tenant", "vip"))] == 1.0
         assert samples(m, "kvrouter_flow_admitted_total")[(("priority", "-1"), ("tenant", "vip"))] == 1.0
 
@@ -201,31 +206,15 @@ async def test_the_reserve_is_kept_from_a_low_priority_flood_for_high_priority(f
     # 2 instances x 2 slots; half of each cap kept for priority 1 and above: the flood (priority 0) holds
     # one slot per instance and waits for those, and the vip request finds a kept slot at once.
     limits = {"max_in_flight": 2, "queue_size": 64, "queue_timeout_s": 30, "saturation": {"reserve": 0.5}}
-    async with gateway(fleet, **{**FLOWS, "limits": limits}) as (gw, base), aiohttp.ClientSession() as s:
-        for srv in fleet.servers:
-            async with s.post(f"{srv.url}/sim/faults", json={"latency_s": 0.3}) as r:
-                assert r.status == 200
-        try:
-            done: list[str] = []
-
-            async def one(key: str, name: str) -> None:
-                st, _ = await chat(s, base, key, name)
-                assert st == 200
-                done.append(name)
-
-            flood = [asyncio.create_task(one("sk-noisy", f"noisy {i}")) for i in range(8)]
-            await until(lambda: gw.pipeline.gate.waiting >= 6, what="the noisy tenant's backlog")
-            assert gw.pipeline.router.load.total_in_flight() == 2  # the other two slots are kept
-            await one("sk-vip", "vip")
-            # it did not wait for a slot: only the two noisy requests in flight when it came could end first
-            assert done.index("vip") <= 2, done
-            await asyncio.gather(*flood)
-            async with s.get(f"{base}/metrics") as r:
-                assert r.status == 200
-                m = await r.text()
-            waits = samples(m, "kvrouter_flow_queue_wait_seconds_count")
-            assert waits[(("priority", "2"), ("tenant", "vip"))] == 1.0
-        finally:
-            for srv in fleet.servers:
-                async with s.post(f"{srv.url}/sim/faults", json={"latency_s": 0.0}) as r:
-                    assert r.status == 200
+    served = gateway(fleet, **{**FLOWS, "limits": limits})
+    async with served as (gw, base), aiohttp.ClientSession() as s, slowed(s, fleet) as done:
+        flood = [asyncio.create_task(one(s, base, done, "sk-noisy", f"noisy {i}")) for i in range(8)]
+        await until(lambda: gw.pipeline.gate.waiting >= 6, what="the noisy tenant's backlog")
+        assert gw.pipeline.router.load.total_in_flight() == 2  # the other two slots are kept
+        await one(s, base, done, "sk-vip", "vip")
+        # it did not wait for a slot: only the two noisy requests in flight when it came could end first
+        assert done.index("vip") <= 2, done
+        await asyncio.gather(*flood)
+        m = await metrics(s, base)
+        waits = samples(m, "kvrouter_flow_queue_wait_seconds_count")
+        assert waits[(("priority", "2"), ("tenant", "vip"))] == 1.0

@@ -9,26 +9,18 @@ at the same place hits only up to it.  Broken media is the client's error (400),
 from __future__ import annotations
 
 import asyncio
-import base64
-import io
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-from PIL import Image
 
 from kvrouter.lab.sim.server.fleet import SimFleet
 from tests.support.gateway import MODEL, gateway, sim_fleet
+from tests.support.mm_chat import image_chat, png_url
 from tests.support.mm_models import build_mm_model
 from tests.support.wait import until
-
-
-def _png(w: int, h: int, colour: tuple[int, int, int]) -> str:
-    out = io.BytesIO()
-    Image.new("RGB", (w, h), colour).save(out, "PNG")
-    return "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
 
 
 @pytest.fixture
@@ -38,23 +30,11 @@ async def fleet(tmp_path: Path) -> AsyncIterator[SimFleet]:
         yield f
 
 
+SYSTEM = "You look at screenshots and answer briefly. " * 20
+
+
 def _body(image: str, question: str) -> dict[str, Any]:
-    system = "You look at screenshots and answer briefly. " * 20
-    return {
-        "model": MODEL,
-        "max_tokens": 2,
-        "messages": [
-            {"role": "system", "content": system},
-            {
-                "role": "user",
-                "content": [
-                    {"type": "text", "text": "Here is the screen:"},
-                    {"type": "image_url", "image_url": {"url": image}},
-                    {"type": "text", "text": question},
-                ],
-            },
-        ],
-    }
+    return image_chat(MODEL, SYSTEM, image, question)
 
 
 async def _post(s: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> tuple[int, dict[str, str], Any]:
@@ -63,7 +43,7 @@ async def _post(s: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> tup
 
 
 async def test_images_route_to_their_cache(fleet: SimFleet) -> None:
-    red, blue = _png(640, 480, (200, 0, 0)), _png(640, 480, (0, 0, 200))
+    red, blue = png_url(640, 480, 3), png_url(640, 480, 5)
     async with gateway(fleet) as (gw, base), aiohttp.ClientSession() as s:
         url = f"{base}/v1/chat/completions"
         st, h, d = await _post(s, url, _body(red, "What is open?"))
