@@ -27,6 +27,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
+from kvrouter.gateway.upstream_http import UpstreamHttp
 from kvrouter.lab.reliability.driver import PromptMix, Shot, error_kinds, open_loop, summary
 from kvrouter.lab.reliability.figures import Figure, ScenarioResult, at_least, at_most, exactly, fig
 from kvrouter.lab.reliability.overload import overload_figures, reasons, rejections
@@ -77,6 +78,10 @@ class LoadConfig(msgspec.Struct, frozen=True):
     """``kvrouter serve --workers`` (None: serve's default, the machine's cores)."""
 
 
+MAX_OUTSTANDING = 4000
+"""Requests the driver keeps outstanding at most (past it: ``client_overload``); idle connections too."""
+
+
 class Phase(msgspec.Struct):
     name: str
     rate: float
@@ -89,9 +94,11 @@ class Phase(msgspec.Struct):
 async def _phase(
     urls: list[str], rate: float, seconds: float, mix: PromptMix, name: str
 ) -> tuple[Phase, list[Shot]]:
-    conn = aiohttp.TCPConnector(limit=0, force_close=False)
-    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=30)) as s:
-        shots = await open_loop(s, urls, rate, seconds, mix.body, max_outstanding=4000)
+    client = UpstreamHttp(max_idle_per_host=MAX_OUTSTANDING)
+    try:
+        shots = await open_loop(client, urls, rate, seconds, mix.body, max_outstanding=MAX_OUTSTANDING)
+    finally:
+        client.close()
     return Phase(name, rate, seconds, summary(shots, seconds), error_kinds(shots)), shots
 
 

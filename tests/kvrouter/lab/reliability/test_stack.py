@@ -14,7 +14,9 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
+from kvrouter.gateway.upstream_http import UpstreamHttp
 from kvrouter.lab.reliability.crash import CrashConfig, crash
+from kvrouter.lab.reliability.driver import PromptMix, Shot, lean_one, one
 from kvrouter.lab.reliability.event_loss import EventLossConfig, event_loss
 from kvrouter.lab.reliability.figures import ScenarioResult, render_table
 from kvrouter.lab.reliability.flood import FloodConfig, flood
@@ -91,6 +93,47 @@ async def test_admission_answers_429_before_reading_the_body(res: Resources) -> 
             assert "kvrouter_event_loop_tasks" in text
             for srv in fleet.servers:
                 await set_faults(s, srv.url, latency_s=0.0)
+
+
+async def test_the_open_loop_driver_records_what_aiohttps_client_records(res: Resources) -> None:
+    """The load scenario's driver sends through the lean client: 200s and prompt 429s read as aiohttp's
+    client reads them (status, Retry-After, instance, decision time), a refused connection as an error."""
+    async with res.fleet(2) as fleet:
+        g = await res.gateway(fleet, {"limits": {"max_requests": 2}})
+        names = {srv.name for srv in fleet.servers}
+        lean = UpstreamHttp()
+        async with g, client() as s:
+            url = f"{g.base}/v1/completions"
+            mix = PromptMix(3, prefix=16, tail=4)
+            served = [Shot(sent=0.0), Shot(sent=0.0)]
+            await asyncio.gather(
+                lean_one(lean, url, mix.body(), served[0]), one(s, url, mix.body(), served[1])
+            )
+            for srv in fleet.servers:  # held until cancelled: the refusals cannot race their release
+                await set_faults(s, srv.url, latency_s=30.0)
+            slow = [Shot(sent=0.0) for _ in range(2)]
+            held = [asyncio.create_task(lean_one(lean, url, mix.body(), sh)) for sh in slow]
+            assert g.gw is not None
+            pipeline = g.gw.pipeline
+            await until(lambda: pipeline.admission.active == 2, what="both slow requests held")
+            refused = [Shot(sent=0.0), Shot(sent=0.0)]
+            await asyncio.gather(
+                lean_one(lean, url, mix.body(), refused[0]), one(s, url, mix.body(), refused[1])
+            )
+            for t in held:
+                t.cancel()
+            await asyncio.gather(*held, return_exceptions=True)
+            await until(lambda: pipeline.admission.active == 0, what="the abandoned requests released")
+            for srv in fleet.servers:
+                await set_faults(s, srv.url, latency_s=0.0)
+        gone = Shot(sent=0.0)
+        await lean_one(lean, url, mix.body(), gone)  # the gateway has stopped: nothing listens
+        lean.close()
+    for sh in served:
+        assert sh.status == 200 and sh.error is None and sh.instance and sh.decision_ms is not None, sh
+    assert {sh.instance for sh in served} <= names
+    assert [(sh.status, sh.retry_after, sh.error) for sh in refused] == [(429, "1", None)] * 2
+    assert gone.status == 0 and gone.error, gone
 
 
 # ---------------------------------------------------------------------------------------------- bad input
