@@ -18,7 +18,7 @@ from kvrouter.config import RouterFleetConfig
 from kvrouter.pipeline import PassThroughTokens, PipelineMetrics, RequestPipeline
 from kvrouter.replicas import PrefixClaims, SharedStateConfig
 from kvrouter.routing import Router, Target
-from kvrouter.types import InstanceId
+from kvrouter.types import InstanceId, TargetKey
 from tests.support.redis_server import RedisServer, redis_server
 
 __all__ = ["redis_server"]
@@ -173,13 +173,13 @@ async def test_a_placement_told_by_the_log_counts_its_prefill_where_it_went(
     assert d1.chosen is not None
     first.dispatched(p1, d1.chosen)
     idle = d1.chosen.target
-    second.router.load.set_external({InstanceId(n): (1, 200) for n in NAMES if n != idle})
+    second.router.load.set_external({TargetKey(n): (1, 200) for n in NAMES if n != idle})
     p2 = await second.prepare(body(42), "completions", {})
     alone = second.decide(p2, dry_run=True).chosen
     assert alone is not None and alone.target == idle  # on its own view, the idle-looking target
     d2 = await second.admit(p2)
     assert d2.chosen is not None and d2.chosen.target != idle
-    load = second.router.load.get(InstanceId(idle))
+    load = second.router.load.get(TargetKey(idle))
     assert (load.external_in_flight, load.external_prefill_tokens) == (1, 200 // 16 * 16)
     second.router.load.set_external({})  # the next published load replaces what was expected
-    assert second.router.load.get(InstanceId(idle)).external_in_flight == 0
+    assert second.router.load.get(TargetKey(idle)).external_in_flight == 0
