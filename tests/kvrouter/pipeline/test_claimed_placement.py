@@ -86,7 +86,7 @@ async def test_replicas_with_different_views_place_a_new_prompt_where_it_was_cla
     p1 = await first.prepare(body(1), "completions", {})
     own = first.decide(p1, dry_run=True).chosen
     assert own is not None
-    second.router.load.set_external({InstanceId(own.target): (3, 800)})
+    second.router.load.set_external({TargetKey(own.target): (3, 800)})
     p2 = await second.prepare(body(1), "completions", {})
     alone = second.decide(p2, dry_run=True).chosen
     assert alone is not None and alone.target != own.target
