@@ -223,18 +223,6 @@ class LoadTracker:
             for key in loads:
                 self.shared.set_external(self._slot(key), *loads[key])
 
-    def expect_external(self, inst: TargetKey, prefill_tokens: int) -> None:
-        """Another replica has just placed a request on ``inst`` that its next published load will carry:
-        counted as the peers' until the next ``set_external``, which replaces it with what they publish.
-        Without it a replica told of a peer's placement (``replicas.claims``) sees the blocks expected
-        there but not their prefill, and places its own new prompt on the same idle-looking target."""
-        self.refresh([inst])
-        load = self.get(inst)
-        load.external_in_flight += 1
-        load.external_prefill_tokens += prefill_tokens
-        if self.shared is not None:
-            self.shared.set_external(self._slot(inst), load.external_in_flight, load.external_prefill_tokens)
-
     def instance_of(self, rid: RequestId) -> TargetKey | None:
         r = self._reqs.get(rid)
         return None if r is None else r.instance

@@ -370,12 +370,10 @@ class Router:
     def expect(self, chains: I64Array, at: Candidate, now: float) -> None:
         """Another router replica has placed, or is placing, a prompt whose blocks are ``chains`` at ``at``
         (its claim, or its entry in the placements log): expect them there as a speculative entry of this
-        index alone (that replica publishes its own), and their prefill as that replica's load there
-        until its next published load carries it (``LoadTracker.expect_external``)."""
+        index alone (that replica publishes its own)."""
         if len(chains) and isinstance(self.indexer.index, BlockIndex):
             src = SourceKey(at.instance, at.dp_rank)
             self.indexer.index.add_speculative(src, chains, now=now, ttl=self.indexer.speculative_ttl)
-            self.load.expect_external(at.target, len(chains) * self.indexer.block_size)
 
     def dispatched(
         self,

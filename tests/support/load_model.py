@@ -44,11 +44,6 @@ class LoadModel:
         self.claims.pop(rid, None)
         self.reqs.pop(rid, None)
 
-    def expect_external(self, t: TargetKey, tokens: int) -> None:
-        """A peer's request just placed at ``t``: one more in the peers' load, until it is replaced."""
-        n, tok = self.external.get(t, (0, 0))
-        self.external[t] = (n + 1, tok + tokens)
-
     def forget(self, t: TargetKey) -> None:
         self.reqs = {k: r for k, r in self.reqs.items() if r.target != t}
         self.claims = {k: c for k, c in self.claims.items() if c != t}

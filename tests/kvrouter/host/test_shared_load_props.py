@@ -101,13 +101,6 @@ class SharedLoadMachine(RuleBasedStateMachine):
         self.reference.set_external(loads)
         self.model.external = dict(loads)
 
-    @rule(k=workers, tk=targets, tokens=st.integers(0, 5000))
-    def expect_external(self, k: int, tk: TargetKey, tokens: int) -> None:
-        """One worker is told of a peer replica's placement: every worker reads it (the host's view)."""
-        self.workers[k].expect_external(tk, tokens)
-        self.reference.expect_external(tk, tokens)
-        self.model.expect_external(tk, tokens)
-
     @rule(tk=targets)
     def forget(self, tk: TargetKey) -> None:
         for w in self.workers:

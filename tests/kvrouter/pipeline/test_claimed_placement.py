@@ -157,29 +157,3 @@ async def test_new_prompts_of_one_process_awaiting_their_claims_spread_too(
     d1, d2 = await asyncio.gather(one.admit(p1), one.admit(p2))
     assert d1.chosen is not None and d2.chosen is not None
     assert d1.chosen.target != d2.chosen.target
-
-
-async def test_a_placement_told_by_the_log_counts_its_prefill_where_it_went(
-    claims: tuple[PrefixClaims, PrefixClaims],
-) -> None:
-    """The second replica sees every target but one busy with its peers' earlier prompts, and the idle one
-    is where the first replica has just placed a new prompt (not yet in the load it published).  Told of
-    that placement by the log, it counts the prompt's prefill there as well as its blocks, and places its
-    own new prompt elsewhere, as one router that had sent the first there would."""
-    first, second = pipeline(), pipeline()
-    first.claims, second.claims = claims
-    p1 = await first.prepare(body(41), "completions", {})
-    d1 = await first.admit(p1)
-    assert d1.chosen is not None
-    first.dispatched(p1, d1.chosen)
-    idle = d1.chosen.target
-    second.router.load.set_external({TargetKey(n): (1, 200) for n in NAMES if n != idle})
-    p2 = await second.prepare(body(42), "completions", {})
-    alone = second.decide(p2, dry_run=True).chosen
-    assert alone is not None and alone.target == idle  # on its own view, the idle-looking target
-    d2 = await second.admit(p2)
-    assert d2.chosen is not None and d2.chosen.target != idle
-    load = second.router.load.get(TargetKey(idle))
-    assert (load.external_in_flight, load.external_prefill_tokens) == (1, 200 // 16 * 16)
-    second.router.load.set_external({})  # the next published load replaces what was expected
-    assert second.router.load.get(TargetKey(idle)).external_in_flight == 0

@@ -1,5 +1,5 @@
 """The load tracker against a plain reference model, under random claim / dispatch / first token / finish /
-engine observation / external load (replaced, or one peer request added) / forget sequences.
+engine observation / external load / forget sequences.
 
 The model keeps only the requests (target, tokens to prefill, past the first token or not) and the last
 observations; every per-target figure the router reads is recomputed from them from scratch.
@@ -60,11 +60,6 @@ class LoadMachine(RuleBasedStateMachine):
     def set_external(self, loads: dict[TargetKey, tuple[int, int]]) -> None:
         self.tracker.set_external(loads)
         self.model.external = dict(loads)  # replaces the whole view: absent targets get zero
-
-    @rule(tk=targets, tokens=st.integers(0, 5000))
-    def expect_external(self, tk: TargetKey, tokens: int) -> None:
-        self.tracker.expect_external(tk, tokens)
-        self.model.expect_external(tk, tokens)
 
     @rule(tk=targets)
     def forget(self, tk: TargetKey) -> None:
