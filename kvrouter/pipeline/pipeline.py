@@ -157,7 +157,7 @@ class PlacementClaims(Protocol):
         ...
 
 
-CLAIM_LOOKS = 16
+CLAIM_LOOKS = 3
 """Claims of one new prompt that first look for placements made since (each a decision again when there
 were some); one more then claims without looking, so a stream of new prompts cannot hold one back."""
 
