@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -64,18 +64,23 @@ class PromptMix:
         return {"model": MODEL, "prompt": tokens, "max_tokens": self.max_tokens, "ignore_eos": True}
 
 
+def _record(shot: Shot, status: int, headers: Mapping[str, str], data: bytes) -> None:
+    """An answer's fields into ``shot``; ``headers`` looked up by lower-case name (aiohttp's are
+    case-insensitive, the lean client's are given lowered)."""
+    shot.status = status
+    shot.retry_after = headers.get("retry-after")
+    shot.instance = headers.get("x-kvrouter-instance")
+    dm = headers.get("x-kvrouter-decision-ms")
+    shot.decision_ms = float(dm) if dm else None
+    if status == 200 and b"cached_tokens" in data:
+        shot.cached_tokens = cached_tokens(msgspec.json.decode(data))
+
+
 async def one(session: aiohttp.ClientSession, url: str, body: dict[str, Any], shot: Shot) -> None:
     t0 = time.perf_counter()
     try:
         async with session.post(url, json=body) as r:
-            data = await r.read()
-            shot.status = r.status
-            shot.retry_after = r.headers.get("Retry-After")
-            shot.instance = r.headers.get("x-kvrouter-instance")
-            dm = r.headers.get("x-kvrouter-decision-ms")
-            shot.decision_ms = float(dm) if dm else None
-            if r.status == 200 and b"cached_tokens" in data:
-                shot.cached_tokens = cached_tokens(msgspec.json.decode(data))
+            _record(shot, r.status, r.headers, await r.read())
     except (aiohttp.ClientError, TimeoutError, ValueError) as e:
         shot.error = type(e).__name__
     shot.latency_s = time.perf_counter() - t0
@@ -96,14 +101,7 @@ async def lean_one(client: UpstreamHttp, url: str, body: dict[str, Any], shot: S
             raw = await ans.read()
         finally:
             ans.release()
-        h = {k.lower(): v for k, v in ans.headers.items()}
-        shot.status = ans.status
-        shot.retry_after = h.get("retry-after")
-        shot.instance = h.get("x-kvrouter-instance")
-        dm = h.get("x-kvrouter-decision-ms")
-        shot.decision_ms = float(dm) if dm else None
-        if ans.status == 200 and b"cached_tokens" in raw:
-            shot.cached_tokens = cached_tokens(msgspec.json.decode(raw))
+        _record(shot, ans.status, {k.lower(): v for k, v in ans.headers.items()}, raw)
     except (aiohttp.ClientError, TimeoutError, ValueError, OSError) as e:
         shot.error = type(e).__name__
     shot.latency_s = time.perf_counter() - t0
