@@ -75,6 +75,14 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # this process's own command line: only then may it be re-executed
+        from .allocator import AllocatorError, prefer_jemalloc
+
+        try:
+            prefer_jemalloc(_command_of(sys.argv[1:]))
+        except AllocatorError as e:
+            print(f"kvrouter: {e}", file=sys.stderr)
+            return 2
     argv = sys.argv[1:] if argv is None else argv
     ap = build_parser(argv)
     args = ap.parse_args(argv)

@@ -13,6 +13,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from .allocator import active as active_allocator
+
 log = logging.getLogger("kvrouter.heap")
 
 
@@ -62,7 +64,10 @@ class _MallInfo2(ctypes.Structure):
 
 
 def _glibc() -> ctypes.CDLL | None:
-    """The C library when it is glibc with ``malloc_trim`` and ``mallinfo2`` (2.33+); None elsewhere."""
+    """The C library when it is glibc with ``malloc_trim`` and ``mallinfo2`` (2.33+) and it is the
+    allocator in use; None elsewhere (under jemalloc glibc's arenas hold nothing: ``kvrouter.allocator``)."""
+    if active_allocator() != "system":
+        return None
     try:
         lib = ctypes.CDLL(None)
         lib.malloc_trim.argtypes = [ctypes.c_size_t]
@@ -124,6 +129,13 @@ class HeapTrimmer:
             "Bytes the C allocator held free in its arenas at the last look (before any trim)",
             registry=registry,
         )
+        self.allocator = Gauge(
+            "kvrouter_allocator",
+            "1 for the C allocator this process runs on (jemalloc or system: KVROUTER_ALLOCATOR)",
+            ["allocator"],
+            registry=registry,
+        )
+        self.allocator.labels(active_allocator()).set(1)
         self._task: asyncio.Task[None] | None = None
         self._base: int | None = None
 

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from indexer.errors import ConfigError
 
+from ..allocator import active as active_allocator
 from ..config import RouterFleetConfig, load_router_fleet
 from ..gateway import Gateway, build_gateway
 from ..heap import HeapTrimmer, freeze_on_startup, trim_heap
@@ -123,6 +124,7 @@ def _serve(
             "policy": gw.router.config.policy,
             "instances": len(cfg.instances),
             "worker": getattr(host, "me", None),
+            "allocator": active_allocator(),
         },
     )
     if (args.front or cfg.gateway.front) == "lean":
