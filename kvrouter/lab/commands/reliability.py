@@ -36,6 +36,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="kvrouter serve --workers for the load scenario's gateway (default: serve's, one per core)",
     )
     p.add_argument(
+        "--sustain-s",
+        type=float,
+        default=None,
+        help="length of the load scenario's sustained run at the highest rate held (default: 60 s)",
+    )
+    p.add_argument(
         "--verbose", action="store_true", help="keep the scenarios' logs (default: errors only, on stderr)"
     )
 
@@ -45,6 +51,9 @@ def run(a: argparse.Namespace) -> int:
     unknown = [n for n in names or [] if n not in SCENARIOS]
     if unknown:
         print(f"unknown scenarios: {', '.join(unknown)}; known: {', '.join(SCENARIOS)}", file=sys.stderr)
+        return 2
+    if a.sustain_s is not None and a.sustain_s <= 0:
+        print("--sustain-s must be positive", file=sys.stderr)
         return 2
     if not a.verbose:
         # The fault scenarios make the components log every fault they handle; that is their job, not
@@ -64,7 +73,9 @@ def run(a: argparse.Namespace) -> int:
     print(f"[reliability] kernels ready in {time.perf_counter() - t_kernels:.1f} s", file=sys.stderr)
     t0 = time.perf_counter()
     with asyncio.Runner(loop_factory=factory) as runner:
-        results = runner.run(run_suite(names, quick=a.quick, progress=sys.stderr, workers=a.workers))
+        results = runner.run(run_suite(
+                names, quick=a.quick, progress=sys.stderr, workers=a.workers, sustain_s=a.sustain_s
+            ))
     wall = time.perf_counter() - t0
     head = (
         f"kvrouter reliability{' --quick' if a.quick else ''}: {len(results)} scenarios in {wall:.0f} s "

@@ -65,10 +65,12 @@ class Resources:
     """What every in-process scenario shares: the tokenizer, loaded once (it takes seconds), both the
     simulated instances' and the gateways' (a warmed ``FleetTokens``, never closed by a gateway)."""
 
-    def __init__(self, workers: int | None = None) -> None:
+    def __init__(self, workers: int | None = None, sustain_s: float | None = None) -> None:
         self.workers = workers
         """``kvrouter serve --workers`` of the scenarios that run the gateway as a process (None: serve's
         default, one worker per core)."""
+        self.sustain_s = sustain_s
+        """The load scenario's sustained run at R, in seconds (None: its own default)."""
         self._tok: CachedTokenizer | None = None
         self._template: str | None = None
         self._tokens: FleetTokens | None = None

@@ -96,7 +96,10 @@ async def _load(res: Resources, quick: bool) -> ScenarioResult:
     quick_cfg = LoadConfig(
         step_s=3.0, direct_s=4.0, sustain_s=10.0, overload_s=5.0, recovery_s=4.0, workers=res.workers
     )
-    return await load(quick_cfg if quick else LoadConfig(workers=res.workers))
+    cfg = quick_cfg if quick else LoadConfig(workers=res.workers)
+    if res.sustain_s is not None:
+        cfg = msgspec.structs.replace(cfg, sustain_s=res.sustain_s)
+    return await load(cfg)
 
 
 async def _tenants(res: Resources, quick: bool) -> ScenarioResult:
@@ -168,12 +171,14 @@ async def run_suite(
     quick: bool = False,
     progress: TextIO | None = None,
     workers: int | None = None,
+    sustain_s: float | None = None,
 ) -> list[ScenarioResult]:
     """Run the named scenarios (all by default) in registry order; ``workers``: ``kvrouter serve
-    --workers`` where the gateway runs as a process (None: serve's default)."""
+    --workers`` where the gateway runs as a process (None: serve's default); ``sustain_s``: the load
+    scenario's sustained run (None: its default, 60 s)."""
     chosen = [n for n in SCENARIOS if names is None or n in names]
     out = []
-    res = Resources(workers)
+    res = Resources(workers, sustain_s)
     if any(SCENARIOS[n].in_process for n in chosen):
         await res.open()  # the tokenizer: seconds, so only when a scenario needs it
     try:
