@@ -73,9 +73,9 @@ def run(a: argparse.Namespace) -> int:
     print(f"[reliability] kernels ready in {time.perf_counter() - t_kernels:.1f} s", file=sys.stderr)
     t0 = time.perf_counter()
     with asyncio.Runner(loop_factory=factory) as runner:
-        results = runner.run(run_suite(
-                names, quick=a.quick, progress=sys.stderr, workers=a.workers, sustain_s=a.sustain_s
-            ))
+        results = runner.run(
+            run_suite(names, quick=a.quick, progress=sys.stderr, workers=a.workers, sustain_s=a.sustain_s)
+        )
     wall = time.perf_counter() - t0
     head = (
         f"kvrouter reliability{' --quick' if a.quick else ''}: {len(results)} scenarios in {wall:.0f} s "
