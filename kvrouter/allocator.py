@@ -98,9 +98,18 @@ def prefer_jemalloc(command: str | None) -> None:
     Returns only when the process carries on as it is.  Raises ``AllocatorError`` (see ``reexec_env``)."""
     if command not in LONG_RUNNING:
         return
-    env = reexec_env(os.environ, choice_of(os.environ), active(), find_jemalloc())
+    choice = choice_of(os.environ)
+    env = reexec_env(os.environ, choice, active(), find_jemalloc())
     if env is None:
+        return
+    if not sys.executable:  # an embedded interpreter: nothing to re-execute
+        if choice == "jemalloc":
+            raise AllocatorError(f"{ENV}=jemalloc: this interpreter cannot re-execute itself")
         return
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, sys.orig_argv, env)
+    try:
+        os.execve(sys.executable, sys.orig_argv, env)
+    except OSError as e:  # returns only on failure: carry on with the allocator in use
+        if choice == "jemalloc":
+            raise AllocatorError(f"{ENV}=jemalloc: re-executing failed: {e}") from e
