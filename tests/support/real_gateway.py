@@ -256,7 +256,9 @@ async def run_calls(
     machine a client's next request can reach the router before the previous step's batch does (an agent's
     tool call between turns leaves that time).  With ``health`` (the router's /health), each call waits for
     the instance that served it to have published a batch since it was sent (every request that stores or
-    evicts a block does; one that changed nothing may not, hence the bound)."""
+    evicts a block does; one that changed nothing may not, hence the bound), and then for its batches to
+    stop coming for ``SETTLE_S``: a request's later steps (decode blocks allocated, evicting others) publish
+    batches of their own, the last of them as late as its answer or later."""
     tally = tally or Tally()
     async with aiohttp.ClientSession() as s:
         for route, body in calls:
@@ -264,9 +266,24 @@ async def run_calls(
             o = await send(s, base, route, body)
             tally.add(tally.requests, o)
             if health and o.instance in before:
-                deadline = time.monotonic() + 2.0
-                while (await _batches(s, health)).get(o.instance, 0) <= before[o.instance]:
-                    if time.monotonic() > deadline:
-                        break
-                    await asyncio.sleep(0.01)
+                await _settled(s, health, o.instance, before[o.instance])
     return tally
+
+
+SETTLE_S = 0.05
+"""A serving instance's batches have stopped once none came for this long (its engine steps are
+milliseconds apart while it works)."""
+
+
+async def _settled(s: aiohttp.ClientSession, health: str, instance: str, before: int) -> None:
+    """Wait (at most 2 s) for ``instance`` to publish past ``before``, then to go ``SETTLE_S`` without a
+    new batch."""
+    deadline = time.monotonic() + 2.0
+    seen, changed = before, None
+    while time.monotonic() < deadline:
+        n = (await _batches(s, health)).get(instance, 0)
+        if n > seen:
+            seen, changed = n, time.monotonic()
+        elif changed is not None and time.monotonic() - changed >= SETTLE_S:
+            return
+        await asyncio.sleep(0.01)
