@@ -28,7 +28,7 @@ from typing import Literal
 
 class AllocatorError(ValueError):
     """``KVROUTER_ALLOCATOR`` names no allocator, or demands jemalloc where it cannot be had.  (Not the
-    indexer's ``AllocatorError``: importing the indexer before the re-execution would double its cost.)"""
+    indexer's ``ConfigError``: importing the indexer before the re-execution would double its cost.)"""
 
 
 Choice = Literal["auto", "jemalloc", "system"]
@@ -59,8 +59,7 @@ def find_jemalloc() -> str | None:
     for p in _KNOWN_PATHS:
         if Path(p).is_file():
             return p
-    name = ctypes.util.find_library("jemalloc")  # a soname (ld.so resolves it), found via ldconfig
-    return name
+    return ctypes.util.find_library("jemalloc")  # a soname (ld.so resolves it), found via ldconfig
 
 
 def active() -> str:

@@ -4,10 +4,10 @@ process re-executes itself once with jemalloc preloaded, keeps its pid, and says
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,6 +18,7 @@ import yaml
 
 from kvrouter.allocator import REEXEC_MARK, AllocatorError, choice_of, find_jemalloc, reexec_env
 from tests.support.net import free_port
+from tests.support.wait import answering
 
 LIB = "/opt/lib/libjemalloc.so.2"
 
@@ -69,17 +70,10 @@ def served(tmp: Path, allocator: str) -> Iterator[tuple[subprocess.Popen[bytes],
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, log.read_text()
-            try:
-                with urllib.request.urlopen(base + "/livez", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "gateway did not come up"
-            time.sleep(0.1)
+        try:
+            asyncio.run(answering(base + "/livez"))
+        except AssertionError as e:
+            raise AssertionError(f"{e}; exit code {proc.poll()}; log: {log.read_text()}") from e
         yield proc, base
     finally:
         proc.terminate()
