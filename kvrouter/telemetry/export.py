@@ -1,17 +1,19 @@
-"""Spans out over OTLP: a traced request's spans, handed over as plain values when it ends, batched,
-encoded and sent by the OpenTelemetry SDK's exporter (http/protobuf or gRPC), away from the request path.
+"""Spans out over OTLP: a traced request's spans, encoded when it ends, batched and sent by the
+OpenTelemetry SDK's exporter (http/protobuf or gRPC), away from the request path.
 
 ::
 
-    request ends ──SpanSink.emit──▶ RequestRecord.compact ─msgpack─▶ queue (bounded: full ─▶ dropped)
+    request ends ──SpanSink.emit──▶ otlp_wire: the request's Span messages ─▶ queue (bounded: full ─▶ dropped)
     export thread: every schedule delay, or at a full batch ──▶ Shipper.ship(batch) ──▶ (sent, failed)
-      ExporterProcess (default): one msgpack array ──pipe──▶ ``exporter_proc`` ▸ OtlpShipper ──▶ receiver
+      ExporterProcess (default): the batch's span bytes ──pipe──▶ ``exporter_proc`` ▸ OtlpShipper ──▶ receiver
       OtlpShipper (``tracing.export_process: false``, or a sender given): on the export thread itself
 
-The request path pays for its records and one tuple per span; encoding and sending run in the
-exporter's process, off the event loop's CPU and GIL.  A batch counts as sent once acknowledged.  The
-SDK supplies what an operator configures (``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_SERVICE_NAME``,
-``OTEL_EXPORTER_OTLP_*``, ``OTEL_BSP_*`` read in ``config``); the encoding is ``otlp_wire``'s.
+The request path pays for its records and their encoding (``otlp_wire``, about 15 us for a request's nine
+spans); wrapping the spans in export requests and sending them (the SDK's HTTP or gRPC client, most of a
+POST's CPU) run in the exporter's process, off the event loop's CPU and GIL.  A batch is whole requests
+of at most ``max_export_batch_size`` spans, so one POST each.  A batch counts as sent once acknowledged.
+The SDK supplies what an operator configures (``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_SERVICE_NAME``,
+``OTEL_EXPORTER_OTLP_*``, ``OTEL_BSP_*`` read in ``config``).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from opentelemetry.sdk.resources import Resource
 
 from .config import TracingConfig
 from .otlp_wire import OtlpEncoder
-from .record import Compact, RequestRecord
+from .record import RequestRecord
 
 log = logging.getLogger("kvrouter.telemetry")
 
@@ -104,40 +106,45 @@ def otlp_sender(cfg: TracingConfig) -> SpanSender:
     return _GrpcSender(cfg) if cfg.protocol == "grpc" else _HttpSender(cfg)
 
 
+Encoded = list[bytes]
+"""One traced request's spans, each an encoded ``Span`` (``OtlpEncoder.spans_of``), the root first."""
+
+
 class Shipper(Protocol):
-    """Encodes and sends a batch of traced requests' spans (each request's ``Compact`` as msgpack,
-    ``spans`` in all): (spans sent, spans that failed)."""
+    """Sends a batch of traced requests' encoded spans (``spans`` in all): (spans sent, spans that
+    failed)."""
 
     def start(self) -> None: ...
 
-    def ship(self, batch: list[bytes], spans: int) -> tuple[int, int]: ...
+    def ship(self, batch: list[Encoded], spans: int) -> tuple[int, int]: ...
 
     def shutdown(self) -> None: ...
 
 
+def _resource(cfg: TracingConfig) -> dict[str, Any]:
+    """The resource's attributes as the SDK makes them (``OTEL_RESOURCE_ATTRIBUTES`` and the rest)."""
+    return dict(Resource.create({"service.name": cfg.service_name}).attributes)
+
+
 class OtlpShipper:
-    """Encodes requests' spans (``otlp_wire``) and sends them, at most ``max_export_batch_size`` spans
-    per export request: in the exporter's process, or on the router's export thread."""
+    """Wraps requests' encoded spans in export requests of at most ``max_export_batch_size`` spans and
+    sends them: in the exporter's process, or on the router's export thread."""
 
     def __init__(self, cfg: TracingConfig, sender: SpanSender | None = None) -> None:
-        resource = Resource.create({"service.name": cfg.service_name})
-        self.encoder = OtlpEncoder(dict(resource.attributes))
+        self.encoder = OtlpEncoder(_resource(cfg))
         self.sender = sender or otlp_sender(cfg)
         self.batch = cfg.max_export_batch_size
 
     def start(self) -> None:
         pass
 
-    def ship(self, batch: list[bytes], spans: int) -> tuple[int, int]:
-        return self.ship_requests(_decode(frame_of(batch)))
-
-    def ship_requests(self, batch: list[Compact]) -> tuple[int, int]:
-        spans: list[bytes] = []
-        for c in batch:
-            spans += self.encoder.spans_of(c)
+    def ship(self, batch: list[Encoded], spans: int) -> tuple[int, int]:
+        flat: list[bytes] = []
+        for request_spans in batch:
+            flat += request_spans
         sent = failed = 0
-        for i in range(0, len(spans), self.batch):
-            chunk = spans[i : i + self.batch]
+        for i in range(0, len(flat), self.batch):
+            chunk = flat[i : i + self.batch]
             try:
                 ok = self.sender.send(self.encoder.request(chunk))
             except Exception:  # the exporter's failure is never the request path's
@@ -173,47 +180,8 @@ def read_frame(inp: IO[bytes]) -> bytes | None:
     return body
 
 
-_decode = msgspec.msgpack.Decoder().decode
-
-
-def frame_of(batch: list[bytes]) -> bytes:
-    """Requests packed one by one (msgpack), as one msgpack array of them."""
-    n = len(batch)
-    head = (
-        bytes((0x90 | n,))
-        if n < 16
-        else b"\xdc" + n.to_bytes(2, "big")
-        if n < 1 << 16
-        else b"\xdd" + n.to_bytes(4, "big")
-    )
-    return head + b"".join(batch)
-
-
-def _plain(v: Any) -> Any:
-    """An attribute value as a built-in type (what msgpack cannot take as it is: a value of some other
-    library's type)."""
-    if isinstance(v, bool):
-        return bool(v)
-    if isinstance(v, int):
-        return int(v)
-    if isinstance(v, float):
-        return float(v)
-    if isinstance(v, list | tuple):
-        return [_plain(x) for x in v]
-    return str(v)
-
-
-def _plain_request(c: Compact) -> Compact:
-    t, ts, remote, spans = c
-    return (
-        t,
-        ts,
-        remote,
-        [
-            (str(n), s, p, k, a, b, {str(key): _plain(v) for key, v in at.items()})
-            for n, s, p, k, a, b, at in spans
-        ],
-    )
+FRAME = msgspec.msgpack.Decoder(list[Encoded]).decode
+"""A batch as it crosses the pipe: a msgpack array of the requests' arrays of span bytes."""
 
 
 class ExporterProcess:
@@ -227,6 +195,7 @@ class ExporterProcess:
         self._proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
         self._decode = msgspec.msgpack.Decoder(tuple[int, int]).decode
+        self._encode = msgspec.msgpack.Encoder().encode
 
     def _start(self) -> subprocess.Popen[bytes]:
         cmd = [
@@ -245,8 +214,8 @@ class ExporterProcess:
         if self._proc is None:
             self._start()
 
-    def ship(self, batch: list[bytes], spans: int) -> tuple[int, int]:
-        n, payload = spans, frame_of(batch)
+    def ship(self, batch: list[Encoded], spans: int) -> tuple[int, int]:
+        n, payload = spans, self._encode(batch)
         proc = self._proc
         if proc is not None and proc.poll() is not None:
             log.warning("the span exporter's process exited (code %s): starting it again", proc.poll())
@@ -292,14 +261,19 @@ class ExporterProcess:
 
 
 class SpanSink:
+    """Traced requests' spans from the request path to the shipper: encoded at ``emit``, queued (at most
+    ``max_queue_size`` spans: beyond, dropped and counted), taken by the export thread in batches of
+    whole requests up to ``max_export_batch_size`` spans (one export request each, unless a request alone
+    has more)."""
+
     def __init__(self, cfg: TracingConfig, sender: SpanSender | None = None) -> None:
         self.cfg = cfg
         self.shipper: Shipper = (
             OtlpShipper(cfg, sender) if sender is not None or not cfg.export_process else ExporterProcess(cfg)
         )
-        self._pending: list[bytes] = []
+        self.encoder = OtlpEncoder(_resource(cfg))
+        self._pending: list[Encoded] = []
         self._pending_spans = 0
-        self._encode = msgspec.msgpack.Encoder().encode
         self._cv = threading.Condition()
         self._flushing = 0
         self._busy = False
@@ -312,24 +286,35 @@ class SpanSink:
         self._thread.start()
 
     def emit(self, rec: RequestRecord) -> None:
-        """Queue a request's spans, packed now: one bytes object waits for the batch where its tuples and
-        dicts would (they would outlive two young collections and be promoted, so a traced request's
-        garbage would grow the old generation the full collections traverse)."""
-        c = rec.compact()
-        n = len(c[3])
-        try:
-            packed = self._encode(c)
-        except TypeError:  # a value of some other library's type
-            packed = self._encode(_plain_request(c))
+        """Queue a request's spans, encoded now (``otlp_wire``).  Encoding here, once, is the cheapest
+        place: a plain form would be packed, unpacked and encoded again on the far side of the pipe
+        (together about as much CPU as the encoding itself), and bytes wait for their batch where tuples
+        and dicts would be promoted into the old generation the full collections traverse."""
+        spans = self.encoder.spans_of(rec.compact())
+        n = len(spans)
         with self._cv:
             if self._pending_spans + n > self.cfg.max_queue_size:
                 self.dropped += n
                 return
-            self._pending.append(packed)
+            self._pending.append(spans)
             self._pending_spans += n
             if self._pending_spans >= self.cfg.max_export_batch_size:
                 self._cv.notify()
         self.emitted += 1
+
+    def _take(self, everything: bool) -> tuple[list[Encoded], int]:
+        """The next batch (under the lock): whole requests while they fit ``max_export_batch_size``
+        spans (at least one), or ``everything`` queued (shutting down)."""
+        pending, total = self._pending, self._pending_spans
+        if everything or total <= self.cfg.max_export_batch_size:
+            self._pending, self._pending_spans = [], 0
+            return pending, total
+        room, i, spans = self.cfg.max_export_batch_size, 0, 0
+        while i < len(pending) and (i == 0 or spans + len(pending[i]) <= room):
+            spans += len(pending[i])
+            i += 1
+        self._pending, self._pending_spans = pending[i:], total - spans
+        return pending[:i], spans
 
     def _run(self) -> None:
         batch = self.cfg.max_export_batch_size
@@ -341,9 +326,8 @@ class SpanSink:
             with self._cv:
                 if not self._stop and not self._flushing and self._pending_spans < batch:
                     self._cv.wait(self.cfg.schedule_delay_s)
-                take, spans = self._pending, self._pending_spans
-                self._pending, self._pending_spans = [], 0
                 stop = self._stop
+                take, spans = self._take(stop)
                 self._busy = bool(take)
             if take:
                 try:

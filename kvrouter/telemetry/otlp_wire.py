@@ -2,9 +2,8 @@
 
 ::
 
-    RequestRecord.compact() ──spans_of()──▶ bytes of Span messages
-    [those bytes, ...] ──request()──▶ ResourceSpans ▸ ScopeSpans ▸ [Span ...]
-    (both in the exporter's process, or on the export thread: never on the request path)
+    RequestRecord.compact() ──spans_of()──▶ bytes of Span messages     (as the request ends: SpanSink.emit)
+    [those bytes, ...] ──request()──▶ ResourceSpans ▸ ScopeSpans ▸ [Span ...]   (the exporter's process)
 
 The SDK's encoder builds a protobuf object per span, attribute and value (and the SDK a ``Span`` with its
 locks and limits before that); writing the bytes directly costs a fraction of it, which is what keeps a

@@ -1,21 +1,23 @@
 """Spans encoded and sent by the exporter's own process (``tracing.export_process``, the default): what a
-real OTLP receiver gets is what the request recorded, batches are split at the batch size, a value
-msgpack carries as its value (a str enum) still arrives, and an exporter process that died is
-started again (its batch in flight counted failed, never the request path's problem)."""
+real OTLP receiver gets is what the request recorded, a batch is whole requests within the batch size
+(a request larger than it alone is split), a value of a str enum arrives as its string, and an exporter
+process that died is started again (its batch in flight counted failed, never the request path's problem)."""
 
 from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import os
 import random
 import signal
 
 import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from kvrouter.telemetry import Telemetry, TracingConfig
 from kvrouter.telemetry.export import ExporterProcess
-from tests.support.otlp import otlp_receiver
+from tests.support.otlp import OtlpReceiver, otlp_receiver
 from tests.support.wait import until
 
 pytestmark = pytest.mark.asyncio
@@ -80,3 +82,50 @@ async def test_the_exporter_process_sends_what_was_recorded() -> None:
             await loop.run_in_executor(None, t.shutdown)
         assert proc.poll() is not None
         assert sink.shipper._proc is None  # shut down: its input closed, it exited
+
+
+def _received(rx: OtlpReceiver, spans: int) -> bool:
+    return len(rx.spans) >= spans
+
+
+def _posts(rx: OtlpReceiver) -> list[list[str]]:
+    """Each export request's spans, by trace id."""
+    out = []
+    for body in rx.bodies:
+        msg = ExportTraceServiceRequest.FromString(body)
+        out.append([s.trace_id.hex() for rs in msg.resource_spans for ss in rs.scope_spans for s in ss.spans])
+    return out
+
+
+@pytest.mark.parametrize("process", [True, False])
+async def test_a_batch_is_whole_requests_within_the_batch_size(process: bool) -> None:
+    """Requests of 6 spans: with 20 a batch, each POST holds whole requests and at most 20 spans (3
+    requests, where splitting at 20 would send 20, 20, 20 and a tail with requests cut in two); a request
+    larger than the batch is the one thing split."""
+    loop = asyncio.get_running_loop()
+    for batch, n in ((20, 12), (4, 3)):
+        async with otlp_receiver() as (rx, url):
+            cfg = TracingConfig(
+                enabled=True,
+                sample_rate=1.0,
+                endpoint=url,
+                max_export_batch_size=batch,
+                export_process=process,
+            )
+            t = Telemetry(cfg, rng=random.Random(batch))
+            assert t.sink is not None
+            try:
+                ids = [one(t, i) for i in range(n)]
+                assert await loop.run_in_executor(None, t.sink.force_flush)
+                await until(functools.partial(_received, rx, 6 * n), 20, "every span")
+            finally:
+                await loop.run_in_executor(None, t.shutdown)
+            posts = _posts(rx)
+            assert sorted(x for p in posts for x in p) == sorted(x for x in ids for _ in range(6))
+            assert all(len(p) <= batch for p in posts)
+            if batch >= 6:
+                # whole requests: a trace's spans in one POST
+                assert all(sum(tid in p for p in posts) == 1 for tid in ids), posts
+                assert len(posts) >= n * 6 // batch
+            else:
+                assert [len(p) for p in posts] == [4, 2] * n  # each request alone, in two
