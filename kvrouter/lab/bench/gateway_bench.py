@@ -183,9 +183,24 @@ def main(a: argparse.Namespace) -> dict[str, Any]:
     if a.refusal_only:
         return {"refusal": refusal_bench.main(a)}
     out = harness_runs(a)
+    if a.tracing_ab:
+        out["tracing_ab"] = tracing_ab_run(a)
     if not a.no_refusal:
         out["refusal"] = refusal_bench.main(a)
     return out
+
+
+def tracing_ab_run(a: argparse.Namespace) -> dict[str, Any]:
+    """The tracing A/B: peerbench's fake workers, on its venv's interpreter when there is one (it needs
+    only aiohttp, so this interpreter otherwise: the A/B does not need the peers' venvs)."""
+    from .tracing_ab import tracing_ab
+
+    d, py = peerbench_dir(), peer_python("bench")
+    if d is None:
+        return {"skipped": "shared/peerbench missing (PEERBENCH_DIR)"}
+    return tracing_ab(
+        a.tracing_ab, a.tracing_ab_requests, py or Path(sys.executable), Path(d) / "fakeworker.py"
+    )
 
 
 def harness_runs(a: argparse.Namespace) -> dict[str, Any]:
@@ -231,10 +246,6 @@ def harness_runs(a: argparse.Namespace) -> dict[str, Any]:
         )
     if a.tracing:
         out["tracing"] = tracing_runs(a.tracing, harness, common)
-    if a.tracing_ab:
-        from .tracing_ab import tracing_ab
-
-        out["tracing_ab"] = tracing_ab(a.tracing_ab, a.tracing_ab_requests, py, Path(d) / "fakeworker.py")
     if not a.no_peer:
         port = free_ports((0, 1000))
         out["runs"]["sglang"] = run_sampled(
