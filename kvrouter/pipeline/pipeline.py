@@ -567,6 +567,7 @@ class RequestPipeline:
                 d = await self._wait(p, attempt, lambda _: 0.0)
                 if not self.router.new_prefix(p.inp):
                     break  # following a claim: the prompt is expected where it went
+        self._placed_new(p, d)
         self._record(d)
         self.metrics.decision_seconds.observe(time.perf_counter() - p.started, p.exemplar())
         if p.rec is not None:
@@ -633,8 +634,17 @@ class RequestPipeline:
         for placed in got.newer:
             c = at.get(placed.target)
             if c is not None:
-                self.router.expect(placed.chain_array(), c, now)
+                chains = placed.chain_array()
+                self.router.expect(chains, c, now)
+                self.router.placed_new(chains, c, now)
         return True
+
+    def _placed_new(self, p: Prepared, d: Decision) -> None:
+        """A prompt no target holds (nor is expected to: not following another replica's claim), placed
+        by this router: its blocks count in the chosen target's share of new placements."""
+        c, chains = d.chosen, p.inp.chains
+        if c is not None and chains is not None and c.matched_blocks == 0 and self.router.new_prefix(p.inp):
+            self.router.placed_new(chains, c, time.monotonic())
 
     def _placed(self, chosen: Candidate) -> None:
         """Sent where nothing of the prompt was expected: the other replicas are told at once."""

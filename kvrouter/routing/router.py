@@ -28,6 +28,7 @@ from indexer.indexer import SpeculativeEntry
 from ..types import InstanceId, RequestId, Role, TargetKey, target_key
 from .load import InstanceLoad, LoadTracker
 from .peer_prefill import PeerPrefill
+from .placed_blocks import PlacedBlocks
 from .policies import (
     KV_AWARE,
     Candidate,
@@ -175,6 +176,9 @@ class Router:
         self.peer_prefill = peer_prefill
         """Other router replicas' prefill not yet done per target, by the events (replicas sharing
         speculative entries): their reported queued prefill counts up to it."""
+        self.placed = PlacedBlocks()
+        """New prompts' blocks placed per target lately (this router's and, told by the claims log, other
+        replicas'): the placement band's balance key."""
         self.sessions = SessionTable(self.config.settings.session)
         self.latency = LatencyBook(self.config.settings.predicted_latency.model)
         """Every target's latency models, fed by every whole request's dispatch, first token and end
@@ -246,6 +250,8 @@ class Router:
             )
             m = matches.get((t.instance, t.dp_rank))
             c.footprint = self.indexer.footprint(SourceKey(t.instance, t.dp_rank))
+            if now is not None:
+                c.placed_blocks = self.placed.blocks(t.key, now)
             if t.has_events:
                 c.trust = m.trust if m else self.indexer.trust(SourceKey(t.instance, t.dp_rank)).value
             if m and t.has_events and c.trust in _USABLE:
@@ -366,6 +372,11 @@ class Router:
         if chains is None or not len(chains) or not isinstance(index, BlockIndex):
             return False
         return not index.held_by_any(int(chains[0]))
+
+    def placed_new(self, chains: I64Array, at: Candidate, now: float) -> None:
+        """A prompt no target held was placed at ``at`` (by this router, or by another replica as the
+        claims log tells): its blocks count in ``at``'s share of new placements for the window."""
+        self.placed.add(at.target, len(chains), now)
 
     def expect(self, chains: I64Array, at: Candidate, now: float) -> None:
         """Another router replica has placed, or is placing, a prompt whose blocks are ``chains`` at ``at``

@@ -68,6 +68,9 @@ class Candidate(msgspec.Struct):
     footprint: int = 0
     """GPU blocks the index holds for this target plus its speculative entries (0 when unknown): how much
     of its cache the traffic sent there fills; the same for every router fed the same events."""
+    placed_blocks: int = 0
+    """Blocks of new prompts placed here lately, by this router or another replica
+    (``routing.placed_blocks``): what the placement band balances first."""
     saturated: bool = False
     """At or over the concurrency threshold: chosen only if every target is."""
     score: float = 0.0

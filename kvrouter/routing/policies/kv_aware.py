@@ -55,15 +55,18 @@ class KvAwareSettings(PolicyConfig, frozen=True):
     placement_band: float = 0.1
     """Placement of a prompt's part that no target holds, agreed on without talking.  The band: the
     targets first in cost order that hold the same part of the prompt as the cheapest and cost at most
-    (1 + placement_band) x its cost (never an over-bound one).  Within it, targets whose cache footprint
-    is at most the fleet's mean come first, and the ring order of the first blocks none of them holds
-    decides.  Router replicas, gateway workers and endpoint-picker replicas whose views of the load
-    differ by less than the band send a new prefix to the same target before hearing of each other's
-    requests; the footprint bound keeps a few large prefixes from piling onto one cache as plain
-    consistent hashing would.  A prefix held by the cheapest target alone is placed by cost as before.
-    The chosen target costs at most (1 + placement_band) x the cheapest.  0: the ring breaks exact ties
-    only.  Tuned with ``kvrouter eval`` and ``kvrouter bench replicas`` (docs/measurements.md,
-    "kv-aware placement band")."""
+    (1 + placement_band) x its cost (never an over-bound one).  Within it, targets that took at most the
+    fleet's mean of new prompts' blocks lately come first (``routing.placed_blocks``: this router's
+    placements and, through the claims log, other replicas'), then those whose cache footprint is at
+    most the fleet's mean, and the ring order of the first blocks none of them holds decides.  Router
+    replicas, gateway workers and endpoint-picker replicas whose views of the load differ by less than
+    the band send a new prefix to the same target before hearing of each other's requests; the two
+    balance keys keep a few large prefixes from piling onto one cache as plain consistent hashing would
+    (the footprint alone stops telling caches apart once all are full: evictions hold each at its
+    capacity).  A prefix held by the cheapest target alone is placed by cost as before.  The chosen
+    target costs at most (1 + placement_band) x the cheapest.  0: the ring breaks exact ties only.
+    Tuned with ``kvrouter eval`` and ``kvrouter bench replicas`` (docs/measurements.md, "kv-aware
+    placement band")."""
 
     def validate(self) -> None:
         if self.offload_value is not None and not 0 <= self.offload_value <= 1:
@@ -117,7 +120,15 @@ class KvAware:
             self.ring.prune(c.target for c in cands)
             order = {t: i for i, t in enumerate(self.ring.walk(self.ring_key(req, out[0])))}
             fill = sum(c.footprint for c in cands) / len(cands)
-            head.sort(key=lambda c: (c.target in busy, c.footprint > fill, order.get(c.target, len(order))))
+            placed = sum(c.placed_blocks for c in cands) / len(cands)
+            head.sort(
+                key=lambda c: (
+                    c.target in busy,
+                    c.placed_blocks > placed,
+                    c.footprint > fill,
+                    order.get(c.target, len(order)),
+                )
+            )
             out = head + out[band:]
         return out
 

@@ -270,3 +270,29 @@ def test_deciders_that_see_each_others_requests_late_pick_the_same_target_for_a_
     picks = [KvAware(s).rank(view(key), cands)[0].target for cands in views]
     # the band holds every target in both views (a request in flight weighs 32 tokens, the band ~1,800)
     assert picks[0] == picks[1]
+
+
+def test_new_prefixes_spread_evenly_over_full_caches() -> None:
+    """Under cache pressure every cache stands at its capacity (evictions keep the footprint there), so
+    the footprint tells the targets apart no more: sixteen new prefixes, each finished and its entries
+    gone before the next (the footprint stays equal), still land four on each target, by the blocks
+    placed on each lately.  By footprint and ring order alone they pile up as the ring gives them."""
+    ix = Indexer(BS)
+    for i in range(4):
+        cache(ix, f"v{i}", list(range(10**6 * (i + 1), 10**6 * (i + 1) + 50 * BS)))
+    targets = [Target(InstanceId(f"v{i}")) for i in range(4)]
+    spreads = []
+    for balanced in (True, False):
+        r = Router(ix, RouterConfig(shadow=False))
+        got: Counter[str] = Counter()
+        for g in range(16):
+            toks = list(range(100_000 * (g + 1), 100_000 * (g + 1) + 100 * BS + 7))
+            inp = RouteInput(RequestId(f"g{g}"), len(toks), ix.chain_hashes(toks), f"group {g}".encode())
+            d = r.route(inp, targets, now=float(g))
+            assert d.chosen is not None
+            if balanced:
+                r.placed_new(inp.chains, d.chosen, float(g))  # type: ignore[arg-type]
+            got[d.chosen.target] += 1
+        spreads.append(sorted(got.values()))
+    assert spreads[0] == [4, 4, 4, 4]
+    assert spreads[1] != [4, 4, 4, 4]  # the footprint alone: what the balance key is for

@@ -1,0 +1,54 @@
+"""Blocks of new prompts placed on each target lately: the placement band's balance key.
+
+::
+
+    a new prompt (no target held its first block) sent to T, by this router or, through the claims log,
+    by another replica ──add(T, blocks, now)──▶ per target: (time, blocks) of the last ``window_s``
+    before a decision: blocks(T, now) ──▶ their sum
+
+Why not the cache footprint alone: under cache pressure every target's footprint stands at its capacity
+(evictions keep it there), so "footprint above the fleet's mean" no longer tells which cache took the
+last prompts and the ring order alone decides, piling them up.  What was placed keeps counting for the
+window whatever the caches evict since.  Invariant: ``blocks(T, now)`` is the sum of the blocks added
+for T at times in (now - window_s, now].
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from ..types import TargetKey
+
+PLACEMENT_WINDOW_S = 30.0
+"""How long a placement counts: long enough to span the first placements of a workload's prompts (which
+decide where each stays), short enough that a target's share follows the traffic of the last minute."""
+
+
+class PlacedBlocks:
+    def __init__(self, window_s: float = PLACEMENT_WINDOW_S) -> None:
+        if window_s <= 0:
+            raise ValueError("window_s must be positive")
+        self.window_s = window_s
+        self._log: dict[TargetKey, deque[tuple[float, int]]] = {}
+        self._sum: dict[TargetKey, int] = {}
+
+    def add(self, target: TargetKey, blocks: int, now: float) -> None:
+        if blocks <= 0:
+            return
+        self._log.setdefault(target, deque()).append((now, blocks))
+        self._sum[target] = self._sum.get(target, 0) + blocks
+
+    def blocks(self, target: TargetKey, now: float) -> int:
+        log = self._log.get(target)
+        if not log:
+            return 0
+        edge = now - self.window_s
+        total = self._sum[target]
+        while log and log[0][0] <= edge:
+            total -= log.popleft()[1]
+        self._sum[target] = total
+        return total
+
+    def clear(self) -> None:
+        self._log.clear()
+        self._sum.clear()
