@@ -5,6 +5,7 @@ put it; the claimant predicts no hit for the prompt it computes, the follower ex
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 
 import msgspec
@@ -15,7 +16,7 @@ from prometheus_client import CollectorRegistry
 from indexer import Indexer, SourceKey
 from indexer.config import parse_fleet
 from kvrouter.config import RouterFleetConfig
-from kvrouter.pipeline import PassThroughTokens, PipelineMetrics, RequestPipeline
+from kvrouter.pipeline import PassThroughTokens, PipelineMetrics, Prepared, RequestPipeline
 from kvrouter.replicas import PrefixClaims, SharedStateConfig
 from kvrouter.routing import Router, Target
 from kvrouter.types import InstanceId, TargetKey
@@ -108,6 +109,11 @@ async def test_replicas_with_different_views_place_a_new_prompt_where_it_was_cla
     assert got is not None and got.owner == d3.chosen.target
 
 
+def body_chains(p: Prepared) -> list[int]:
+    assert p.inp.chains is not None
+    return [int(c) for c in p.inp.chains]
+
+
 async def solo_target(seed: int) -> str:
     pl = pipeline()
     d = pl.decide(await pl.prepare(body(seed), "completions", {}), dry_run=True)
@@ -142,6 +148,14 @@ async def test_new_prompts_placed_at_once_by_two_replicas_spread_as_one_routers_
     assert d1.chosen.target != d2.chosen.target
     assert {d1.chosen.target, d2.chosen.target} >= {await solo_target(s1)}
     assert d1.predicted_cached_tokens == d2.predicted_cached_tokens == 0
+    # Each counts its own placement in the placement band's balance key, and the one told of the
+    # other's by the claims log counts that one too.
+    now = time.monotonic()
+    n = len(body_chains(p1))
+    for pl, d in ((first, d1), (second, d2)):
+        assert pl.router.placed.blocks(d.chosen.target, now) == n
+    told = [pl.router.placed.blocks(o.chosen.target, now) for pl, o in ((first, d2), (second, d1))]
+    assert sorted(told) == [0, n] or told == [n, n], told
 
 
 async def test_new_prompts_of_one_process_awaiting_their_claims_spread_too(
