@@ -48,7 +48,3 @@ class PlacedBlocks:
             total -= log.popleft()[1]
         self._sum[target] = total
         return total
-
-    def clear(self) -> None:
-        self._log.clear()
-        self._sum.clear()

@@ -271,7 +271,9 @@ class SpanSink:
         self.shipper: Shipper = (
             OtlpShipper(cfg, sender) if sender is not None or not cfg.export_process else ExporterProcess(cfg)
         )
-        self.encoder = OtlpEncoder(_resource(cfg))
+        self.encoder = OtlpEncoder({})
+        """Writes spans only (``spans_of``): the resource goes in where export requests are made, by the
+        shipper's own encoder, so the SDK's resource detection does not run twice in the router."""
         self._pending: list[Encoded] = []
         self._pending_spans = 0
         self._cv = threading.Condition()
