@@ -21,10 +21,11 @@ from collections.abc import Callable, Iterable
 
 from prometheus_client.core import Metric
 
-from indexer import Indexer
+from indexer import Indexer, SourceKey
 from indexer.indexer import SpeculativeEntry
 
 from ..routing.peer_prefill import PeerPrefill
+from ..routing.placed_blocks import HostPlacement
 from . import HealthBoard, HostLoads, HostMemory, MetricsBoard, QueueBoard, SpeculativeRings
 from .scrape import HostScrape, WakePipes
 
@@ -71,10 +72,13 @@ class RingSync:
             box.clear()
             self._pos = 0
 
-    def pull(self) -> None:
+    def pull(self) -> list[HostPlacement]:
         got = self.rings.pull()
         if not got:
-            return
+            return []
+        placed = [HostPlacement(e.source, e.placed, e.now) for e in got if e.placed]
+        if placed:
+            got = [e for e in got if not e.placed]
         index, ttl = self.indexer.index, self.indexer.speculative_ttl
         for e in got:
             # Straight into the index (not Indexer.add_speculative): an entry is shared once, by its origin.
@@ -90,6 +94,10 @@ class RingSync:
             # this host's entries only: another replica's went round already
             box.extend(SpeculativeEntry(e.source, e.chains, e.now) for e in got if not e.from_replica)
             self._pos = len(box)
+        return placed
+
+    def placed(self, source: SourceKey, blocks: int, now: float) -> None:
+        self.rings.push_placed(source, blocks, now)
 
     def peers(self, entries: list[SpeculativeEntry]) -> None:
         self.rings.push(entries, from_replica=True)

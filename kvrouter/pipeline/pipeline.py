@@ -641,10 +641,12 @@ class RequestPipeline:
 
     def _placed_new(self, p: Prepared, d: Decision) -> None:
         """A prompt no target holds (nor is expected to: not following another replica's claim), placed
-        by this router: its blocks count in the chosen target's share of new placements."""
+        by this router: its blocks count in the chosen target's share of new placements, here and in the
+        host's other workers."""
         c, chains = d.chosen, p.inp.chains
         if c is not None and chains is not None and c.matched_blocks == 0 and self.router.new_prefix(p.inp):
-            self.router.placed_new(chains, c, time.monotonic())
+            # with claims, the host's other workers read it in the placements log when they next place one
+            self.router.placed_new(chains, c, time.monotonic(), share=self.claims is None)
 
     def _placed(self, chosen: Candidate) -> None:
         """Sent where nothing of the prompt was expected: the other replicas are told at once."""

@@ -2,8 +2,9 @@
 
 ::
 
-    a new prompt (no target held its first block) sent to T, by this router or, through the claims log,
-    by another replica ──add(T, blocks, now)──▶ per target: (time, blocks) of the last ``window_s``
+    a new prompt (no target held its first block) sent to T, by this router, by another worker of its
+    host (``HostSync.pull``) or, through the claims log, by another replica
+        ──add(T, blocks, now)──▶ per target: (time, blocks) of the last ``window_s``, in time order
     before a decision: blocks(T, now) ──▶ their sum
 
 Why not the cache footprint alone: under cache pressure every target's footprint stands at its capacity
@@ -17,11 +18,24 @@ from __future__ import annotations
 
 from collections import deque
 
+import msgspec
+
+from indexer import SourceKey
+
 from ..types import TargetKey
 
 PLACEMENT_WINDOW_S = 30.0
 """How long a placement counts: long enough to span the first placements of a workload's prompts (which
 decide where each stays), short enough that a target's share follows the traffic of the last minute."""
+
+
+class HostPlacement(msgspec.Struct, frozen=True, gc=False):
+    """A new prompt another worker process of this host placed at ``source`` (without router replicas
+    placements are shared between workers this way; with them, through the claims log)."""
+
+    source: SourceKey
+    blocks: int
+    now: float
 
 
 class PlacedBlocks:
@@ -35,7 +49,11 @@ class PlacedBlocks:
     def add(self, target: TargetKey, blocks: int, now: float) -> None:
         if blocks <= 0:
             return
-        self._log.setdefault(target, deque()).append((now, blocks))
+        log = self._log.setdefault(target, deque())
+        i = len(log)
+        while i and log[i - 1][0] > now:  # another worker's, a little older than ours: kept in order
+            i -= 1
+        log.insert(i, (now, blocks))
         self._sum[target] = self._sum.get(target, 0) + blocks
 
     def blocks(self, target: TargetKey, now: float) -> int:

@@ -28,7 +28,7 @@ from indexer.indexer import SpeculativeEntry
 from ..types import InstanceId, RequestId, Role, TargetKey, target_key
 from .load import InstanceLoad, LoadTracker
 from .peer_prefill import PeerPrefill
-from .placed_blocks import PlacedBlocks
+from .placed_blocks import HostPlacement, PlacedBlocks
 from .policies import (
     KV_AWARE,
     Candidate,
@@ -144,11 +144,16 @@ class HostSync(Protocol):
     """What the other worker processes of this host did that the index must know (their speculative
     entries), and what this one did that they must (``kvrouter.host``)."""
 
-    def pull(self) -> None:
-        """Before a decision: apply the other workers' new speculative entries to this index."""
+    def pull(self) -> list[HostPlacement]:
+        """Before a decision: apply the other workers' new speculative entries to this index; returns the
+        new prompts they placed since (``placed``)."""
 
     def push(self) -> None:
         """After a dispatch: share this worker's new speculative entries."""
+
+    def placed(self, source: SourceKey, blocks: int, now: float) -> None:
+        """This worker placed a new prompt of ``blocks`` blocks at ``source``: the others count it in that
+        target's share of new placements (``routing.placed_blocks``)."""
 
     def peers(self, entries: list[SpeculativeEntry]) -> None:
         """Other router replicas' entries this worker just took in (its round trip to them): the other
@@ -177,8 +182,8 @@ class Router:
         """Other router replicas' prefill not yet done per target, by the events (replicas sharing
         speculative entries): their reported queued prefill counts up to it."""
         self.placed = PlacedBlocks()
-        """New prompts' blocks placed per target lately (this router's and, told by the claims log, other
-        replicas'): the placement band's balance key."""
+        """New prompts' blocks placed per target lately (this router's, its host's other workers' and, told
+        by the claims log, other replicas'): the placement band's balance key."""
         self.sessions = SessionTable(self.config.settings.session)
         self.latency = LatencyBook(self.config.settings.predicted_latency.model)
         """Every target's latency models, fed by every whole request's dispatch, first token and end
@@ -212,7 +217,7 @@ class Router:
         """Every healthy target with its predicted cached tokens and load.  ``remote``: a lookup answered by
         a remote indexer (events are indexed there); this router's own speculative entries still count."""
         if self.host is not None:
-            self.host.pull()
+            self._host_placed(self.host.pull(), targets)
         if self.load.shared is not None:
             self.load.refresh([t.key for t in targets if t.healthy])
         bs = self.indexer.block_size
@@ -373,10 +378,23 @@ class Router:
             return False
         return not index.held_by_any(int(chains[0]))
 
-    def placed_new(self, chains: I64Array, at: Candidate, now: float) -> None:
+    def placed_new(self, chains: I64Array, at: Candidate, now: float, *, share: bool = False) -> None:
         """A prompt no target held was placed at ``at`` (by this router, or by another replica as the
-        claims log tells): its blocks count in ``at``'s share of new placements for the window."""
+        claims log tells): its blocks count in ``at``'s share of new placements for the window.  ``share``:
+        the other workers of this host count it too (they learn it no other way: no claims log)."""
         self.placed.add(at.target, len(chains), now)
+        if share and self.host is not None:
+            self.host.placed(SourceKey(at.instance, at.dp_rank), len(chains), now)
+
+    def _host_placed(self, got: list[HostPlacement], targets: list[Target]) -> None:
+        """The other workers' placements of new prompts, counted here (on a target this caller knows)."""
+        if not got:
+            return
+        keys: dict[tuple[str, int], TargetKey] = {(t.instance, t.dp_rank): t.key for t in targets}
+        for p in got:
+            key = keys.get((p.source.instance, p.source.dp_rank))
+            if key is not None:
+                self.placed.add(key, p.blocks, p.now)
 
     def expect(self, chains: I64Array, at: Candidate, now: float) -> None:
         """Another router replica has placed, or is placing, a prompt whose blocks are ``chains`` at ``at``

@@ -1,7 +1,8 @@
 """Speculative entries between a host's workers: each worker's ring against a list of what was pushed.
 
-A reader that keeps up gets every other worker's entries exactly once, in each writer's order, across the
-ring's wrap; a reader lapped by a writer gets a subset of them and counts what it lost; nobody reads its own.
+A reader that keeps up gets every other worker's entries (and placement records) exactly once, in each
+writer's order, across the ring's wrap; a reader lapped by a writer gets a subset of them and counts what
+it lost; nobody reads its own.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 from indexer import SourceKey
 from indexer.indexer import SpeculativeEntry
 from kvrouter.host import HostLayout, HostMemory, SpeculativeRings
+from kvrouter.host.spec_ring import PeerEntry
 
 WORKERS = 3
 
@@ -31,15 +33,24 @@ def entry(i: int, n: int) -> SpeculativeEntry:
     )
 
 
-Key = tuple[str, int, tuple[int, ...], float, bool]
+Key = tuple[str, int, tuple[int, ...], float, bool, int]
 
 
-def key(source: SourceKey, chains: np.ndarray, now: float, from_replica: bool) -> Key:
-    return (source.instance, source.dp_rank, tuple(chains.tolist()), now, from_replica)
+def key(source: SourceKey, chains: np.ndarray, now: float, from_replica: bool, placed: int = 0) -> Key:
+    return (source.instance, source.dp_rank, tuple(chains.tolist()), now, from_replica, placed)
+
+
+def got_key(p: PeerEntry) -> Key:
+    return key(p.source, p.chains, p.now, p.from_replica, p.placed)
 
 
 steps = st.lists(
-    st.tuples(st.integers(0, WORKERS - 1), st.integers(1, 12), st.booleans(), st.booleans()),
+    st.tuples(
+        st.integers(0, WORKERS - 1),
+        st.integers(1, 12),
+        st.booleans(),
+        st.sampled_from(["worker", "replica", "placed"]),
+    ),
     min_size=1,
     max_size=60,
 )
@@ -48,22 +59,27 @@ steps = st.lists(
 @settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
 @given(steps=steps, ring_words=st.sampled_from([40, 64, 4096]))
 def test_readers_get_the_others_entries_once_in_order(
-    steps: list[tuple[int, int, bool, bool]], ring_words: int
+    steps: list[tuple[int, int, bool, str]], ring_words: int
 ) -> None:
-    """... with each entry's origin (a worker of this host, or another router replica) kept."""
+    """... with each entry's origin (a worker of this host, or another router replica) kept, and a
+    placement record's blocks (a new prompt a worker placed: no chains)."""
     rings = host(ring_words)
     pushed: list[list[Key]] = [[] for _ in range(WORKERS)]
     got: list[list[Key]] = [[] for _ in range(WORKERS)]
-    for i, (writer, n, pull_now, from_replica) in enumerate(steps):
+    for i, (writer, n, pull_now, kind) in enumerate(steps):
         e = entry(i, n)
-        rings[writer].push([e], from_replica=from_replica)
-        if 6 + n <= ring_words:
-            pushed[writer].append(key(e.source, e.chains, e.now, from_replica))
+        if kind == "placed":
+            rings[writer].push_placed(e.source, 100 * i + n, e.now)
+            pushed[writer].append(key(e.source, np.empty(0, dtype=np.int64), e.now, False, 100 * i + n))
+        else:
+            rings[writer].push([e], from_replica=kind == "replica")
+            if 6 + n <= ring_words:
+                pushed[writer].append(key(e.source, e.chains, e.now, kind == "replica"))
         if pull_now:
             for k in range(WORKERS):
-                got[k] += [key(p.source, p.chains, p.now, p.from_replica) for p in rings[k].pull()]
+                got[k] += [got_key(p) for p in rings[k].pull()]
     for k in range(WORKERS):
-        got[k] += [key(p.source, p.chains, p.now, p.from_replica) for p in rings[k].pull()]
+        got[k] += [got_key(p) for p in rings[k].pull()]
         others = [e for w in range(WORKERS) if w != k for e in pushed[w]]
         assert all(g in others for g in got[k])
         assert len(got[k]) == len(set(got[k]))  # every entry is distinct (the index i): none twice
