@@ -10,6 +10,7 @@ import logging
 from aiohttp import web
 
 from indexer.errors import ConfigError
+from indexer.kernels import compile_all
 
 from ..config import load_router_fleet
 from ..epp import Picker, PickerOptions, build_admin
@@ -52,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     except ImportError:
         pass
+    compile_all()  # every indexer kernel before the first event, not inside it (``indexer.kernels``)
     gw = Gateway(
         cfg,
         tokens=FleetTokens.from_config(cfg),

@@ -9,6 +9,7 @@ from aiohttp import web
 
 from indexer.config import load_fleet
 from indexer.errors import ConfigError
+from indexer.kernels import compile_all
 from indexer.service import build
 
 from ..heap import freeze_startup_heap
@@ -33,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
 
     rcfg = load_router_fleet(args.fleet)
     tokens = FleetTokens.from_config(rcfg)
+    compile_all()  # every kernel before the first event, not inside it (``indexer.kernels``)
     app = build(fleet, encoder=tokens)
 
     async def load_tokenizers_then_freeze(_app: web.Application) -> None:

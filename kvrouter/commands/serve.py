@@ -155,11 +155,11 @@ def run(args: argparse.Namespace) -> int:
         log.error("--workers must be at least 1")
         return 2
     tokens = FleetTokens.from_config(cfg)
-    if n == 1:
-        return _serve(args, cfg, tokens)
     from ..host.supervisor import Supervisor, preload, shared_host
 
     preload(cfg, tokens)
+    if n == 1:
+        return _serve(args, cfg, tokens)
     gc.collect()
     trim_heap()  # what loading freed, given back before the workers share the rest copy-on-write
     mem = shared_host(cfg, n)

@@ -57,11 +57,15 @@ def shared_host(cfg: RouterFleetConfig, workers: int) -> HostMemory:
 
 
 def preload(cfg: RouterFleetConfig, tokens: FleetTokens) -> None:
-    """What every worker would otherwise load or compile for itself: loaded once, before the fork."""
-    from indexer.hashing import warmup
+    """What every worker would otherwise load or compile for itself: loaded once, before the fork (and
+    before a single process listens).  Every indexer kernel, not only the hashing ones: numba compiles a
+    kernel on its first call, so workers left to compile the ingest kernels on their first events did it
+    all at once, each for itself, and on a busy 2-core machine their first requests waited up to a minute
+    (issue 29's bench, with 18 router processes).  With numba's on-disk cache warm this takes about 0.5 s."""
+    from indexer.kernels import compile_all
     from tokenizer_cache import TokenizerCacheError
 
-    warmup()
+    compile_all()
     if tokens.registry is not None:
         for m in cfg.served_models():
             try:
