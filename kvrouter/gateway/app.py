@@ -40,6 +40,7 @@ from ..host import HealthBoard, HostLoads, QueueBoard
 from ..host.metric_merge import Merged
 from ..loop_lag import LoopLag
 from ..pipeline import PassThroughTokens, RequestPipeline, TokenSource
+from ..pipeline.pipeline import PlacementClaims
 from ..replicas import PrefixClaims, SharedState, WarmRestart, mark_restored, store_for
 from ..routing import LoadTracker, Router
 from ..routing.peer_prefill import PeerPrefill
@@ -81,6 +82,12 @@ class WorkerShare(Protocol):
 
     @property
     def leader(self) -> bool: ...
+
+    @property
+    def workers(self) -> int: ...
+
+    def placement_claims(self, ttl_s: float) -> PlacementClaims:
+        """Claims of new prompts' targets between the host's workers (``kvrouter.host.claims``)."""
 
     def ring_sync(
         self, indexer: Indexer, *, keep_outbox: bool, peer_prefill: PeerPrefill | None = None
@@ -192,6 +199,10 @@ class Gateway:
             self.pipeline.claims = self.claims
             self.pipeline.publish_now = self.shared.nudge
             self.pipeline.peers_fresh = self.shared.fresh
+        elif host is not None and host.workers > 1 and self.router.config.speculative:
+            # No replicas to claim through: the host's workers claim among themselves (a burst of one new
+            # prompt spread over the workers goes to one target).
+            self.pipeline.claims = host.placement_claims(self.indexer.speculative_ttl)
         store = store_for(cfg.snapshot, rep.redis_url)
         self.warm = (
             WarmRestart(

@@ -6,6 +6,7 @@
       loads int64 [workers, targets, 4] (each worker its row)   engine float64 [targets, 4]
       external int64 [targets, 2]   health float64 [instances, 6]   queue int64 [workers, 4]
       flow_* (host/flows)   rings int64 [workers, ring_words]   metric_* (metrics_board)
+      claims int64 [claim_slots, 3] (host/claims)
       SlotDirectory: names -> slots (targets; instances; flows)
 
 The buffer comes from the caller (an anonymous shared mapping made before the workers fork, or a plain
@@ -53,6 +54,8 @@ class HostLayout(msgspec.Struct, frozen=True):
     """Size of each worker's ring of speculative entries, in 8-byte words (2 MiB by default)."""
     metric_bytes: int = 1 << 20
     """Room for each worker's last metrics snapshot (``metrics_board``), in bytes."""
+    claim_slots: int = 4096
+    """Placement claims of new prompts the workers can hold at once (``host.claims``)."""
     flows: int = 1024
     """Distinct flow accounts (a tenant at a priority, a priority's virtual time, a tenant's rate
     buckets) the host keeps; past them, new ones share one overflow account."""
@@ -74,6 +77,7 @@ class HostLayout(msgspec.Struct, frozen=True):
             ("flow_names", "u1", (self.flows, NAME_BYTES + 8)),
             ("flow_accounts", "f8", (self.flows, 4)),
             ("flow_waiting", "i8", (w, self.flows)),
+            ("claims", "i8", (self.claim_slots, 3)),
             ("metric_bytes", "u1", (w, self.metric_bytes)),
         ]
 

@@ -27,6 +27,7 @@ from indexer.indexer import SpeculativeEntry
 from ..routing.peer_prefill import PeerPrefill
 from ..routing.placed_blocks import HostPlacement
 from . import HealthBoard, HostLoads, HostMemory, MetricsBoard, QueueBoard, SpeculativeRings
+from .claims import HostClaims
 from .scrape import HostScrape, WakePipes
 
 
@@ -117,6 +118,7 @@ class WorkerHost:
         self.queue = QueueBoard(mem, me)
         self.rings = SpeculativeRings(mem, me)
         self.sync: RingSync | None = None
+        self.claims: HostClaims | None = None
 
     @property
     def leader(self) -> bool:
@@ -133,6 +135,11 @@ class WorkerHost:
         ``peer_prefill``: where other replicas' entries reaching this worker through the leader count."""
         self.sync = RingSync(indexer, self.rings, keep_outbox=keep_outbox, peer_prefill=peer_prefill)
         return self.sync
+
+    def placement_claims(self, ttl_s: float) -> HostClaims:
+        """The workers' claims of new prompts' targets, each living ``ttl_s`` (a speculative entry's TTL)."""
+        self.claims = HostClaims(self.mem, ttl_s)
+        return self.claims
 
     def scrape(
         self, collect: Callable[[], Iterable[Metric]], refresh: Callable[[], None]
@@ -155,4 +162,6 @@ class WorkerHost:
         }
         if self.sync is not None:
             out["replica_entries_via_leader"] = self.sync.from_replicas
+        if self.claims is not None:
+            out["claims"] = dict(self.claims.outcomes)
         return out

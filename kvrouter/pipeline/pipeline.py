@@ -146,7 +146,12 @@ def bearer(authorization: str | None) -> str:
 
 
 class PlacementClaims(Protocol):
-    """Where router replicas agree to place a prompt no target holds (``replicas.PrefixClaims``)."""
+    """Where router replicas (``replicas.PrefixClaims``), or the workers of one host
+    (``host.HostClaims``), agree to place a prompt no target holds."""
+
+    tells_placements: bool
+    """Answers list the new prompts placed by the others (``ClaimAnswer.newer``): then the host's other
+    workers learn this one's placements from them, and not through the host's rings as well."""
 
     async def claim(
         self, chain: int, target: str, chains: I64Array, *, look: bool = True
@@ -645,8 +650,9 @@ class RequestPipeline:
         host's other workers."""
         c, chains = d.chosen, p.inp.chains
         if c is not None and chains is not None and c.matched_blocks == 0 and self.router.new_prefix(p.inp):
-            # with claims, the host's other workers read it in the placements log when they next place one
-            self.router.placed_new(chains, c, time.monotonic(), share=self.claims is None)
+            # with a placements log, the host's other workers read it there when they next place one
+            share = self.claims is None or not self.claims.tells_placements
+            self.router.placed_new(chains, c, time.monotonic(), share=share)
 
     def _placed(self, chosen: Candidate) -> None:
         """Sent where nothing of the prompt was expected: the other replicas are told at once."""

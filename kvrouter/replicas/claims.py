@@ -71,6 +71,9 @@ def _stream_id(raw: bytes) -> tuple[int, int]:
 class PrefixClaims:
     """One process's claims (each worker of a host has its own connection and its own place in the log)."""
 
+    tells_placements = True
+    """Answers list the placements logged since this process last asked (``newer``)."""
+
     def __init__(
         self,
         config: SharedStateConfig,

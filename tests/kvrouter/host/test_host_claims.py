@@ -1,0 +1,138 @@
+"""Placement claims between the workers of one host (``host.HostClaims``).
+
+- The claims table against a dict of live claims: a live claim answers every later claim of its prompt
+  until it expires; with none live the asker claims its own target; a claim fails (``full``) only when
+  every probed slot holds another prompt's live claim.
+- Two real processes over one shared mapping and a process-shared lock, claiming the same prompts for
+  different targets in opposite orders: for each prompt both get the same answer.
+- Two workers' request pipelines over one host's memory, placing one new prompt at once with different
+  views of the load: both send it where the first claim put it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import mmap
+import multiprocessing
+import threading
+from typing import Any
+
+import numpy as np
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
+
+from indexer import Indexer, SourceKey
+from indexer.config import parse_fleet
+from kvrouter.config import RouterFleetConfig
+from kvrouter.host import HostLayout, HostMemory, SpeculativeRings
+from kvrouter.host.claims import PROBES, HostClaims
+from kvrouter.host.wiring import RingSync
+from kvrouter.pipeline import PassThroughTokens, PipelineMetrics, RequestPipeline
+from kvrouter.routing import Router
+from kvrouter.types import TargetKey
+from tests.kvrouter.pipeline.test_claimed_placement import FLEET, NAMES, Targets, body
+
+TTL = 5.0
+
+
+def memory(slots: int, workers: int = 2, *, shared: bool = False) -> HostMemory:
+    layout = HostLayout(workers=workers, targets=8, instances=4, ring_words=4096, claim_slots=slots)
+    if shared:
+        buf: Any = memoryview(mmap.mmap(-1, layout.size(), flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS))
+        return HostMemory(layout, buf, multiprocessing.get_context("fork").Lock())
+    return HostMemory(layout, bytearray(layout.size()), threading.Lock())
+
+
+ops = st.lists(
+    st.tuples(
+        st.integers(-40, 40),  # the prompt's first chain hash (a few share slots of a 16-slot table)
+        st.sampled_from(["t0", "t1", "t2"]),  # the asker's choice
+        st.sampled_from([0.0, 0.0, 0.5, 2.0, 6.0]),  # time since the last claim
+    ),
+    max_size=120,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops, st.sampled_from([8, 16, 64]))
+def test_claims_against_a_dict_of_live_claims(steps: list[tuple[int, str, float]], slots: int) -> None:
+    mem = memory(slots)
+    claims = HostClaims(mem, TTL)
+    live: dict[int, tuple[str, float]] = {}
+    now = 0.0
+    for chain, target, dt in steps:
+        now += dt
+        live = {c: v for c, v in live.items() if v[1] > now}
+        slot = mem.targets.slot(target) + 1
+        got = claims.take(chain, slot, now)
+        if chain in live:
+            assert got is not None and mem.targets.name(got - 1) == live[chain][0]
+        elif got is None:
+            assert len(live) >= PROBES  # every probed slot held another prompt's live claim
+        else:
+            assert got == slot
+            live[chain] = (target, now + TTL)
+
+
+def claim_all(mem: HostMemory, me: int, chains: list[int], start: Any, out: Any) -> None:
+    claims = HostClaims(mem, 60.0)
+    start.wait()
+    got = {}
+    for c in chains:
+        ans = asyncio.run(claims.claim(c, f"t{me}", np.array([c], dtype=np.int64)))
+        got[c] = ans.owner
+    out.put((me, got))
+
+
+def test_two_processes_get_one_answer_per_prompt() -> None:
+    mem = memory(4096, shared=True)
+    ctx = multiprocessing.get_context("fork")
+    start, out = ctx.Event(), ctx.Queue()
+    chains = list(range(10**6, 10**6 + 300))
+    procs = [
+        ctx.Process(target=claim_all, args=(mem, me, chains if me == 0 else chains[::-1], start, out))
+        for me in range(2)
+    ]
+    for p in procs:
+        p.start()
+    start.set()
+    answers = dict(out.get(timeout=60) for _ in procs)
+    for p in procs:
+        p.join(timeout=30)
+        assert p.exitcode == 0
+    assert answers[0] == answers[1]
+    won = {t for t in answers[0].values()}
+    assert won <= {"t0", "t1"} and len(won) == 2  # each won some: they ran from opposite ends
+
+
+def worker(mem: HostMemory, me: int) -> RequestPipeline:
+    cfg = parse_fleet(yaml.safe_load(FLEET), RouterFleetConfig)
+    ix = Indexer(cfg.block_size)
+    for n in NAMES:
+        ix.register(SourceKey(n, 0))
+    router = Router(ix, cfg.router_config(), host=RingSync(ix, SpeculativeRings(mem, me)))
+    pl = RequestPipeline(cfg, router, Targets(), PassThroughTokens(), PipelineMetrics(CollectorRegistry()))
+    pl.claims = HostClaims(mem, TTL)
+    return pl
+
+
+async def test_two_workers_with_different_views_place_a_new_prompt_once() -> None:
+    mem = memory(64)
+    first, second = worker(mem, 0), worker(mem, 1)
+    p1 = await first.prepare(body(1), "completions", {})
+    own = first.decide(p1, dry_run=True).chosen
+    assert own is not None
+    # the second worker sees the first's choice as busy: on its own it would go elsewhere
+    second.router.load.set_external({TargetKey(own.target): (3, 800)})
+    p2 = await second.prepare(body(1), "completions", {})
+    alone = second.decide(p2, dry_run=True).chosen
+    assert alone is not None and alone.target != own.target
+
+    d1, d2 = await asyncio.gather(first.admit(p1), second.admit(p2))
+    assert d1.chosen is not None and d2.chosen is not None
+    assert d1.chosen.target == d2.chosen.target == own.target
+    assert sorted((d1.reason, d2.reason)) == ["cache", "load"]  # one computes it, the other follows
+    won = [pl.claims.outcomes["won"] for pl in (first, second) if isinstance(pl.claims, HostClaims)]
+    assert sorted(won) == [0, 1]
