@@ -25,6 +25,7 @@ from typing import Protocol
 
 import aiohttp
 import msgspec
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 from prometheus_client.exposition import choose_encoder
 
@@ -86,7 +87,7 @@ class WorkerShare(Protocol):
     @property
     def workers(self) -> int: ...
 
-    def placement_claims(self, ttl_s: float) -> PlacementClaims:
+    def placement_claims(self, ttl_s: float, registry: CollectorRegistry | None = None) -> PlacementClaims:
         """Claims of new prompts' targets between the host's workers (``kvrouter.host.claims``)."""
 
     def ring_sync(
@@ -202,7 +203,9 @@ class Gateway:
         elif host is not None and host.workers > 1 and self.router.config.speculative:
             # No replicas to claim through: the host's workers claim among themselves (a burst of one new
             # prompt spread over the workers goes to one target).
-            self.pipeline.claims = host.placement_claims(self.indexer.speculative_ttl)
+            self.pipeline.claims = host.placement_claims(
+                self.indexer.speculative_ttl, registry=self.metrics.registry
+            )
         store = store_for(cfg.snapshot, rep.redis_url)
         self.warm = (
             WarmRestart(

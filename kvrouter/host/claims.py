@@ -20,10 +20,10 @@ nothing is claimed (the local view decides, counted ``full``).
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Callable
 
 import numpy as np
+from prometheus_client import CollectorRegistry, Counter
 
 from indexer.hashing import I64Array
 
@@ -41,7 +41,14 @@ class HostClaims:
     tells_placements = False
     """Answers never list other workers' placements (``newer``): those come through the rings."""
 
-    def __init__(self, mem: HostMemory, ttl_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        mem: HostMemory,
+        ttl_s: float,
+        *,
+        registry: CollectorRegistry | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if ttl_s <= 0:
             raise ValueError("ttl_s must be positive")
         self.mem = mem
@@ -49,7 +56,17 @@ class HostClaims:
         self.clock = clock
         self._table = mem.view("claims")
         self._expiry = self._table[:, 2:3].view(np.float64)[:, 0]
-        self.outcomes: Counter[str] = Counter({o: 0 for o in OUTCOMES})
+        self.outcomes: dict[str, int] = dict.fromkeys(OUTCOMES, 0)
+        """This worker's claims by outcome (``/health``; the host's sum in ``/metrics``)."""
+        self._counter = Counter(
+            "kvrouter_host_prefix_claims",
+            "Placements of a prompt no target held, claimed among the workers of this host (no router "
+            "replicas): won (this worker's claim), followed (another worker's), full (no free slot: "
+            "placed on the worker's own view)",
+            ["outcome"],
+            registry=registry,
+        )
+        self._by = {o: self._counter.labels(outcome=o) for o in OUTCOMES}
 
     async def claim(self, chain: int, target: str, chains: I64Array, *, look: bool = True) -> ClaimAnswer:
         """The target of the live claim for ``chain``, else ``target`` now claimed (``look``: unused, no
@@ -57,11 +74,15 @@ class HostClaims:
         slot = self.mem.targets.slot(target) + 1  # before the lock: the directory takes it too
         owner = self.take(chain, slot, self.clock())
         if owner is None:
-            self.outcomes["full"] += 1
+            self._count("full")
             return ClaimAnswer(owner=TargetKey(target))
-        self.outcomes["won" if owner == slot else "followed"] += 1
+        self._count("won" if owner == slot else "followed")
         name = self.mem.targets.name(owner - 1)
         return ClaimAnswer(owner=TargetKey(name if name is not None else target))
+
+    def _count(self, outcome: str) -> None:
+        self.outcomes[outcome] += 1
+        self._by[outcome].inc()
 
     def take(self, chain: int, slot: int, now: float) -> int | None:
         """The live claim's target slot + 1 for ``chain``, else ``slot`` after claiming it; None when no

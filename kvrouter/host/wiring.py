@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 
 from indexer import Indexer, SourceKey
@@ -136,9 +137,10 @@ class WorkerHost:
         self.sync = RingSync(indexer, self.rings, keep_outbox=keep_outbox, peer_prefill=peer_prefill)
         return self.sync
 
-    def placement_claims(self, ttl_s: float) -> HostClaims:
-        """The workers' claims of new prompts' targets, each living ``ttl_s`` (a speculative entry's TTL)."""
-        self.claims = HostClaims(self.mem, ttl_s)
+    def placement_claims(self, ttl_s: float, registry: CollectorRegistry | None = None) -> HostClaims:
+        """The workers' claims of new prompts' targets, each living ``ttl_s`` (a speculative entry's TTL);
+        counted in ``registry``."""
+        self.claims = HostClaims(self.mem, ttl_s, registry=registry)
         return self.claims
 
     def scrape(

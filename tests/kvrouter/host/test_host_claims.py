@@ -107,20 +107,21 @@ def test_two_processes_get_one_answer_per_prompt() -> None:
     assert won <= {"t0", "t1"} and len(won) == 2  # each won some: they ran from opposite ends
 
 
-def worker(mem: HostMemory, me: int) -> RequestPipeline:
+def worker(mem: HostMemory, me: int, registry: CollectorRegistry) -> RequestPipeline:
     cfg = parse_fleet(yaml.safe_load(FLEET), RouterFleetConfig)
     ix = Indexer(cfg.block_size)
     for n in NAMES:
         ix.register(SourceKey(n, 0))
     router = Router(ix, cfg.router_config(), host=RingSync(ix, SpeculativeRings(mem, me)))
     pl = RequestPipeline(cfg, router, Targets(), PassThroughTokens(), PipelineMetrics(CollectorRegistry()))
-    pl.claims = HostClaims(mem, TTL)
+    pl.claims = HostClaims(mem, TTL, registry=registry)
     return pl
 
 
 async def test_two_workers_with_different_views_place_a_new_prompt_once() -> None:
     mem = memory(64)
-    first, second = worker(mem, 0), worker(mem, 1)
+    registries = [CollectorRegistry(), CollectorRegistry()]
+    first, second = worker(mem, 0, registries[0]), worker(mem, 1, registries[1])
     p1 = await first.prepare(body(1), "completions", {})
     own = first.decide(p1, dry_run=True).chosen
     assert own is not None
@@ -136,3 +137,8 @@ async def test_two_workers_with_different_views_place_a_new_prompt_once() -> Non
     assert sorted((d1.reason, d2.reason)) == ["cache", "load"]  # one computes it, the other follows
     won = [pl.claims.outcomes["won"] for pl in (first, second) if isinstance(pl.claims, HostClaims)]
     assert sorted(won) == [0, 1]
+    counted = [
+        [r.get_sample_value("kvrouter_host_prefix_claims_total", {"outcome": o}) for o in ("won", "followed")]
+        for r in registries
+    ]
+    assert sorted(counted) == [[0.0, 1.0], [1.0, 0.0]]
