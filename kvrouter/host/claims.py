@@ -61,8 +61,8 @@ class HostClaims:
         self._counter = Counter(
             "kvrouter_host_prefix_claims",
             "Placements of a prompt no target held, claimed among the workers of this host (no router "
-            "replicas): won (this worker's claim), followed (another worker's), full (no free slot: "
-            "placed on the worker's own view)",
+            "replicas): won (this worker's claim, or another's that agrees), followed (another worker's, "
+            "naming another target), full (no free slot: placed on the worker's own view)",
             ["outcome"],
             registry=registry,
         )

@@ -367,3 +367,32 @@ async def test_priorities_and_rate_limits_are_the_hosts(tmp_path: Path) -> None:
             for i in range(8)
         ]
         assert sorted(st for st, _ in capped) == [200] * 3 + [429] * 5
+
+
+async def test_a_burst_of_one_new_prompt_goes_to_one_instance(tmp_path: Path) -> None:
+    """Without replicas the workers claim new prompts' targets among themselves: each burst of 6 requests
+    of one new prompt, over fresh connections (both workers), goes to one instance, and the host's
+    /metrics counts the claims (a worker whose choice agrees with the claim counts it won)."""
+    async with HeldFleet(3) as fleet, serve(tmp_path, fleet.fleet()) as (base, _):
+        for burst in range(4):
+            prompt = list(range(burst * 1000, burst * 1000 + 200))
+            before = dict(fleet.served)
+            req = {"model": MODEL, "prompt": prompt, "max_tokens": 4}
+            tasks = [asyncio.create_task(fresh("POST", base + "/v1/completions", req)) for _ in range(6)]
+            await until(lambda: fleet.held == 6, what="the burst held upstream")
+            assert sorted(fleet.served[p] - before[p] for p in fleet.ports) == [0, 0, 6]
+            fleet.release.set()
+            assert [st for st, _ in await asyncio.gather(*tasks)] == [200] * 6
+            fleet.release.clear()
+        async with aiohttp.ClientSession() as s, s.get(base + "/metrics") as r:
+            text = await r.text()
+        claims = {
+            o: sum(
+                float(ln.split()[-1])
+                for ln in text.splitlines()
+                if ln.startswith(f'kvrouter_host_prefix_claims_total{{outcome="{o}"}}')
+            )
+            for o in ("won", "followed", "full")
+        }
+        # every prompt claimed at least once, by whichever worker placed it first; none left unclaimed
+        assert claims["won"] >= 4 and claims["full"] == 0, claims
