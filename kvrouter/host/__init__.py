@@ -6,7 +6,8 @@ block of shared memory, which keeps N processes routing as one::
     health.py     HealthBoard: health and ejections                          (gateway.UpstreamPool's)
     queue.py      QueueBoard: the limits' queue and the held-requests bound  (pipeline.CapacityGate's)
     flows.py      HostFlows: the flows' accounts, backlogs and rate buckets  (flows.FlowQueue's, too)
-    spec_ring.py  SpeculativeRings: speculative entries, one ring per worker (routing.Router's HostSync)
+    spec_ring.py  SpeculativeRings: speculative entries and placements, a ring per worker (Router's HostSync)
+    claims.py     HostClaims: new prompts' targets claimed among the workers (pipeline.PlacementClaims)
     metrics_board.py, metric_merge.py   each worker's last metrics snapshot; the host's one /metrics
     supervisor.py Supervisor, shared_host, preload: fork N workers, replace the dead, stop on signals
     wiring.py     WorkerHost (a worker's share of the host, for Gateway), RingSync; scrape.py: HostScrape

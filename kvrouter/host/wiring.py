@@ -3,10 +3,11 @@
 ::
 
     Gateway(cfg, host=WorkerHost(mem, k)) builds   LoadTracker(HostLoads)         (load, engine, external)
-                                                   Router(host=RingSync)          (speculative entries)
+                                                   Router(host=RingSync)     (speculative entries, placements)
                                                    UpstreamPool(board=HealthBoard) (health, ejections)
                                                    RequestPipeline(host_queue=QueueBoard, held_host=...)
-                                                     (the limits' queue; HostFlows: shares, rate limits)
+                                                     (the limits' queue; HostFlows: shares, rate limits;
+                                                      claims=HostClaims without replicas)
                                                    host_scrape = HostScrape       (the host's /metrics)
 
 Worker 0 is the leader: it alone scrapes engine load, runs the start-up fleet check, index snapshots and
