@@ -103,8 +103,9 @@ def test_two_processes_get_one_answer_per_prompt() -> None:
         p.join(timeout=30)
         assert p.exitcode == 0
     assert answers[0] == answers[1]
-    won = {t for t in answers[0].values()}
-    assert won <= {"t0", "t1"} and len(won) == 2  # each won some: they ran from opposite ends
+    # Whether the two overlap is the scheduler's choice (on a busy machine one may finish first); either
+    # way the later one follows every claim of the earlier, which needs the table shared between them.
+    assert set(answers[0].values()) <= {"t0", "t1"}
 
 
 def worker(mem: HostMemory, me: int, registry: CollectorRegistry) -> RequestPipeline:
