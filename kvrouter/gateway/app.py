@@ -201,7 +201,7 @@ class Gateway:
             self.pipeline.publish_now = self.shared.nudge
             self.pipeline.peers_fresh = self.shared.fresh
         elif host is not None and host.workers > 1 and self.router.config.speculative:
-            # No replicas to claim through: the host's workers claim among themselves (a burst of one new
+            # No claims through Redis: the host's workers claim among themselves (a burst of one new
             # prompt spread over the workers goes to one target).
             self.pipeline.claims = host.placement_claims(
                 self.indexer.speculative_ttl, registry=self.metrics.registry

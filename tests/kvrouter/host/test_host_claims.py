@@ -18,21 +18,15 @@ import threading
 from typing import Any
 
 import numpy as np
-import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from indexer import Indexer, SourceKey
-from indexer.config import parse_fleet
-from kvrouter.config import RouterFleetConfig
 from kvrouter.host import HostLayout, HostMemory, SpeculativeRings
 from kvrouter.host.claims import PROBES, HostClaims
 from kvrouter.host.wiring import RingSync
-from kvrouter.pipeline import PassThroughTokens, PipelineMetrics, RequestPipeline
-from kvrouter.routing import Router
-from kvrouter.types import TargetKey
-from tests.kvrouter.pipeline.test_claimed_placement import FLEET, NAMES, Targets, body
+from kvrouter.pipeline import RequestPipeline
+from tests.kvrouter.pipeline.test_claimed_placement import diverging_views, pipeline
 
 TTL = 5.0
 
@@ -109,12 +103,7 @@ def test_two_processes_get_one_answer_per_prompt() -> None:
 
 
 def worker(mem: HostMemory, me: int, registry: CollectorRegistry) -> RequestPipeline:
-    cfg = parse_fleet(yaml.safe_load(FLEET), RouterFleetConfig)
-    ix = Indexer(cfg.block_size)
-    for n in NAMES:
-        ix.register(SourceKey(n, 0))
-    router = Router(ix, cfg.router_config(), host=RingSync(ix, SpeculativeRings(mem, me)))
-    pl = RequestPipeline(cfg, router, Targets(), PassThroughTokens(), PipelineMetrics(CollectorRegistry()))
+    pl = pipeline(lambda ix: RingSync(ix, SpeculativeRings(mem, me)))
     pl.claims = HostClaims(mem, TTL, registry=registry)
     return pl
 
@@ -123,18 +112,11 @@ async def test_two_workers_with_different_views_place_a_new_prompt_once() -> Non
     mem = memory(64)
     registries = [CollectorRegistry(), CollectorRegistry()]
     first, second = worker(mem, 0, registries[0]), worker(mem, 1, registries[1])
-    p1 = await first.prepare(body(1), "completions", {})
-    own = first.decide(p1, dry_run=True).chosen
-    assert own is not None
-    # the second worker sees the first's choice as busy: on its own it would go elsewhere
-    second.router.load.set_external({TargetKey(own.target): (3, 800)})
-    p2 = await second.prepare(body(1), "completions", {})
-    alone = second.decide(p2, dry_run=True).chosen
-    assert alone is not None and alone.target != own.target
+    p1, p2, own = await diverging_views(first, second)
 
     d1, d2 = await asyncio.gather(first.admit(p1), second.admit(p2))
     assert d1.chosen is not None and d2.chosen is not None
-    assert d1.chosen.target == d2.chosen.target == own.target
+    assert d1.chosen.target == d2.chosen.target == own
     assert sorted((d1.reason, d2.reason)) == ["cache", "load"]  # one computes it, the other follows
     won = [pl.claims.outcomes["won"] for pl in (first, second) if isinstance(pl.claims, HostClaims)]
     assert sorted(won) == [0, 1]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import msgspec
 import pytest
@@ -19,6 +19,7 @@ from kvrouter.config import RouterFleetConfig
 from kvrouter.pipeline import PassThroughTokens, PipelineMetrics, Prepared, RequestPipeline
 from kvrouter.replicas import PrefixClaims, SharedStateConfig
 from kvrouter.routing import Router, Target
+from kvrouter.routing.router import HostSync
 from kvrouter.types import InstanceId, TargetKey
 from tests.support.redis_server import RedisServer, redis_server
 
@@ -49,13 +50,28 @@ class Targets:
         return [Target(InstanceId(name))]
 
 
-def pipeline() -> RequestPipeline:
+def pipeline(host: Callable[[Indexer], HostSync] | None = None) -> RequestPipeline:
+    """A router's pipeline over the three idle targets; ``host``: its exchange with the other workers of
+    its host, made over its index (None: one process)."""
     cfg = parse_fleet(yaml.safe_load(FLEET), RouterFleetConfig)
     ix = Indexer(cfg.block_size)
     for n in NAMES:
         ix.register(SourceKey(n, 0))
-    router = Router(ix, cfg.router_config())
+    router = Router(ix, cfg.router_config(), host=host(ix) if host is not None else None)
     return RequestPipeline(cfg, router, Targets(), PassThroughTokens(), PipelineMetrics(CollectorRegistry()))
+
+
+async def diverging_views(first: RequestPipeline, second: RequestPipeline) -> tuple[Prepared, Prepared, str]:
+    """One new prompt prepared by both, and the target ``first`` would choose, which ``second`` sees as
+    busy: on its own, ``second`` would send the prompt elsewhere."""
+    p1 = await first.prepare(body(1), "completions", {})
+    own = first.decide(p1, dry_run=True).chosen
+    assert own is not None
+    second.router.load.set_external({TargetKey(own.target): (3, 800)})
+    p2 = await second.prepare(body(1), "completions", {})
+    alone = second.decide(p2, dry_run=True).chosen
+    assert alone is not None and alone.target != own.target
+    return p1, p2, own.target
 
 
 def body(seed: int) -> bytes:
@@ -83,21 +99,14 @@ async def test_replicas_with_different_views_place_a_new_prompt_where_it_was_cla
     first, second = pipeline(), pipeline()
     first.claims = claims[0]
     second.claims = claims[1]
-    # The second replica sees what the first will choose as busy: on its own it would go elsewhere.
-    p1 = await first.prepare(body(1), "completions", {})
-    own = first.decide(p1, dry_run=True).chosen
-    assert own is not None
-    second.router.load.set_external({TargetKey(own.target): (3, 800)})
-    p2 = await second.prepare(body(1), "completions", {})
-    alone = second.decide(p2, dry_run=True).chosen
-    assert alone is not None and alone.target != own.target
+    p1, p2, own = await diverging_views(first, second)
 
-    d1 = await first.admit(p1)  # claims own.target
-    assert d1.chosen is not None and d1.chosen.target == own.target
+    d1 = await first.admit(p1)  # claims own
+    assert d1.chosen is not None and d1.chosen.target == own
     assert (d1.reason, d1.predicted_cached_tokens) == ("load", 0)
     first.dispatched(p1, d1.chosen)
     d2 = await second.admit(p2)  # follows the claim
-    assert d2.chosen is not None and d2.chosen.target == own.target
+    assert d2.chosen is not None and d2.chosen.target == own
     assert d2.reason == "cache" and d2.chosen.speculative_blocks == 200 // 16
 
     # another prompt: its own claim, by the second replica's choice
