@@ -120,6 +120,7 @@ class BlockIndex:
         self._spec_seq = itertools.count()
         self.slots_version = 0
         """Changes whenever a slot is given to or taken from a source."""
+        self._clears: dict[SourceKey, int] = {}
         # Shared stores (``indexer.tiers``): their sources and the instances attached (None: all); the
         # walk's arrays are rebuilt when slots or stores change.
         self._stores: list[tuple[SourceKey, frozenset[str] | None]] = []
@@ -170,6 +171,11 @@ class BlockIndex:
         if slot is None:
             return {m: 0 for m in MEDIA}
         return {m: int(self._counts[slot][m]) for m in MEDIA}
+
+    def clears(self, source: SourceKey) -> int:
+        """How many times the source's blocks were all forgotten (``clear_source``): what it held before
+        the last one, the engine no longer holds."""
+        return self._clears.get(source, 0)
 
     def total_entries(self) -> int:
         """(source, block, medium) entries held."""
@@ -346,6 +352,7 @@ class BlockIndex:
 
     def clear_source(self, source: SourceKey) -> None:
         """Forget every block of the source (AllBlocksCleared, engine restart).  The slot stays allocated."""
+        self._clears[source] = self._clears.get(source, 0) + 1
         slot = self._slots.get(source)
         if slot is None:
             return

@@ -393,6 +393,11 @@ class Indexer:
         counts the same."""
         return self.index.blocks(source)[Medium.GPU] + self.index.speculative_blocks(source)
 
+    def clears(self, source: SourceKey) -> int:
+        """How many times the source's cache was emptied (AllBlocksCleared, an engine restart, the source
+        forgotten or gone), as this process's index saw it; 0 when the index lives out of process."""
+        return self.index.clears(source) if isinstance(self.index, BlockIndex) else 0
+
     def holding(self, source: SourceKey, chains: I64Array) -> npt.NDArray[np.uint8] | None:
         """Per chain, how ``source`` holds it (``BlockIndex.holding``: one bit per medium stored in, and
         ``SPECULATIVE_BIT`` for an entry not yet confirmed).  None when the index lives out of process."""

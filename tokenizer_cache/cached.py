@@ -384,6 +384,13 @@ class CachedTokenizer:
             isinstance(m, Mapping) and isinstance(m.get("content"), (str, type(None))) for m in messages
         )
 
+    def warm(self) -> None:
+        """Compute now what the first requests would (the vocabulary's longest entry, the chat template's
+        compiled form and probes): ``kvrouter serve`` does it before forking its workers, so none of them
+        does it again, each for itself, on its first requests.  Tokenizes nothing."""
+        _ = self.max_chars_per_token
+        self._renderer.warm()
+
     # -- prompt limits (``prompt_limits``) --------------------------------------------------------
 
     @property

@@ -16,6 +16,7 @@ in vLLM.  Every rule, with its source: docs/parity.md, section 5.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -120,6 +121,14 @@ class ChatRenderer:
             previous_messages=previous_messages,
             previous_output=previous_output,
         )
+
+    def warm(self) -> None:
+        """What a first request would compute, computed now (the default template compiled, the system
+        message probe): a host does it once before it forks its workers, which then share it.  A model
+        without a usable template is left as it is (its requests get the error)."""
+        self.merges_inline_system()
+        with contextlib.suppress(ChatTemplateError, UnsupportedContentError):
+            self.render_plan(self.plan({"messages": [{"role": "user", "content": "Hi"}]}))
 
     def merges_inline_system(self) -> bool:
         """Whether vLLM merges an Anthropic request's inline system messages into the first one for this

@@ -36,6 +36,8 @@ from ..pipeline.parity import RENDER_PATHS, ProbeCase, Reason, probe_request
 from .upstream import UpstreamPool
 
 log = logging.getLogger("kvrouter.gateway.parity")
+Memo = dict[str | None, list[ProbeCase]]
+"""A sweep's probe sets by model, made once for every instance the sweep checks."""
 # A render route an instance does not serve: 403 (`vllm serve` without --enable-scale-out), 404, 405.
 _NOT_SERVED = (403, 404, 405)
 _UNSUPPORTED = object()
@@ -188,14 +190,16 @@ class ParityProber:
     # ------------------------------------------------------------------ the loop
     async def _run(self) -> None:
         if self.cfg.startup:
+            memo: Memo = {}
             for name in list(self.pool.upstreams):
-                await self.check_instance(name, "startup")
+                await self.check_instance(name, "startup", memo=memo)
         next_recheck = time.monotonic() + self.cfg.recheck_interval_s
         while True:
             for case in self.tracker.take():
                 await self._check(case)
+            back: Memo = {}
             while self._back:
-                await self.check_instance(self._back.pop(), "startup")
+                await self.check_instance(self._back.pop(), "startup", memo=back)
             if time.monotonic() >= next_recheck:
                 next_recheck = time.monotonic() + self.cfg.recheck_interval_s
                 for model in self.tracker.failing():
@@ -204,17 +208,23 @@ class ParityProber:
 
     async def recheck(self, model: str | None) -> None:
         n = 0
+        memo: Memo = {}
         for name, u in list(self.pool.upstreams.items()):
             if u.healthy and u.serves(model):
                 # A probe the instance cannot answer (no instance left, a render route it does not serve)
                 # is no evidence either way: the recheck passes on the probes it could check.
-                results = await self.check_instance(name, "recheck", models=[model])
+                results = await self.check_instance(name, "recheck", models=[model], memo=memo)
                 n += sum(1 for r in results if r not in ("skipped", "unsupported"))
         self.tracker.recheck_done(model, n)
 
     # ------------------------------------------------------------------ checks
-    async def probe_cases(self, model: str | None, reason: Reason, instance: str) -> list[ProbeCase]:
-        """The probe set for ``model`` with the router's own ids (empty: no tokenizer for it)."""
+    async def probe_cases(
+        self, model: str | None, reason: Reason, instance: str, memo: Memo | None = None
+    ) -> list[ProbeCase]:
+        """The probe set for ``model`` with the router's own ids (empty: no tokenizer for it).  ``memo``:
+        the sets already made in this sweep of the fleet (the ids do not depend on the instance)."""
+        if memo is not None and model in memo:
+            return [msgspec.structs.replace(c, instance=instance) for c in memo[model]]
         out = []
         for kind, body in [*PROBE_SET, *MM_PROBE_SET]:
             raw = msgspec.json.encode({"model": model, **body} if model is not None else body)
@@ -229,16 +239,18 @@ class ParityProber:
             path, body = probe
             route = f"{kind}+image" if req.media_paths else kind
             out.append(ProbeCase(model, body, [int(t) for t in ours], reason, instance, path, route))
+        if memo is not None:
+            memo[model] = out
         return out
 
     async def check_instance(
-        self, name: str, reason: Reason, *, models: list[str | None] | None = None
+        self, name: str, reason: Reason, *, models: list[str | None] | None = None, memo: Memo | None = None
     ) -> list[str]:
         """Every probe of every model ``name`` serves (or of ``models``), on ``name``: the results."""
-        return [r for _, r in await self.check_instance_detail(name, reason, models=models)]
+        return [r for _, r in await self.check_instance_detail(name, reason, models=models, memo=memo)]
 
     async def check_instance_detail(
-        self, name: str, reason: Reason, *, models: list[str | None] | None = None
+        self, name: str, reason: Reason, *, models: list[str | None] | None = None, memo: Memo | None = None
     ) -> list[tuple[str, str]]:
         """``check_instance`` with each result's route (``chat``, ``chat+image``, ...)."""
         u = self.pool.upstreams.get(name)
@@ -250,7 +262,7 @@ class ParityProber:
         wanted = models if models is not None else served
         results = []
         for model in wanted:
-            for case in await self.probe_cases(model, reason, name):
+            for case in await self.probe_cases(model, reason, name, memo):
                 results.append((case.route, await self._check(case)))
         return results
 

@@ -179,12 +179,19 @@ class Proxy:
                 self.metrics.retries.labels("adapter_missing").inc()
                 chosen = nxt
             except UpstreamFailed as e:
-                if e.limit_s is None or self.lag is None or not self.lag.stalled(mark, e.limit_s):
+                # the time ran out while this process stood still: the instance is not to blame
+                stalled = e.limit_s is not None and self.lag is not None and self.lag.stalled(mark, e.limit_s)
+                if not stalled:
                     self.pool.record_failure(chosen.instance, connection=e.connection)
-                # else: the time ran out while this process stood still; the instance is not to blame
                 log.warning(
                     "upstream failed before the first byte",
-                    extra={"instance": chosen.target, "reason": e.reason, "attempt": attempt},
+                    extra={
+                        "instance": chosen.target,
+                        "reason": e.reason,
+                        "attempt": attempt,
+                        "error": repr(e.__cause__) if e.__cause__ is not None else None,
+                        "router_stalled": stalled,
+                    },
                 )
                 retry = attempt < self.max_retries and not started[0]
                 nxt = self.pipeline.reroute(p, tried) if retry else None

@@ -61,7 +61,9 @@ def preload(cfg: RouterFleetConfig, tokens: FleetTokens) -> None:
     before a single process listens).  Every indexer kernel, not only the hashing ones: numba compiles a
     kernel on its first call, so workers left to compile the ingest kernels on their first events did it
     all at once, each for itself, and on a busy 2-core machine their first requests waited up to a minute
-    (issue 29's bench, with 18 router processes).  With numba's on-disk cache warm this takes about 0.5 s."""
+    (issue 29's bench, with 18 router processes).  With numba's on-disk cache warm this takes about 0.5 s.
+    Each tokenizer is warmed too (``CachedTokenizer.warm``: its vocabulary's longest entry and its chat
+    template, 0.2 s or so per worker and model otherwise, on the first requests)."""
     from indexer.kernels import compile_all
     from tokenizer_cache import TokenizerCacheError
 
@@ -69,7 +71,7 @@ def preload(cfg: RouterFleetConfig, tokens: FleetTokens) -> None:
     if tokens.registry is not None:
         for m in cfg.served_models():
             try:
-                tokens.registry.get(m)
+                tokens.registry.get(m).warm()
             except TokenizerCacheError:
                 continue
 

@@ -254,11 +254,13 @@ class Router:
                 weight=t.weight,
             )
             m = matches.get((t.instance, t.dp_rank))
-            c.footprint = self.indexer.footprint(SourceKey(t.instance, t.dp_rank))
+            src = SourceKey(t.instance, t.dp_rank)
+            c.footprint = self.indexer.footprint(src)
             if now is not None:
+                self.placed.cleared(t.key, self.indexer.clears(src), now)
                 c.placed_blocks = self.placed.blocks(t.key, now)
             if t.has_events:
-                c.trust = m.trust if m else self.indexer.trust(SourceKey(t.instance, t.dp_rank)).value
+                c.trust = m.trust if m else self.indexer.trust(src).value
             if m and t.has_events and c.trust in _USABLE:
                 split = credited_split(m.tiers, m.speculative_blocks, max_hit, unusable)
             elif m:
@@ -382,6 +384,7 @@ class Router:
         """A prompt no target held was placed at ``at`` (by this router, or by another replica as the
         claims log tells): its blocks count in ``at``'s share of new placements for the window.  ``share``:
         the other workers of this host count it too (they learn it no other way: no claims log)."""
+        self.placed.cleared(at.target, self.indexer.clears(SourceKey(at.instance, at.dp_rank)), now)
         self.placed.add(at.target, len(chains), now)
         if share and self.host is not None:
             self.host.placed(SourceKey(at.instance, at.dp_rank), len(chains), now)

@@ -55,6 +55,30 @@ def test_default_tokenizer_loads_offline(deepseek: CachedTokenizer) -> None:
     assert deepseek.hf_tokenizer.chat_template is None
 
 
+def test_warm_leaves_nothing_for_the_first_request_to_compute(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``warm`` (``kvrouter serve`` calls it before forking its workers) computes what a first chat request
+    would: after it, the vocabulary is not read and the template not compiled again, and the ids are the
+    ones a tokenizer never warmed gives."""
+    body = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}]}
+    template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}<assistant>"
+
+    def load() -> CachedTokenizer:
+        return CachedTokenizer.from_pretrained(default_tokenizer_path(), config=TIGHT, chat_template=template)
+
+    want = list(load().encode_chat_request(body).tokens)
+    ct = load()
+    ct.warm()
+
+    def again(*_: Any, **__: Any) -> None:
+        raise AssertionError("computed again on the first request")
+
+    monkeypatch.setattr(ct.hf_tokenizer, "get_vocab", again)
+    monkeypatch.setattr(ct._renderer._templates._env, "from_string", again)
+    monkeypatch.setattr("tokenizer_cache.chat.requires_system_first", again)
+    assert list(ct.encode_chat_request(body).tokens) == want
+    assert ct._renderer.merges_inline_system() in (True, False)
+
+
 def test_missing_tokenizer_is_a_load_error_and_never_downloads(tmp_path: Path) -> None:
     with pytest.raises(TokenizerLoadError, match="offline"):
         CachedTokenizer.from_pretrained("kvrouter-tests/no-such-model-anywhere")

@@ -14,6 +14,7 @@ import pytest
 import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvrouter.gateway.parity_probe import MM_PROBE_SET, PROBE_SET
 from kvrouter.lab.sim.server.fleet import SimFleet
 from tests.support.gateway import MODEL, gateway, heal, sim_fleet
 from tests.support.wait import until
@@ -141,3 +142,30 @@ async def test_instances_given_only_a_url_are_subscribed_from_their_event_source
         )
         e = await explain(s, base, body)
         assert e["choice"] == first and e["predicted_cached_tokens"] > 0
+
+
+async def test_a_sweep_of_the_fleet_makes_each_probe_once(fleet: SimFleet) -> None:
+    """The start-up sweep checks every instance with the same probe set: the router's own ids for it are
+    made once per sweep (a worker per core each tokenizing them once per instance slowed its first
+    requests), and every instance's answer is still checked against them."""
+    async with gateway(fleet) as (gw, _):
+        await until(lambda: parity_of(gw, MODEL) == "ok", what="start-up parity")
+        made = 0
+        tokens = gw.pipeline.tokens.tokens
+
+        async def counted(req: Any) -> Any:
+            nonlocal made
+            made += 1
+            return await tokens(req)
+
+        gw.pipeline.tokens.tokens = counted
+        names = [s.instance.config.name for s in fleet.servers]
+        memo: dict[str | None, Any] = {}
+        results = [await gw.parity.check_instance(n, "startup", models=[MODEL], memo=memo) for n in names]
+        per_instance = len(results[0])
+        assert per_instance >= 2 and all(r == results[0] for r in results)
+        assert set(results[0]) <= {"match", "skipped", "unsupported"} and "match" in results[0]
+        assert made == len(PROBE_SET) + len(MM_PROBE_SET)  # once for the sweep, not once per instance
+        made = 0
+        await gw.parity.check_instance(names[0], "startup", models=[MODEL])  # no sweep: made again
+        assert made > 0

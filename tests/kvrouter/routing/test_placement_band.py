@@ -296,3 +296,35 @@ def test_new_prefixes_spread_evenly_over_full_caches() -> None:
         spreads.append(sorted(got.values()))
     assert spreads[0] == [4, 4, 4, 4]
     assert spreads[1] != [4, 4, 4, 4]  # the footprint alone: what the balance key is for
+
+
+def test_an_emptied_cache_forgets_what_was_placed_there() -> None:
+    """The placed blocks stand for what each cache holds of new prompts.  When an engine empties its cache
+    (AllBlocksCleared: ``/reset_prefix_cache``, a restart), nothing placed there is held any more, so it
+    stops counting, and so does a placement dated before the clear that is told after it (another
+    worker's).  Otherwise a fleet reset between workloads places the next one by the last one's shares."""
+    ix = Indexer(BS)
+    r = Router(ix, RouterConfig(shadow=False))
+    targets = [Target(InstanceId(f"v{i}")) for i in range(2)]
+    want: Counter[str] = Counter()
+    for g in range(4):
+        toks = list(range(100_000 * (g + 1), 100_000 * (g + 1) + 100 * BS + 7))
+        inp = RouteInput(RequestId(f"g{g}"), len(toks), ix.chain_hashes(toks), f"group {g}".encode())
+        d = r.route(inp, targets, now=float(g))
+        assert d.chosen is not None
+        r.placed_new(inp.chains, d.chosen, float(g))  # type: ignore[arg-type]
+        want[d.chosen.target] += 100
+    probe_toks = list(range(9_000_000, 9_000_000 + 10 * BS))
+    probe = RouteInput(RequestId("p"), len(probe_toks), ix.chain_hashes(probe_toks), b"probe")
+
+    def placed(now: float) -> dict[str, int]:
+        return {c.target: c.placed_blocks for c in r.candidates(probe, targets, now=now)}
+
+    assert placed(5.0) == {"v0": want["v0"], "v1": want["v1"]}
+    assert ix.apply_payload("v0", ENC.batch([ENC.cleared()], ts=2.0)) == 1
+    assert ix.clears(SourceKey("v0", 0)) == 1 and ix.clears(SourceKey("v1", 0)) == 0
+    assert placed(6.0) == {"v0": 0, "v1": want["v1"]}
+    r.placed.add(TargetKey("v0"), 50, 5.5)  # placed before the clear was seen here: not held
+    r.placed.add(TargetKey("v0"), 30, 6.5)
+    assert placed(7.0) == {"v0": 30, "v1": want["v1"]}
+    assert placed(8.0) == {"v0": 30, "v1": want["v1"]}  # the clear is taken once

@@ -65,4 +65,6 @@ def load_sim_tokenizer(path: str, chat_template: str | None = None) -> tuple[Cac
         mm: MultimodalModel | None = MultimodalModel.load(path, hf, model_id=path)
     except (UnknownProcessor, OSError, KeyError, ValueError):
         mm = None
-    return CachedTokenizer(hf, chat_template=template, multimodal=mm), template
+    tok = CachedTokenizer(hf, chat_template=template, multimodal=mm)
+    tok.warm()  # at start-up, not on the first requests
+    return tok, template
