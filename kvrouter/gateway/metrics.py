@@ -24,7 +24,11 @@ class GatewayMetrics:
             "kvrouter_instance_healthy", "1 if the target is in rotation", ["target"], registry=r
         )
         self.retries = CachedCounter(
-            "kvrouter_retries", "Retries on another instance, by reason", ["reason"], registry=r
+            "kvrouter_retries",
+            "Retries before the first byte, by reason: on another instance, or on the same one when the"
+            " connection timed out while the router stood still (stalled)",
+            ["reason"],
+            registry=r,
         )
         self.ejections = Counter(
             "kvrouter_instance_ejections",

@@ -194,11 +194,15 @@ class Proxy:
                     },
                 )
                 retry = attempt < self.max_retries and not started[0]
-                nxt = self.pipeline.reroute(p, tried) if retry else None
+                # No connection in time while this process stood still: the instance may well have
+                # accepted it, and the prompt was placed there (its speculative entries, claim and
+                # placement say so to every router): tried there again, not moved.
+                again = retry and stalled and e.connection
+                nxt = chosen if again else self.pipeline.reroute(p, tried) if retry else None
                 if nxt is None:
                     self.metrics.pipeline.rejections.labels("upstream_failed").inc()
                     raise BadGateway(f"upstream failed: {e.reason}") from None
-                self.metrics.retries.labels(e.reason).inc()
+                self.metrics.retries.labels("stalled" if again else e.reason).inc()
                 chosen = nxt
         raise BadGateway("upstream failed: no instance holds the adapter any more")
 

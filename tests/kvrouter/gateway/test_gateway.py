@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 import string
+import time
 from collections import Counter
 from collections.abc import AsyncIterator
 
@@ -274,6 +275,46 @@ async def test_failover_retries_a_dead_instance_and_takes_it_out(fleet: SimFleet
             async with s.post(f"{dead.url}/sim/faults", json={"dead": False}) as r:
                 assert r.status == 200
         await until(lambda: gw.pool.upstreams[dead.name].healthy)
+
+
+async def test_a_connect_timeout_of_the_routers_own_stall_is_retried_on_the_same_instance(
+    fleet: SimFleet,
+) -> None:
+    """A connection that timed out while the router's own loop stood still says nothing about the
+    instance, and the prompt was placed there (speculative entries, claims, placements tell every router
+    so): the retry goes to the same instance, which is not held to blame.  Moved elsewhere, the prompt
+    would be cached where no router expects it, and its next requests would miss where they are sent."""
+    async with gateway(fleet, gateway={"connect_timeout_s": 0.2}) as (gw, base), aiohttp.ClientSession() as s:
+        loop = asyncio.get_running_loop()
+        first: list[str] = []
+        dispatched = gw.pipeline.dispatched
+
+        def stall_once(p: object, chosen: object, **kw: object) -> None:
+            if not first:
+                first.append(chosen.instance)  # type: ignore[attr-defined]
+                loop.call_soon(time.sleep, 0.5)  # this process stands still past the connect timeout
+            dispatched(p, chosen, **kw)  # type: ignore[arg-type]
+
+        gw.pipeline.dispatched = stall_once  # type: ignore[method-assign]
+        prompt = words(random.Random(11), 60)
+        st, h, _ = await post(
+            s, f"{base}/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 2}
+        )
+        assert st == 200 and first
+        async with s.get(f"{base}/metrics") as r:
+            text = await r.text()
+        retries = {
+            x.labels["reason"]: x.value
+            for fam in text_string_to_metric_families(text)
+            if fam.name == "kvrouter_retries"
+            for x in fam.samples
+            if x.name.endswith("_total")
+        }
+        assert sum(retries.values()) == 1, "the stall did not time the connect out"
+        assert h["x-kvrouter-instance"] == first[0]
+        assert retries == {"stalled": 1.0}
+        up = gw.pool.upstreams[first[0]]
+        assert up.healthy and up.failures == 0
 
 
 async def test_a_hung_engine_behind_a_live_health_check_is_ejected_with_backoff(fleet: SimFleet) -> None:
