@@ -564,15 +564,18 @@ class RequestPipeline:
             return self._charge(p, d.predicted_cached_tokens)
 
         d = await self._wait(p, attempt, cost)
+        logged = True  # the placement is in the claims log (when there is one)
         if new:
             for look in (True,) * CLAIM_LOOKS + (False,):
-                if d.chosen is None or not await self._claim_elsewhere(p, d, look):
+                again = await self._claim_elsewhere(p, d, look) if d.chosen is not None else False
+                logged = logged and again is not None
+                if not again:
                     break
                 self.unclaim(p)  # decided again (its flow charged for one decision)
                 d = await self._wait(p, attempt, lambda _: 0.0)
                 if not self.router.new_prefix(p.inp):
                     break  # following a claim: the prompt is expected where it went
-        self._placed_new(p, d)
+        self._placed_new(p, d, logged)
         self._record(d)
         self.metrics.decision_seconds.observe(time.perf_counter() - p.started, p.exemplar())
         if p.rec is not None:
@@ -620,14 +623,17 @@ class RequestPipeline:
             await self.peers_fresh()
         return self.router.new_prefix(p.inp)
 
-    async def _claim_elsewhere(self, p: Prepared, d: Decision, look: bool) -> bool:
+    async def _claim_elsewhere(self, p: Prepared, d: Decision, look: bool) -> bool | None:
         """Claim ``d``'s target for the new prompt among the replicas.  True when the decision must be made
         again: another replica's claim names another target (the prompt is then expected there, as a
         peer's speculative entry would say, and weighed as any expected prefix, load bound included), or
-        new prompts were placed since this process last asked (each is expected where it went)."""
+        new prompts were placed since this process last asked (each is expected where it went).  None: no
+        answer (the claim given up), so the local view stands and no claims log tells of the placement."""
         assert self.claims is not None and d.chosen is not None and p.inp.chains is not None
         got = await self.claims.claim(int(p.inp.chains[0]), d.chosen.target, p.inp.chains, look=look)
-        if got is None or got.owner == d.chosen.target:
+        if got is None:
+            return None
+        if got.owner == d.chosen.target:
             return False
         at = {c.target: c for c in d.ranked}
         now = time.monotonic()
@@ -644,14 +650,14 @@ class RequestPipeline:
                 self.router.placed_new(chains, c, now)
         return True
 
-    def _placed_new(self, p: Prepared, d: Decision) -> None:
+    def _placed_new(self, p: Prepared, d: Decision, logged: bool = True) -> None:
         """A prompt no target holds (nor is expected to: not following another replica's claim), placed
         by this router: its blocks count in the chosen target's share of new placements, here and in the
-        host's other workers."""
+        host's other workers.  ``logged``: its claim was answered (not given up: Redis down, too slow)."""
         c, chains = d.chosen, p.inp.chains
         if c is not None and chains is not None and c.matched_blocks == 0 and self.router.new_prefix(p.inp):
             # with a placements log, the host's other workers read it there when they next place one
-            share = self.claims is None or not self.claims.tells_placements
+            share = self.claims is None or not self.claims.tells_placements or not logged
             self.router.placed_new(chains, c, time.monotonic(), share=share)
 
     def _placed(self, chosen: Candidate) -> None:

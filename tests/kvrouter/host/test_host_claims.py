@@ -7,6 +7,7 @@
   different targets in opposite orders: for each prompt both get the same answer.
 - Two workers' request pipelines over one host's memory, placing one new prompt at once with different
   views of the load: both send it where the first claim put it.
+- A worker whose Redis claim went unanswered tells its sibling of the placement itself.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import asyncio
 import mmap
 import multiprocessing
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -26,7 +28,9 @@ from kvrouter.host import HostLayout, HostMemory, SpeculativeRings
 from kvrouter.host.claims import PROBES, HostClaims
 from kvrouter.host.wiring import RingSync
 from kvrouter.pipeline import RequestPipeline
-from tests.kvrouter.pipeline.test_claimed_placement import diverging_views, pipeline
+from kvrouter.replicas import PrefixClaims, SharedStateConfig
+from tests.kvrouter.pipeline.test_claimed_placement import Targets, body, diverging_views, pipeline
+from tests.support.net import free_port
 
 TTL = 5.0
 
@@ -125,3 +129,28 @@ async def test_two_workers_with_different_views_place_a_new_prompt_once() -> Non
         for r in registries
     ]
     assert sorted(counted) == [[0.0, 1.0], [1.0, 0.0]]
+
+
+async def test_a_placement_no_claims_log_tells_reaches_the_other_worker() -> None:
+    """With replicas' claims, the claims log tells every worker of a new prompt's placement, so a host's
+    workers write no placement records of their own.  When a claim gets no answer (Redis down), nothing
+    logs the placement: the worker writes the record, and its sibling counts the placement."""
+    mem = memory(64)
+    first = pipeline(lambda ix: RingSync(ix, SpeculativeRings(mem, 0)))
+    second = pipeline(lambda ix: RingSync(ix, SpeculativeRings(mem, 1)))
+    down = SharedStateConfig(redis_url=f"redis://127.0.0.1:{free_port()}/0", namespace="down", timeout_s=0.5)
+    registry = CollectorRegistry()
+    claims = PrefixClaims(down, TTL, registry=registry)
+    first.claims = claims
+    try:
+        p = await first.prepare(body(7), "completions", {})
+        d = await first.admit(p)
+        assert d.chosen is not None and p.inp.chains is not None
+        outcome = {"outcome": "error"}
+        assert registry.get_sample_value("kvrouter_shared_state_prefix_claims_total", outcome) == 1
+        q = await second.prepare(body(8), "completions", {})
+        cands = second.router.candidates(q.inp, Targets().targets(None), time.monotonic())
+        placed = {c.target: c.placed_blocks for c in cands}
+        assert placed[d.chosen.target] == len(p.inp.chains) == sum(placed.values())
+    finally:
+        await claims.close()
