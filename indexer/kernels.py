@@ -3,7 +3,7 @@
 Numba compiles a kernel on its first call with each argument type, which takes seconds per kernel on a
 busy machine: inside a request, an ingest or a test with a deadline, that is a stall.  ``compile_all``
 drives a small index through every path that reaches a kernel (each release's payloads, fast and
-reference ingest, removals, clears, offload tiers, lookups from lists and from arrays, snapshots) so
+reference ingest, removals, clears, offload tiers, lookups from lists and from arrays, holdings, snapshots) so
 that later processes load them from the cache.  ``python -m indexer.kernels`` does it and lists the
 kernels that no call from Python compiled (most are called only from other kernels, which compile them
 as part of the caller).
@@ -19,6 +19,7 @@ import numpy as np
 from numba.core.registry import CPUDispatcher
 
 from .encode import RELEASES, PayloadEncoder
+from .hashing import request_chains
 from .index import BlockIndex
 from .indexer import Indexer
 from .types import SourceKey
@@ -68,6 +69,11 @@ def _drive(fast: bool) -> None:
         for _ in range(2):
             ix.lookup(np.asarray(tokens, dtype=np.uint32))
             ix.lookup(np.asarray(tokens, dtype=np.int64))
+        # how a source holds a prompt's blocks (the other replicas' queued prefill: ``PeerPrefill``)
+        ix.holding(src, ix.chain_hashes(tokens))
+    # a request's chains from the tokenizer's arrays (uint32), and from other integer arrays
+    for dtype in (np.uint32, np.int64):
+        request_chains(np.asarray(tokens, dtype=dtype), _BS)
     # a source outgrowing its reserved tables, then evicting through the reference path
     enc = PayloadEncoder()
     many = list(range(10**6, 10**6 + 1024))
