@@ -384,10 +384,11 @@ class Router:
         """A prompt no target held was placed at ``at`` (by this router, or by another replica as the
         claims log tells): its blocks count in ``at``'s share of new placements for the window.  ``share``:
         the other workers of this host count it too (they learn it no other way: no claims log)."""
-        self.placed.cleared(at.target, self.indexer.clears(SourceKey(at.instance, at.dp_rank)), now)
+        src = SourceKey(at.instance, at.dp_rank)
+        self.placed.cleared(at.target, self.indexer.clears(src), now)
         self.placed.add(at.target, len(chains), now)
         if share and self.host is not None:
-            self.host.placed(SourceKey(at.instance, at.dp_rank), len(chains), now)
+            self.host.placed(src, len(chains), now)
 
     def _host_placed(self, got: list[HostPlacement], targets: list[Target]) -> None:
         """The other workers' placements of new prompts, counted here (on a target this caller knows)."""

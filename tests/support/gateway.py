@@ -9,6 +9,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
 
 from indexer.config import parse_fleet
 from kvrouter.config import RouterFleetConfig
@@ -32,6 +33,18 @@ def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     for k, v in over.items():
         out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
+
+
+def counter_by(text: str, family: str, label: str, **where: str) -> dict[str, float]:
+    """A counter family's ``_total`` samples in a Prometheus exposition, by the value of ``label`` (only the
+    samples whose labels include ``where``)."""
+    return {
+        x.labels[label]: x.value
+        for fam in text_string_to_metric_families(text)
+        if fam.name == family
+        for x in fam.samples
+        if x.name.endswith("_total") and all(x.labels.get(k) == v for k, v in where.items())
+    }
 
 
 def with_front(fleet: dict[str, Any]) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from kvrouter.api import parse_body
 from kvrouter.config import RouterFleetConfig
 from kvrouter.lab.sim.server.fleet import SimFleet
 from kvrouter.pipeline import FleetTokens
-from tests.support.gateway import MODEL, gateway, heal, sim_fleet
+from tests.support.gateway import MODEL, counter_by, gateway, heal, sim_fleet
 from tests.support.wait import until
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -303,13 +303,7 @@ async def test_a_connect_timeout_of_the_routers_own_stall_is_retried_on_the_same
         assert st == 200 and first
         async with s.get(f"{base}/metrics") as r:
             text = await r.text()
-        retries = {
-            x.labels["reason"]: x.value
-            for fam in text_string_to_metric_families(text)
-            if fam.name == "kvrouter_retries"
-            for x in fam.samples
-            if x.name.endswith("_total")
-        }
+        retries = counter_by(text, "kvrouter_retries", "reason")
         assert sum(retries.values()) == 1, "the stall did not time the connect out"
         assert h["x-kvrouter-instance"] == first[0]
         assert retries == {"stalled": 1.0}

@@ -12,11 +12,10 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
-from prometheus_client.parser import text_string_to_metric_families
 
 from kvrouter.gateway.parity_probe import MM_PROBE_SET, PROBE_SET
 from kvrouter.lab.sim.server.fleet import SimFleet
-from tests.support.gateway import MODEL, gateway, heal, sim_fleet
+from tests.support.gateway import MODEL, counter_by, gateway, heal, sim_fleet
 from tests.support.wait import until
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -103,13 +102,7 @@ async def test_a_misrendering_instance_is_detected_and_its_model_falls_back(flee
             assert (await r.json())["token_parity"]["models"][MODEL]["status"] == "failing"
         async with s.get(f"{base}/metrics") as r:
             text = await r.text()
-        checks = {
-            s.labels["result"]: s.value
-            for fam in text_string_to_metric_families(text)
-            if fam.name == "kvrouter_token_parity_checks"
-            for s in fam.samples
-            if s.name.endswith("_total") and s.labels["model"] == MODEL
-        }
+        checks = counter_by(text, "kvrouter_token_parity_checks", "result", model=MODEL)
         assert checks["mismatch"] >= 1 and checks["match"] >= 1
         # the instance is fixed: the next recheck passes and predictions return
         async with s.post(f"{victim.url}/sim/faults", json={"render_fault": False}) as r:

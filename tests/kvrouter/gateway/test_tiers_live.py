@@ -13,10 +13,9 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
-from prometheus_client.parser import text_string_to_metric_families
 
 from kvrouter.lab.sim.server.fleet import SimFleet
-from tests.support.gateway import MODEL, gateway, sim_fleet
+from tests.support.gateway import MODEL, counter_by, gateway, sim_fleet
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -80,12 +79,6 @@ async def test_a_block_in_the_l2_counts_for_every_instance(fleet: SimFleet) -> N
 
         async with s.get(f"{base}/metrics") as r:
             text = await r.text()
-        blocks = {
-            sample.labels["tier"]: sample.value
-            for fam in text_string_to_metric_families(text)
-            if fam.name == "kvrouter_routed_cached_blocks"
-            for sample in fam.samples
-            if sample.name.endswith("_total")
-        }
+        blocks = counter_by(text, "kvrouter_routed_cached_blocks", "tier")
         assert blocks.get("l2", 0) * 16 == predicted
         assert gw.router.load.total_in_flight() == 0

@@ -167,6 +167,12 @@ def cache(ix: Indexer, inst: str, tokens: list[int]) -> None:
     ix.apply_payload(inst, ENC.batch([ENC.stored(list(range(1, n + 1)), None, tokens[: n * BS], BS)], ts=1.0))
 
 
+def new_prompt(ix: Indexer, g: int) -> RouteInput:
+    """Prompt ``g`` of a workload of new ones: 100 full blocks and a few tokens, no two sharing a block."""
+    toks = list(range(100_000 * (g + 1), 100_000 * (g + 1) + 100 * BS + 7))
+    return RouteInput(RequestId(f"g{g}"), len(toks), ix.chain_hashes(toks), f"group {g}".encode())
+
+
 def test_new_prefixes_spread_evenly_over_the_caches() -> None:
     """Sixteen new 100-block prefixes, one after another, never finishing: each lands where the cache is
     least filled (speculative entries count), so each of four targets gets four.  Plain consistent
@@ -176,8 +182,7 @@ def test_new_prefixes_spread_evenly_over_the_caches() -> None:
     targets = [Target(InstanceId(f"v{i}")) for i in range(4)]
     got: Counter[str] = Counter()
     for g in range(16):
-        toks = list(range(100_000 * (g + 1), 100_000 * (g + 1) + 100 * BS + 7))
-        inp = RouteInput(RequestId(f"g{g}"), len(toks), ix.chain_hashes(toks), f"group {g}".encode())
+        inp = new_prompt(ix, g)
         d = r.route(inp, targets, now=0.0)
         assert d.chosen is not None
         r.dispatched(inp, d.chosen, now=0.0)
@@ -286,8 +291,7 @@ def test_new_prefixes_spread_evenly_over_full_caches() -> None:
         r = Router(ix, RouterConfig(shadow=False))
         got: Counter[str] = Counter()
         for g in range(16):
-            toks = list(range(100_000 * (g + 1), 100_000 * (g + 1) + 100 * BS + 7))
-            inp = RouteInput(RequestId(f"g{g}"), len(toks), ix.chain_hashes(toks), f"group {g}".encode())
+            inp = new_prompt(ix, g)
             d = r.route(inp, targets, now=float(g))
             assert d.chosen is not None
             if balanced:
@@ -308,8 +312,7 @@ def test_an_emptied_cache_forgets_what_was_placed_there() -> None:
     targets = [Target(InstanceId(f"v{i}")) for i in range(2)]
     want: Counter[str] = Counter()
     for g in range(4):
-        toks = list(range(100_000 * (g + 1), 100_000 * (g + 1) + 100 * BS + 7))
-        inp = RouteInput(RequestId(f"g{g}"), len(toks), ix.chain_hashes(toks), f"group {g}".encode())
+        inp = new_prompt(ix, g)
         d = r.route(inp, targets, now=float(g))
         assert d.chosen is not None
         r.placed_new(inp.chains, d.chosen, float(g))  # type: ignore[arg-type]
