@@ -9,8 +9,10 @@ the same classes.
     scheduler.py  FlowQueue: priority first, then the least-served flow; sheds lowest first
     rate.py       RateLimiter: requests and tokens per minute per tenant
     slo.py        read_objective, predict, miss: TTFT/TPOT objectives checked before waiting
+    board.py      ProcessBoard: one process's queue board, shared with other router replicas only
 """
 
+from .board import LocalFlows, ProcessBoard
 from .config import FAIRNESS, Fairness, FlowsConfig, TenantFlow
 from .identity import identify
 from .rate import Buckets, BucketStore, LocalBuckets, RateLimiter
@@ -28,7 +30,9 @@ __all__ = [
     "FlowsConfig",
     "LocalAccounts",
     "LocalBuckets",
+    "LocalFlows",
     "Objective",
+    "ProcessBoard",
     "RateLimiter",
     "Refused",
     "SloConfig",

@@ -23,13 +23,28 @@ class BucketStore(Protocol):
         """``fn`` reads and changes ``tenant``'s buckets in place, as one step (under the host's lock where
         several processes share them); returns what ``fn`` returns."""
 
+    def count(self, tenant: str, requests: float, tokens: float) -> None:
+        """``tenant`` was let through with ``requests`` and ``tokens`` (its allowance taken)."""
+
+    def counted(self) -> dict[str, tuple[float, float]]:
+        """Per tenant, the requests and tokens let through here since start: what other router replicas
+        take from their buckets (``kvrouter.replicas.flows``)."""
+
 
 class LocalBuckets:
     def __init__(self) -> None:
         self._b: dict[str, Buckets] = {}
+        self._taken: dict[str, tuple[float, float]] = {}
 
     def update(self, tenant: str, fn: Callable[[Buckets], float]) -> float:
         return fn(self._b.setdefault(tenant, [0.0, -1.0, 0.0, -1.0]))
+
+    def count(self, tenant: str, requests: float, tokens: float) -> None:
+        r, t = self._taken.get(tenant, (0.0, 0.0))
+        self._taken[tenant] = (r + requests, t + tokens)
+
+    def counted(self) -> dict[str, tuple[float, float]]:
+        return dict(self._taken)
 
 
 def _refill(b: Buckets, i: int, per_minute: float, now: float) -> None:
@@ -73,4 +88,26 @@ class RateLimiter:
                 b[2] -= tokens
             return 0.0
 
-        return self.store.update(name, step)
+        wait = self.store.update(name, step)
+        if wait == 0.0:
+            self.store.count(name, 1.0, float(tokens))
+        return wait
+
+    def debit(self, name: str, requests: float, tokens: float, now: float) -> None:
+        """Take what ``name`` was let through elsewhere (another router replica) from its buckets, which
+        may go into debt: its next requests here wait for the refill."""
+        t = self.tenant(name)
+        rpm, tpm = t.requests_per_minute, t.tokens_per_minute
+        if not (rpm and requests) and not (tpm and tokens):
+            return
+
+        def step(b: Buckets) -> float:
+            if rpm:
+                _refill(b, 0, rpm, now)
+                b[0] -= requests
+            if tpm:
+                _refill(b, 2, tpm, now)
+                b[2] -= tokens
+            return 0.0
+
+        self.store.update(name, step)

@@ -85,16 +85,28 @@ class FlowAccounts(Protocol):
     def waiting(self, flow: Flow, own: int) -> int:
         """Waiters of ``flow`` in every process sharing these accounts (``own``: this process's)."""
 
+    def served(self) -> dict[Flow, float]:
+        """Service charged here (this process, or every worker of the host) per flow since start: what other
+        router replicas add to their counters (``kvrouter.replicas.flows``)."""
+
+    def set_external(self, service: Mapping[Flow, float]) -> None:
+        """Service other router replicas gave each flow (a flow not named: none); a flow's counter counts
+        it from now on."""
+
 
 class LocalAccounts:
     def __init__(self) -> None:
         self.counters: dict[Flow, float] = {}
-        """Service counted per flow (cost / weight), lifted as the invariant says."""
+        """Service counted per flow (cost / weight), lifted as the invariant says; without ``external``."""
         self.vtime: dict[int, float] = {}
         """Per priority: the greatest counter a charge found there."""
+        self.own: dict[Flow, float] = {}
+        """Service charged here, per flow, since start (never lifted)."""
+        self.external: dict[Flow, float] = {}
+        """Service other router replicas gave each flow."""
 
     def counter(self, flow: Flow) -> float:
-        return self.counters.get(flow, 0.0)
+        return self.counters.get(flow, 0.0) + self.external.get(flow, 0.0)
 
     def lift(self, flow: Flow, own_waiting: Mapping[Flow, int]) -> float:
         peers = [self.counter(f) for f, n in own_waiting.items() if n and f.priority == flow.priority]
@@ -102,18 +114,24 @@ class LocalAccounts:
         return max(self.counter(flow), base)
 
     def set_counter(self, flow: Flow, value: float) -> None:
-        self.counters[flow] = value
+        self.counters[flow] = value - self.external.get(flow, 0.0)
 
     def charge(self, flow: Flow, amount: float) -> None:
-        c = self.counter(flow)
-        self.vtime[flow.priority] = max(self.vtime.get(flow.priority, 0.0), c)
-        self.counters[flow] = c + amount
+        self.vtime[flow.priority] = max(self.vtime.get(flow.priority, 0.0), self.counter(flow))
+        self.counters[flow] = self.counters.get(flow, 0.0) + amount
+        self.own[flow] = self.own.get(flow, 0.0) + amount
 
     def set_waiting(self, flow: Flow, n: int) -> None:
         pass  # the queue's own table is the only backlog
 
     def waiting(self, flow: Flow, own: int) -> int:
         return own
+
+    def served(self) -> dict[Flow, float]:
+        return dict(self.own)
+
+    def set_external(self, service: Mapping[Flow, float]) -> None:
+        self.external = dict(service)
 
 
 class FlowQueue(Generic[T]):

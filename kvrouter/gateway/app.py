@@ -37,12 +37,13 @@ from indexer.subscriber import EventSubscriber
 
 from ..api.requests import ParsedRequest
 from ..config import RouterFleetConfig
+from ..flows import ProcessBoard
 from ..host import HealthBoard, HostLoads, QueueBoard
 from ..host.metric_merge import Merged
 from ..loop_lag import LoopLag
 from ..pipeline import PassThroughTokens, RequestPipeline, TokenSource
 from ..pipeline.pipeline import PlacementClaims
-from ..replicas import PrefixClaims, SharedState, WarmRestart, mark_restored, store_for
+from ..replicas import PrefixClaims, ReplicaFlows, SharedState, WarmRestart, mark_restored, store_for
 from ..routing import LoadTracker, Router
 from ..routing.peer_prefill import PeerPrefill
 from ..routing.router import HostSync
@@ -165,6 +166,10 @@ class Gateway:
         self.tokens = tokens or PassThroughTokens()
         self.telemetry = Telemetry(cfg.tracing, cfg.access_log)
         self.metrics.registry.register(TelemetryCollector(self.telemetry))
+        # The limits' queue is the host's (workers) and, with replicas, every replica's: one board for both.
+        board: QueueBoard | ProcessBoard | None = (
+            host.queue if host is not None else ProcessBoard() if rep.redis_url else None
+        )
         self.pipeline = RequestPipeline(
             cfg,
             self.router,
@@ -175,7 +180,7 @@ class Gateway:
             find_response=self.find_response,
             lag=self.lag,
             telemetry=self.telemetry,
-            host_queue=host.queue if host is not None else None,
+            host_queue=board,
             held_host=host.queue if host is not None else None,
             id_prefix=f"w{host.me}-r" if host is not None else "r",
         )
@@ -187,6 +192,14 @@ class Gateway:
                 registry=self.metrics.registry,
                 affinity=self.pipeline.affinity,
                 lag=self.lag,
+                flows=ReplicaFlows(
+                    board,
+                    self.pipeline.rate,
+                    tolerance_s=rep.interval_s,
+                    on_peers=self.pipeline.gate.wake,
+                )
+                if board is not None
+                else None,
             )
             if rep.redis_url
             else None
@@ -287,6 +300,9 @@ class Gateway:
             "round_trips": False,
             "peers_in_flight": sum(load.external_in_flight for load in loads),
             "peers_prefill_tokens": sum(load.external_prefill_tokens for load in loads),
+            "peers_waiting": None
+            if self.pipeline.gate.shared is None
+            else self.pipeline.gate.shared.peers_waiting(),
         }
 
     def _health_changed(self, name: str, healthy: bool) -> None:
@@ -470,7 +486,15 @@ class Gateway:
                     extra={"instance": r.instance, "check": c.name, "verdict": c.verdict, "detail": c.detail},
                 )
 
+    def closing(self) -> None:
+        """The server stops taking connections: requests waiting for capacity are refused now (429,
+        ``shutting_down``: another replica can take them) rather than cut off when the server stops."""
+        n = self.pipeline.gate.close()
+        if n:
+            log.info("refused the requests waiting for capacity: shutting down", extra={"refused": n})
+
     async def stop(self) -> None:
+        self.closing()
         if self.host_scrape is not None:
             self.host_scrape.stop()
         for task in (self._checks, self._watch):

@@ -175,6 +175,11 @@ def build_gateway(gw: Gateway) -> web.Application:
             await gw.stop()
 
     app.cleanup_ctx.append(lifecycle)
+
+    async def closing(app: web.Application) -> None:
+        gw.closing()
+
+    app.on_shutdown.append(closing)
     for path, kind in ROUTED.items():
         app.router.add_post(path, routed(kind))
     app.router.add_post("/invocations", invocations)

@@ -6,8 +6,15 @@ counters, sees every worker's backlog, and takes from the same buckets.
     flow_names    SlotDirectory: "f:<priority>:<tenant>"  a flow's account
                                  "v:<priority>"           a priority's virtual time
                                  "r:<tenant>"             a tenant's rate buckets
-    flow_accounts float64 [slots, 4]   [counter | virtual time | ...] or the four rate-bucket words
+                                 "q:<tenant>"             what a tenant was let through
+    flow_accounts float64 [slots, 4]   f: [counter (without external) | - | served here | external]
+                                       v: [- | virtual time | - | -]   r: the four rate-bucket words
+                                       q: [requests | tokens | - | -]
     flow_waiting  int64 [workers, slots]   waiters of each flow, per worker (written by that worker only)
+
+A flow's counter is its own column plus ``external``: the service other router replicas gave it, written
+by the worker that syncs with them (``kvrouter.replicas.flows``); "served here" and ``q:`` are what this
+host tells them.
 
 Counters and buckets change under the host's lock (a charge reads, then writes: two workers charging at
 once must not lose one).  A flow past the directory's slots shares one overflow account: its share is
@@ -54,13 +61,16 @@ class HostFlows:
         return self._flows[slot]
 
     # ------------------------------------------------------------------ FlowAccounts
+    def _counter(self, s: int) -> float:
+        return float(self._acc[s, 0] + self._acc[s, 3])
+
     def counter(self, flow: Flow) -> float:
-        return float(self._acc[self.flow_slot(flow), 0])
+        return self._counter(self.flow_slot(flow))
 
     def lift(self, flow: Flow, own_waiting: Mapping[Flow, int]) -> float:
         backlogged = (self._waiting.sum(axis=0) > 0).nonzero()[0].tolist()
         peers = [
-            float(self._acc[s, 0])
+            self._counter(s)
             for s in backlogged
             if (f := self.flow_at(s)) is not None and f.priority == flow.priority
         ]
@@ -68,14 +78,25 @@ class HostFlows:
         return max(self.counter(flow), base)
 
     def set_counter(self, flow: Flow, value: float) -> None:
-        self._acc[self.flow_slot(flow), 0] = value
+        s = self.flow_slot(flow)
+        self._acc[s, 0] = value - self._acc[s, 3]
 
     def charge(self, flow: Flow, amount: float) -> None:
         s, v = self.flow_slot(flow), self.slot(f"v:{flow.priority}")
         with self.mem.lock:
-            c = float(self._acc[s, 0])
-            self._acc[v, 1] = max(float(self._acc[v, 1]), c)
-            self._acc[s, 0] = c + amount
+            self._acc[v, 1] = max(float(self._acc[v, 1]), self._counter(s))
+            self._acc[s, 0] += amount
+            self._acc[s, 2] += amount
+
+    def _flow_slots(self) -> list[tuple[Flow, int]]:
+        return [(f, s) for _, s in self.mem.flows.items() if (f := self.flow_at(s)) is not None]
+
+    def served(self) -> dict[Flow, float]:
+        return {f: float(self._acc[s, 2]) for f, s in self._flow_slots() if self._acc[s, 2]}
+
+    def set_external(self, service: Mapping[Flow, float]) -> None:
+        for f, s in self._flow_slots():
+            self._acc[s, 3] = service.get(f, 0.0)
 
     def set_waiting(self, flow: Flow, n: int) -> None:
         self._waiting[self.me, self.flow_slot(flow)] = n
@@ -98,3 +119,16 @@ class HostFlows:
             out = fn(b)
             row[:] = b
         return out
+
+    def count(self, tenant: str, requests: float, tokens: float) -> None:
+        s = self.slot(f"q:{tenant}")
+        with self.mem.lock:
+            self._acc[s, 0] += requests
+            self._acc[s, 1] += tokens
+
+    def counted(self) -> dict[str, tuple[float, float]]:
+        return {
+            name[2:]: (float(self._acc[s, 0]), float(self._acc[s, 1]))
+            for name, s in self.mem.flows.items()
+            if name.startswith("q:")
+        }

@@ -6,7 +6,7 @@
       loads int64 [workers, targets, 4] (each worker its row)   engine float64 [targets, 4]
       external int64 [targets, 2]   health float64 [instances, 6]   queue int64 [workers, 4]
       flow_* (host/flows)   rings int64 [workers, ring_words]   metric_* (metrics_board)
-      claims int64 [claim_slots, 3] (host/claims)
+      claims int64 [claim_slots, 3] (host/claims)   peer_queue float64 [1 + peer_heads, 4] (host/queue)
       SlotDirectory: names -> slots (targets; instances; flows)
 
 The buffer comes from the caller (an anonymous shared mapping made before the workers fork, or a plain
@@ -59,6 +59,9 @@ class HostLayout(msgspec.Struct, frozen=True):
     flows: int = 1024
     """Distinct flow accounts (a tenant at a priority, a priority's virtual time, a tenant's rate
     buckets) the host keeps; past them, new ones share one overflow account."""
+    peer_heads: int = 64
+    """Other router replicas' best waiters the host keeps (``host.queue``); past them, the rest are not
+    ranked against."""
 
     def fields(self) -> list[tuple[str, str, tuple[int, ...]]]:
         w, t, i = self.workers, self.targets, self.instances
@@ -77,6 +80,7 @@ class HostLayout(msgspec.Struct, frozen=True):
             ("flow_names", "u1", (self.flows, NAME_BYTES + 8)),
             ("flow_accounts", "f8", (self.flows, 4)),
             ("flow_waiting", "i8", (w, self.flows)),
+            ("peer_queue", "f8", (1 + self.peer_heads, 4)),
             ("claims", "i8", (self.claim_slots, 3)),
             ("metric_bytes", "u1", (w, self.metric_bytes)),
         ]

@@ -10,9 +10,10 @@ overtakes one that waits.  Every admitted request is charged to its flow when it
 
 With several worker processes, ``shared`` makes the queue the host's: ``size`` bounds every worker's
 waiters together, and a worker's best waiter takes freed capacity only when no other worker's best
-waiter outranks it.  Capacity freed in another worker cannot wake this loop: a worker with waiters looks
-again every ``poll_s``; alone, the best waiter looks again every ``recheck_s`` (capacity can come back
-without a release: an instance back in rotation, an ejection over)."""
+waiter outranks it; other router replicas' waiters (``kvrouter.replicas.flows``) count and rank too.
+Capacity freed in another worker cannot wake this loop: a worker with waiters looks again every
+``shared.poll_s``; alone, the best waiter looks again every ``recheck_s`` (capacity can come back without
+a release: an instance back in rotation, an ejection over)."""
 
 from __future__ import annotations
 
@@ -31,8 +32,8 @@ DEFAULT_FLOW = Flow("default", 0)
 
 class QueueFull(Exception):
     """``queue_full``, ``queue_timeout``, ``expected_timeout`` (it would wait past the timeout),
-    ``sheddable`` (a flow below priority 0 finds no capacity) or ``displaced`` (a waiter pushed out by one
-    that outranks it)."""
+    ``sheddable`` (a flow below priority 0 finds no capacity), ``displaced`` (a waiter pushed out by one
+    that outranks it) or ``shutting_down`` (this router stops: its waiters are answered, not dropped)."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
@@ -49,13 +50,22 @@ class SharedQueue(Protocol):
     @property
     def flows(self) -> SharedFlows: ...
 
-    def waiting_total(self) -> int: ...
+    @property
+    def poll_s(self) -> float:
+        """How often a waiter looks again for capacity freed where it cannot be woken."""
+
+    def waiting_total(self) -> int:
+        """Waiters in every worker of this host."""
+
+    def peers_waiting(self) -> int:
+        """Waiters in other router replicas (``kvrouter.replicas.flows``; 0 without them)."""
 
     def set_waiting(self, n: int, head: tuple[Flow, int] | None) -> None:
         """This worker's waiters, and its best one's flow and ticket."""
 
-    def heads(self) -> list[tuple[Flow, int]]:
-        """Every other worker's best waiter (flow, ticket)."""
+    def heads(self) -> list[tuple[Flow, int, float | None]]:
+        """Every other worker's best waiter (flow, ticket, None: ranked with the shared accounts), and
+        other replicas' (flow, ticket on this host's clock, the counter their replica ranks it by)."""
 
 
 class _Pending(Generic[T]):
@@ -80,7 +90,6 @@ class CapacityGate:
         fairness: Fairness = "fifo",
         weight: Callable[[str], float] | None = None,
         shared: SharedQueue | None = None,
-        poll_s: float = 0.002,
         recheck_s: float = 0.05,
         on_depth: Callable[[int], None] | None = None,
         on_flow_depth: Callable[[Flow, int], None] | None = None,
@@ -92,7 +101,7 @@ class CapacityGate:
         """Told a flow's number waiting whenever it changes."""
         self.timeout_s = timeout_s
         self.shared = shared
-        self.poll_s = poll_s
+        self.poll_s = recheck_s if shared is None else shared.poll_s
         self.recheck_s = recheck_s
         # With a shared queue the flows' accounts are the host's: one scheduler over every worker.
         self.queue: FlowQueue[_Pending[Any]] = FlowQueue(
@@ -101,6 +110,8 @@ class CapacityGate:
         self.early_refusal = early_refusal
         self.wait = WaitEstimate()
         """Seconds a place in the queue costs, from the waits that ended here."""
+        self.closed = False
+        """Set by ``close``: nothing waits any more."""
 
     @property
     def size(self) -> int:
@@ -108,8 +119,27 @@ class CapacityGate:
 
     @property
     def waiting(self) -> int:
-        """Requests waiting (in every worker of the host when the queue is shared)."""
+        """Requests waiting (in every worker of the host when the queue is shared; not other replicas')."""
         return self.shared.waiting_total() if self.shared is not None else len(self.queue)
+
+    def _everywhere(self) -> int:
+        """Requests waiting wherever ``size`` bounds them: this host and the other replicas."""
+        if self.shared is None:
+            return len(self.queue)
+        return self.shared.waiting_total() + self.shared.peers_waiting()
+
+    def close(self) -> int:
+        """This router stops: every waiter is refused now (``shutting_down``, 429 with Retry-After: another
+        replica can take it) rather than left to be cut off.  Returns how many."""
+        self.closed = True
+        refused = 0
+        while (w := self.queue.best()) is not None:
+            self.queue.remove(w)
+            if not w.item.fut.done():
+                w.item.fut.set_exception(QueueFull("shutting_down"))
+                refused += 1
+            self._publish(w.flow)
+        return refused
 
     def _publish(self, flow: Flow) -> None:
         if self.shared is not None:
@@ -121,8 +151,8 @@ class CapacityGate:
             self.on_flow_depth(flow, self.queue.depth(flow))
 
     def _group_waits(self, group: Hashable) -> bool:
-        if self.shared is not None and self.shared.waiting_total() > len(self.queue):
-            return True  # another worker's waiters: their groups are not known here
+        if self.shared is not None and self._everywhere() > len(self.queue):
+            return True  # another worker's (or replica's) waiters: their groups are not known here
         return any(h.group == group for h in self.queue.heads())
 
     def _places(self, flow: Flow) -> int:
@@ -136,7 +166,7 @@ class CapacityGate:
             mine = (-flow.priority, q.counter(flow))
             ahead = sum(q.depth(f) for f in q.flows() if (-f.priority, q.counter(f)) <= mine)
         if self.shared is not None:
-            others = self.shared.waiting_total() - n
+            others = self._everywhere() - n
             if others > 0:
                 ahead += others if n == 0 else round(others * ahead / n)
         return ahead + 1
@@ -162,6 +192,8 @@ class CapacityGate:
             if got is not None:
                 self.queue.charge(flow, cost(got))
                 return got
+        if self.closed:
+            raise QueueFull("shutting_down")
         places = self._places(flow)
         if self.early_refusal:
             expected = self.wait.expected(places)
@@ -171,7 +203,7 @@ class CapacityGate:
         pending: _Pending[T] = _Pending(loop.create_future(), attempt, cost)
         w = Waiter(pending, flow, time.monotonic_ns(), group)
         try:
-            displaced = self.queue.push(w, None if self.shared is None else self.shared.waiting_total())
+            displaced = self.queue.push(w, None if self.shared is None else self._everywhere())
         except Refused as e:
             raise QueueFull(e.reason) from None
         if displaced is not None:
@@ -187,7 +219,7 @@ class CapacityGate:
                 if remaining <= 0:
                     self.wait.observe(self.timeout_s, places)
                     raise QueueFull("queue_timeout")
-                wait = min(remaining, self.recheck_s if self.shared is None else self.poll_s)
+                wait = min(remaining, self.poll_s)
                 try:
                     got = await asyncio.wait_for(asyncio.shield(pending.fut), wait)
                     self.wait.observe(loop.time() - entered, places)
@@ -246,12 +278,27 @@ class CapacityGate:
         return (w.group, w.flow.priority, self.queue.waiting(w.flow) > 1)
 
     def _first(self, w: Waiter[_Pending[Any]]) -> bool:
-        """No other worker's best waiter outranks ``w`` (ranked with the host's accounts)."""
+        """No other worker's best waiter outranks ``w`` (ranked with the host's accounts), nor another
+        replica's (ranked by the counter its replica gave it)."""
         assert self.shared is not None
-        mine = self.queue.rank(w)
-        return all(self.queue.rank_of(f, t) > mine for f, t in self.shared.heads())
+        q = self.queue
+        mine = q.rank(w)
+        for f, t, c in self.shared.heads():
+            if c is None:
+                rank = q.rank_of(f, t)
+            else:
+                rank = (0, 0.0, t) if q.fairness == "fifo" else (-f.priority, c, t)
+            if rank <= mine:
+                return False
+        return True
 
     def release(self) -> None:
         """Capacity was freed: hand it to the best-ranked waiter that can use it."""
         if self.queue:
             self.pump(1)
+
+    def wake(self) -> None:
+        """What outranked this host's waiters may have changed (other replicas' waiters, their load):
+        hand capacity to every waiter that can now take it."""
+        if self.queue:
+            self.pump()

@@ -176,7 +176,7 @@ class FlowMetrics:
         self.shed = CachedCounter(
             "kvrouter_flow_shed",
             "Requests refused for want of capacity, per flow and reason (queue_full, queue_timeout, "
-            "expected_timeout, displaced, sheddable)",
+            "expected_timeout, displaced, sheddable, shutting_down)",
             ["tenant", "priority", "reason"],
             registry=r,
         )

@@ -10,13 +10,15 @@ what only routers know goes through Redis as expiring leases.  The request path 
 place a prompt no target holds (``claims``: one bounded call, two when other new prompts were placed
 since, skipped while Redis fails).  Design notes: docs/replicas.md.
 
-``config`` ``SharedStateConfig``; ``state`` ``ReplicaState`` (the pure half); ``store`` the
-``ReplicaStore`` seam (``RedisReplicaStore``, ``MemoryReplicaHub``); ``shared`` ``SharedState`` (the
-asyncio shell); ``claims`` ``PrefixClaims`` (new placements as one sequence); ``warm`` ``WarmRestart``.
+``config`` ``SharedStateConfig``; ``state`` ``ReplicaState`` (the pure half); ``flows`` ``ReplicaFlows``
+(one queue, flow accounts and rate limits over the replicas); ``store`` the ``ReplicaStore`` seam
+(``RedisReplicaStore``, ``MemoryReplicaHub``); ``shared`` ``SharedState`` (the asyncio shell); ``claims``
+``PrefixClaims`` (new placements as one sequence); ``warm`` ``WarmRestart``.
 """
 
 from .claims import PrefixClaims
 from .config import SharedStateConfig, SnapshotConfig
+from .flows import ReplicaFlows
 from .shared import SharedState
 from .state import ReplicaState, SyncReply, SyncRequest
 from .store import MemoryReplicaHub, RedisReplicaStore, ReplicaStore
@@ -26,6 +28,7 @@ __all__ = [
     "MemoryReplicaHub",
     "PrefixClaims",
     "RedisReplicaStore",
+    "ReplicaFlows",
     "ReplicaState",
     "ReplicaStore",
     "SharedState",

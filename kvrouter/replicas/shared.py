@@ -34,6 +34,7 @@ from ..loop_lag import LoopLag
 from ..routing import Router
 from ..routing.response_affinity import ResponseAffinity
 from .config import SharedStateConfig
+from .flows import ReplicaFlows
 from .metrics import SharedStateMetrics
 from .state import ReplicaState
 from .store import RedisReplicaStore, ReplicaStore
@@ -67,10 +68,11 @@ class SharedState:
         clock: Callable[[], float] = time.monotonic,
         affinity: ResponseAffinity | None = None,
         lag: LoopLag | None = None,
+        flows: ReplicaFlows | None = None,
     ) -> None:
         """``affinity``: the response ids to share (which instance holds each stored response); ``lag``:
         this process's event-loop delay (a round trip that timed out while the loop stood still is
-        retried, not counted as an outage)."""
+        retried, not counted as an outage); ``flows``: the queue, flow accounts and rate limits to share."""
         self.lag = lag
         config.validate()
         self.config = config
@@ -96,6 +98,7 @@ class SharedState:
             speculative=config.speculative,
             max_unsent=config.max_unsent,
             affinity=affinity,
+            flows=flows,
         )
         self.metrics = SharedStateMetrics(registry)
         self._task: asyncio.Task[None] | None = None
@@ -190,7 +193,13 @@ class SharedState:
     async def _sync(self) -> bool:
         c = self.config
         now = self.clock()
-        req = self.state.request(now, lease_s=c.lease_s, window_s=c.speculative_window_s, max_read=c.max_read)
+        req = self.state.request(
+            now,
+            lease_s=c.lease_s,
+            window_s=c.speculative_window_s,
+            max_read=c.max_read,
+            now_ns=time.monotonic_ns(),
+        )
         t0 = time.perf_counter()
         mark = self.lag.mark() if self.lag is not None else 0.0
         try:
@@ -205,7 +214,7 @@ class SharedState:
             return False
         self.metrics.sync_seconds.observe(time.perf_counter() - t0)
         self.state.published()
-        self.state.apply(reply, self.clock())
+        self.state.apply(reply, self.clock(), time.monotonic_ns())
         if self._down_since is not None:
             log.info(
                 "shared state store reachable again; resynchronised",
@@ -257,4 +266,5 @@ class SharedState:
             "done_before_published": self.state.done_unsent,
             "fresh_waits": self.fresh_waits,
             "fresh_timeouts": self.fresh_timeouts,
+            "peers_waiting": None if self.state.flows is None else self.state.flows.peers_waiting,
         }

@@ -28,6 +28,7 @@ from ..routing import Router
 from ..routing.peer_prefill import PeerPrefill
 from ..routing.response_affinity import ResponseAffinity, SharedHolder
 from ..types import TargetKey
+from .flows import ReplicaFlows
 
 
 class SpecWire(msgspec.Struct, array_like=True, gc=False):
@@ -63,6 +64,10 @@ class SyncRequest(msgspec.Struct, frozen=True):
     """Last speculative batch id read; "" reads the whole window (start, or after an outage)."""
     window_ms: int
     max_read: int
+    queue: bytes = b""
+    """msgpack ``replicas.flows.QueueWire``: this replica's waiters (empty: none)."""
+    counts: list[tuple[str, float]] = []
+    """This replica's running totals that changed since last published (``replicas.flows``)."""
 
 
 class SyncReply(msgspec.Struct, frozen=True):
@@ -73,6 +78,12 @@ class SyncReply(msgspec.Struct, frozen=True):
     """Each live peer's ``LoadReport`` (expired leases are not here)."""
     peer_specs: list[tuple[int, bytes]]
     """(the store's time when published, ms; msgpack ``list[SpecWire]``) of peers' batches since cursor."""
+    peer_queues: list[tuple[int, bytes]] = []
+    """(the store's time when published, ms; msgpack ``QueueWire``) of each live peer with waiters."""
+    totals: dict[str, float] = {}
+    """Every service total summed over every replica that ever published one (this one included)."""
+    peer_use: dict[str, dict[str, float]] = {}
+    """Every live peer's rate use as it last published it (by replica; empty: none yet)."""
 
 
 _ENC = msgspec.msgpack.Encoder()
@@ -109,9 +120,12 @@ class ReplicaState:
         speculative: bool = True,
         max_unsent: int = 20_000,
         affinity: ResponseAffinity | None = None,
+        flows: ReplicaFlows | None = None,
     ) -> None:
         self.router = router
         self.replica = replica
+        self.flows = flows
+        """The queue, flow accounts and rate limits shared with the peers (None: this replica's own)."""
         self.speculative = speculative
         self.max_unsent = max_unsent
         self.affinity = affinity
@@ -162,7 +176,10 @@ class ReplicaState:
         self.done_unsent += len(self.unsent) - len(out)
         return out
 
-    def request(self, now: float, *, lease_s: float, window_s: float, max_read: int) -> SyncRequest:
+    def request(
+        self, now: float, *, lease_s: float, window_s: float, max_read: int, now_ns: int = 0
+    ) -> SyncRequest:
+        """``now_ns``: the monotonic clock in nanoseconds (the queue's tickets are on it)."""
         if self.router.host is not None:
             # Several workers (``kvrouter.host``): the other workers' entries reach this one's outbox
             # when it takes them in, which it otherwise does only before a decision of its own.
@@ -187,6 +204,7 @@ class ReplicaState:
             for e in self.unsent
         ]
         batch = Batch(s=specs, a=list(self.unsent_affinity))
+        queue, counts = self.flows.request(now_ns) if self.flows is not None else (b"", [])
         return SyncRequest(
             self.replica,
             int(lease_s * 1000),
@@ -195,16 +213,23 @@ class ReplicaState:
             self.cursor,
             int(window_s * 1000),
             max_read,
+            queue,
+            counts,
         )
 
     def published(self) -> None:
         """The last request reached the store: its entries need not be sent again."""
         self.unsent = []
         self.unsent_affinity = []
+        if self.flows is not None:
+            self.flows.published()
 
     # ------------------------------------------------------------------ incoming
-    def apply(self, reply: SyncReply, now: float) -> None:
-        """Peers' load replaces the previous view; peers' new speculative entries join the index."""
+    def apply(self, reply: SyncReply, now: float, now_ns: int = 0) -> None:
+        """Peers' load replaces the previous view; peers' new speculative entries join the index; their
+        waiters, service and rate use join this replica's queue (``flows``)."""
+        if self.flows is not None:
+            self.flows.apply(reply.server_ms, reply.peer_queues, reply.totals, reply.peer_use, now_ns, now)
         totals: dict[TargetKey, tuple[int, int]] = {}
         self.peers = len(reply.peer_loads)
         for raw in reply.peer_loads:
@@ -256,9 +281,14 @@ class ReplicaState:
         """Peers' load is unknown (the store is unreachable past a lease): route on the local view."""
         self.router.load.set_external({})
         self.peers = 0
+        if self.flows is not None:
+            self.flows.forget_peers()
         if self.peer_prefill is not None:
             self.peer_prefill.clear()
 
     def resync(self) -> None:
-        """Read the whole window again at the next round trip (after an outage or a store restart)."""
+        """Read the whole window again at the next round trip (after an outage or a store restart), and
+        publish every running total again."""
         self.cursor = ""
+        if self.flows is not None:
+            self.flows.resync()

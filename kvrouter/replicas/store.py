@@ -6,7 +6,13 @@ semantics in process, on a clock passed in: the virtual fleet's replicas meet th
 
 Redis keys (``P`` = ``{namespace}``; all expire by themselves): ``P:load:<replica>`` (msgpack
 LoadReport, PX lease), ``P:members`` (zset scored by lease end, stale members pruned per sync),
-``P:spec`` (stream of ``{r: replica, b: msgpack list[SpecWire]}``, trimmed to the last ``window`` by MINID).
+``P:spec`` (stream of ``{r: replica, b: msgpack list[SpecWire]}``, trimmed to the last ``window`` by MINID),
+``P:queue:<replica>`` ("<ms>:" + msgpack QueueWire, PX lease; absent while it has no waiters),
+``P:cum:<replica>`` (hash: each service total "s:..." as that replica last published it), ``P:cum``
+(hash: their sum over every replica; a replica's published total replaces its previous one, so a repeat is
+harmless), ``P:use:<replica>`` (hash: its rate use "r:..", "t:..", read for every live peer, empty or
+not).  Running totals are kept a day after their last round trip: a replica gone keeps its share of the
+service (service given).
 
 One script per round trip: refresh our lease, prune dead members, append our batch, trim, then read
 every other live member's load and the peers' batches after our cursor.  A replica that stops (crash,
@@ -48,11 +54,32 @@ if redis.call('EXISTS', sk) == 1 then
   redis.call('XTRIM', sk, 'MINID', '~', now - window)
   redis.call('PEXPIRE', sk, window + lease)
 end
-local peers = {}
+local queue, qk = ARGV[9] or '', P..':queue:'..me
+if queue ~= '' then
+  redis.call('SET', qk, string.format('%d', now)..':'..queue, 'PX', lease)
+else
+  redis.call('DEL', qk)
+end
+local ck, mine, use = P..':cum', P..':cum:'..me, P..':use:'..me
+for i = 10, #ARGV, 2 do
+  if string.sub(ARGV[i], 1, 2) == 's:' then
+    local old = tonumber(redis.call('HGET', mine, ARGV[i]) or '0')
+    redis.call('HINCRBYFLOAT', ck, ARGV[i], string.format('%.17g', tonumber(ARGV[i + 1]) - old))
+    redis.call('HSET', mine, ARGV[i], ARGV[i + 1])
+  else
+    redis.call('HSET', use, ARGV[i], ARGV[i + 1])
+  end
+end
+for _, k in ipairs({ck, mine, use}) do redis.call('PEXPIRE', k, 86400000) end
+local peers, queues, uses = {}, {}, {}
 for _, r in ipairs(redis.call('ZRANGE', mk, 0, -1)) do
   if r ~= me then
     local v = redis.call('GET', P..':load:'..r)
     if v then peers[#peers + 1] = v end
+    local q = redis.call('GET', P..':queue:'..r)
+    if q then queues[#queues + 1] = q end
+    uses[#uses + 1] = r
+    uses[#uses + 1] = redis.call('HGETALL', P..':use:'..r)
   end
 end
 local start = '('..cursor
@@ -66,7 +93,7 @@ for _, e in ipairs(redis.call('XRANGE', sk, start, '+', 'COUNT', maxread)) do
     specs[#specs + 1] = f[4]
   end
 end
-return {now, last, peers, specs}
+return {now, last, peers, specs, queues, redis.call('HGETALL', ck), uses}
 """
 
 
@@ -84,22 +111,47 @@ class RedisReplicaStore:
         self._script = client.register_script(_SYNC)
 
     async def sync(self, req: SyncRequest) -> SyncReply:
-        args: list[bytes | str | int] = [self.prefix, req.replica, req.lease_ms, req.loads, req.specs]
-        now, last, peers, specs = await self._script(args=[*args, req.cursor, req.window_ms, req.max_read])
+        args: list[bytes | str | int | float] = [self.prefix, req.replica, req.lease_ms, req.loads, req.specs]
+        args += [req.cursor, req.window_ms, req.max_read, req.queue]
+        for name, value in req.counts:
+            args += [name, repr(float(value))]
+        now, last, peers, specs, queues, totals, uses = await self._script(args=args)
         pairs = [(_stream_ms(specs[i]), bytes(specs[i + 1])) for i in range(0, len(specs), 2)]
         cursor = last.decode() if isinstance(last, bytes) else str(last)
-        return SyncReply(int(now), cursor, [bytes(p) for p in peers], pairs)
+        return SyncReply(
+            int(now),
+            cursor,
+            [bytes(p) for p in peers],
+            pairs,
+            [_stamped(bytes(q)) for q in queues],
+            _floats(totals),
+            {_text(uses[i]): _floats(uses[i + 1]) for i in range(0, len(uses), 2)},
+        )
 
     async def leave(self, replica: str) -> None:
         await self.client.zrem(self.prefix + b":members", replica)
-        await self.client.delete(self.prefix + b":load:" + replica.encode())
+        r = replica.encode()
+        await self.client.delete(self.prefix + b":load:" + r, self.prefix + b":queue:" + r)
+
+
+def _stamped(raw: bytes) -> tuple[int, bytes]:
+    ms, _, blob = raw.partition(b":")
+    return int(ms), blob
+
+
+def _text(b: bytes | str) -> str:
+    return b.decode() if isinstance(b, bytes) else b
+
+
+def _floats(flat: list[bytes]) -> dict[str, float]:
+    return {_text(flat[i]): float(flat[i + 1]) for i in range(0, len(flat), 2)}
 
 
 class _Member:
-    __slots__ = ("lease_end", "loads")
+    __slots__ = ("lease_end", "loads", "queue")
 
-    def __init__(self, loads: bytes, lease_end: int) -> None:
-        self.loads, self.lease_end = loads, lease_end
+    def __init__(self, loads: bytes, lease_end: int, queue: tuple[int, bytes] | None) -> None:
+        self.loads, self.lease_end, self.queue = loads, lease_end, queue
 
 
 class MemoryReplicaHub:
@@ -110,10 +162,24 @@ class MemoryReplicaHub:
         self.members: dict[str, _Member] = {}
         self.stream: list[tuple[int, int, str, bytes]] = []  # (ms, seq, replica, blob), ids increasing
         self._last_id = (0, 0)
+        self.totals: dict[str, float] = {}
+        self.published: dict[str, dict[str, float]] = {}
+        """Each replica's service totals as it last published them (kept after it leaves)."""
+        self.use: dict[str, dict[str, float]] = {}
+        """Each replica's rate use as it last published it."""
 
     def sync_now(self, req: SyncRequest) -> SyncReply:
         now = int(self.clock() * 1000)
-        self.members[req.replica] = _Member(req.loads, now + req.lease_ms)
+        queue = (now, req.queue) if req.queue else None
+        self.members[req.replica] = _Member(req.loads, now + req.lease_ms, queue)
+        mine = self.published.setdefault(req.replica, {})
+        use = self.use.setdefault(req.replica, {})
+        for name, value in req.counts:
+            if name.startswith("s:"):
+                self.totals[name] = self.totals.get(name, 0.0) + value - mine.get(name, 0.0)
+                mine[name] = value
+            else:
+                use[name] = value
         self.members = {r: m for r, m in self.members.items() if m.lease_end > now}
         if req.specs:
             ms, seq = self._last_id
@@ -131,7 +197,10 @@ class MemoryReplicaHub:
             news = [e for e in self.stream if e[0] >= cut]
         news = news[: req.max_read]
         cursor = f"{news[-1][0]}-{news[-1][1]}" if news else req.cursor
-        return SyncReply(now, cursor, peers, [(e[0], e[3]) for e in news if e[2] != req.replica])
+        queues = [m.queue for r, m in self.members.items() if r != req.replica and m.queue is not None]
+        specs = [(e[0], e[3]) for e in news if e[2] != req.replica]
+        uses = {r: dict(self.use.get(r, {})) for r in self.members if r != req.replica}
+        return SyncReply(now, cursor, peers, specs, queues, dict(self.totals), uses)
 
     async def sync(self, req: SyncRequest) -> SyncReply:
         return self.sync_now(req)

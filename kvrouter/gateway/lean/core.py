@@ -169,6 +169,7 @@ class LeanSite(web.BaseSite):
 
     async def stop(self) -> None:
         await super().stop()
+        self.gw.closing()  # before waiting for the requests in flight: the waiting ones would wait on
         if self.core is not None:
             await self.core.close(self.shutdown_timeout_s)
 

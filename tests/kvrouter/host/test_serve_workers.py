@@ -121,7 +121,7 @@ async def serve(tmp: Path, fleet: dict[str, Any], workers: int = 2) -> AsyncIter
                     return False
 
             for _ in range(600):
-                if await up() and len(children(proc.pid)) == workers:
+                if await up() and len(children(proc.pid)) == (workers if workers > 1 else 0):
                     break
                 assert proc.poll() is None, (tmp / "serve.log").read_text()[-2000:]
                 await asyncio.sleep(0.1)

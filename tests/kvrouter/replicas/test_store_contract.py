@@ -134,3 +134,49 @@ async def test_a_fresh_reader_sees_only_the_window(world: World) -> None:
     await world.advance(WINDOW_MS / 1000 + 0.2)
     await s.sync(req("r1", {}, [SpecWire("new", 0, b"\x00" * 8, 5000)]))
     assert specs_of((await s.sync(req("r2", {}))).peer_specs) == ["new"]
+
+
+def with_queue(
+    r: SyncRequest, queue: bytes = b"", counts: list[tuple[str, float]] | None = None
+) -> SyncRequest:
+    return msgspec.structs.replace(r, queue=queue, counts=counts or [])
+
+
+async def test_peers_see_each_others_waiters_stamped_until_they_have_none(world: World) -> None:
+    s, lease = world.store, 1500
+    first = await s.sync(with_queue(req("r1", {}, lease_ms=lease), b"q1"))
+    seen = await s.sync(req("r2", {}, lease_ms=lease))
+    assert [q for _, q in seen.peer_queues] == [b"q1"]
+    assert first.server_ms <= seen.peer_queues[0][0] <= seen.server_ms  # stamped on the store's clock
+    assert (await s.sync(with_queue(req("r1", {}, lease_ms=lease), b"q1"))).peer_queues == []  # not our own
+    await s.sync(req("r1", {}, lease_ms=lease))  # r1 has no waiters any more
+    assert (await s.sync(req("r2", {}, lease_ms=lease))).peer_queues == []
+    await s.sync(with_queue(req("crashed", {}, lease_ms=lease), b"q3"))
+    assert [q for _, q in (await s.sync(req("r2", {}, lease_ms=lease))).peer_queues] == [b"q3"]
+    await world.advance(lease / 1000 + 0.05)  # the crashed replica's waiters end with its lease
+    assert (await s.sync(req("r2", {}, lease_ms=lease))).peer_queues == []
+
+
+async def test_leave_drops_the_waiters_at_once(world: World) -> None:
+    s = world.store
+    await s.sync(with_queue(req("r1", {}), b"q1"))
+    await s.leave("r1")
+    assert (await s.sync(req("r2", {}))).peer_queues == []
+
+
+async def test_running_totals_sum_every_replicas_latest_and_outlive_it(world: World) -> None:
+    """A service total published again (a repeated round trip) counts once; a replica's last total stays
+    in the sum after it leaves (service given is not taken back).  Rate use is read per live peer."""
+    s = world.store
+    await s.sync(with_queue(req("r1", {}), counts=[("s:0:a", 5.0), ("r:a", 1.0), ("t:a", 40.0)]))
+    got = await s.sync(with_queue(req("r2", {}), counts=[("s:0:a", 3.5), ("r:a", 2.0)]))
+    assert got.totals == {"s:0:a": 8.5}
+    assert got.peer_use == {"r1": {"r:a": 1.0, "t:a": 40.0}}
+    await s.sync(with_queue(req("r1", {}), counts=[("s:0:a", 5.0)]))  # a repeat
+    got = await s.sync(req("r2", {}))
+    assert got.totals == {"s:0:a": 8.5} and got.peer_use == {"r1": {"r:a": 1.0, "t:a": 40.0}}
+    mine = await s.sync(with_queue(req("r1", {}), counts=[("s:0:a", 7.25), ("s:1:b", -2.0), ("r:a", 3.0)]))
+    assert mine.peer_use == {"r2": {"r:a": 2.0}}
+    await s.leave("r1")
+    got = await s.sync(req("r2", {}))
+    assert got.totals == {"s:0:a": 10.75, "s:1:b": -2.0} and got.peer_use == {}

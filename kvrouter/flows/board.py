@@ -1,0 +1,57 @@
+"""The queue's board for one process whose queue is shared with other router replicas only (no worker
+processes beside it): what ``kvrouter.host.QueueBoard`` is for the workers of a host, kept in this
+process.  Pure: the replicas' sync (``kvrouter.replicas.flows``) writes the peers' part.
+
+::
+
+    own     waiting, best waiter (flow, ticket)   set by this process's ``pipeline.CapacityGate``
+    peers   waiting, best waiters (flow, ticket on this clock, the counter their replica ranks them by)
+    flows   LocalFlows: this process's accounts and rate buckets, with the peers' service counted in
+"""
+
+from __future__ import annotations
+
+from .rate import LocalBuckets
+from .scheduler import Flow, LocalAccounts
+
+
+class LocalFlows(LocalAccounts, LocalBuckets):
+    """``FlowAccounts`` and ``BucketStore`` of one process (``pipeline.gate.SharedFlows``)."""
+
+    def __init__(self) -> None:
+        LocalAccounts.__init__(self)
+        LocalBuckets.__init__(self)
+
+
+class ProcessBoard:
+    """``pipeline.gate.SharedQueue`` of one process; ``poll_s``: how often its best waiter looks again
+    (the peers' part changes once per round trip, and each round trip wakes the gate)."""
+
+    poll_s = 0.05
+
+    def __init__(self) -> None:
+        self.flows = LocalFlows()
+        self._waiting = 0
+        self._head: tuple[Flow, int] | None = None
+        self._peers_waiting = 0
+        self._peer_heads: list[tuple[Flow, int, float]] = []
+
+    def waiting_total(self) -> int:
+        return self._waiting
+
+    def peers_waiting(self) -> int:
+        return self._peers_waiting
+
+    def set_waiting(self, n: int, head: tuple[Flow, int] | None) -> None:
+        self._waiting = n
+        self._head = head
+
+    def heads(self) -> list[tuple[Flow, int, float | None]]:
+        return list(self._peer_heads)
+
+    def own_heads(self) -> list[tuple[Flow, int]]:
+        return [] if self._head is None else [self._head]
+
+    def set_peers(self, waiting: int, heads: list[tuple[Flow, int, float]]) -> None:
+        self._peers_waiting = waiting
+        self._peer_heads = list(heads)

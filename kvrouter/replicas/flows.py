@@ -1,0 +1,189 @@
+"""One queue, one set of flow accounts and one set of rate limits over every router replica, as pure
+values: no I/O; the replicas' round trip (``SharedState``) carries them.
+
+::
+
+    board (host.QueueBoard | flows.ProcessBoard) ── request(now_ns) ─▶ SyncRequest.queue, .counts
+      waiting, best waiters + their counters          QueueWire: {waiting, heads [tenant, priority,
+      flows.served(), flows.counted()                            counter, waited ms]}
+                                                      counts: "s:<priority>:<tenant>" service,
+                                                              "r:<tenant>" / "t:<tenant>" requests / tokens
+    board.set_peers(waiting, heads)  ◀─ apply(reply) ◀─ SyncReply.peer_queues, .totals (service summed
+    flows.set_external(peers' service)                  over replicas), .peer_use (each live peer's)
+    RateLimiter.debit(what each peer's use grew by)
+
+Invariants:
+
+- A running total is published whole (never a delta), so a round trip repeated after a lost reply counts
+  nothing twice; the service peers gave = the store's sum minus what this replica last published.  After
+  an outage everything is published again (the store may have restarted empty).
+- A peer's waiter's ticket is its wait, aged on the store's clock (two hosts' clocks are never compared),
+  made ``tolerance_ns`` later: a waiter and a peer's that arrived within that of each other both count as
+  first, so two replicas whose views of the waits differ by less never both wait for the other.
+- Peers' rate use is taken from the buckets as it grows, per peer: what a peer had taken when this
+  replica first saw it live is not (a starting replica may let through up to one more minute's
+  allowance), and a peer's use republished after the store lost it counts only what grew since.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import msgspec
+
+from ..flows import BucketStore, Flow, FlowAccounts, RateLimiter
+
+
+class HeadWire(msgspec.Struct, array_like=True, frozen=True):
+    tenant: str
+    priority: int
+    counter: float
+    """The counter its replica ranks it by."""
+    waited_ms: float
+
+
+class QueueWire(msgspec.Struct, array_like=True, frozen=True):
+    waiting: int
+    heads: list[HeadWire]
+
+
+class Board(Protocol):
+    """The queue's board this replica's gate uses (``host.QueueBoard`` or ``flows.ProcessBoard``)."""
+
+    @property
+    def flows(self) -> _Flows: ...
+
+    def waiting_total(self) -> int: ...
+
+    def own_heads(self) -> list[tuple[Flow, int]]: ...
+
+    def set_peers(self, waiting: int, heads: list[tuple[Flow, int, float]]) -> None: ...
+
+
+class _Flows(FlowAccounts, BucketStore, Protocol):
+    pass
+
+
+FORGET_S = 600.0
+"""A peer not seen for this long is forgotten (its use, if it comes back, is its new baseline)."""
+_ENC = msgspec.msgpack.Encoder()
+_QUEUE = msgspec.msgpack.Decoder(QueueWire)
+
+
+def service_key(flow: Flow) -> str:
+    return f"s:{flow.priority}:{flow.tenant}"
+
+
+class ReplicaFlows:
+    """The flows' share of one replica's round trip (owned by the event loop's thread of the worker that
+    syncs); ``on_peers``: called once the peers' part changed (the gate looks for capacity again)."""
+
+    def __init__(
+        self,
+        board: Board,
+        rate: RateLimiter,
+        *,
+        tolerance_s: float = 0.05,
+        on_peers: Callable[[], None] | None = None,
+    ) -> None:
+        self.board = board
+        self.rate = rate
+        self.tolerance_ns = int(tolerance_s * 1e9)
+        self.on_peers = on_peers
+        self.sent: dict[str, float] = {}
+        """Each running total as the store holds it for this replica (last published)."""
+        self._sending: dict[str, float] = {}
+        self._peer_use: dict[str, tuple[float, dict[str, float]]] = {}
+        """Each peer's rate use as last taken from the buckets, and when it was last seen."""
+        self.decode_errors = 0
+        self.peers_waiting = 0
+
+    def totals(self) -> dict[str, float]:
+        flows = self.board.flows
+        out = {service_key(f): v for f, v in flows.served().items()}
+        for tenant, (requests, tokens) in flows.counted().items():
+            out[f"r:{tenant}"] = requests
+            out[f"t:{tenant}"] = tokens
+        return out
+
+    def request(self, now_ns: int) -> tuple[bytes, list[tuple[str, float]]]:
+        """What this replica publishes: its waiters (b"" when none) and its changed running totals."""
+        flows = self.board.flows
+        waiting = self.board.waiting_total()
+        heads = [
+            HeadWire(f.tenant, f.priority, flows.counter(f), max(0.0, (now_ns - t) / 1e6))
+            for f, t in self.board.own_heads()
+        ]
+        queue = _ENC.encode(QueueWire(waiting, heads)) if waiting or heads else b""
+        self._sending = self.totals()
+        return queue, [(k, v) for k, v in self._sending.items() if self.sent.get(k) != v]
+
+    def published(self) -> None:
+        self.sent.update(self._sending)
+
+    def resync(self) -> None:
+        """Publish every total again at the next round trip (the store may have lost them)."""
+        self.sent = {}
+
+    def apply(
+        self,
+        server_ms: int,
+        peer_queues: list[tuple[int, bytes]],
+        totals: dict[str, float],
+        peer_use: dict[str, dict[str, float]],
+        now_ns: int,
+        now_s: float,
+    ) -> None:
+        """Peers' service joins the flows' counters, their rate use leaves the buckets, their waiters join
+        the board (``SyncReply``'s fields; the clocks in seconds and nanoseconds)."""
+        external: dict[Flow, float] = {}
+        for key, total in totals.items():
+            prio, _, tenant = key[2:].partition(":")
+            try:
+                external[Flow(tenant, int(prio))] = max(0.0, total - self.sent.get(key, 0.0))
+            except ValueError:
+                self.decode_errors += 1
+        self.board.flows.set_external(external)
+        for peer, use in peer_use.items():
+            before = self._peer_use.get(peer)
+            if before is None:  # its use until now is not known to be recent: not taken
+                self._peer_use[peer] = (now_s, dict(use))
+                continue
+            seen = before[1]
+            grew: dict[str, list[float]] = {}
+            for key, v in use.items():
+                d = v - seen.get(key, 0.0)
+                if d > 0 and key[:2] in ("r:", "t:"):
+                    grew.setdefault(key[2:], [0.0, 0.0])[key[0] == "t"] += d
+                    seen[key] = v  # a peer's use only grows: what a restarted store lacks is kept
+            self._peer_use[peer] = (now_s, seen)
+            for tenant, (requests, tokens) in grew.items():
+                self.rate.debit(tenant, requests, tokens, now_s)
+        if len(self._peer_use) > len(peer_use):  # replicas gone long ago are forgotten
+            self._peer_use = {p: u for p, u in self._peer_use.items() if now_s - u[0] < FORGET_S}
+        waiting = 0
+        heads: list[tuple[Flow, int, float]] = []
+        for published_ms, raw in peer_queues:
+            try:
+                q = _QUEUE.decode(raw)
+            except msgspec.DecodeError:
+                self.decode_errors += 1
+                continue
+            age_ms = max(0, server_ms - published_ms)
+            waiting += q.waiting
+            for h in q.heads:
+                ticket = now_ns - int((h.waited_ms + age_ms) * 1e6) + self.tolerance_ns
+                heads.append((Flow(h.tenant, h.priority), ticket, h.counter))
+        heads.sort(key=lambda h: (-h[0].priority, h[2], h[1]))
+        self.peers_waiting = waiting
+        self.board.set_peers(waiting, heads)
+        if self.on_peers is not None:
+            self.on_peers()
+
+    def forget_peers(self) -> None:
+        """The store is unreachable past a lease: no peer's waiter is waited for."""
+        self.peers_waiting = 0
+        self.board.set_peers(0, [])
+        if self.on_peers is not None:
+            self.on_peers()

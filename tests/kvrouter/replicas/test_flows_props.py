@@ -1,0 +1,162 @@
+"""``ReplicaFlows`` (one queue, flow accounts and rate limits over the replicas) against a reference model
+of several replicas' charges, rate use and waiters, through the in-process store on a fixed clock.
+
+The model keeps, per replica, what it charged and let through, and what the store last received from it
+(a round trip whose reply is lost still reached the store).  After a replica's successful round trip its
+view must be: each flow's external service = the other replicas' service as the store holds it; each
+tenant's bucket = its allowance minus its own use minus the peers' use since its first round trip; the
+peers' waiters = what each live peer last published.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import msgspec
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from kvrouter.flows import Flow, FlowsConfig, ProcessBoard, RateLimiter, TenantFlow
+from kvrouter.replicas import MemoryReplicaHub, SyncRequest
+from kvrouter.replicas.flows import ReplicaFlows
+
+REPLICAS = 3
+FLOWS = [Flow("a", 0), Flow("b", 0), Flow("a", 1)]
+RPM, TPM = 1000.0, 100_000.0
+CONFIG = FlowsConfig(tenants={"a": TenantFlow(requests_per_minute=RPM, tokens_per_minute=TPM)})
+NOW = 100.0
+"""Time does not pass: no bucket refills, so every level is exact."""
+
+
+@dataclass
+class Replica:
+    board: ProcessBoard = field(default_factory=ProcessBoard)
+    rate: RateLimiter = field(init=False)
+    flows: ReplicaFlows = field(init=False)
+    charged: dict[Flow, float] = field(default_factory=dict)
+    taken: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    stored: dict[Flow, float] = field(default_factory=dict)
+    """Its service as the store last received it."""
+    stored_use: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    first_seen: dict[int, list[float]] = field(default_factory=dict)
+    """Each peer's use of tenant a when this replica first heard of it, and the latest it heard."""
+    last_seen: dict[int, list[float]] = field(default_factory=dict)
+    waiting: int = 0
+
+    def __post_init__(self) -> None:
+        self.rate = RateLimiter(CONFIG.tenant, self.board.flows)
+        self.flows = ReplicaFlows(self.board, self.rate, tolerance_s=0.0)
+
+
+ops = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("charge"),
+            st.integers(0, REPLICAS - 1),
+            st.sampled_from(FLOWS),
+            st.floats(-50, 500, allow_nan=False),
+        ),
+        st.tuples(st.just("take"), st.integers(0, REPLICAS - 1), st.integers(0, 5000)),
+        st.tuples(st.just("wait"), st.integers(0, REPLICAS - 1), st.integers(0, 4)),
+        st.tuples(st.just("sync"), st.integers(0, REPLICAS - 1), st.booleans()),
+        st.tuples(st.just("restart"), st.just(0)),
+    ),
+    max_size=60,
+)
+
+
+def round_trip(hub: MemoryReplicaHub, name: str, r: Replica, lost: bool) -> None:
+    queue, counts = r.flows.request(1_000_000_000)
+    reply = hub.sync_now(SyncRequest(name, 10_000, b"", b"", "", 1000, 10, queue, counts))
+    r.stored = dict(r.charged)
+    r.stored_use = list(r.taken)
+    if lost:  # the store has it; this replica never hears back (SharedState then resyncs)
+        r.flows.resync()
+        return
+    r.flows.published()
+    r.flows.apply(reply.server_ms, reply.peer_queues, reply.totals, reply.peer_use, 1_000_000_000, NOW)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops)
+@example(  # service and use published before the store restarted, nothing new since: published again
+    [("charge", 1, FLOWS[0], 10.0), ("take", 1, 7), ("sync", 1, False), ("sync", 0, False),
+     ("restart", 0), ("sync", 1, False), ("take", 1, 3), ("sync", 1, False), ("sync", 0, False)]
+)  # fmt: skip
+def test_each_replica_counts_what_the_others_gave_and_took(steps: list[tuple]) -> None:
+    """Also through a store that restarts empty (every replica's round trips failed meanwhile: each
+    publishes everything again)."""
+    hub = MemoryReplicaHub(lambda: NOW)
+    reps = [Replica() for _ in range(REPLICAS)]
+    published_waiting = [0] * REPLICAS
+    for op, i, *args in steps:
+        r = reps[i]
+        if op == "restart":
+            hub = MemoryReplicaHub(lambda: NOW)
+            published_waiting = [0] * REPLICAS
+            for p in reps:
+                p.flows.resync()
+                p.stored, p.stored_use = {}, [0.0, 0.0]
+        elif op == "charge":
+            flow, amount = args
+            r.board.flows.charge(flow, amount)
+            r.charged[flow] = r.charged.get(flow, 0.0) + amount
+        elif op == "take":
+            (tokens,) = args
+            if r.rate.take("a", tokens, NOW) == 0.0:
+                r.taken[0] += 1
+                r.taken[1] += tokens
+        elif op == "wait":
+            (n,) = args
+            r.waiting = n
+            r.board.set_waiting(n, (FLOWS[n % len(FLOWS)], 500_000_000) if n else None)
+        else:
+            (lost,) = args
+            round_trip(hub, f"r{i}", r, lost)
+            published_waiting[i] = r.waiting
+            if lost:
+                continue
+            others = [p for j, p in enumerate(reps) if j != i]
+            for f in FLOWS:
+                want = sum(p.stored.get(f, 0.0) for p in others)
+                assert r.board.flows.external.get(f, 0.0) == pytest_approx(max(0.0, want))
+                own = r.board.flows.counters.get(f, 0.0)
+                assert r.board.flows.counter(f) == pytest_approx(own + max(0.0, want))
+            for j, p in enumerate(reps):
+                if j != i and f"r{j}" in hub.members:  # a live peer (since the store last restarted)
+                    r.first_seen.setdefault(j, list(p.stored_use))
+                    last = r.last_seen.get(j, [0.0, 0.0])
+                    r.last_seen[j] = [max(x, y) for x, y in zip(last, p.stored_use, strict=True)]
+            debited = [sum(r.last_seen[j][k] - r.first_seen[j][k] for j in r.first_seen) for k in (0, 1)]
+            levels = r.board.flows._b.get("a")
+            if levels is not None:
+                assert levels[0] == pytest_approx(RPM - r.taken[0] - debited[0])
+                assert levels[2] == pytest_approx(TPM - r.taken[1] - debited[1])
+            assert r.board.peers_waiting() == sum(w for j, w in enumerate(published_waiting) if j != i)
+            heads = r.board.heads()
+            assert len(heads) == sum(1 for j, w in enumerate(published_waiting) if j != i and w)
+            assert all(c is not None for _, _, c in heads)
+
+
+def pytest_approx(x: float) -> object:
+    import pytest
+
+    return pytest.approx(x, rel=1e-9, abs=1e-6)
+
+
+def test_a_peers_waiter_ranks_by_its_own_replicas_counter_and_its_wait() -> None:
+    """What a peer's best waiter becomes here: its flow, its replica's counter, and a ticket that is its
+    wait (plus the age of the report on the store's clock) back from now, made later by the tolerance."""
+    hub = MemoryReplicaHub(lambda: NOW)
+    a, b = Replica(), Replica()
+    b.flows.tolerance_ns = 7_000_000
+    a.board.flows.charge(Flow("a", 1), 40.0)
+    a.board.set_waiting(3, (Flow("a", 1), 1_000_000_000 - 250_000_000))  # waited 250 ms at publish
+    round_trip(hub, "a", a, False)
+    round_trip(hub, "b", b, False)
+    ((flow, ticket, counter),) = b.board.heads()
+    assert flow == Flow("a", 1) and counter == 40.0
+    assert ticket == 1_000_000_000 - 250_000_000 + 7_000_000  # the store's clock stood still: age 0
+    assert b.board.peers_waiting() == 3
+    got = msgspec.msgpack.decode(a.flows.request(1_000_000_000)[0])
+    assert got[0] == 3
