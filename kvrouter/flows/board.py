@@ -4,8 +4,8 @@ process.  Pure: the replicas' sync (``kvrouter.replicas.flows``) writes the peer
 
 ::
 
-    own     waiting, best waiter (flow, ticket)   set by this process's ``pipeline.CapacityGate``
-    peers   waiting, best waiters (flow, ticket on this clock, the counter their replica ranks them by)
+    own     waiting, best waiter (flow, ticket, group)   set by this process's ``pipeline.CapacityGate``
+    peers   waiting, best waiters (group, priority)
     flows   LocalFlows: this process's accounts and rate buckets, with the peers' service counted in
 """
 
@@ -32,9 +32,9 @@ class ProcessBoard:
     def __init__(self) -> None:
         self.flows = LocalFlows()
         self._waiting = 0
-        self._head: tuple[Flow, int] | None = None
+        self._head: tuple[Flow, int, str] | None = None
         self._peers_waiting = 0
-        self._peer_heads: list[tuple[Flow, int, float]] = []
+        self._peer_tops: list[tuple[str, int]] = []
 
     def waiting_total(self) -> int:
         return self._waiting
@@ -42,16 +42,19 @@ class ProcessBoard:
     def peers_waiting(self) -> int:
         return self._peers_waiting
 
-    def set_waiting(self, n: int, head: tuple[Flow, int] | None) -> None:
+    def set_waiting(self, n: int, head: tuple[Flow, int, str] | None) -> None:
         self._waiting = n
         self._head = head
 
-    def heads(self) -> list[tuple[Flow, int, float | None]]:
-        return list(self._peer_heads)
+    def heads(self) -> list[tuple[Flow, int]]:
+        return []  # no other worker
 
-    def own_heads(self) -> list[tuple[Flow, int]]:
-        return [] if self._head is None else [self._head]
+    def peer_tops(self) -> list[tuple[str, int]]:
+        return list(self._peer_tops)
 
-    def set_peers(self, waiting: int, heads: list[tuple[Flow, int, float]]) -> None:
+    def own_tops(self) -> list[tuple[str, int]]:
+        return [] if self._head is None else [(self._head[2], self._head[0].priority)]
+
+    def set_peers(self, waiting: int, tops: list[tuple[str, int]]) -> None:
         self._peers_waiting = waiting
-        self._peer_heads = list(heads)
+        self._peer_tops = list(tops)

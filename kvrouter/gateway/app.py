@@ -192,12 +192,7 @@ class Gateway:
                 registry=self.metrics.registry,
                 affinity=self.pipeline.affinity,
                 lag=self.lag,
-                flows=ReplicaFlows(
-                    board,
-                    self.pipeline.rate,
-                    tolerance_s=rep.interval_s,
-                    on_peers=self.pipeline.gate.wake,
-                )
+                flows=ReplicaFlows(board, self.pipeline.rate, on_peers=self.pipeline.gate.wake)
                 if board is not None
                 else None,
             )

@@ -4,7 +4,7 @@
 
     HostLayout(workers, targets, instances, ring_words) ─ HostMemory(buffer).view(name):
       loads int64 [workers, targets, 4] (each worker its row)   engine float64 [targets, 4]
-      external int64 [targets, 2]   health float64 [instances, 6]   queue int64 [workers, 4]
+      external int64 [targets, 2]   health float64 [instances, 6]   queue int64 [workers, 5]
       flow_* (host/flows)   rings int64 [workers, ring_words]   metric_* (metrics_board)
       claims int64 [claim_slots, 3] (host/claims)   peer_queue float64 [1 + peer_heads, 4] (host/queue)
       SlotDirectory: names -> slots (targets; instances; flows)
@@ -73,7 +73,7 @@ class HostLayout(msgspec.Struct, frozen=True):
             ("engine", "f8", (t, 4)),
             ("external", "i8", (t, 2)),
             ("health", "f8", (i, 6)),
-            ("queue", "i8", (w, 4)),
+            ("queue", "i8", (w, 5)),
             ("ring_heads", "i8", (w, 8)),
             ("rings", "i8", (w, self.ring_words)),
             ("metric_heads", "i8", (w, 8)),

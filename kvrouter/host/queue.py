@@ -2,9 +2,10 @@
 
 ::
 
-    queue[k] = [waiting, head ticket (0: none), held, head flow's slot + 1 (0: none)]   written by worker k
-    peer_queue[0] = [other replicas' waiting, their heads kept, -, -]                  written by the worker
-    peer_queue[1 + i] = [head flow's slot + 1, ticket, its counter, -]                 syncing with them
+    queue[k] = [waiting, head ticket (0: none), held, head flow's slot + 1 (0: none), head group's slot + 1]
+                                                                                  written by worker k
+    peer_queue[0] = [other replicas' waiting, their best waiters kept, -, -]      written by the worker
+    peer_queue[1 + i] = [group's slot + 1, priority, -, -]                        syncing with them
 
 A request that finds every target at its cap waits in its worker's flow queue; the host's queue is the
 union of those, each worker showing its best waiter (its flow and ticket: the monotonic clock in
@@ -12,7 +13,8 @@ nanoseconds when it began to wait, one clock per host).  A worker's best waiter 
 when no other worker's best waiter outranks it, ranked with the host's shared flow accounts
 (``HostFlows``), so the host serves waiters as one process would; ``queue_size`` bounds the sum of the
 rows, and ``limits.max_requests`` the sum of the held counts.  Other router replicas' waiters
-(``kvrouter.replicas.flows``) count in the bound and rank as their replica ranked them (their counter).
+(``kvrouter.replicas.flows``) count in the bound, and their best ones' priorities per group defer this
+host's lower ones (``pipeline.gate``).  Group names take slots "g:<group>" in the flows' directory.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from ..flows import Flow
 from .flows import HostFlows
 from .memory import HostMemory
 
-WAITING, HEAD, HELD, HEAD_FLOW = range(4)
+WAITING, HEAD, HELD, HEAD_FLOW, HEAD_GROUP = range(5)
 
 
 class QueueBoard:
@@ -40,52 +42,63 @@ class QueueBoard:
     def waiting_total(self) -> int:
         return sum(self._rows[:, WAITING].tolist())
 
-    def set_waiting(self, n: int, head: tuple[Flow, int] | None) -> None:
+    def set_waiting(self, n: int, head: tuple[Flow, int, str] | None) -> None:
         if head is None:
             self._own[HEAD] = 0
             self._own[HEAD_FLOW] = 0
         else:
             self._own[HEAD] = 0  # no torn pair: readers skip a row without a ticket
             self._own[HEAD_FLOW] = self.flows.flow_slot(head[0]) + 1
+            self._own[HEAD_GROUP] = self.flows.slot(f"g:{head[2]}") + 1
             self._own[HEAD] = head[1]
         self._own[WAITING] = n
 
-    def _heads(self, skip: int) -> list[tuple[Flow, int]]:
+    def heads(self) -> list[tuple[Flow, int]]:
+        """Every other worker's best waiter: its flow and ticket."""
         out = []
         for k, (ticket, slot) in enumerate(self._rows[:, [HEAD, HEAD_FLOW]].tolist()):
-            if k == skip or not ticket or not slot:
+            if k == self.me or not ticket or not slot:
                 continue
             f = self.flows.flow_at(slot - 1)
             if f is not None:
                 out.append((f, ticket))
         return out
 
-    def heads(self) -> list[tuple[Flow, int, float | None]]:
-        """Every other worker's best waiter (flow, ticket, None: ranked with the host's accounts), then
-        other replicas' (flow, ticket, their counter)."""
-        out: list[tuple[Flow, int, float | None]] = [(f, t, None) for f, t in self._heads(self.me)]
-        n = int(self._peers[0, 1])
-        for slot, ticket, counter, _ in self._peers[1 : 1 + n].tolist():
-            f = self.flows.flow_at(int(slot) - 1) if slot else None
-            if f is not None:
-                out.append((f, int(ticket), counter))
-        return out
+    def _group(self, slot: int) -> str | None:
+        name = self.flows.mem.flows.name(slot - 1) if slot else None
+        return name[2:] if name is not None and name.startswith("g:") else None
 
-    def own_heads(self) -> list[tuple[Flow, int]]:
-        """Every worker's best waiter, this one's included: what the host shows other replicas."""
-        return self._heads(-1)
+    def own_tops(self) -> list[tuple[str, int]]:
+        """Every worker's best waiter, this one's included, as (group, priority): what other replicas see
+        (a group past the directory's slots is left out)."""
+        out = []
+        for ticket, slot, gslot in self._rows[:, [HEAD, HEAD_FLOW, HEAD_GROUP]].tolist():
+            f = self.flows.flow_at(slot - 1) if ticket and slot else None
+            g = self._group(gslot)
+            if f is not None and g is not None:
+                out.append((g, f.priority))
+        return out
 
     def peers_waiting(self) -> int:
         return int(self._peers[0, 0])
 
-    def set_peers(self, waiting: int, heads: list[tuple[Flow, int, float]]) -> None:
+    def peer_tops(self) -> list[tuple[str, int]]:
+        n = int(self._peers[0, 1])
+        out = []
+        for gslot, prio, _, _ in self._peers[1 : 1 + n].tolist():
+            g = self._group(int(gslot))
+            if g is not None:
+                out.append((g, int(prio)))
+        return out
+
+    def set_peers(self, waiting: int, tops: list[tuple[str, int]]) -> None:
         """Other replicas' waiters and best ones (the worker syncing with them writes; past the rows kept,
-        heads are left out)."""
+        the lowest priorities are left out)."""
         p = self._peers
-        p[0, 1] = 0  # readers see no heads while the rows change
-        rows = heads[: len(p) - 1]
-        for i, (f, ticket, counter) in enumerate(rows):
-            p[1 + i] = (self.flows.flow_slot(f) + 1, ticket, counter, 0.0)
+        p[0, 1] = 0  # readers see none while the rows change
+        rows = sorted(tops, key=lambda t: -t[1])[: len(p) - 1]
+        for i, (group, prio) in enumerate(rows):
+            p[1 + i] = (self.flows.slot(f"g:{group}") + 1, prio, 0.0, 0.0)
         p[0, 0] = waiting
         p[0, 1] = len(rows)
 

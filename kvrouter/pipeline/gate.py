@@ -60,12 +60,14 @@ class SharedQueue(Protocol):
     def peers_waiting(self) -> int:
         """Waiters in other router replicas (``kvrouter.replicas.flows``; 0 without them)."""
 
-    def set_waiting(self, n: int, head: tuple[Flow, int] | None) -> None:
-        """This worker's waiters, and its best one's flow and ticket."""
+    def set_waiting(self, n: int, head: tuple[Flow, int, str] | None) -> None:
+        """This worker's waiters, and its best one's flow, ticket and group (``str(group)``)."""
 
-    def heads(self) -> list[tuple[Flow, int, float | None]]:
-        """Every other worker's best waiter (flow, ticket, None: ranked with the shared accounts), and
-        other replicas' (flow, ticket on this host's clock, the counter their replica ranks it by)."""
+    def heads(self) -> list[tuple[Flow, int]]:
+        """Every other worker's best waiter (flow, ticket)."""
+
+    def peer_tops(self) -> list[tuple[str, int]]:
+        """Other router replicas' best waiters: (group, priority)."""
 
 
 class _Pending(Generic[T]):
@@ -144,7 +146,8 @@ class CapacityGate:
     def _publish(self, flow: Flow) -> None:
         if self.shared is not None:
             best = self.queue.best()
-            self.shared.set_waiting(len(self.queue), None if best is None else (best.flow, best.ticket))
+            head = None if best is None else (best.flow, best.ticket, str(best.group))
+            self.shared.set_waiting(len(self.queue), head)
         if self.on_depth is not None:
             self.on_depth(self.waiting)
         if self.on_flow_depth is not None:
@@ -278,19 +281,20 @@ class CapacityGate:
         return (w.group, w.flow.priority, self.queue.waiting(w.flow) > 1)
 
     def _first(self, w: Waiter[_Pending[Any]]) -> bool:
-        """No other worker's best waiter outranks ``w`` (ranked with the host's accounts), nor another
-        replica's (ranked by the counter its replica gave it)."""
+        """No other worker's best waiter outranks ``w`` (ranked with the host's accounts), and no other
+        replica's best waiter of its group has a higher priority.  Between replicas only priority defers:
+        what a peer did is a round trip old, and capacity a replica leaves for a peer's waiter stays idle
+        until the peer hears of it, so within a priority each replica serves its own waiters, ranked by
+        counters that count the peers' service (docs/flows.md)."""
         assert self.shared is not None
         q = self.queue
         mine = q.rank(w)
-        for f, t, c in self.shared.heads():
-            if c is None:
-                rank = q.rank_of(f, t)
-            else:
-                rank = (0, 0.0, t) if q.fairness == "fifo" else (-f.priority, c, t)
-            if rank <= mine:
-                return False
-        return True
+        if any(q.rank_of(f, t) <= mine for f, t in self.shared.heads()):
+            return False
+        if q.fairness == "fifo":
+            return True
+        group, prio = str(w.group), w.flow.priority
+        return not any(p > prio and g == group for g, p in self.shared.peer_tops())
 
     def release(self) -> None:
         """Capacity was freed: hand it to the best-ranked waiter that can use it."""

@@ -3,12 +3,11 @@ values: no I/O; the replicas' round trip (``SharedState``) carries them.
 
 ::
 
-    board (host.QueueBoard | flows.ProcessBoard) ── request(now_ns) ─▶ SyncRequest.queue, .counts
-      waiting, best waiters + their counters          QueueWire: {waiting, heads [tenant, priority,
-      flows.served(), flows.counted()                            counter, waited ms]}
-                                                      counts: "s:<priority>:<tenant>" service,
-                                                              "r:<tenant>" / "t:<tenant>" requests / tokens
-    board.set_peers(waiting, heads)  ◀─ apply(reply) ◀─ SyncReply.peer_queues, .totals (service summed
+    board (host.QueueBoard | flows.ProcessBoard) ── request() ─▶ SyncRequest.queue, .counts
+      waiting, best waiters' (group, priority)         QueueWire: {waiting, tops [(group, priority)]}
+      flows.served(), flows.counted()                  counts: "s:<priority>:<tenant>" service,
+                                                               "r:<tenant>" / "t:<tenant>" requests / tokens
+    board.set_peers(waiting, tops)   ◀─ apply(reply) ◀─ SyncReply.peer_queues, .totals (service summed
     flows.set_external(peers' service)                  over replicas), .peer_use (each live peer's)
     RateLimiter.debit(what each peer's use grew by)
 
@@ -17,9 +16,9 @@ Invariants:
 - A running total is published whole (never a delta), so a round trip repeated after a lost reply counts
   nothing twice; the service peers gave = the store's sum minus what this replica last published.  After
   an outage everything is published again (the store may have restarted empty).
-- A peer's waiter's ticket is its wait, aged on the store's clock (two hosts' clocks are never compared),
-  made ``tolerance_ns`` later: a waiter and a peer's that arrived within that of each other both count as
-  first, so two replicas whose views of the waits differ by less never both wait for the other.
+- Between replicas, only a higher priority waiting for the same group defers a waiter
+  (``pipeline.gate``): what a peer shows is a round trip old, and capacity left for a peer's waiter
+  stays idle until the peer hears of it, so the two could otherwise each wait for the other.
 - Peers' rate use is taken from the buckets as it grows, per peer: what a peer had taken when this
   replica first saw it live is not (a starting replica may let through up to one more minute's
   allowance), and a peer's use republished after the store lost it counts only what grew since.
@@ -35,17 +34,16 @@ import msgspec
 from ..flows import BucketStore, Flow, FlowAccounts, RateLimiter
 
 
-class HeadWire(msgspec.Struct, array_like=True, frozen=True):
-    tenant: str
+class TopWire(msgspec.Struct, array_like=True, frozen=True):
+    """One of a replica's best waiters: its group (``str`` of the gate's: model and pin) and priority."""
+
+    group: str
     priority: int
-    counter: float
-    """The counter its replica ranks it by."""
-    waited_ms: float
 
 
 class QueueWire(msgspec.Struct, array_like=True, frozen=True):
     waiting: int
-    heads: list[HeadWire]
+    tops: list[TopWire]
 
 
 class Board(Protocol):
@@ -56,9 +54,9 @@ class Board(Protocol):
 
     def waiting_total(self) -> int: ...
 
-    def own_heads(self) -> list[tuple[Flow, int]]: ...
+    def own_tops(self) -> list[tuple[str, int]]: ...
 
-    def set_peers(self, waiting: int, heads: list[tuple[Flow, int, float]]) -> None: ...
+    def set_peers(self, waiting: int, tops: list[tuple[str, int]]) -> None: ...
 
 
 class _Flows(FlowAccounts, BucketStore, Protocol):
@@ -84,12 +82,10 @@ class ReplicaFlows:
         board: Board,
         rate: RateLimiter,
         *,
-        tolerance_s: float = 0.05,
         on_peers: Callable[[], None] | None = None,
     ) -> None:
         self.board = board
         self.rate = rate
-        self.tolerance_ns = int(tolerance_s * 1e9)
         self.on_peers = on_peers
         self.sent: dict[str, float] = {}
         """Each running total as the store holds it for this replica (last published)."""
@@ -107,15 +103,11 @@ class ReplicaFlows:
             out[f"t:{tenant}"] = tokens
         return out
 
-    def request(self, now_ns: int) -> tuple[bytes, list[tuple[str, float]]]:
+    def request(self) -> tuple[bytes, list[tuple[str, float]]]:
         """What this replica publishes: its waiters (b"" when none) and its changed running totals."""
-        flows = self.board.flows
         waiting = self.board.waiting_total()
-        heads = [
-            HeadWire(f.tenant, f.priority, flows.counter(f), max(0.0, (now_ns - t) / 1e6))
-            for f, t in self.board.own_heads()
-        ]
-        queue = _ENC.encode(QueueWire(waiting, heads)) if waiting or heads else b""
+        tops = [TopWire(g, p) for g, p in self.board.own_tops()]
+        queue = _ENC.encode(QueueWire(waiting, tops)) if waiting or tops else b""
         self._sending = self.totals()
         return queue, [(k, v) for k, v in self._sending.items() if self.sent.get(k) != v]
 
@@ -128,15 +120,13 @@ class ReplicaFlows:
 
     def apply(
         self,
-        server_ms: int,
         peer_queues: list[tuple[int, bytes]],
         totals: dict[str, float],
         peer_use: dict[str, dict[str, float]],
-        now_ns: int,
         now_s: float,
     ) -> None:
         """Peers' service joins the flows' counters, their rate use leaves the buckets, their waiters join
-        the board (``SyncReply``'s fields; the clocks in seconds and nanoseconds)."""
+        the board (``SyncReply``'s fields; ``now_s``: the rate limiter's clock)."""
         external: dict[Flow, float] = {}
         for key, total in totals.items():
             prio, _, tenant = key[2:].partition(":")
@@ -163,21 +153,17 @@ class ReplicaFlows:
         if len(self._peer_use) > len(peer_use):  # replicas gone long ago are forgotten
             self._peer_use = {p: u for p, u in self._peer_use.items() if now_s - u[0] < FORGET_S}
         waiting = 0
-        heads: list[tuple[Flow, int, float]] = []
-        for published_ms, raw in peer_queues:
+        tops: set[tuple[str, int]] = set()
+        for _, raw in peer_queues:
             try:
                 q = _QUEUE.decode(raw)
             except msgspec.DecodeError:
                 self.decode_errors += 1
                 continue
-            age_ms = max(0, server_ms - published_ms)
             waiting += q.waiting
-            for h in q.heads:
-                ticket = now_ns - int((h.waited_ms + age_ms) * 1e6) + self.tolerance_ns
-                heads.append((Flow(h.tenant, h.priority), ticket, h.counter))
-        heads.sort(key=lambda h: (-h[0].priority, h[2], h[1]))
+            tops.update((t.group, t.priority) for t in q.tops)
         self.peers_waiting = waiting
-        self.board.set_peers(waiting, heads)
+        self.board.set_peers(waiting, sorted(tops, key=lambda t: (-t[1], t[0])))
         if self.on_peers is not None:
             self.on_peers()
 

@@ -193,13 +193,7 @@ class SharedState:
     async def _sync(self) -> bool:
         c = self.config
         now = self.clock()
-        req = self.state.request(
-            now,
-            lease_s=c.lease_s,
-            window_s=c.speculative_window_s,
-            max_read=c.max_read,
-            now_ns=time.monotonic_ns(),
-        )
+        req = self.state.request(now, lease_s=c.lease_s, window_s=c.speculative_window_s, max_read=c.max_read)
         t0 = time.perf_counter()
         mark = self.lag.mark() if self.lag is not None else 0.0
         try:
@@ -214,7 +208,7 @@ class SharedState:
             return False
         self.metrics.sync_seconds.observe(time.perf_counter() - t0)
         self.state.published()
-        self.state.apply(reply, self.clock(), time.monotonic_ns())
+        self.state.apply(reply, self.clock())
         if self._down_since is not None:
             log.info(
                 "shared state store reachable again; resynchronised",

@@ -176,10 +176,7 @@ class ReplicaState:
         self.done_unsent += len(self.unsent) - len(out)
         return out
 
-    def request(
-        self, now: float, *, lease_s: float, window_s: float, max_read: int, now_ns: int = 0
-    ) -> SyncRequest:
-        """``now_ns``: the monotonic clock in nanoseconds (the queue's tickets are on it)."""
+    def request(self, now: float, *, lease_s: float, window_s: float, max_read: int) -> SyncRequest:
         if self.router.host is not None:
             # Several workers (``kvrouter.host``): the other workers' entries reach this one's outbox
             # when it takes them in, which it otherwise does only before a decision of its own.
@@ -204,7 +201,7 @@ class ReplicaState:
             for e in self.unsent
         ]
         batch = Batch(s=specs, a=list(self.unsent_affinity))
-        queue, counts = self.flows.request(now_ns) if self.flows is not None else (b"", [])
+        queue, counts = self.flows.request() if self.flows is not None else (b"", [])
         return SyncRequest(
             self.replica,
             int(lease_s * 1000),
@@ -225,11 +222,11 @@ class ReplicaState:
             self.flows.published()
 
     # ------------------------------------------------------------------ incoming
-    def apply(self, reply: SyncReply, now: float, now_ns: int = 0) -> None:
+    def apply(self, reply: SyncReply, now: float) -> None:
         """Peers' load replaces the previous view; peers' new speculative entries join the index; their
         waiters, service and rate use join this replica's queue (``flows``)."""
         if self.flows is not None:
-            self.flows.apply(reply.server_ms, reply.peer_queues, reply.totals, reply.peer_use, now_ns, now)
+            self.flows.apply(reply.peer_queues, reply.totals, reply.peer_use, now)
         totals: dict[TargetKey, tuple[int, int]] = {}
         self.peers = len(reply.peer_loads)
         for raw in reply.peer_loads:

@@ -45,7 +45,7 @@ class Replica:
 
     def __post_init__(self) -> None:
         self.rate = RateLimiter(CONFIG.tenant, self.board.flows)
-        self.flows = ReplicaFlows(self.board, self.rate, tolerance_s=0.0)
+        self.flows = ReplicaFlows(self.board, self.rate)
 
 
 ops = st.lists(
@@ -66,7 +66,7 @@ ops = st.lists(
 
 
 def round_trip(hub: MemoryReplicaHub, name: str, r: Replica, lost: bool) -> None:
-    queue, counts = r.flows.request(1_000_000_000)
+    queue, counts = r.flows.request()
     reply = hub.sync_now(SyncRequest(name, 10_000, b"", b"", "", 1000, 10, queue, counts))
     r.stored = dict(r.charged)
     r.stored_use = list(r.taken)
@@ -74,7 +74,7 @@ def round_trip(hub: MemoryReplicaHub, name: str, r: Replica, lost: bool) -> None
         r.flows.resync()
         return
     r.flows.published()
-    r.flows.apply(reply.server_ms, reply.peer_queues, reply.totals, reply.peer_use, 1_000_000_000, NOW)
+    r.flows.apply(reply.peer_queues, reply.totals, reply.peer_use, NOW)
 
 
 @settings(max_examples=200, deadline=None)
@@ -109,7 +109,7 @@ def test_each_replica_counts_what_the_others_gave_and_took(steps: list[tuple]) -
         elif op == "wait":
             (n,) = args
             r.waiting = n
-            r.board.set_waiting(n, (FLOWS[n % len(FLOWS)], 500_000_000) if n else None)
+            r.board.set_waiting(n, (FLOWS[n % len(FLOWS)], 500_000_000, f"m{n % 2}") if n else None)
         else:
             (lost,) = args
             round_trip(hub, f"r{i}", r, lost)
@@ -133,9 +133,12 @@ def test_each_replica_counts_what_the_others_gave_and_took(steps: list[tuple]) -
                 assert levels[0] == pytest_approx(RPM - r.taken[0] - debited[0])
                 assert levels[2] == pytest_approx(TPM - r.taken[1] - debited[1])
             assert r.board.peers_waiting() == sum(w for j, w in enumerate(published_waiting) if j != i)
-            heads = r.board.heads()
-            assert len(heads) == sum(1 for j, w in enumerate(published_waiting) if j != i and w)
-            assert all(c is not None for _, _, c in heads)
+            want_tops = {
+                (f"m{w % 2}", FLOWS[w % len(FLOWS)].priority)
+                for j, w in enumerate(published_waiting)
+                if j != i and w
+            }
+            assert set(r.board.peer_tops()) == want_tops
 
 
 def pytest_approx(x: float) -> object:
@@ -144,19 +147,16 @@ def pytest_approx(x: float) -> object:
     return pytest.approx(x, rel=1e-9, abs=1e-6)
 
 
-def test_a_peers_waiter_ranks_by_its_own_replicas_counter_and_its_wait() -> None:
-    """What a peer's best waiter becomes here: its flow, its replica's counter, and a ticket that is its
-    wait (plus the age of the report on the store's clock) back from now, made later by the tolerance."""
+def test_a_peers_best_waiter_defers_only_lower_priorities_of_its_group() -> None:
+    """What replica b's gate is told of a's best waiter: its group and priority, and a's count."""
     hub = MemoryReplicaHub(lambda: NOW)
     a, b = Replica(), Replica()
-    b.flows.tolerance_ns = 7_000_000
-    a.board.flows.charge(Flow("a", 1), 40.0)
-    a.board.set_waiting(3, (Flow("a", 1), 1_000_000_000 - 250_000_000))  # waited 250 ms at publish
+    a.board.set_waiting(3, (Flow("a", 1), 123, "('m', None)"))
     round_trip(hub, "a", a, False)
     round_trip(hub, "b", b, False)
-    ((flow, ticket, counter),) = b.board.heads()
-    assert flow == Flow("a", 1) and counter == 40.0
-    assert ticket == 1_000_000_000 - 250_000_000 + 7_000_000  # the store's clock stood still: age 0
-    assert b.board.peers_waiting() == 3
-    got = msgspec.msgpack.decode(a.flows.request(1_000_000_000)[0])
-    assert got[0] == 3
+    assert b.board.peer_tops() == [("('m', None)", 1)] and b.board.peers_waiting() == 3
+    assert msgspec.msgpack.decode(a.flows.request()[0]) == [3, [["('m', None)", 1]]]
+    a.board.set_waiting(0, None)
+    round_trip(hub, "a", a, False)
+    round_trip(hub, "b", b, False)
+    assert b.board.peer_tops() == [] and b.board.peers_waiting() == 0
