@@ -1,9 +1,11 @@
 """The issue's scenario, live: two tenants by API key in front of a simulated 2-instance fleet with
-``max_in_flight: 2``, through ``kvrouter serve --workers N``; the calm tenant's latency alone and while
-the other tenant floods with many concurrent clients, once per fairness mode (``fifo``: one queue in
-arrival order, the router before flows; ``work``: fair shares of work).
+``max_in_flight: 2``, through ``kvrouter serve --workers N`` (or ``--replicas R`` such routers sharing a
+redis-server, each tenant's clients spread over them); the calm tenant's latency alone and while the
+other tenant floods with many concurrent clients, once per fairness mode (``fifo``: one queue in arrival
+order, the router before flows; ``work``: fair shares of work).
 
-    python -m kvrouter.lab.flows_live [--workers 1] [--flood 32] [--requests 40] [--modes fifo,work]
+    python -m kvrouter.lab.flows_live [--workers 1] [--replicas 1] [--flood 32] [--requests 40]
+                                      [--modes fifo,work]
 
 Prints one line per mode and phase (p50 and p90 of the calm tenant's request latency, the flood's
 answers) and, with ``--json``, writes them.
@@ -16,12 +18,14 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -90,17 +94,35 @@ async def _one(s: aiohttp.ClientSession, base: str, key: str, i: int) -> tuple[i
         return r.status, time.perf_counter() - t0
 
 
-async def _calm(base: str, n: int) -> list[float]:
+@contextlib.contextmanager
+def _redis(tmp: Path, port: int) -> Iterator[str]:
+    """A redis-server on 127.0.0.1:``port`` that persists nothing (the replicas' store)."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RuntimeError("--replicas needs redis-server (apt-get install redis-server)")
+    cmd = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    proc = subprocess.Popen([*cmd, "--dir", str(tmp)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+                break
+            time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        _stop(proc)
+
+
+async def _calm(bases: list[str], n: int) -> list[float]:
     out = []
     async with aiohttp.ClientSession() as s:
         for i in range(n):
-            st, dt = await _one(s, base, "sk-calm", i)
+            st, dt = await _one(s, bases[i % len(bases)], "sk-calm", i)
             if st == 200:
                 out.append(dt)
     return out
 
 
-async def _phase(base: str, n: int, flood: int) -> dict[str, Any]:
+async def _phase(bases: list[str], n: int, flood: int) -> dict[str, Any]:
     stop = asyncio.Event()
     statuses: dict[int, int] = {}
 
@@ -108,7 +130,7 @@ async def _phase(base: str, n: int, flood: int) -> dict[str, Any]:
         async with aiohttp.ClientSession() as s:
             i = 0
             while not stop.is_set():
-                st, _ = await _one(s, base, "sk-flood", k * 100_000 + i)
+                st, _ = await _one(s, bases[k % len(bases)], "sk-flood", k * 100_000 + i)
                 statuses[st] = statuses.get(st, 0) + 1
                 i += 1
 
@@ -116,7 +138,7 @@ async def _phase(base: str, n: int, flood: int) -> dict[str, Any]:
     if flood:
         while sum(statuses.values()) < flood:  # the flood is under way
             await asyncio.sleep(0.05)
-    lat = await _calm(base, n)
+    lat = await _calm(bases, n)
     stop.set()
     await asyncio.gather(*tasks)
     return {
@@ -129,8 +151,9 @@ async def _phase(base: str, n: int, flood: int) -> dict[str, Any]:
 
 async def run(a: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory() as d:
+    with tempfile.TemporaryDirectory() as d, contextlib.ExitStack() as stack:
         tmp = Path(d)
+        redis_url = stack.enter_context(_redis(tmp, a.redis_port)) if a.replicas > 1 else None
         fleet_file = tmp / "sim.yaml"
         sim_cmd = [*_nice(), sys.executable, "-m", "kvrouter.cli", "sim", "--instances", "2"]
         sim_cmd += ["--profile", a.profile, "--fleet-out", str(fleet_file), "--base-port", str(a.sim_port)]
@@ -154,10 +177,17 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
                     },
                     "flows": {"fairness": mode},
                 }
-                async with _serve(fleet, tmp, a.port + k, a.workers) as base:
-                    await _calm(base, 5)  # warm: tokenizer, connections
-                    alone = await _phase(base, a.requests, 0)
-                    flooded = await _phase(base, a.requests, a.flood)
+                async with contextlib.AsyncExitStack() as routers:
+                    bases = []
+                    for r in range(a.replicas):
+                        if redis_url is not None:
+                            rep = {"redis_url": redis_url, "namespace": f"live-{mode}", "replica_id": f"r{r}"}
+                            fleet = {**fleet, "replicas": rep}
+                        port = a.port + 10 * k + r
+                        bases.append(await routers.enter_async_context(_serve(fleet, tmp, port, a.workers)))
+                    await _calm(bases, 5)  # warm: tokenizer, connections
+                    alone = await _phase(bases, a.requests, 0)
+                    flooded = await _phase(bases, a.requests, a.flood)
                 out[mode] = {"alone": alone, "flood": flooded}
                 ratio = flooded["calm_p90_ms"] / alone["calm_p90_ms"]
                 print(
@@ -174,6 +204,8 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--replicas", type=int, default=1, help="routers sharing a redis-server (started here)")
+    p.add_argument("--redis-port", type=int, default=18500)
     p.add_argument("--flood", type=int, default=32, help="concurrent clients of the flooding tenant")
     p.add_argument("--requests", type=int, default=40, help="the calm tenant's requests per phase")
     p.add_argument("--modes", default="fifo,work")

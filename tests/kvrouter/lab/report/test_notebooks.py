@@ -32,7 +32,7 @@ def jupyter_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def test_there_are_six_notebooks() -> None:
+def test_there_are_seven_notebooks() -> None:
     assert [p.name for p in NOTEBOOKS] == [
         "01_kv_aware_vs_prefix_hash.ipynb",
         "02_seeds_table.ipynb",
@@ -40,6 +40,7 @@ def test_there_are_six_notebooks() -> None:
         "04_disaggregation.ipynb",
         "05_tiers.ipynb",
         "06_multimodal.ipynb",
+        "07_flows.ipynb",
     ]
 
 
