@@ -46,6 +46,7 @@ from ..pipeline.pipeline import PlacementClaims
 from ..replicas import PrefixClaims, ReplicaFlows, SharedState, WarmRestart, mark_restored, store_for
 from ..routing import LoadTracker, Router
 from ..routing.peer_prefill import PeerPrefill
+from ..routing.policies import ModelStore
 from ..routing.router import HostSync
 from ..telemetry import Telemetry
 from ..telemetry.metrics import TelemetryCollector
@@ -81,6 +82,10 @@ class WorkerShare(Protocol):
     loads: HostLoads
     health: HealthBoard
     queue: QueueBoard
+
+    @property
+    def latency(self) -> ModelStore:
+        """The targets' latency models, learned by every worker together (``kvrouter.host.latency``)."""
 
     @property
     def leader(self) -> bool: ...
@@ -142,6 +147,7 @@ class Gateway:
             if host is not None
             else None,
             peer_prefill=peer_prefill,
+            latency_store=host.latency if host is not None else None,
         )
         self.metrics = GatewayMetrics()
         self.metrics.registry.register(IndexerCollector(self.indexer, self.subscriber))

@@ -137,13 +137,17 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def fleet(request: web.Request) -> web.Response:
-    """The indexer's view of every source, and the token parity of every model."""
+    """The indexer's view of every source, the token parity of every model, and the latency models (with
+    several workers, the host's: every worker trains and reads the same ones)."""
     gw = request.app[GATEWAY]
     body = {
         "block_size": gw.indexer.block_size,
         "sources": index_service.source_state(gw.indexer, gw.subscriber),
         "token_parity": gw.pipeline.parity.state(),
+        "latency": gw.router.latency.state(),
     }
+    if gw.host_state is not None:
+        body["worker"] = gw.host_state()["worker"]
     return web.json_response(body)
 
 

@@ -7,6 +7,7 @@
       external int64 [targets, 2]   health float64 [instances, 6]   queue int64 [workers, 5]
       flow_* (host/flows)   rings int64 [workers, ring_words]   metric_* (metrics_board)
       claims int64 [claim_slots, 3] (host/claims)   peer_queue float64 [1 + peer_heads, 4] (host/queue)
+      latency float64 [targets, LATENCY_WORDS] (host/latency)
       SlotDirectory: names -> slots (targets; instances; flows)
 
 The buffer comes from the caller (an anonymous shared mapping made before the workers fork, or a plain
@@ -26,6 +27,8 @@ import msgspec
 import numpy as np
 
 NAME_BYTES = 120
+LATENCY_WORDS = 96
+"""Room for one target's latency models (``host/latency``; they take ``SHARED_WORDS``)."""
 """Longest name a slot holds (UTF-8); longer target keys are refused (``SlotsExhausted``)."""
 
 
@@ -81,6 +84,7 @@ class HostLayout(msgspec.Struct, frozen=True):
             ("flow_accounts", "f8", (self.flows, 4)),
             ("flow_waiting", "i8", (w, self.flows)),
             ("peer_queue", "f8", (1 + self.peer_heads, 4)),
+            ("latency", "f8", (t, LATENCY_WORDS)),
             ("claims", "i8", (self.claim_slots, 3)),
             ("metric_bytes", "u1", (w, self.metric_bytes)),
         ]

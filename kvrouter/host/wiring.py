@@ -30,6 +30,7 @@ from ..routing.peer_prefill import PeerPrefill
 from ..routing.placed_blocks import HostPlacement
 from . import HealthBoard, HostLoads, HostMemory, MetricsBoard, QueueBoard, SpeculativeRings
 from .claims import HostClaims
+from .latency import HostLatency
 from .scrape import HostScrape, WakePipes
 
 
@@ -118,6 +119,7 @@ class WorkerHost:
         self.loads = HostLoads(mem, me)
         self.health = HealthBoard(mem)
         self.queue = QueueBoard(mem, me)
+        self.latency = HostLatency(mem)
         self.rings = SpeculativeRings(mem, me)
         self.sync: RingSync | None = None
         self.claims: HostClaims | None = None

@@ -33,6 +33,7 @@ from .policies import (
     KV_AWARE,
     Candidate,
     LatencyBook,
+    ModelStore,
     Observation,
     Policy,
     PolicySettings,
@@ -170,10 +171,12 @@ class Router:
         load: LoadTracker | None = None,
         host: HostSync | None = None,
         peer_prefill: PeerPrefill | None = None,
+        latency_store: ModelStore | None = None,
     ) -> None:
         """``load``: the tracker to count on (with several workers, one over the host's shared loads);
         ``host``: the other workers' speculative entries (None: one process); ``peer_prefill``: the other
-        router replicas' queued prefill (None: no replicas share entries)."""
+        router replicas' queued prefill (None: no replicas share entries); ``latency_store``: where the
+        latency models live when the host's workers learn them together (None: this process's own)."""
         self.indexer = indexer
         self.config = config or RouterConfig()
         self.load = load or LoadTracker()
@@ -185,7 +188,7 @@ class Router:
         """New prompts' blocks placed per target lately (this router's, its host's other workers' and, told
         by the claims log, other replicas'): the placement band's balance key."""
         self.sessions = SessionTable(self.config.settings.session)
-        self.latency = LatencyBook(self.config.settings.predicted_latency.model)
+        self.latency = LatencyBook(self.config.settings.predicted_latency.model, latency_store)
         """Every target's latency models, fed by every whole request's dispatch, first token and end
         (``policies.latency_model``); the caller trains them off the request path (``latency.train``)."""
         self._policies: dict[str, Policy] = {}

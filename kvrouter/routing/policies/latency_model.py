@@ -20,6 +20,8 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass
+from types import TracebackType
+from typing import Protocol
 
 import msgspec
 import numpy as np
@@ -110,43 +112,119 @@ FLOOR_S = 1e-3
 class Rls:
     """One linear model, ``y ~ theta . x``, fitted by weighted recursive least squares with forgetting:
     after observations (x_i, y_i, w_i) it holds the minimiser of
-    ``sum_i lam^(n-i) w_i (y_i - theta.x_i)^2 + lam^n (theta - theta0)' P0^-1 (theta - theta0)``."""
+    ``sum_i lam^(n-i) w_i (y_i - theta.x_i)^2 + lam^n (theta - theta0)' P0^-1 (theta - theta0)``.
+    ``buf``: where theta and P live (d + d*d floats, already holding them), e.g. a row of memory the host's
+    worker processes share; None: this process's own arrays."""
 
-    __slots__ = ("coef", "lam", "p", "theta")
+    __slots__ = ("_coef", "lam", "p", "shared", "theta")
 
-    def __init__(self, theta0: tuple[float, ...], variance: float, forgetting: float) -> None:
+    def __init__(
+        self, theta0: tuple[float, ...], variance: float, forgetting: float, buf: np.ndarray | None = None
+    ) -> None:
         d = len(theta0)
-        self.theta = np.array(theta0, dtype=np.float64)
-        self.p = np.eye(d) * variance
+        self.shared = buf is not None
+        if buf is None:
+            self.theta = np.array(theta0, dtype=np.float64)
+            self.p = np.eye(d) * variance
+        else:
+            self.theta = buf[:d]
+            self.p = buf[d : d + d * d].reshape(d, d)
         self.lam = forgetting
-        self.coef: tuple[float, ...] = tuple(theta0)
-        """``theta`` as floats: what ``predict`` reads (a tuple dot product beats numpy at this size)."""
+        self._coef: tuple[float, ...] = tuple(self.theta.tolist())
+
+    @staticmethod
+    def initial(theta0: tuple[float, ...], variance: float) -> list[float]:
+        """What ``buf`` holds before any observation: theta0, then P0 (row-major)."""
+        d = len(theta0)
+        return [*theta0, *(np.eye(d) * variance).ravel().tolist()]
+
+    @property
+    def coef(self) -> tuple[float, ...]:
+        """``theta`` as floats: what ``predict`` reads (a tuple dot product beats numpy at this size); read
+        afresh when shared (another process may have trained it)."""
+        return tuple(self.theta.tolist()) if self.shared else self._coef
 
     def predict(self, x: tuple[float, ...]) -> float:
-        return sum(a * b for a, b in zip(self.coef, x))
+        coef = tuple(self.theta.tolist()) if self.shared else self._coef  # not through the property: hot
+        return sum(a * b for a, b in zip(coef, x))
+
+    def set(self, theta: tuple[float, ...]) -> None:
+        """Hold ``theta`` (a recorded fit, say), P unchanged."""
+        self.theta[:] = theta
+        self._coef = tuple(self.theta.tolist())
 
     def update(self, x: tuple[float, ...], y: float, w: float = 1.0) -> None:
-        """One observation ``y`` at ``x`` with weight ``w`` (> 0)."""
+        """One observation ``y`` at ``x`` with weight ``w`` (> 0); in place (under the host's lock when
+        shared: an update reads, then writes)."""
         xs = np.array(x, dtype=np.float64) * math.sqrt(w)
         ys = y * math.sqrt(w)
         px = self.p @ xs
         gain = px / (self.lam + xs @ px)
-        self.theta = self.theta + gain * (ys - xs @ self.theta)
-        self.p = (self.p - np.outer(gain, px)) / self.lam
+        self.theta[:] = self.theta + gain * (ys - xs @ self.theta)
+        self.p[:] = (self.p - np.outer(gain, px)) / self.lam
         tr = float(np.trace(self.p))
         if tr > MAX_TRACE:
             self.p *= MAX_TRACE / tr
-        self.coef = tuple(float(v) for v in self.theta)
+        self._coef = tuple(self.theta.tolist())
+
+
+TTFT_D, TPOT_D = 8, 4
+SHARED_WORDS = 3 + TTFT_D + TTFT_D**2 + TPOT_D + TPOT_D**2
+"""One target's models in shared memory: [initialised, TTFT observations, TPOT observations, TTFT theta
+and P, TPOT theta and P]."""
+
+
+class StoreLock(Protocol):
+    """A lock the processes sharing the models share (``kvrouter.host.memory.HostLock``)."""
+
+    def __enter__(self) -> object: ...
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None, /
+    ) -> object: ...
+
+
+class ModelStore(Protocol):
+    """Where targets' models live when several processes learn them together (``kvrouter.host``)."""
+
+    @property
+    def lock(self) -> StoreLock:
+        """Held while a model is initialised or trained."""
+
+    def row(self, target: TargetKey) -> np.ndarray | None:
+        """``target``'s row of ``SHARED_WORDS`` float64 (zeros until initialised); None: kept locally."""
 
 
 class TargetModel:
-    """A target's two models and how many observations trained each."""
+    """A target's two models and how many observations trained each (in ``row`` when shared)."""
 
-    __slots__ = ("models", "seen")
+    __slots__ = ("models", "row", "seen")
 
-    def __init__(self, cfg: LatencyModelConfig) -> None:
-        self.models = {k: Rls(cfg.prior(k), cfg.prior_variance, cfg.forgetting) for k in KINDS}
+    def __init__(self, cfg: LatencyModelConfig, row: np.ndarray | None = None) -> None:
+        self.row = row
         self.seen = dict.fromkeys(KINDS, 0)
+        if row is None:
+            self.models = {k: Rls(cfg.prior(k), cfg.prior_variance, cfg.forgetting) for k in KINDS}
+            return
+        a, b = 3, 3 + TTFT_D + TTFT_D**2
+        if not row[0]:  # the first process to see this target writes the prior (under the store's lock)
+            row[a:b] = Rls.initial(cfg.prior(TTFT), cfg.prior_variance)
+            row[b:] = Rls.initial(cfg.prior(TPOT), cfg.prior_variance)
+            row[0] = 1.0
+        self.models = {
+            TTFT: Rls(cfg.prior(TTFT), cfg.prior_variance, cfg.forgetting, row[a:b]),
+            TPOT: Rls(cfg.prior(TPOT), cfg.prior_variance, cfg.forgetting, row[b:]),
+        }
+
+    def count(self, kind: str) -> int:
+        """Observations that trained the ``kind`` model (every process's, when shared)."""
+        return int(self.row[1 + KINDS.index(kind)]) if self.row is not None else self.seen[kind]
+
+    def counted(self, kind: str) -> None:
+        if self.row is not None:
+            self.row[1 + KINDS.index(kind)] += 1
+        else:
+            self.seen[kind] += 1
 
 
 def ttft_features(num_tokens: int, c: Candidate) -> tuple[float, ...]:
@@ -202,8 +280,11 @@ class LatencyBook:
     """Every target's latency models, the requests awaiting observation and the observations awaiting
     training.  Pure: the caller passes every time."""
 
-    def __init__(self, cfg: LatencyModelConfig | None = None) -> None:
+    def __init__(self, cfg: LatencyModelConfig | None = None, store: ModelStore | None = None) -> None:
+        """``store``: where the models live when the host's worker processes learn them together (each
+        trains what it observed; all predict from the same models); None: this process's own."""
         self.cfg = cfg or LatencyModelConfig()
+        self.store = store
         self.targets: dict[TargetKey, TargetModel] = {}
         self._pending: dict[RequestId, _Pending] = {}
         self._queue: list[tuple[Observation, tuple[float, ...]]] = []
@@ -214,12 +295,18 @@ class LatencyBook:
     def model(self, target: TargetKey) -> TargetModel:
         m = self.targets.get(target)
         if m is None:
-            m = self.targets[target] = TargetModel(self.cfg)
+            row = self.store.row(target) if self.store is not None else None
+            if row is None or self.store is None:
+                m = TargetModel(self.cfg)
+            else:
+                with self.store.lock:
+                    m = TargetModel(self.cfg, row)
+            self.targets[target] = m
         return m
 
     def warm(self, target: TargetKey) -> bool:
         m = self.targets.get(target)
-        return m is not None and m.seen[TTFT] >= self.cfg.warmup
+        return m is not None and m.count(TTFT) >= self.cfg.warmup
 
     def predict(self, num_tokens: int, c: Candidate) -> tuple[float, float]:
         """(TTFT, TPOT) in seconds for a request of ``num_tokens`` sent to ``c`` now (never below 0)."""
@@ -248,7 +335,7 @@ class LatencyBook:
         xa, xb = ttft_features(num_tokens, chosen), tpot_features(num_tokens, chosen)
         pa = max(0.0, m.models[TTFT].predict(xa))
         pb = max(0.0, m.models[TPOT].predict(xb))
-        warm = m.seen[TTFT] >= self.cfg.warmup
+        warm = m.count(TTFT) >= self.cfg.warmup
         self._pending.pop(rid, None)
         self._pending[rid] = _Pending(chosen.target, now, xa, xb, pa, pb, warm)
 
@@ -295,8 +382,17 @@ class LatencyBook:
 
     def _learn(self, o: Observation, x: tuple[float, ...]) -> str:
         m = self.model(o.target)
+        if m.row is not None and self.store is not None:
+            with self.store.lock:
+                outcome = self._fit(m, o, x)
+        else:
+            outcome = self._fit(m, o, x)
+        self.outcomes[(o.kind, outcome)] += 1
+        return outcome
+
+    def _fit(self, m: TargetModel, o: Observation, x: tuple[float, ...]) -> str:
         rls = m.models[o.kind]
-        warm = m.seen[TTFT] >= self.cfg.warmup
+        warm = m.count(TTFT) >= self.cfg.warmup
         ratio = self.cfg.outlier_ratio if warm else self.cfg.cold_outlier_ratio
         pred = rls.predict(x)
         y = o.observed_s
@@ -305,8 +401,7 @@ class LatencyBook:
             y = min(max(y, pred / ratio), pred * ratio)
             outcome = "clipped"
         rls.update(x, y, 1.0 / max(y, FLOOR_S) ** 2)
-        m.seen[o.kind] += 1
-        self.outcomes[(o.kind, outcome)] += 1
+        m.counted(o.kind)
         return outcome
 
     def state(self) -> dict[str, object]:
@@ -314,8 +409,9 @@ class LatencyBook:
         return {
             "targets": {
                 t: {
-                    "warm": m.seen[TTFT] >= self.cfg.warmup,
-                    "observations": dict(m.seen),
+                    "warm": m.count(TTFT) >= self.cfg.warmup,
+                    "observations": {k: m.count(k) for k in KINDS},
+                    "shared": m.row is not None,
                     "ttft_coef": [round(v, 6) for v in m.models[TTFT].coef],
                     "tpot_coef": [round(v, 6) for v in m.models[TPOT].coef],
                 }

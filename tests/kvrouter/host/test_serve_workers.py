@@ -396,3 +396,28 @@ async def test_a_burst_of_one_new_prompt_goes_to_one_instance(tmp_path: Path) ->
         }
         # every prompt claimed at least once, by whichever worker placed it first; none left unclaimed
         assert claims["won"] >= 4 and claims["full"] == 0, claims
+
+
+async def test_workers_learn_one_set_of_latency_models(tmp_path: Path) -> None:
+    """predicted-latency under ``--workers 2``: each worker trains the host's models with the requests it
+    proxied, and every worker's /v1/fleet shows the same models, trained by every request."""
+    over = {"routing": {"policy": "predicted-latency"}}
+    async with HeldFleet(2) as fleet, serve(tmp_path, {**fleet.fleet(), **over}) as (base, _):
+        fleet.release.set()  # answered at once: each answer is a first token
+        await health_per_worker(base)
+        n = 24
+        assert [(await fresh("POST", base + "/v1/completions", body(i)))[0] for i in range(n)] == [200] * n
+        seen: dict[int, dict[str, Any]] = {}
+        for _ in range(200):
+            st, got = await fresh("GET", base + "/v1/fleet")
+            assert st == 200, got
+            seen[got["worker"]] = got["latency"]
+            if len(seen) == 2:
+                break
+        assert len(seen) == 2, "both workers answered /v1/fleet"
+        answered = [(await health_per_worker(base))[k]["worker"]["answered"] for k in (0, 1)]
+        assert all(a.get("/v1/completions 200") for a in answered), answered  # both proxied some
+        for lat in seen.values():
+            ttft = sum(t["observations"]["ttft"] for t in lat["targets"].values())
+            assert ttft == n and all(t["shared"] for t in lat["targets"].values()), lat
+        assert seen[0]["targets"] == seen[1]["targets"]

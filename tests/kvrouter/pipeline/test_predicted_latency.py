@@ -117,17 +117,8 @@ async def test_cold_ranking_is_kv_aware_s() -> None:
 
 async def test_warm_it_stays_within_the_load_bound() -> None:
     pipe, _ = build(FLEET.replace("{warmup: 4}", "{warmup: 0}"))
-    pipe.router.latency.model(TargetKey("a")).models["ttft"].coef = (
-        0.01,
-        0.01,
-        0.0,
-        0.01,
-        0.0,
-        0.0,
-        0.0,
-        0.0,
-    )
-    pipe.router.latency.model(TargetKey("b")).models["ttft"].coef = (1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0)
+    pipe.router.latency.model(TargetKey("a")).models["ttft"].set((0.01, 0.01, 0.0, 0.01, 0.0, 0.0, 0.0, 0.0))
+    pipe.router.latency.model(TargetKey("b")).models["ttft"].set((1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0))
     held: list[tuple[Prepared, str]] = []
     for i in range(60):
         loads = {t: pipe.router.load.get(TargetKey(t)).in_flight for t in "ab"}

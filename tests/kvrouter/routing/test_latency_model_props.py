@@ -233,8 +233,62 @@ def test_a_recorded_one_length_fit_still_ranks_the_fast_target_first() -> None:
     book = LatencyBook(LatencyModelConfig())
     for target, theta in fits.items():
         rls = book.model(TargetKey(target)).models[TTFT]
-        rls.theta, rls.coef = np.array(theta), theta
+        rls.set(theta)
     ttft = {t: book.predict(4900, cand(t))[0] for t in fits}
     assert 0.08 < ttft["fast"] < 0.15 and 0.28 < ttft["slow"] < 0.35, ttft
     score = {t: ttft[t] + book.prefill_s(4900, cand(t)) for t in fits}
     assert score["fast"] < score["slow"], score
+
+
+shared_steps = st.lists(
+    st.tuples(
+        st.integers(0, 1),  # the worker that observes
+        st.sampled_from(["a", "b"]),
+        st.integers(1, 4000),  # prompt tokens
+        st.integers(0, 3000),  # queued prefill there
+        st.floats(0.005, 5.0, allow_nan=False),  # TTFT observed
+        st.integers(2, 50),  # output tokens
+        st.floats(0.005, 0.5, allow_nan=False),  # TPOT observed
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(shared_steps)
+def test_workers_sharing_the_host_s_models_learn_as_one_book(steps: list[tuple]) -> None:
+    """Two workers' books over one host's memory, each training what it observed, against one book that
+    observed everything in the same order: the same coefficients, counts and warmth in both workers."""
+    import threading
+
+    from kvrouter.host.latency import HostLatency
+    from kvrouter.host.memory import HostLayout, HostMemory
+
+    layout = HostLayout(workers=2, targets=8, instances=2, ring_words=64, metric_bytes=64, claim_slots=4)
+    mem = HostMemory(layout, bytearray(layout.size()), threading.Lock())
+    cfg = LatencyModelConfig(warmup=3)
+    workers = [LatencyBook(cfg, HostLatency(mem)) for _ in range(2)]
+    one = LatencyBook(cfg)
+    for i, (k, target, tokens, pending, ttft, n, tpot) in enumerate(steps):
+        rid = RequestId(f"r{i}")
+        c = cand(target, pending=pending)
+        for book in (workers[k], one):
+            book.dispatched(rid, tokens, c, 0.0)
+            book.first_token(rid, ttft)
+            book.finished(rid, ttft + tpot * (n - 1), n)
+            book.train()
+        for t in ("a", "b"):
+            want = one.model(TargetKey(t))
+            for w in workers:
+                got = w.model(TargetKey(t))
+                for kind in (TTFT, TPOT):
+                    assert np.allclose(got.models[kind].coef, want.models[kind].coef, rtol=1e-9, atol=1e-12)
+                    assert got.count(kind) == want.count(kind)
+                assert w.warm(TargetKey(t)) == one.warm(TargetKey(t))
+                assert w.predict(tokens, cand(t)) == pytest_approx(one.predict(tokens, cand(t)))
+
+
+def pytest_approx(v: tuple[float, float]) -> object:
+    import pytest
+
+    return pytest.approx(v, rel=1e-9, abs=1e-12)
