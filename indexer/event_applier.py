@@ -156,9 +156,12 @@ class EventApplier:
                 if isinstance(ev, BlockStored):
                     self._stored(src, ev, ts)
                 else:
-                    self.index.clear_source(src)
+                    # Read while catching up (a late join's replay), the clear is older than what the
+                    # router sent meanwhile: its speculative entries stay (``BlockIndex.clear_source``).
+                    sync = self.sync(src)
+                    self.index.clear_source(src, history=sync.catching_up)
                     c.clears += 1
-                    self.sync(src).on_cleared()
+                    sync.on_cleared()
                 applied += 1
             except OffloadParentUnknown:
                 # vLLM's offload tiers announce a batch's chunks in no particular order: a child may come

@@ -350,9 +350,13 @@ class BlockIndex:
             if exp is not None and len(exp):
                 self._confirm(slot, chains[f != fast_apply.UNKNOWN])
 
-    def clear_source(self, source: SourceKey) -> None:
-        """Forget every block of the source (AllBlocksCleared, engine restart).  The slot stays allocated."""
-        self._clears[source] = self._clears.get(source, 0) + 1
+    def clear_source(self, source: SourceKey, *, history: bool = False) -> None:
+        """Forget every block of the source (AllBlocksCleared, engine restart).  The slot stays allocated.
+        ``history``: the clear is read from a replay of the source's past (it is catching up): what the
+        router sent since it started is not undone, so its speculative entries stay and the clear is not
+        counted in ``clears`` (which voids the placements made before it)."""
+        if not history:
+            self._clears[source] = self._clears.get(source, 0) + 1
         slot = self._slots.get(source)
         if slot is None:
             return
@@ -366,7 +370,8 @@ class BlockIndex:
         self._engine[slot] = EngineTable()
         self._counts[slot] = np.zeros(3, dtype=np.int64)
         self._extra_refs = {k: v for k, v in self._extra_refs.items() if k[0] != slot}
-        self._drop_spec(slot)
+        if not history:
+            self._drop_spec(slot)
 
     def drop_source(self, source: SourceKey) -> None:
         """Forget the source entirely and free its slot."""

@@ -261,6 +261,12 @@ class SourceSync:
         elif self.trust is Trust.COLD:
             self.trust = Trust.PARTIAL
 
+    @property
+    def catching_up(self) -> bool:
+        """Replaying the source's past (a late join, a gap, a reconnect): what is applied now happened
+        before the live batches buffered meanwhile."""
+        return self.phase is Phase.SYNCING
+
     # ------------------------------------------------------------------ index events
     def on_cleared(self) -> None:
         """AllBlocksCleared: the engine's cache and our view of it are both empty, so exact again."""
