@@ -222,6 +222,8 @@ def run_one(
         vf = VirtualFleet(
             w, fleet, _router_config(spec, policy), hashes=cache, progress=progress, disagg=spec.disagg
         )
+        if spec.series:
+            vf.router.latency.samples = []
         run = vf.run()
     res = summarize(run, series=spec.series, slo_ttft_s=spec.slo_ttft_s, slo_tpot_s=spec.slo_tpot_s)
     if policy not in READS_INDEX:  # no events: the router had nothing to predict from
@@ -230,6 +232,8 @@ def run_one(
     book = vf.router.latency
     res["ttft_mape"], res["tpot_mape"] = book.errors["ttft"].mape, book.errors["tpot"].mape
     res["latency_outcomes"] = book.state()["outcomes"]
+    if book.samples is not None:  # each warm TTFT prediction against what came (at most 20,000)
+        res["latency_samples"] = [s for s in book.samples if s[1] == "ttft"][:20_000]
     res["wall_s"] = time.perf_counter() - t0
     return res
 

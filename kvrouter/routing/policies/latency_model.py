@@ -291,6 +291,8 @@ class LatencyBook:
         self.outcomes: Counter[tuple[str, str]] = Counter()
         """Observations by (kind, outcome)."""
         self.errors = {k: ErrorStats() for k in KINDS}
+        self.samples: list[tuple[str, str, float, float]] | None = None
+        """A list (the evaluator's plots): each warm observation's (target, kind, predicted, observed)."""
 
     def model(self, target: TargetKey) -> TargetModel:
         m = self.targets.get(target)
@@ -368,6 +370,8 @@ class LatencyBook:
             e = self.errors[o.kind]
             e.n += 1
             e.sum_ape += abs(o.predicted_s - y) / y
+            if self.samples is not None:
+                self.samples.append((o.target, o.kind, o.predicted_s, y))
         self._queue.append((o, x))
         return o
 

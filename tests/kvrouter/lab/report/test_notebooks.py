@@ -32,7 +32,7 @@ def jupyter_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def test_there_are_seven_notebooks() -> None:
+def test_there_are_eight_notebooks() -> None:
     assert [p.name for p in NOTEBOOKS] == [
         "01_kv_aware_vs_prefix_hash.ipynb",
         "02_seeds_table.ipynb",
@@ -41,6 +41,7 @@ def test_there_are_seven_notebooks() -> None:
         "05_tiers.ipynb",
         "06_multimodal.ipynb",
         "07_flows.ipynb",
+        "08_predicted_latency.ipynb",
     ]
 
 
