@@ -240,8 +240,12 @@ class DisaggProxy:
                     resp.release()
                 else:
                     resp.close()
-            # The decode leg reports the prefill instance's cache hit, not its own: nothing to compare.
-            self.pipeline.finished(p, d, None)
+            # The decode leg reports the prefill instance's cache hit, not its own: nothing to compare;
+            # what it generated is its pace to learn.
+            report = watcher.report if done else None
+            self.pipeline.finished(
+                p, d, None, output_tokens=None if report is None else report.completion_tokens
+            )
 
     async def _first_chunk(self, resp: Answer) -> bytes:
         """The stream's first bytes; ``UpstreamFailed`` if it fails or ends before any."""

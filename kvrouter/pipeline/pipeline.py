@@ -811,8 +811,12 @@ class RequestPipeline:
 
     def prefill_finished(self, p: Prepared, chosen: Candidate, usage: UsageReport | None = None) -> None:
         """The prefill leg on ``chosen`` is over (answered or failed): its load is released; ``usage``:
-        what the prefill instance reported (its cache hit is the request's)."""
-        self.router.finished(leg_id(p.inp.request_id))
+        what the prefill instance reported (its cache hit is the request's; with it, the leg answered and
+        its time is the prefill instance's TTFT to learn)."""
+        leg = leg_id(p.inp.request_id)
+        if usage is not None:
+            self._observed(self.router.first_token(leg, time.monotonic()))
+        self.router.finished(leg)
         self.gate.release()  # (the gate keeps the queue-depth gauge)
         self._reported(p, chosen, usage)
         if p.rec is not None:
@@ -929,11 +933,19 @@ class RequestPipeline:
         for kind, outcome in self.router.latency.train():
             self.metrics.latency_observations.labels(kind, outcome).inc()
 
-    def finished(self, p: Prepared, chosen: Candidate, usage: UsageReport | None = None) -> None:
+    def finished(
+        self,
+        p: Prepared,
+        chosen: Candidate,
+        usage: UsageReport | None = None,
+        *,
+        output_tokens: int | None = None,
+    ) -> None:
         """The attempt on ``chosen`` is over (answered, failed or abandoned): its load is released and a
         waiting request may take the freed capacity.  ``usage``: what vLLM reported, if it did (a split
-        request's decode leg reports its prefill instance's cache hit: pass None)."""
-        out = None if usage is None else usage.completion_tokens
+        request's decode leg reports its prefill instance's cache hit: pass None, and what it generated
+        as ``output_tokens``, its pace to learn)."""
+        out = output_tokens if usage is None else usage.completion_tokens
         self._observed(self.router.finished(p.inp.request_id, time.monotonic(), out))
         self._output_known(p, usage)
         self.gate.release()  # (the gate keeps the queue-depth gauge)

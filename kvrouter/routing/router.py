@@ -434,8 +434,11 @@ class Router:
             # The valued credit, not the hit: a block loaded from a slower tier still costs its load time,
             # counted in prefill-token equivalents (``tier_value``).
             prefill_tokens = max(0, inp.num_tokens - chosen.cached_tokens)
-        if request_id is None and whole:
-            self.latency.dispatched(inp.request_id, inp.num_tokens, chosen, now)
+        if whole:  # a whole request, or a prefill leg (its first token ends it: its TTFT is the leg's)
+            self.latency.dispatched(request_id or inp.request_id, inp.num_tokens, chosen, now)
+        elif request_id is None:  # a decode leg: it receives the prompt; its pace is observed, not its TTFT
+            received = msgspec.structs.replace(chosen, hit_tokens=inp.num_tokens)
+            self.latency.dispatched(inp.request_id, inp.num_tokens, received, now, ttft=False)
         self.load.dispatch(request_id or inp.request_id, chosen.target, prefill_tokens)
         if inp.session is not None:
             self.sessions.record(inp.session, chosen.target, now)

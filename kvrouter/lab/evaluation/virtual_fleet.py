@@ -504,8 +504,12 @@ class VirtualFleet:
         return (w.flow.priority, self.queue.waiting(w.flow) > 1)
 
     def _prefill_done(self, rid: str, cached: int) -> None:
-        """A prefill leg answered: its load is released, its decode leg sent with its params."""
-        self.router.finished(leg_id(RequestId(rid)))
+        """A prefill leg answered: its time is the prefill instance's TTFT to learn, its load is released,
+        its decode leg sent with its params."""
+        leg = leg_id(RequestId(rid))
+        if self.router.first_token(leg, self.clock.now) is not None:
+            self.router.latency.train()
+        self.router.finished(leg)
         self.records[rid].cached_tokens = cached
         _, i_decode = self.pulls[rid]
         self._to_engine(i_decode, rid, self.clock.now, decode_leg=True)

@@ -251,6 +251,8 @@ class _Pending:
     pred_tpot: float
     warm: bool
     first: float | None = None
+    ttft: bool = True
+    """Its time to first token is the target's to learn (not a decode leg's: that is the prefill's)."""
 
 
 class Observation(msgspec.Struct, frozen=True):
@@ -329,8 +331,11 @@ class LatencyBook:
         return min(max(0.0, own), max(0.0, rls.predict(x)))
 
     # ------------------------------------------------------------------ observing
-    def dispatched(self, rid: RequestId, num_tokens: int, chosen: Candidate, now: float) -> None:
-        """``rid`` was sent to ``chosen`` at ``now``: remember what was known and predicted."""
+    def dispatched(
+        self, rid: RequestId, num_tokens: int, chosen: Candidate, now: float, *, ttft: bool = True
+    ) -> None:
+        """``rid`` was sent to ``chosen`` at ``now``: remember what was known and predicted.  Not ``ttft``:
+        only its time per output token is observed (a disaggregated request's decode leg)."""
         if len(self._pending) >= self.cfg.max_pending:
             del self._pending[next(iter(self._pending))]
         m = self.model(chosen.target)
@@ -339,13 +344,15 @@ class LatencyBook:
         pb = max(0.0, m.models[TPOT].predict(xb))
         warm = m.count(TTFT) >= self.cfg.warmup
         self._pending.pop(rid, None)
-        self._pending[rid] = _Pending(chosen.target, now, xa, xb, pa, pb, warm)
+        self._pending[rid] = _Pending(chosen.target, now, xa, xb, pa, pb, warm, ttft=ttft)
 
     def first_token(self, rid: RequestId, now: float) -> Observation | None:
         p = self._pending.get(rid)
         if p is None or p.first is not None:
             return None
         p.first = now
+        if not p.ttft:
+            return None
         return self._observe(Observation(p.target, TTFT, now - p.sent, p.pred_ttft, p.warm), p.x_ttft)
 
     def finished(self, rid: RequestId, now: float, output_tokens: int | None) -> Observation | None:

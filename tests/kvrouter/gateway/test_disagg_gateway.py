@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvrouter.gateway import Gateway
 from kvrouter.lab.sim.server.fleet import SimFleet, SimFleetConfig, parse_roles
 from kvrouter.lab.sim.server.kv_transfer import KvTransferConfig
+from kvrouter.types import TargetKey
 from tests.support.gateway import MODEL, gateway, heal
 from tests.support.sim_server import shared_sim_tokenizer
 from tests.support.wait import until
@@ -121,6 +122,14 @@ async def indexed(gw: Gateway, name: str) -> None:
 async def test_chat_and_completions_streamed_and_not_with_both_legs(fleet: SimFleet, always: GW) -> None:
     rng = random.Random(1)
     gw, base = always
+    book = gw.router.latency
+
+    def counts() -> dict[tuple[str, str], int]:
+        return {
+            (t, k): book.model(TargetKey(t)).count(k) for t in (*PREFILL, *DECODE) for k in ("ttft", "tpot")
+        }
+
+    learned = counts()
     async with aiohttp.ClientSession() as s:
         before = await metrics(s, base)
         cases = []
@@ -170,6 +179,15 @@ async def test_chat_and_completions_streamed_and_not_with_both_legs(fleet: SimFl
         assert total(after, "kvrouter_pd_decisions_total", mode="disaggregated", reason="remote_prefill") >= 4
         # every leg's load was released
         assert all(load.in_flight == 0 for load in gw.router.load.loads.values())
+    # the latency models learned each prefill leg as its instance's TTFT and each decode leg's pace as
+    # its instance's TPOT, never a decode leg's first token (the prefill's and the transfer's time) as TTFT
+
+    def grown(kind: str, pool: tuple[str, ...]) -> int:
+        now = counts()
+        return sum(now[(t, kind)] - learned[(t, kind)] for t in pool)
+
+    await until(lambda: grown("ttft", PREFILL) == 4 and grown("tpot", DECODE) == 4, what="legs learned")
+    assert grown("ttft", DECODE) == 0 and grown("tpot", PREFILL) == 0
 
 
 async def test_responses_api_split_then_continued_whole_on_its_holder(fleet: SimFleet, always: GW) -> None:

@@ -10,7 +10,7 @@ from indexer.encode import PayloadEncoder
 from kvrouter.routing import DisaggMode, DisaggPlanner, DisaggSettings, RouteInput, Router, RouterConfig
 from kvrouter.routing.disagg import is_disaggregated, parse_roles, roles_label
 from kvrouter.routing.router import Target
-from kvrouter.types import InstanceId, RequestId, Role, leg_id
+from kvrouter.types import InstanceId, RequestId, Role, TargetKey, leg_id
 
 BS = 16
 ENC = PayloadEncoder()
@@ -241,3 +241,56 @@ def test_every_plan_respects_the_roles(
             assert plan.uncached_tokens > pl.settings.local_prefill_tokens or local_wait > remote_wait
     else:
         assert plan.prefill is None or plan.reason in ("no_prefill", "prefill_full", "prefill_busy")
+
+
+def warm(pl: DisaggPlanner, target: str, ttft: tuple[float, ...], tpot: tuple[float, ...]) -> None:
+    """``target``'s models fitted to ``ttft`` and ``tpot`` coefficients, and warm."""
+    m = pl.router.latency.model(TargetKey(target))
+    m.models["ttft"].set(ttft)
+    m.models["tpot"].set(tpot)
+    for _ in range(pl.router.latency.cfg.warmup):
+        m.counted("ttft")
+
+
+def test_predicted_mode_takes_the_one_plan_predicted_to_meet_both_objectives() -> None:
+    ix = Indexer(BS)
+    pl = planner(ix, mode=DisaggMode.PREDICTED)
+    cold = pl.plan(inp(ix, "a", PROMPT), fleet())
+    assert cold.split and cold.reason == "remote_prefill"  # cold: the conditional rules
+    # TTFT = 0.1 s + 1 s per 1k uncached tokens everywhere; TPOT = 0.01 s + 0.1 s per 1k tokens to prefill
+    # there: kept whole, a decode instance's pace misses 0.05 s; split, both objectives are met
+    for t in ("p0", "p1", "d2", "d3"):
+        warm(pl, t, (0.1, 1.0, 0, 0, 0, 0, 0, 0), (0.01, 0, 0.1, 0))
+    plan = pl.plan(inp(ix, "b", PROMPT), fleet())
+    assert plan.split and plan.reason == "predicted_split"
+    # prefill instances 3 s behind whatever they do: only whole meets the TTFT objective (decode
+    # instances that decode unslowed by a prefill)
+    for t in ("p0", "p1"):
+        warm(pl, t, (3.0, 1.0, 0, 0, 0, 0, 0, 0), (0.01, 0, 0.1, 0))
+    for t in ("d2", "d3"):
+        warm(pl, t, (0.1, 1.0, 0, 0, 0, 0, 0, 0), (0.01, 0, 0.0, 0))
+    plan = pl.plan(inp(ix, "c", PROMPT), fleet())
+    assert not plan.split and plan.reason == "predicted_whole" and plan.uncached_tokens == len(PROMPT)
+    # both plans meet them: the conditional rules decide (split: the decode instance lacks the prompt)
+    for t in ("p0", "p1"):
+        warm(pl, t, (0.1, 1.0, 0, 0, 0, 0, 0, 0), (0.01, 0, 0.1, 0))
+    assert pl.plan(inp(ix, "d", PROMPT), fleet()).reason == "remote_prefill"
+
+
+def test_a_prefill_leg_teaches_its_instance_ttft_and_a_decode_leg_only_its_pace() -> None:
+    ix = Indexer(BS)
+    r = planner(ix).router
+    i = inp(ix, "a", PROMPT)
+    plan = planner(ix).plan(i, fleet())
+    assert plan.split and plan.prefill_target is not None and plan.decode.chosen is not None
+    p, d = plan.prefill_target, plan.decode.chosen
+    r.dispatched(i, p, 0.0, request_id=leg_id(i.request_id))
+    r.dispatched(i, d, 0.0, prefill_tokens=0)
+    leg = r.first_token(leg_id(i.request_id), 0.8)  # the prefill leg answered: P's TTFT
+    assert leg is not None and leg.kind == "ttft" and leg.target == p.target and leg.observed_s == 0.8
+    r.finished(leg_id(i.request_id))
+    assert r.first_token(i.request_id, 1.0) is None  # the decode leg's first token is not D's TTFT
+    pace = r.finished(i.request_id, 2.0, 11)
+    assert pace is not None and pace.kind == "tpot" and pace.target == d.target
+    assert abs(pace.observed_s - 0.1) < 1e-9
+    assert [k for k, _ in r.latency.train()] == ["ttft", "tpot"]
