@@ -154,8 +154,11 @@ class CapacityGate:
             self.on_flow_depth(flow, self.queue.depth(flow))
 
     def _group_waits(self, group: Hashable) -> bool:
-        if self.shared is not None and self._everywhere() > len(self.queue):
-            return True  # another worker's (or replica's) waiters: their groups are not known here
+        if self.shared is not None:
+            if self.shared.waiting_total() > len(self.queue):
+                return True  # another worker's waiters: their groups are not known here
+            if any(g == str(group) for g, _ in self.shared.peer_tops()):
+                return True  # another replica's best waiter is of this group (another's never holds it up)
         return any(h.group == group for h in self.queue.heads())
 
     def _places(self, flow: Flow) -> int:

@@ -213,3 +213,29 @@ def test_objectives_are_read_from_headers_and_predicted_at_the_best_target() -> 
     assert miss(Objective(0.7, 0.05), ttft, tpot) is None
     assert predict(SloConfig(), [TargetView(10**6, 10**6, 100)]) == (None, None)  # no rates: no prediction
     assert miss(Objective(0.001, 0.001), None, None) is None
+
+
+async def test_another_replicas_waiters_defer_only_lower_priorities_of_their_group() -> None:
+    """Through a replicas' board: a peer's best waiter of another model never holds a request up; one of
+    the same model defers a lower priority (not an equal one) until the peers' part changes."""
+    from kvrouter.flows import ProcessBoard
+
+    board = ProcessBoard()
+    gate = CapacityGate(16, 5.0, fairness="work", shared=board)
+    slots = Slots(3)
+    m, other = ("m", None), ("other", None)
+    board.set_peers(5, [(str(other), 2)])
+    assert await asyncio.wait_for(gate.acquire(slots.attempt, Flow("a", 0), group=m), 1) == 1
+    board.set_peers(5, [(str(m), 0)])  # the same model, the same priority: no deferring
+    assert await asyncio.wait_for(gate.acquire(slots.attempt, Flow("a", 0), group=m), 1) == 1
+    board.set_peers(5, [(str(m), 1)])  # a higher priority of the same model waits in a peer
+    low = asyncio.create_task(gate.acquire(slots.attempt, Flow("a", 0), group=m))
+    await asyncio.sleep(0.12)  # past two of its looks (poll_s)
+    assert not low.done() and slots.free == 1 and len(gate.queue) == 1
+    board.set_peers(0, [])  # the peer's waiter was served: the next round trip says so and wakes the gate
+    gate.wake()
+    assert await asyncio.wait_for(low, 1) == 1
+    gate.close()
+    with pytest.raises(QueueFull) as e:  # closed: nothing waits any more
+        await gate.acquire(Slots(0).attempt, Flow("a", 0), group=m)
+    assert e.value.reason == "shutting_down"
