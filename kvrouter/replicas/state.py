@@ -224,9 +224,8 @@ class ReplicaState:
     # ------------------------------------------------------------------ incoming
     def apply(self, reply: SyncReply, now: float) -> None:
         """Peers' load replaces the previous view; peers' new speculative entries join the index; their
-        waiters, service and rate use join this replica's queue (``flows``)."""
-        if self.flows is not None:
-            self.flows.apply(reply.peer_queues, reply.totals, reply.peer_use, now)
+        waiters, service and rate use join this replica's queue (``flows``), last: it wakes the queue, which
+        must see the peers' load as of this reply."""
         totals: dict[TargetKey, tuple[int, int]] = {}
         self.peers = len(reply.peer_loads)
         for raw in reply.peer_loads:
@@ -273,6 +272,8 @@ class ReplicaState:
                 self.applied_entries += 1
         if taken and self.router.host is not None:
             self.router.host.peers(taken)
+        if self.flows is not None:
+            self.flows.apply(reply.peer_queues, reply.totals, reply.peer_use, now)
 
     def forget_peers(self) -> None:
         """Peers' load is unknown (the store is unreachable past a lease): route on the local view."""
