@@ -49,6 +49,8 @@ LIVE: tuple[LiveRow, ...] = (
     LiveRow("2 replicas, Redis", "fifo", 7.3, 190.4, "flows_live --replicas 2"),
     LiveRow("2 replicas, Redis", "work", 5.2, 26.7, "flows_live --replicas 2 --modes fifo,work"),
     LiveRow("2 replicas, Redis", "fifo", 5.0, 83.0, "flows_live --replicas 2 --modes fifo,work"),
+    LiveRow("2 replicas, Redis", "work", 5.6, 28.9, "flows_live --replicas 2 (the final tree)"),
+    LiveRow("2 replicas, Redis", "fifo", 4.8, 77.1, "flows_live --replicas 2 (the final tree)"),
 )
 
 
