@@ -421,12 +421,9 @@ class RequestPipeline:
         self.metrics.flows.work.labels(*self.flow_labels(p.flow)).inc(max(0, n - cached_tokens))
         return request_cost(self.cfg.flows.fairness, n, cached_tokens, p.expected_output)
 
-    def _output_known(self, p: Prepared, usage: UsageReport | None) -> None:
+    def _output_known(self, p: Prepared, out: int | None) -> None:
         """The decode charged at admission, put right by what vLLM reports it generated (once)."""
-        if p.corrected:
-            return
-        out = usage.completion_tokens if usage is not None else None
-        if out is None:
+        if p.corrected or out is None:
             return
         p.corrected = True
         self.metrics.flows.work.labels(*self.flow_labels(p.flow)).inc(out)
@@ -947,7 +944,7 @@ class RequestPipeline:
         as ``output_tokens``, its pace to learn)."""
         out = output_tokens if usage is None else usage.completion_tokens
         self._observed(self.router.finished(p.inp.request_id, time.monotonic(), out))
-        self._output_known(p, usage)
+        self._output_known(p, out)  # a split request's too: its decode leg's tokens
         self.gate.release()  # (the gate keeps the queue-depth gauge)
         self._reported(p, chosen, usage)
         if p.rec is not None:

@@ -144,6 +144,7 @@ async def test_chat_and_completions_streamed_and_not_with_both_legs(fleet: SimFl
                 if stream:
                     body["stream_options"] = {"include_usage": True}
                 cases.append((kind, stream, body))
+        work = 0  # each request's tokens computed: its prompt less the prefill instance's hit, its output
         for kind, stream, body in cases:
             path = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
             st, h, data = await post(s, base + path, body, {"X-Request-Id": f"id-{kind}-{stream}"})
@@ -167,6 +168,7 @@ async def test_chat_and_completions_streamed_and_not_with_both_legs(fleet: SimFl
             prefix = "chatcmpl" if kind == "chat" else "cmpl"
             assert answer["id"] == f"{prefix}-id-{kind}-{stream}"  # the decode leg ran under the client's id
             assert answer["usage"]["completion_tokens"] == 5  # the client sees one request's usage
+            work += answer["usage"]["prompt_tokens"] - int(h["x-kvrouter-cached-tokens"]) + 5
             # ... and the prefill leg under the same one: its held blocks were read for this id
             p_state = await state(s, fleet, h["x-kvrouter-prefill-instance"])
             assert answer["id"] in p_state["kv_transfer"]["recent_reads"]
@@ -177,6 +179,9 @@ async def test_chat_and_completions_streamed_and_not_with_both_legs(fleet: SimFl
             )
             assert n == 4, leg
         assert total(after, "kvrouter_pd_decisions_total", mode="disaggregated", reason="remote_prefill") >= 4
+        # the flow was charged each request's work, its decode leg's output included
+        name = "kvrouter_flow_work_tokens_total"
+        assert total(after, name) - total(before, name) == work
         # every leg's load was released
         assert all(load.in_flight == 0 for load in gw.router.load.loads.values())
     # the latency models learned each prefill leg as its instance's TTFT and each decode leg's pace as
