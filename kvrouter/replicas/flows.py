@@ -54,6 +54,8 @@ class Board(Protocol):
 
     def waiting_total(self) -> int: ...
 
+    def peers_waiting(self) -> int: ...
+
     def own_tops(self) -> list[tuple[str, int]]: ...
 
     def set_peers(self, waiting: int, tops: list[tuple[str, int]]) -> None: ...
@@ -93,7 +95,6 @@ class ReplicaFlows:
         self._peer_use: dict[str, tuple[float, dict[str, float]]] = {}
         """Each peer's rate use as last taken from the buckets, and when it was last seen."""
         self.decode_errors = 0
-        self.peers_waiting = 0
 
     def totals(self) -> dict[str, float]:
         flows = self.board.flows
@@ -162,14 +163,12 @@ class ReplicaFlows:
                 continue
             waiting += q.waiting
             tops.update((t.group, t.priority) for t in q.tops)
-        self.peers_waiting = waiting
         self.board.set_peers(waiting, sorted(tops, key=lambda t: (-t[1], t[0])))
         if self.on_peers is not None:
             self.on_peers()
 
     def forget_peers(self) -> None:
         """The store is unreachable past a lease: no peer's waiter is waited for."""
-        self.peers_waiting = 0
         self.board.set_peers(0, [])
         if self.on_peers is not None:
             self.on_peers()

@@ -260,5 +260,5 @@ class SharedState:
             "done_before_published": self.state.done_unsent,
             "fresh_waits": self.fresh_waits,
             "fresh_timeouts": self.fresh_timeouts,
-            "peers_waiting": None if self.state.flows is None else self.state.flows.peers_waiting,
+            "peers_waiting": None if self.state.flows is None else self.state.flows.board.peers_waiting(),
         }

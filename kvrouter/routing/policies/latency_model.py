@@ -299,11 +299,12 @@ class LatencyBook:
     def model(self, target: TargetKey) -> TargetModel:
         m = self.targets.get(target)
         if m is None:
-            row = self.store.row(target) if self.store is not None else None
-            if row is None or self.store is None:
+            store = self.store
+            row = store.row(target) if store is not None else None
+            if store is None or row is None:
                 m = TargetModel(self.cfg)
             else:
-                with self.store.lock:
+                with store.lock:  # the first process to see the target writes its prior
                     m = TargetModel(self.cfg, row)
             self.targets[target] = m
         return m

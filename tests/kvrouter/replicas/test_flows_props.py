@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import msgspec
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -119,9 +120,9 @@ def test_each_replica_counts_what_the_others_gave_and_took(steps: list[tuple]) -
             others = [p for j, p in enumerate(reps) if j != i]
             for f in FLOWS:
                 want = sum(p.stored.get(f, 0.0) for p in others)
-                assert r.board.flows.external.get(f, 0.0) == pytest_approx(max(0.0, want))
+                assert r.board.flows.external.get(f, 0.0) == close_to(max(0.0, want))
                 own = r.board.flows.counters.get(f, 0.0)
-                assert r.board.flows.counter(f) == pytest_approx(own + max(0.0, want))
+                assert r.board.flows.counter(f) == close_to(own + max(0.0, want))
             for j, p in enumerate(reps):
                 if j != i and f"r{j}" in hub.members:  # a live peer (since the store last restarted)
                     r.first_seen.setdefault(j, list(p.stored_use))
@@ -130,8 +131,8 @@ def test_each_replica_counts_what_the_others_gave_and_took(steps: list[tuple]) -
             debited = [sum(r.last_seen[j][k] - r.first_seen[j][k] for j in r.first_seen) for k in (0, 1)]
             levels = r.board.flows._b.get("a")
             if levels is not None:
-                assert levels[0] == pytest_approx(RPM - r.taken[0] - debited[0])
-                assert levels[2] == pytest_approx(TPM - r.taken[1] - debited[1])
+                assert levels[0] == close_to(RPM - r.taken[0] - debited[0])
+                assert levels[2] == close_to(TPM - r.taken[1] - debited[1])
             assert r.board.peers_waiting() == sum(w for j, w in enumerate(published_waiting) if j != i)
             want_tops = {
                 (f"m{w % 2}", FLOWS[w % len(FLOWS)].priority)
@@ -141,9 +142,8 @@ def test_each_replica_counts_what_the_others_gave_and_took(steps: list[tuple]) -
             assert set(r.board.peer_tops()) == want_tops
 
 
-def pytest_approx(x: float) -> object:
-    import pytest
-
+def close_to(x: float) -> object:
+    """Sums of the same floats in another order: equal to rounding."""
     return pytest.approx(x, rel=1e-9, abs=1e-6)
 
 

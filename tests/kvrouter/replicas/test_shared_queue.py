@@ -23,7 +23,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.kvrouter.host.test_serve_workers import HeldFleet, body, fresh, serve
+from tests.kvrouter.host.test_serve_workers import HeldFleet, body, children, fresh, serve
 from tests.support.redis_server import RedisServer, redis_server
 from tests.support.wait import until, until_async
 
@@ -79,7 +79,10 @@ async def peers_waiting(base: str, n: int) -> bool:
     return (await replicas(base)).get("peers_waiting") == n
 
 
-def send(base: str, i: int, tenant: str) -> asyncio.Task[tuple[int, Any]]:
+Sent = asyncio.Task[tuple[int, Any]]
+
+
+def send(base: str, i: int, tenant: str) -> Sent:
     return asyncio.create_task(fresh("POST", base + "/v1/completions", body(i), {"x-tenant": tenant}))
 
 
@@ -116,16 +119,23 @@ async def test_one_queue_one_priority_order_one_bound_one_rate_limit(
         assert sorted(got) == [200] * 3 + [429] * 5, got
 
 
+async def vips_in_a_low_in_b(fleet: HeldFleet, a: str, b: str) -> tuple[list[Sent], list[Sent], Sent]:
+    """Both instances held by 2 low requests through a, then 3 vip requests waiting in a (they outrank
+    b's waiter) and 1 low one waiting in b, each replica told of the other's."""
+    first = [send(a, i, "low") for i in range(2)]
+    await until(lambda: fleet.held == 2, what="both instances at their cap")
+    a_vips = [send(a, 10 + i, "vip") for i in range(3)]
+    await until_async(lambda: peers_waiting(b, 3), 20, "b sees a's waiters")
+    b_low = send(b, 20, "low")
+    await until_async(lambda: peers_waiting(a, 1), 20, "a sees b's waiter")
+    return first, a_vips, b_low
+
+
 async def test_a_replica_stopped_answers_its_waiters_and_one_killed_holds_nobody(
     tmp_path: Path, redis_server: RedisServer
 ) -> None:
     async with HeldFleet(2) as fleet, two_replicas(tmp_path, fleet, redis_server) as (a, b, a_pid):
-        first = [send(a, i, "low") for i in range(2)]
-        await until(lambda: fleet.held == 2, what="both instances at their cap")
-        a_vips = [send(a, 10 + i, "vip") for i in range(3)]  # they outrank b's waiter
-        await until_async(lambda: peers_waiting(b, 3), 20, "b sees a's waiters")
-        b_low = send(b, 20, "low")
-        await until_async(lambda: peers_waiting(a, 1), 20, "a sees b's waiter")
+        first, a_vips, b_low = await vips_in_a_low_in_b(fleet, a, b)
 
         t0 = time.monotonic()
         os.kill(a_pid, signal.SIGTERM)
@@ -145,13 +155,8 @@ async def test_a_killed_replicas_waiters_hold_nobody_past_its_lease(
     tmp_path: Path, redis_server: RedisServer
 ) -> None:
     async with HeldFleet(2) as fleet, two_replicas(tmp_path, fleet, redis_server) as (a, b, a_pid):
-        first = [send(a, i, "low") for i in range(2)]
-        await until(lambda: fleet.held == 2, what="both instances at their cap")
-        a_vips = [send(a, 10 + i, "vip") for i in range(3)]
-        await until_async(lambda: peers_waiting(b, 3), 20, "b sees a's waiters")
-        b_low = send(b, 20, "low")
-        await until_async(lambda: peers_waiting(a, 1), 20, "a sees b's waiter")
-        for pid in [*children_of(a_pid), a_pid]:
+        first, a_vips, b_low = await vips_in_a_low_in_b(fleet, a, b)
+        for pid in [*children(a_pid), a_pid]:
             os.kill(pid, signal.SIGKILL)
         # a's clients see their connections cut (an error, not silence) ...
         for t in [*first, *a_vips]:
@@ -165,11 +170,3 @@ async def test_a_killed_replicas_waiters_hold_nobody_past_its_lease(
         assert await peers_waiting(b, 0)
         fleet.release.set()
         assert (await asyncio.wait_for(b_low, 30))[0] == 200
-
-
-def children_of(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(c) for c in f.read().split()]
-    except OSError:
-        return []

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -285,10 +286,6 @@ def test_workers_sharing_the_host_s_models_learn_as_one_book(steps: list[tuple])
                     assert np.allclose(got.models[kind].coef, want.models[kind].coef, rtol=1e-9, atol=1e-12)
                     assert got.count(kind) == want.count(kind)
                 assert w.warm(TargetKey(t)) == one.warm(TargetKey(t))
-                assert w.predict(tokens, cand(t)) == pytest_approx(one.predict(tokens, cand(t)))
-
-
-def pytest_approx(v: tuple[float, float]) -> object:
-    import pytest
-
-    return pytest.approx(v, rel=1e-9, abs=1e-12)
+                assert w.predict(tokens, cand(t)) == pytest.approx(
+                    one.predict(tokens, cand(t)), rel=1e-9, abs=1e-12
+                )
