@@ -18,20 +18,19 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import yaml
 
+from kvrouter.lab.reliability.procs import RedisProcess
 from kvrouter.percentiles import quantile
 
 KEYS = {"sk-calm": {"name": "calm"}, "sk-flood": {"name": "flood"}}
@@ -94,24 +93,6 @@ async def _one(s: aiohttp.ClientSession, base: str, key: str, i: int) -> tuple[i
         return r.status, time.perf_counter() - t0
 
 
-@contextlib.contextmanager
-def _redis(tmp: Path, port: int) -> Iterator[str]:
-    """A redis-server on 127.0.0.1:``port`` that persists nothing (the replicas' store)."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        raise RuntimeError("--replicas needs redis-server (apt-get install redis-server)")
-    cmd = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    proc = subprocess.Popen([*cmd, "--dir", str(tmp)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(100):
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-                break
-            time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        _stop(proc)
-
-
 async def _calm(bases: list[str], n: int) -> list[float]:
     out = []
     async with aiohttp.ClientSession() as s:
@@ -153,7 +134,12 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as d, contextlib.ExitStack() as stack:
         tmp = Path(d)
-        redis_url = stack.enter_context(_redis(tmp, a.redis_port)) if a.replicas > 1 else None
+        redis_url = None
+        if a.replicas > 1:  # the replicas' store, killed on the way out
+            redis = RedisProcess(stack.enter_context(open(tmp / "redis.log", "wb")), tmp, a.redis_port)
+            await redis.start()
+            stack.callback(redis.kill)
+            redis_url = redis.url
         fleet_file = tmp / "sim.yaml"
         sim_cmd = [*_nice(), sys.executable, "-m", "kvrouter.cli", "sim", "--instances", "2"]
         sim_cmd += ["--profile", a.profile, "--fleet-out", str(fleet_file), "--base-port", str(a.sim_port)]
