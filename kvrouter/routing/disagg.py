@@ -28,6 +28,7 @@ from indexer import LookupResult
 
 from ..types import Role, TargetKey
 from .policies import ALL_POLICIES, Candidate, KvAware, KvAwareSettings, Policy
+from .policies.latency_model import received
 from .router import Decision, RouteInput, Router, Target
 
 
@@ -239,7 +240,7 @@ class DisaggPlanner:
         n = inp.num_tokens
         whole_ttft, whole_tpot = lat.predict(n, dc)
         split_ttft = lat.predict(n, pc)[0]
-        split_tpot = lat.predict(n, msgspec.structs.replace(dc, hit_tokens=n))[1]
+        split_tpot = lat.predict(n, received(dc, n))[1]
         whole = whole_ttft <= s.slo_ttft_s and whole_tpot <= s.slo_tpot_s
         split = split_ttft <= s.slo_ttft_s and split_tpot <= s.slo_tpot_s
         return None if whole == split else split

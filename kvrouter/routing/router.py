@@ -40,6 +40,7 @@ from .policies import (
     RouteView,
     SessionTable,
 )
+from .policies.latency_model import received
 from .saturation import Saturation
 from .tier_value import DEFAULT_TIER_VALUES, OWN_TIERS, TierValues, credited_split
 
@@ -437,8 +438,9 @@ class Router:
         if whole:  # a whole request, or a prefill leg (its first token ends it: its TTFT is the leg's)
             self.latency.dispatched(request_id or inp.request_id, inp.num_tokens, chosen, now)
         elif request_id is None:  # a decode leg: it receives the prompt; its pace is observed, not its TTFT
-            received = msgspec.structs.replace(chosen, hit_tokens=inp.num_tokens)
-            self.latency.dispatched(inp.request_id, inp.num_tokens, received, now, ttft=False)
+            self.latency.dispatched(
+                inp.request_id, inp.num_tokens, received(chosen, inp.num_tokens), now, ttft=False
+            )
         self.load.dispatch(request_id or inp.request_id, chosen.target, prefill_tokens)
         if inp.session is not None:
             self.sessions.record(inp.session, chosen.target, now)

@@ -235,6 +235,13 @@ def ttft_features(num_tokens: int, c: Candidate) -> tuple[float, ...]:
     return (1.0, u, offload / 1e3, q, d, h - offload / 1e3, (u + q) * d, u * (h + u / 2) / 100)
 
 
+def received(c: Candidate, num_tokens: int) -> Candidate:
+    """``c`` as a disaggregated request's decode instance sees it: the whole prompt received, none of it
+    computed there.  The decode leg is learned from (``Router.dispatched``) and predicted for
+    (``DisaggPlanner.predicted_split``) through this one view."""
+    return msgspec.structs.replace(c, hit_tokens=num_tokens)
+
+
 def tpot_features(num_tokens: int, c: Candidate) -> tuple[float, ...]:
     uncached = max(0, num_tokens - c.hit_tokens)
     prefilling = max(0, c.in_flight - c.decoding)
