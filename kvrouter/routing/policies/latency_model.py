@@ -8,8 +8,9 @@ token (TPOT) as linear functions of what the router knows when it decides.
     train()  ──▶ each target's models (off the request path: the front door schedules it)
     predict(view, candidate) ──▶ (TTFT s, TPOT s): two short dot products
 
-Recursive least squares with exponential forgetting, from a prior (``LatencyModelConfig``), weighted by
-1 / observed time (relative error); a target is cold until ``warmup`` TTFT observations.  Wild
+Recursive least squares with exponential forgetting, from a prior (``LatencyModelConfig``), reweighted
+so that it minimises the absolute relative error (what MAPE measures); a target is cold until ``warmup``
+TTFT observations.  Wild
 observations (not finite, not positive, over ``max_latency_s``) are counted and dropped; outliers past
 ``outlier_ratio`` of the prediction are counted and clipped; the covariance is bounded.  The features and
 the reasons for each: docs/predicted-latency.md.
@@ -63,6 +64,11 @@ class LatencyModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True
     """TTFT observations a target's model needs before it is trusted (warm)."""
     outlier_ratio: float = 4.0
     """A warm model's observation further than this factor from its prediction is clipped to it."""
+    robust_error: float = 0.5
+    """Relative error under which an observation weighs fully; past it, its weight falls as 1 / its
+    error, so the fit minimises the mean absolute relative error (what MAPE measures; the median, not
+    the mean, of a tail of slow requests) and a wild observation moves it little.  0: every observation
+    weighs alike (the squared relative error: the mean)."""
     cold_outlier_ratio: float = 20.0
     """The same bound while the model is cold (the prior may be far off)."""
     max_latency_s: float = 600.0
@@ -84,6 +90,8 @@ class LatencyModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True
             raise ValueError("model.forgetting must be in (0, 1]")
         if self.outlier_ratio <= 1 or self.cold_outlier_ratio <= 1:
             raise ValueError("model.outlier_ratio and model.cold_outlier_ratio must be > 1")
+        if not 0 <= self.robust_error < 1:
+            raise ValueError("model.robust_error must be in [0, 1)")
         if self.warmup < 0 or self.max_pending < 1:
             raise ValueError("model.warmup must be >= 0 and model.max_pending >= 1")
 
@@ -419,7 +427,10 @@ class LatencyBook:
         if pred > 0 and not pred / ratio <= y <= pred * ratio:
             y = min(max(y, pred / ratio), pred * ratio)
             outcome = "clipped"
-        rls.update(x, y, 1.0 / max(y, FLOOR_S) ** 2)
+        w = 1.0 / max(y, FLOOR_S) ** 2
+        if self.cfg.robust_error:  # iteratively reweighted: |r| / y = r^2 / y^2 / (|r| / y)
+            w /= max(abs(max(pred, 0.0) - y) / max(y, FLOOR_S), self.cfg.robust_error)
+        rls.update(x, y, w)
         m.counted(o.kind)
         return outcome
 
