@@ -8,7 +8,7 @@ the same classes.
     identity.py   identify: a request's flow from its API key's tenant and its headers
     scheduler.py  FlowQueue: priority first, then the least-served flow; sheds lowest first
     rate.py       RateLimiter: requests and tokens per minute per tenant
-    slo.py        read_objective, predict, miss: TTFT/TPOT objectives checked before waiting
+    slo.py        read_objective, predict, best, miss: TTFT/TPOT objectives checked before waiting
     board.py      ProcessBoard: one process's queue board, shared with other router replicas only
 """
 
@@ -17,7 +17,7 @@ from .config import FAIRNESS, Fairness, FlowsConfig, TenantFlow
 from .identity import identify
 from .rate import Buckets, BucketStore, LocalBuckets, RateLimiter
 from .scheduler import Flow, FlowAccounts, FlowQueue, LocalAccounts, Refused, Waiter, request_cost
-from .slo import Objective, SloConfig, TargetView, miss, predict, read_objective
+from .slo import Objective, SloConfig, TargetView, best, miss, predict, read_objective
 
 __all__ = [
     "FAIRNESS",
@@ -39,6 +39,7 @@ __all__ = [
     "TargetView",
     "TenantFlow",
     "Waiter",
+    "best",
     "identify",
     "miss",
     "predict",

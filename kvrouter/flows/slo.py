@@ -11,8 +11,11 @@ The prediction is deliberately plain, from what the router already counts per ta
 
 and the best target (the least predicted TTFT) decides.  The rates are the fleet's own, measured once
 (``kvrouter bench`` against the engines, or their ``vllm:time_to_first_token_seconds`` and
-``vllm:inter_token_latency_seconds``); a wrong rate errs the same way for every request.  A request
-stating no objective is not predicted.  A malformed objective is ignored (counted)."""
+``vllm:inter_token_latency_seconds``); a wrong rate errs the same way for every request.  With
+``learned`` (the default), once every candidate's latency models are warm (``routing.predicted_latency``,
+trained on the fleet's own times under every policy) their predictions replace the rates: per instance,
+so a mixed fleet's slow instances are known.  A request stating no objective is not predicted; one whose
+objective nothing predicts is answered ``not_predicted``.  A malformed objective is ignored (counted)."""
 
 from __future__ import annotations
 
@@ -41,6 +44,9 @@ class SloConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """A decode step's time with one request (0: TPOT objectives are not predicted) ..."""
     decode_step_per_request_s: float = 0.0
     """... and what each further request decoding in the same batch adds."""
+    learned: bool = True
+    """Once every candidate's latency models are warm, predict from them instead of the rates (learned
+    per instance from the fleet's own times; the rates stay the prediction while any is cold)."""
 
     def validate(self) -> None:
         if min(self.prefill_tokens_per_s, self.decode_step_s, self.decode_step_per_request_s) < 0:
@@ -97,6 +103,11 @@ def predict(cfg: SloConfig, targets: Iterable[TargetView]) -> tuple[float | None
     if best is None:
         return None, None
     return (best[0] if cfg.prefill_tokens_per_s else None), (best[1] if cfg.decode_step_s else None)
+
+
+def best(predictions: Iterable[tuple[float, float]]) -> tuple[float | None, float | None]:
+    """(TTFT, TPOT) of the prediction with the least TTFT (the learned models', one per candidate)."""
+    return min(predictions, default=(None, None), key=lambda p: p[0] if p[0] is not None else 0.0)
 
 
 def miss(objective: Objective, ttft_s: float | None, tpot_s: float | None) -> str | None:

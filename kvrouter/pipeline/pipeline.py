@@ -46,6 +46,7 @@ from ..flows import (
     Objective,
     RateLimiter,
     TargetView,
+    best,
     identify,
     miss,
     predict,
@@ -670,13 +671,23 @@ class RequestPipeline:
             return
         cfg = self.cfg.flows.slo
         cands = self.router.candidates(p.inp, self.fleet.targets(p.inp.model), time.monotonic(), p.remote)
-        views = [
-            TargetView(c.pending_prefill_tokens, max(0, p.inp.num_tokens - c.cached_tokens), c.decoding)
-            for c in cands
-        ]
-        ttft, tpot = predict(cfg, views)
+        lat = self.router.latency
+        ttft: float | None
+        tpot: float | None
+        if cfg.learned and cands and all(lat.warm(c.target) for c in cands):
+            ttft, tpot = best(lat.predict(p.inp.num_tokens, c) for c in cands)
+        else:
+            views = [
+                TargetView(c.pending_prefill_tokens, max(0, p.inp.num_tokens - c.cached_tokens), c.decoding)
+                for c in cands
+            ]
+            ttft, tpot = predict(cfg, views)
         missed = miss(p.objective, ttft, tpot)
         tenant = self.flow_labels(p.flow)[0]
+        if missed is None and ttft is None and tpot is None:
+            p.slo = "not_predicted"
+            self.metrics.flows.slo.labels(tenant, "not_predicted").inc()
+            return
         if missed is None:
             p.slo = "met"
             self.metrics.flows.slo.labels(tenant, "met").inc()

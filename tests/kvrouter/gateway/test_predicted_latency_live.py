@@ -77,3 +77,47 @@ async def test_the_gateway_learns_which_instance_is_slow(mixed: SimFleet) -> Non
         assert 'kvrouter_decisions_total{policy="predicted-latency",reason="latency"} 6.0' in text
         assert 'kvrouter_latency_observations_total{kind="ttft",outcome="used"}' in text
         assert 'kvrouter_latency_prediction_error_ratio_count{kind="ttft"}' in text
+
+
+async def objective(s: aiohttp.ClientSession, base: str, body: dict[str, object], ms: str) -> tuple[int, str]:
+    async with s.post(f"{base}/v1/chat/completions", json=body, headers={"x-slo-ttft-ms": ms}) as r:
+        await r.read()
+        return r.status, r.headers.get("x-kvrouter-slo", "")
+
+
+@pytest.mark.parametrize("learned", [True, False])
+async def test_slo_admission_predicts_from_the_learned_models_once_warm(mixed: SimFleet, learned: bool) -> None:
+    """No rates configured (``flows.slo``): an objective is not predicted until every instance's models are
+    warm; then, with ``learned``, it is judged by the fast instance's learned TTFT (the least)."""
+    rng = random.Random(11)
+    fast, slow = (srv.name for srv in mixed.servers)
+    over = {
+        "routing": {"predicted_latency": {"model": {"warmup": 8}}},
+        "flows": {"slo": {"on_miss": "reject", "learned": learned}},
+    }
+    async with gateway(mixed, **over) as (gw, base), aiohttp.ClientSession() as s:
+        book = gw.router.latency
+        assert await objective(s, base, chat(rng, 200, stream=False), "1") == (200, "not_predicted")
+        sent = 0
+        while not all(book.warm(t) for t in (fast, slow)):
+            await stream(gw, s, base, chat(rng, 2000))
+            sent += 1
+            assert sent < 40
+        body = chat(rng, 2000, stream=False)
+        async with s.post(f"{base}/v1/route/explain", json=body) as r:
+            assert r.status == 200, await r.text()
+            pred = {c["target"]: c["predicted_ttft_s"] for c in (await r.json())["candidates"]}
+        status, verdict = await objective(s, base, body, "1")
+        if not learned:
+            assert (status, verdict) == (200, "not_predicted")
+            return
+        assert status == 429 and verdict.startswith("rejected; ttft; predicted_ms="), verdict
+        predicted_ms = float(verdict.rsplit("=", 1)[1])
+        # the least of the two (the fast instance's), as explain showed it a moment before
+        assert predicted_ms == pytest.approx(min(pred.values()) * 1e3, rel=0.2, abs=5), (verdict, pred)
+        assert pred[slow] > pred[fast]
+        assert await objective(s, base, chat(rng, 2000, stream=False), "60000") == (200, "met")
+        async with s.get(f"{base}/metrics") as r:
+            text = await r.text()
+        assert 'kvrouter_flow_slo_total{outcome="rejected_ttft",tenant="default"} 1.0' in text
+        assert 'kvrouter_flow_slo_total{outcome="not_predicted",tenant="default"} 1.0' in text
