@@ -86,7 +86,9 @@ async def objective(s: aiohttp.ClientSession, base: str, body: dict[str, object]
 
 
 @pytest.mark.parametrize("learned", [True, False])
-async def test_slo_admission_predicts_from_the_learned_models_once_warm(mixed: SimFleet, learned: bool) -> None:
+async def test_slo_admission_predicts_from_the_learned_models_once_warm(
+    mixed: SimFleet, learned: bool
+) -> None:
     """No rates configured (``flows.slo``): an objective is not predicted until every instance's models are
     warm; then, with ``learned``, it is judged by the fast instance's learned TTFT (the least)."""
     rng = random.Random(11)
