@@ -29,6 +29,7 @@ from kvrouter.routing.policies import (
     PredictedLatencySettings,
     PrefixHashSettings,
 )
+from kvrouter.routing.saturation import Saturation
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -130,6 +131,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="spill threshold (0: the engines' max_num_seqs; -1: none)",
     )
     p.add_argument("--max-in-flight", type=int, default=0)
+    p.add_argument(
+        "--max-prefill-tokens",
+        type=int,
+        default=0,
+        help="routing.saturation.max_prefill_tokens: past it a request waits in the router (0: none)",
+    )
     p.add_argument("--jobs", type=int, default=None, help="processes (default: one per core)")
     p.add_argument("--series", action="store_true", help="include per-request TTFTs and load samples")
     p.add_argument("--json", dest="json_out", help="write the result JSON here")
@@ -209,6 +216,7 @@ def spec_from_args(a: argparse.Namespace) -> EvalSpec:
         ),
         concurrency_threshold=a.concurrency_threshold,
         max_in_flight=a.max_in_flight,
+        saturation=Saturation(max_prefill_tokens=a.max_prefill_tokens),
         series=a.series,
         disagg=DisaggSettings(
             local_prefill_tokens=a.local_prefill_tokens,

@@ -37,6 +37,7 @@ from kvrouter.routing import (
     policy_name,
 )
 from kvrouter.routing.policies import PolicySettings
+from kvrouter.routing.saturation import Saturation
 
 DEFAULT_POLICIES: tuple[str, ...] = tuple(p for p in ALL_POLICIES if p != SESSION)
 """Every policy but ``session``: traces carry no session ids, so it would repeat kv-aware's run."""
@@ -54,6 +55,9 @@ class EvalSpec(msgspec.Struct, frozen=True):
     settings: PolicySettings = PolicySettings()
     concurrency_threshold: int = 0
     max_in_flight: int = 0
+    saturation: Saturation = Saturation()
+    """``routing.saturation``: e.g. ``max_prefill_tokens``, past which a request waits in the router
+    for the first target to take it (late binding)."""
     speculative: bool = True
     series: bool = False
     """Keep per-request TTFTs and the load-over-time samples in the output (for plots)."""
@@ -177,6 +181,7 @@ def _router_config(spec: EvalSpec, policy: str) -> RouterConfig:
         policy=policy,
         concurrency_threshold=max(0, threshold),
         max_in_flight=spec.max_in_flight,
+        saturation=spec.saturation,
         speculative=spec.speculative,
         shadow=False,
         settings=spec.settings,

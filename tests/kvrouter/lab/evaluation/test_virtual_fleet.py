@@ -38,3 +38,28 @@ def test_policies_that_read_the_index_keep_lookups() -> None:
         assert VirtualFleet(w, SPEC.fleet, RouterConfig(policy=policy)).lookups
     on = msgspec.structs.replace(SPEC.fleet, events=True)
     assert VirtualFleet(w, on, RouterConfig(policy="round-robin")).lookups
+
+
+def test_eval_max_prefill_tokens_holds_requests_in_the_router() -> None:
+    """``kvrouter eval --max-prefill-tokens N`` reaches the router: past N prompt tokens still to prefill
+    at every target, a request waits in the router (dispatched after it arrived); without it, none does."""
+    import argparse
+
+    from kvrouter.lab.commands.eval import add_arguments, spec_from_args
+    from kvrouter.lab.evaluation.compare import _router_config
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    w = load_workload(SPEC)
+    waited = {}
+    for cap in (0, 256):
+        args = p.parse_args(
+            ["--workload", "sglang-gsp", "--instances", "4", "--max-prefill-tokens", str(cap)]
+        )
+        spec = spec_from_args(args)
+        assert spec.saturation.max_prefill_tokens == cap
+        rc = _router_config(msgspec.structs.replace(SPEC, saturation=spec.saturation), "kv-aware")
+        recs = VirtualFleet(w, SPEC.fleet, rc).run().records
+        waited[cap] = sum(r.dispatch_s is not None and r.dispatch_s > r.arrival_s + 1e-9 for r in recs)
+        assert all(r.first_token_s is not None for r in recs)
+    assert waited[0] == 0 and waited[256] > 20, waited
