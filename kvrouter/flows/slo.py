@@ -107,7 +107,7 @@ def predict(cfg: SloConfig, targets: Iterable[TargetView]) -> tuple[float | None
 
 def best(predictions: Iterable[tuple[float, float]]) -> tuple[float | None, float | None]:
     """(TTFT, TPOT) of the prediction with the least TTFT (the learned models', one per candidate)."""
-    return min(predictions, default=(None, None), key=lambda p: p[0] if p[0] is not None else 0.0)
+    return min(predictions, default=(None, None), key=lambda p: p[0] or 0.0)
 
 
 def miss(objective: Objective, ttft_s: float | None, tpot_s: float | None) -> str | None:

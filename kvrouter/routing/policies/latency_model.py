@@ -10,9 +10,9 @@ token (TPOT) as linear functions of what the router knows when it decides.
 
 Recursive least squares with exponential forgetting, from a prior (``LatencyModelConfig``), reweighted
 so that it minimises the absolute relative error (what MAPE measures); a target is cold until ``warmup``
-TTFT observations.  Wild
-observations (not finite, not positive, over ``max_latency_s``) are counted and dropped; outliers past
-``outlier_ratio`` of the prediction are counted and clipped; the covariance is bounded.  The features and
+TTFT observations.  Wild observations (not finite, not positive, over ``max_latency_s``) are counted and
+dropped; outliers past ``outlier_ratio`` of the prediction are counted and clipped; the covariance is
+bounded.  The features and
 the reasons for each: docs/predicted-latency.md.
 """
 
@@ -64,13 +64,13 @@ class LatencyModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True
     """TTFT observations a target's model needs before it is trusted (warm)."""
     outlier_ratio: float = 4.0
     """A warm model's observation further than this factor from its prediction is clipped to it."""
-    robust_error: float = 0.5
-    """Relative error under which an observation weighs fully; past it, its weight falls as 1 / its
-    error, so the fit minimises the mean absolute relative error (what MAPE measures; the median, not
-    the mean, of a tail of slow requests) and a wild observation moves it little.  0: every observation
-    weighs alike (the squared relative error: the mean)."""
     cold_outlier_ratio: float = 20.0
     """The same bound while the model is cold (the prior may be far off)."""
+    robust_error: float = 0.5
+    """Relative error under which an observation weighs fully; past it, its weight falls as 1 / its
+    error, so the fit minimises the absolute relative error (what MAPE measures: nearer the median than
+    the mean) and a far-off observation moves it little.  0: every observation weighs alike (the squared
+    relative error).  Why 0.5: docs/predicted-latency.md, "The model"."""
     max_latency_s: float = 600.0
     """Longer observations are dropped as wild (a clock jump, a stream that never ended)."""
     max_pending: int = 100_000
@@ -90,8 +90,8 @@ class LatencyModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True
             raise ValueError("model.forgetting must be in (0, 1]")
         if self.outlier_ratio <= 1 or self.cold_outlier_ratio <= 1:
             raise ValueError("model.outlier_ratio and model.cold_outlier_ratio must be > 1")
-        if not 0 <= self.robust_error < 1:
-            raise ValueError("model.robust_error must be in [0, 1)")
+        if not 0 <= self.robust_error < math.inf:
+            raise ValueError("model.robust_error must be >= 0 and finite")
         if self.warmup < 0 or self.max_pending < 1:
             raise ValueError("model.warmup must be >= 0 and model.max_pending >= 1")
 
