@@ -38,12 +38,17 @@ class PredictedLatencySettings(PolicyConfig, frozen=True, forbid_unknown_fields=
     """Among the targets predicted within kv-aware's ``placement_band`` of the fastest that hold as much
     of the prompt, place a new prefix as kv-aware does (least-filled caches, then the prefix's ring
     order), so its later requests find it where routers agree it goes."""
+    defer_margin: float = 0.25
+    """Keep kv-aware's choice unless the target predicted best scores below (1 - defer_margin) x kv-aware's
+    choice: act on the models only where they tell the targets apart by more than their error (0: off)."""
     model: LatencyModelConfig = LatencyModelConfig()
     """The latency models' prior and learning (every target's, whatever the active policy)."""
 
     def validate(self) -> None:
         if self.tpot_objective_s < 0 or self.recompute_weight < 0:
             raise ValueError("tpot_objective_s and recompute_weight must be >= 0")
+        if not 0 <= self.defer_margin < 1:
+            raise ValueError("defer_margin must be in [0, 1)")
         self.model.validate()
 
     def build(self, context: PolicyContext) -> PredictedLatency:
@@ -60,6 +65,7 @@ class PredictedLatency:
         self.cold = cold
         """The ranking while any candidate's model is cold."""
         self._was_cold = False
+        self._deferred = False
 
     def rank(self, req: RouteView, cands: list[Candidate], *, dry_run: bool = False) -> list[Candidate]:
         book, n = self.book, req.num_tokens
@@ -71,6 +77,7 @@ class PredictedLatency:
         if cold:
             return self.cold.rank(req, cands, dry_run=dry_run)
         s = self.settings
+        kv_order = self.cold.rank(req, cands, dry_run=dry_run) if s.defer_margin else None
         w = s.recompute_weight
         for c in cands:
             c.score = (c.predicted_ttft_s or 0.0) + (w * book.prefill_s(n, c) if w else 0.0)
@@ -85,14 +92,24 @@ class PredictedLatency:
             cands,
             key=lambda c: (c.target in over, c.target in missed, c.score, c.in_flight, -c.cached_tokens),
         )
-        if not s.placement_band:
-            return out
-        # kv-aware's placement of a new prefix among the targets predicted within the band of the
-        # fastest (a target over the bound or missing the objective is never in it)
-        busy = self.cold.busy_targets(cands) if cap is not None else set()
-        return self.cold.placed(req, cands, out, over | missed, busy)
+        if s.placement_band:
+            # kv-aware's placement of a new prefix among the targets predicted within the band of the
+            # fastest (a target over the bound or missing the objective is never in it)
+            busy = self.cold.busy_targets(cands) if cap is not None else set()
+            out = self.cold.placed(req, cands, out, over | missed, busy)
+        deferred = False
+        if kv_order is not None:
+            pick = kv_order[0]
+            deferred = (
+                pick.target != out[0].target
+                and pick.target not in over | missed
+                and out[0].score >= (1 - s.defer_margin) * pick.score
+            )
+        if not dry_run:
+            self._deferred = deferred
+        return kv_order if deferred and kv_order is not None else out
 
     def reason(self, chosen: Candidate) -> str:
         if self._was_cold:
             return "cold"
-        return "latency"
+        return "deferred" if self._deferred else "latency"

@@ -131,3 +131,38 @@ async def test_warm_it_stays_within_the_load_bound() -> None:
         held.append((p, d.chosen.target))
     # b is used though a is predicted a hundred times faster
     assert 0 < sum(t == "b" for _, t in held) < 30
+
+
+async def test_it_keeps_kv_aware_s_choice_unless_the_models_tell_the_targets_apart_by_the_margin() -> None:
+    """kv-aware prefers b (a has 3,000 tokens queued); the models predict a faster (the queue counts for
+    nothing in them): by 10 %, inside the default margin (0.25), b is kept (reason ``deferred``); by 60 %,
+    or with the margin off, a is chosen (``latency``)."""
+    for margin, a_ttft, want in (
+        (0.25, 0.09, ("b", "deferred")),
+        (0.25, 0.04, ("a", "latency")),
+        (0.0, 0.09, ("a", "latency")),
+    ):
+        doc = FLEET.replace("{warmup: 4}", "{warmup: 0}").replace(
+            "predicted_latency: {", f"predicted_latency: {{defer_margin: {margin}, "
+        )
+        pipe, registry = build(doc)
+        book = pipe.router.latency
+        book.model(TargetKey("a")).models["ttft"].set((a_ttft, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0))
+        book.model(TargetKey("b")).models["ttft"].set((0.1, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0))
+        pipe.router.load.dispatch("x", "a", 3000)
+        p = await pipe.prepare(body(64), "completions", {})
+        cands = pipe.router.candidates(p.inp, Targets().targets(None))
+        kv = KvAware(KvAwareSettings()).rank(
+            RouteView(p.inp.num_tokens, p.inp.prefix_key), cands, dry_run=True
+        )
+        assert kv[0].target == "b"
+        d = await pipe.admit(p)
+        assert d.chosen is not None
+        assert (d.chosen.target, d.reason) == want, (margin, a_ttft)
+        pipe.dispatched(p, d.chosen)
+        assert (
+            registry.get_sample_value(
+                "kvrouter_decisions_total", {"policy": "predicted-latency", "reason": want[1]}
+            )
+            == 1.0
+        )
