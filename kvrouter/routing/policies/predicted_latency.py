@@ -8,6 +8,8 @@ times the router observes (``latency_model``), so a slower machine's tokens cost
                                   there; over the load bound last, then predicted TPOT over the objective,
                                   then by score; a new prefix among those within kv-aware's placement
                                   band of the best placed as kv-aware places it
+                           best scores >= (1 - defer_margin) x kv-aware's choice ─▶ kv-aware's ranking,
+                                  reason "deferred" (the scores shown stay the predicted ones)
 
 The load bound is kv-aware's (``routing.kv_aware.load_bound`` and ``load_slack``): a model that is
 wrong cannot pile the traffic onto one target beyond it.
