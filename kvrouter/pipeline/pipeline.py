@@ -666,7 +666,8 @@ class RequestPipeline:
     def _check_objective(self, p: Prepared) -> None:
         """Before ``p`` waits: predict its TTFT and TPOT at its best target (``flows.slo``); one it would
         miss is refused (``Overloaded``, 429) or served at ``demote_priority``, the reason in
-        ``x-kvrouter-slo`` and ``kvrouter_flow_slo_total``."""
+        ``x-kvrouter-slo`` (with ``by=``: the learned ``models`` or the configured ``rates``) and
+        ``kvrouter_flow_slo_total``."""
         if p.objective is None:
             return
         cfg = self.cfg.flows.slo
@@ -674,7 +675,8 @@ class RequestPipeline:
         lat = self.router.latency
         ttft: float | None
         tpot: float | None
-        if cfg.learned and cands and all(lat.warm(c.target) for c in cands):
+        by = "models" if cfg.learned and cands and all(lat.warm(c.target) for c in cands) else "rates"
+        if by == "models":
             ttft, tpot = best(lat.predict(p.inp.num_tokens, c) for c in cands)
         else:
             views = [
@@ -699,11 +701,11 @@ class RequestPipeline:
                 f"the {missed.upper()} objective cannot be met: {predicted * 1e3:.0f} ms predicted",
                 reason=f"slo_{missed}",
             )
-            err.headers["x-kvrouter-slo"] = f"rejected; {missed}; predicted_ms={predicted * 1e3:.0f}"
+            err.headers["x-kvrouter-slo"] = f"rejected; {missed}; predicted_ms={predicted * 1e3:.0f}; by={by}"
             raise self.rejected(err)
         self.metrics.flows.slo.labels(tenant, f"demoted_{missed}").inc()
         p.flow = Flow(p.flow.tenant, min(p.flow.priority, cfg.demote_priority))
-        p.slo = f"demoted; {missed}; predicted_ms={predicted * 1e3:.0f}"
+        p.slo = f"demoted; {missed}; predicted_ms={predicted * 1e3:.0f}; by={by}"
 
     def set_reserved(self, p: Prepared) -> None:
         """Whether ``p`` may fill the capacity kept for high priority (``routing.saturation``), as its

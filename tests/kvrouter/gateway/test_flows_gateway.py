@@ -177,6 +177,7 @@ async def test_an_objective_the_fleet_cannot_meet_is_refused_early_with_the_reas
     async with gateway(fleet, **_slo_flows("reject")) as (_, base), aiohttp.ClientSession() as s:
         status, h = await chat(s, base, "sk-calm", "slo " * 50, **{"x-slo-ttft-ms": "1"})
         assert status == 429 and h["x-kvrouter-slo"].startswith("rejected; ttft; predicted_ms=")
+        assert h["x-kvrouter-slo"].endswith("; by=rates")  # the learned models are cold
         status, h = await chat(s, base, "sk-calm", "slo " * 50, **{"x-slo-ttft-ms": "60000"})
         assert status == 200 and h["x-kvrouter-slo"] == "met"
         status, h = await chat(s, base, "sk-calm", "no objective")

@@ -114,7 +114,8 @@ async def test_slo_admission_predicts_from_the_learned_models_once_warm(
             assert (status, verdict) == (200, "not_predicted")
             return
         assert status == 429 and verdict.startswith("rejected; ttft; predicted_ms="), verdict
-        predicted_ms = float(verdict.rsplit("=", 1)[1])
+        assert verdict.endswith("; by=models"), verdict
+        predicted_ms = float(verdict.split("predicted_ms=", 1)[1].split(";")[0])
         # the least of the two (the fast instance's), as explain showed it a moment before
         assert predicted_ms == pytest.approx(min(pred.values()) * 1e3, rel=0.2, abs=5), (verdict, pred)
         assert pred[slow] > pred[fast]
