@@ -22,6 +22,15 @@ settings.register_profile("ci", deadline=None, derandomize=True, print_blob=True
 settings.register_profile("fuzz", deadline=None, max_examples=1000)
 settings.load_profile(os.environ.get("KVROUTER_HYPOTHESIS", "kvrouter"))
 
+# Parallel workers (pytest-xdist: gw0, gw1, ...) each look for free ports in a slice of their own
+# (``kvrouter.lab.sim.server.fleet.port_range``; what they start inherits it): two workers finding the
+# same port free at once, one then binding it, failed a test with "Address already in use".
+_worker, _workers = os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+if _worker.startswith("gw") and _worker[2:].isdigit() and _workers.isdigit() and int(_workers) > 1:
+    _i, _n = int(_worker[2:]), int(_workers)
+    _w = (32000 - 20000) // _n
+    os.environ["KVROUTER_PORT_RANGE"] = f"{20000 + _i * _w}-{20000 + (_i + 1) * _w}"
+
 
 ROOT = Path(__file__).resolve().parents[1]
 

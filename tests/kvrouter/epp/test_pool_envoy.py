@@ -21,7 +21,7 @@ import aiohttp
 import pytest
 
 from kvrouter.gateway import Gateway
-from kvrouter.lab.sim.server.fleet import SimFleet, SimFleetConfig
+from kvrouter.lab.sim.server.fleet import SimFleet, SimFleetConfig, port_range
 from tests.support.envoy import envoy_binary, envoy_config, picker, running_envoy, served_counts
 from tests.support.fake_apiserver import FakeApiServer, make_pod, make_pool
 from tests.support.gateway import MODEL, gateway
@@ -38,7 +38,8 @@ def common_port(hosts: list[str], n: int = 3) -> int:
     """A base port p with p .. p+n-1 free on every host (a pool's target port is the same on every pod)."""
     rng = random.Random()
     for _ in range(200):
-        base = rng.randrange(20000, 32000 - n)
+        lo, hi = port_range()
+        base = rng.randrange(lo, hi - n)
         socks: list[socket.socket] = []
         try:
             for h in hosts:

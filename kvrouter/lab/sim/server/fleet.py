@@ -60,6 +60,21 @@ def parse_roles(spec: str) -> list[Role]:
 _PORT_RANGE = (20000, 32000)
 """Where free ports are looked for: below Linux's ephemeral range, where a ZeroMQ socket reconnecting to a
 closed port can connect to itself."""
+PORT_RANGE_ENV = "KVROUTER_PORT_RANGE"
+"""``lo-hi`` within ``_PORT_RANGE``: where this process (and what it starts) looks instead.  Parallel test
+workers each get a slice of their own (tests/conftest.py), so one never takes a port another has just
+found free and not yet bound."""
+
+
+def port_range() -> tuple[int, int]:
+    """``_PORT_RANGE``, or the slice ``KVROUTER_PORT_RANGE`` names (ignored unless well formed, inside it
+    and at least 200 ports wide)."""
+    lo, _, hi = os.environ.get(PORT_RANGE_ENV, "").partition("-")
+    if lo.isdigit() and hi.isdigit():
+        a, b = int(lo), int(hi)
+        if _PORT_RANGE[0] <= a and a + 200 <= b <= _PORT_RANGE[1]:
+            return a, b
+    return _PORT_RANGE
 
 
 class SimFleetConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -149,7 +164,7 @@ class SimFleetConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise SimConfigError("replay needs events")
         if self.shared_l2_blocks < 0 or self.shared_l2_gbps <= 0:
             raise SimConfigError("shared_l2_blocks must be >= 0 and shared_l2_gbps positive")
-        for cfg in self.instance_configs(self.base_port or _PORT_RANGE[0]):
+        for cfg in self.instance_configs(self.base_port or port_range()[0]):
             cfg.validate()
 
     @property
@@ -212,7 +227,7 @@ class SimFleetConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 def free_port_block(n: int, host: str = "127.0.0.1", rng: random.Random | None = None) -> int:
     """A base port p such that p .. p + n - 1 are all free now (below 32768)."""
     rng = rng or random.Random()
-    lo, hi = _PORT_RANGE
+    lo, hi = port_range()
     for _ in range(200):
         base = rng.randrange(lo, hi - n)
         socks: list[socket.socket] = []
