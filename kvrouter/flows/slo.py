@@ -90,24 +90,21 @@ class TargetView(msgspec.Struct, frozen=True):
 
 def predict(cfg: SloConfig, targets: Iterable[TargetView]) -> tuple[float | None, float | None]:
     """(TTFT, TPOT) at the target with the least predicted TTFT (None: not predicted)."""
-    best: tuple[float, float] | None = None
-    for t in targets:
-        ttft = (
-            (t.pending_prefill_tokens + t.uncached_tokens) / cfg.prefill_tokens_per_s
-            if cfg.prefill_tokens_per_s
-            else 0.0
+    rate = cfg.prefill_tokens_per_s
+    ttft, tpot = best(
+        (
+            (t.pending_prefill_tokens + t.uncached_tokens) / rate if rate else 0.0,
+            cfg.decode_step_s + cfg.decode_step_per_request_s * t.decoding,
         )
-        tpot = cfg.decode_step_s + cfg.decode_step_per_request_s * t.decoding
-        if best is None or ttft < best[0]:
-            best = (ttft, tpot)
-    if best is None:
-        return None, None
-    return (best[0] if cfg.prefill_tokens_per_s else None), (best[1] if cfg.decode_step_s else None)
+        for t in targets
+    )
+    return (ttft if rate else None), (tpot if cfg.decode_step_s else None)
 
 
 def best(predictions: Iterable[tuple[float, float]]) -> tuple[float | None, float | None]:
-    """(TTFT, TPOT) of the prediction with the least TTFT (the learned models', one per candidate)."""
-    return min(predictions, default=(None, None), key=lambda p: p[0] or 0.0)
+    """(TTFT, TPOT) of the prediction with the least TTFT, the first of equals (None, None: no
+    prediction); the rates' (``predict``) and the learned models' alike."""
+    return min(predictions, default=(None, None), key=lambda p: p[0])
 
 
 def miss(objective: Objective, ttft_s: float | None, tpot_s: float | None) -> str | None:

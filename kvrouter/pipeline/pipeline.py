@@ -675,8 +675,9 @@ class RequestPipeline:
         lat = self.router.latency
         ttft: float | None
         tpot: float | None
-        by = "models" if cfg.learned and cands and all(lat.warm(c.target) for c in cands) else "rates"
-        if by == "models":
+        learned = cfg.learned and bool(cands) and all(lat.warm(c.target) for c in cands)
+        by = "models" if learned else "rates"
+        if learned:
             ttft, tpot = best(lat.predict(p.inp.num_tokens, c) for c in cands)
         else:
             views = [

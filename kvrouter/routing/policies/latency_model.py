@@ -12,8 +12,7 @@ Recursive least squares with exponential forgetting, from a prior (``LatencyMode
 so that it minimises the absolute relative error (what MAPE measures); a target is cold until ``warmup``
 TTFT observations.  Wild observations (not finite, not positive, over ``max_latency_s``) are counted and
 dropped; outliers past ``outlier_ratio`` of the prediction are counted and clipped; the covariance is
-bounded.  The features and
-the reasons for each: docs/predicted-latency.md.
+bounded.  The features and the reasons for each: docs/predicted-latency.md.
 """
 
 from __future__ import annotations
