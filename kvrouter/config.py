@@ -28,6 +28,7 @@ from .flows.config import FlowsConfig
 from .membership.config import DiscoveryConfig, MembershipConfig
 from .replicas.config import SharedStateConfig, SnapshotConfig
 from .routing import KV_AWARE, DisaggSettings, PolicySettings
+from .routing.isolation import Isolation
 from .routing.router import RouterConfig
 from .routing.saturation import Saturation
 from .routing.tier_value import tier_values
@@ -79,6 +80,9 @@ class LimitsConfig(msgspec.Struct, frozen=True):
     saturation: Saturation = Saturation()
     """When an instance is full by the fleet's own signals (prompt tokens still to prefill there, vLLM's
     KV-cache usage), and the share of every limit kept for high priority (``routing.saturation``)."""
+    isolation: Isolation = Isolation()
+    """Quiet targets: a share of each model's instances that heavy flows (over their share of the work,
+    or below ``quiet_priority``) never use (``routing.isolation``; off by default)."""
     queue_size: int = 256
     """Requests allowed to wait for capacity; beyond it the gateway answers 429 with Retry-After."""
     queue_timeout_s: float = 30.0
@@ -286,6 +290,7 @@ class RouterFleetConfig(FleetConfig, frozen=True, forbid_unknown_fields=True):
         if self.limits.queue_size < 0 or self.limits.queue_timeout_s <= 0:
             raise ConfigError("limits: queue_size must be >= 0 and queue_timeout_s > 0")
         self.limits.saturation.validate()
+        self.limits.isolation.validate()
         if self.limits.max_requests < 0 or self.limits.max_loop_lag_s < 0:
             raise ConfigError("limits: max_requests and max_loop_lag_s must be >= 0")
         if self.routing.shadow_every < 1:
@@ -299,6 +304,7 @@ class RouterFleetConfig(FleetConfig, frozen=True, forbid_unknown_fields=True):
             concurrency_threshold=self.limits.concurrency_threshold,
             max_in_flight=self.limits.max_in_flight,
             saturation=self.limits.saturation,
+            isolation=self.limits.isolation,
             speculative=r.speculative,
             shadow=r.shadow,
             settings=r,

@@ -8,6 +8,7 @@ the same classes.
     identity.py   identify: a request's flow from its API key's tenant and its headers
     scheduler.py  FlowQueue: priority first, then the least-served flow; sheds lowest first
     rate.py       RateLimiter: requests and tokens per minute per tenant
+    meter.py      WorkMeter: each flow's recent work, and whether it is heavy (``routing.isolation``)
     slo.py        read_objective, predict, best, miss: TTFT/TPOT objectives checked before waiting
     board.py      ProcessBoard: one process's queue board, shared with other router replicas only
 """
@@ -15,6 +16,7 @@ the same classes.
 from .board import LocalFlows, ProcessBoard
 from .config import FAIRNESS, Fairness, FlowsConfig, TenantFlow
 from .identity import identify
+from .meter import WorkMeter
 from .rate import Buckets, BucketStore, LocalBuckets, RateLimiter
 from .scheduler import Flow, FlowAccounts, FlowQueue, LocalAccounts, Refused, Waiter, request_cost
 from .slo import Objective, SloConfig, TargetView, best, miss, predict, read_objective
@@ -39,6 +41,7 @@ __all__ = [
     "TargetView",
     "TenantFlow",
     "Waiter",
+    "WorkMeter",
     "best",
     "identify",
     "miss",

@@ -159,7 +159,9 @@ async def explain(request: web.Request) -> web.Response:
     gw.router.predict(p.inp.num_tokens, d.ranked)  # whatever the policy, its latency models' view
     plan = gw.pipeline.plan(p, dry_run=True) if gw.pipeline.disaggregated(p) else None
     elapsed = time.perf_counter() - p.started
-    return web.json_response(explain_body(p, d, elapsed, plan, gw.router.tier_values))
+    keys = frozenset(t.key for t in gw.pipeline.fleet.targets(p.inp.model) or ())
+    quiet = gw.router.quiet.of(keys) if gw.router.config.isolation.on else ()
+    return web.json_response(explain_body(p, d, elapsed, plan, gw.router.tier_values, quiet))
 
 
 def build_gateway(gw: Gateway) -> web.Application:

@@ -46,6 +46,7 @@ from ..flows import (
     Objective,
     RateLimiter,
     TargetView,
+    WorkMeter,
     best,
     identify,
     miss,
@@ -203,6 +204,8 @@ class RequestPipeline:
         self.history = ResponseHistory(cfg.responses.history_entries, cfg.responses.history_bytes)
         self.find_response = find_response if cfg.responses.probe else None
         flows = cfg.flows
+        self.meter = WorkMeter(cfg.limits.isolation.half_life_s)
+        """This process's reading of each flow's recent work: who is heavy (``routing.isolation``)."""
         self.gate = CapacityGate(
             cfg.limits.queue_size,
             cfg.limits.queue_timeout_s,
@@ -420,6 +423,7 @@ class RequestPipeline:
         """What admitting ``p`` costs its flow (``cached_tokens``: where it goes); its work is counted."""
         n = p.inp.num_tokens
         self.metrics.flows.work.labels(*self.flow_labels(p.flow)).inc(max(0, n - cached_tokens))
+        self.meter.add(p.flow.tenant, max(0, n - cached_tokens) + p.expected_output, time.monotonic())
         return request_cost(self.cfg.flows.fairness, n, cached_tokens, p.expected_output)
 
     def _output_known(self, p: Prepared, out: int | None) -> None:
@@ -428,6 +432,7 @@ class RequestPipeline:
             return
         p.corrected = True
         self.metrics.flows.work.labels(*self.flow_labels(p.flow)).inc(out)
+        self.meter.add(p.flow.tenant, out - p.expected_output, time.monotonic())
         if self.cfg.flows.fairness != "requests":
             self.gate.charge(p.flow, out - p.expected_output)
 
@@ -709,21 +714,32 @@ class RequestPipeline:
         p.slo = f"demoted; {missed}; predicted_ms={predicted * 1e3:.0f}; by={by}"
 
     def set_reserved(self, p: Prepared) -> None:
-        """Whether ``p`` may fill the capacity kept for high priority (``routing.saturation``), as its
-        flow stands now; ``fifo`` knows no priorities: every request may."""
-        sat = self.cfg.limits.saturation
+        """Whether ``p`` may fill the capacity kept for high priority (``routing.saturation``), and whether
+        its flow is heavy (``routing.isolation``), as its flow stands now; ``fifo`` knows no priorities:
+        every request may fill the reserve.  The evaluator applies the same rules (``flows_state``)."""
+        sat, iso = self.cfg.limits.saturation, self.cfg.limits.isolation
         p.inp.reserved = self.cfg.flows.fairness == "fifo" or sat.reserved(
             p.flow.priority, self.gate.queue.waiting(p.flow)
+        )
+        p.inp.heavy = iso.on and self.meter.heavy(
+            p.flow,
+            time.monotonic(),
+            over_share=iso.over_share,
+            quiet_priority=iso.quiet_priority,
+            weight=lambda t: self.cfg.flows.tenant(t).weight,
         )
 
     async def _wait(self, p: Prepared, attempt: Callable[[], _T | None], cost: Callable[[_T], float]) -> _T:
         labels = self.flow_labels(p.flow)
         t0 = time.monotonic()
+        # A heavy flow's waiters make only heavy requests wait behind them: the quiet targets may still
+        # have room for the others (``routing.isolation``).  Heavy is read as the request arrives.
+        self.set_reserved(p)
         try:
             got = await self.gate.acquire(  # (the gate keeps the queue-depth gauges)
                 attempt,
                 p.flow,
-                group=(p.inp.model, p.pinned),
+                group=(p.inp.model, p.pinned, p.inp.heavy),
                 cost=cost,
                 undo=lambda _: self.unclaim(p),
             )
@@ -1009,6 +1025,7 @@ def explain(
     elapsed_s: float,
     plan: PDPlan | None = None,
     values: TierValues = DEFAULT_TIER_VALUES,
+    quiet: Collection[str] = (),
 ) -> dict[str, Any]:
     """``/v1/route/explain``: every candidate's cache, tiers, load, trust and score (and, for a
     disaggregated model, the plan: split or whole, why, and both pools' rankings).
@@ -1017,7 +1034,8 @@ def explain(
     and shared stores when it has some), ``tier_value`` each listed tier's worth per block, and
     ``cached_tokens`` their sum in tokens (what kv-aware subtracts); ``hit_tokens`` counts every tier in
     full (what vLLM is expected to report).  ``tier_costs``: the load and recompute times behind the
-    worths."""
+    worths.  ``quiet_targets`` (with ``limits.isolation``): the targets kept from heavy flows; the flow's
+    ``heavy`` says whether this request's is one."""
     out: dict[str, Any] = {
         "policy": d.policy,
         "reason": d.reason,
@@ -1059,9 +1077,12 @@ def explain(
             "priority": p.flow.priority,
             "ignored_headers": p.flow_notes,
             "may_fill_reserve": p.inp.reserved,
+            "heavy": p.inp.heavy,
             "objective": None if p.objective is None else msgspec.to_builtins(p.objective),
         },
     }
+    if quiet:
+        out["quiet_targets"] = sorted(quiet)
     if plan is not None:
         out["disaggregation"] = explain_plan(plan)
     return out

@@ -26,6 +26,7 @@ from indexer.index import BlockIndex
 from indexer.indexer import SpeculativeEntry
 
 from ..types import InstanceId, RequestId, Role, TargetKey, target_key
+from .isolation import Isolation, QuietTargets
 from .load import InstanceLoad, LoadTracker
 from .peer_prefill import PeerPrefill
 from .placed_blocks import HostPlacement, PlacedBlocks
@@ -58,6 +59,8 @@ class RouterConfig(msgspec.Struct, frozen=True):
     """Hard cap per target; when every target is at it, requests wait (0: no cap)."""
     saturation: Saturation = Saturation()
     """The fleet's own signals of a full target, and the share of every limit kept for high priority."""
+    isolation: Isolation = Isolation()
+    """Quiet targets, kept from heavy flows (``routing.isolation``)."""
     speculative: bool = True
     """Record speculative index entries for dispatched requests, so a burst of a new prefix stays together."""
     shadow: bool = True
@@ -102,6 +105,9 @@ class RouteInput(msgspec.Struct):
     reserved: bool = True
     """Whether it may fill the share of every limit kept for high priority (``Saturation.reserved``:
     set from its flow's priority and backlog before each decision)."""
+    heavy: bool = False
+    """Whether its flow is heavy now (``flows.meter``): it never goes to a quiet target
+    (``routing.isolation``)."""
 
 
 def route_input(
@@ -186,6 +192,7 @@ class Router:
         """Other router replicas' prefill not yet done per target, by the events (replicas sharing
         speculative entries): their reported queued prefill counts up to it."""
         self.placed = PlacedBlocks()
+        self.quiet = QuietTargets(self.config.isolation)
         """New prompts' blocks placed per target lately (this router's, its host's other workers' and, told
         by the claims log, other replicas'): the placement band's balance key."""
         self.sessions = SessionTable(self.config.settings.session)
@@ -335,7 +342,9 @@ class Router:
             return Decision(None, policy.name, "no_target", [])
         view = RouteView(inp.num_tokens, inp.prefix_key, inp.session, now, chains=inp.chains)
         cap, sat = self.config.max_in_flight, self.config.saturation
-        open_ = [c for c in cands if sat.full(c, cap, inp.reserved) is None]
+        open_ = self.quiet.lane(
+            [c for c in cands if sat.full(c, cap, inp.reserved) is None], cands, inp.heavy
+        )
         if not open_:
             return Decision(None, policy.name, "at_capacity", policy.rank(view, cands, dry_run=True))
         ranked = policy.rank(view, open_, dry_run=dry_run)

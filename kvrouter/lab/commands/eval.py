@@ -38,7 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src.add_argument("--workload", help="a generated workload (see --list)")
     src.add_argument("--list", action="store_true", help="list the generated workloads and exit")
     src.add_argument(
-        "--flows", action="store_true", help="tenants and priorities: every fairness mode, same runs"
+        "--flows",
+        action="store_true",
+        help="tenants and priorities: every fairness mode (and work+quiet), same runs",
     )
     f = p.add_argument_group("--flows")
     f.add_argument("--loads", default="1,3", help="arrival-rate multipliers, comma-separated")
@@ -58,6 +60,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=FlowsSpec().reserve,
         help="limits.saturation.reserve, kept for priority 1 in the fair modes",
+    )
+    f.add_argument(
+        "--flows-quiet-share",
+        type=float,
+        default=FlowsSpec().quiet_share,
+        help="limits.isolation.quiet_share in the fair modes (0: no quiet targets)",
     )
     p.add_argument(
         "--set", action="append", default=[], metavar="KEY=JSON", help="workload parameter override"
@@ -304,6 +312,7 @@ def _flows(a: argparse.Namespace) -> int:
             max_in_flight=a.flows_max_in_flight,
             max_prefill_tokens=a.flows_max_prefill_tokens,
             reserve=a.flows_reserve,
+            quiet_share=a.flows_quiet_share,
             seed=a.seed,
         )
         report = evaluate_flows(

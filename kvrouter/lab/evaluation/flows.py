@@ -3,9 +3,10 @@
 The trace: ``interactive`` tenants (priority 1, one system prompt each), one ``noisy`` tenant of the same
 priority and weight at five times an interactive tenant's rate, and a ``batch`` tenant at priority 0
 (long prompts, long outputs); ``load`` scales every rate.  Saturation is the fleet's own signal
-(``limits.saturation``), with a share kept for priority 1 flows, the same in every mode.  For each load and
-each fairness mode (``flows.FAIRNESS``), three runs of the same trace: ``full`` (every tenant),
-``no_batch`` (without the batch tenant) and ``alone`` (each interactive tenant by itself, once per load).
+(``limits.saturation``), with a share kept for priority 1 flows, the same in every mode; ``work+quiet``
+also keeps ``quiet_share`` of the instances from heavy flows (``limits.isolation``).  For each load and
+each mode (``MODES``), three runs of the same trace: ``full`` (every tenant), ``no_batch`` (without the
+batch tenant) and ``alone`` (each interactive tenant by itself, once per load).
 
 Figures, against ``fifo`` in the same runs: ``ttft_p99_vs_alone``, ``high_p99_vs_no_batch``,
 ``jain_work`` and ``throughput_vs_fifo`` (each defined in docs/flows.md, "Evaluation and the live
@@ -29,6 +30,7 @@ from kvrouter.lab.workloads.build import Keys
 from kvrouter.lab.workloads.spec import OpenLoop, Request, Segment, TokenSpace, Workload
 from kvrouter.percentiles import quantile
 from kvrouter.routing import KV_AWARE, RouterConfig
+from kvrouter.routing.isolation import Isolation
 from kvrouter.routing.saturation import Saturation
 
 
@@ -53,6 +55,8 @@ class FlowsSpec(msgspec.Struct, frozen=True):
     """``limits.saturation.max_prefill_tokens`` (0: the cap alone)."""
     reserve: float = 0.5
     """``limits.saturation.reserve``, kept for priority 1 (the fair modes; ``fifo`` knows no priority)."""
+    quiet_share: float = 0.5
+    """``limits.isolation.quiet_share`` of the ``+quiet`` modes (``MODES``)."""
     queue_size: int = 4096
     seed: int = 0
 
@@ -111,8 +115,14 @@ def _priorities(spec: FlowsSpec) -> dict[str, int]:
     return {"noisy": 1, "batch": 0, **{f"interactive-{i}": 1 for i in range(spec.interactive)}}
 
 
-def run_case(spec: FlowsSpec, load: float, fairness: str, variant: str) -> dict[str, Any]:
-    """``variant``: ``full``, ``no_batch`` or ``alone:<tenant>``."""
+MODES = (*FAIRNESS, "work+quiet")
+"""Every fairness mode, and ``work`` with quiet targets (``limits.isolation.quiet_share``)."""
+
+
+def run_case(spec: FlowsSpec, load: float, mode: str, variant: str) -> dict[str, Any]:
+    """``mode``: a fairness mode, ``+quiet`` for quiet targets; ``variant``: ``full``, ``no_batch`` or
+    ``alone:<tenant>``."""
+    fairness, _, quiet = mode.partition("+")
     only = variant.partition(":")[2] if variant.startswith("alone:") else None
     w = flows_trace(spec, load, batch=variant != "no_batch", only=only)
     fleet = FleetSimConfig(
@@ -124,7 +134,10 @@ def run_case(spec: FlowsSpec, load: float, fairness: str, variant: str) -> dict[
         seed=spec.seed,
     )
     sat = Saturation(max_prefill_tokens=spec.max_prefill_tokens, reserve=spec.reserve, reserved_priority=1)
-    router = RouterConfig(policy=KV_AWARE, max_in_flight=spec.max_in_flight, saturation=sat, shadow=False)
+    iso = Isolation(quiet_share=spec.quiet_share if quiet else 0.0, quiet_priority=1)
+    router = RouterConfig(
+        policy=KV_AWARE, max_in_flight=spec.max_in_flight, saturation=sat, isolation=iso, shadow=False
+    )
     run = VirtualFleet(w, fleet, router).run()
     return summarize_flows(run, w, spec.duration_s)
 
@@ -205,7 +218,7 @@ def _high_p99(res: dict[str, Any], group: list[str]) -> float:
 
 def evaluate_flows(
     spec: FlowsSpec,
-    fairness: tuple[str, ...] = FAIRNESS,
+    fairness: tuple[str, ...] = MODES,
     *,
     jobs: int | None = None,
     progress: Callable[[str], None] | None = None,
@@ -250,7 +263,7 @@ def flows_table(report: dict[str, Any]) -> str:
             worst = max(r["ttft_p99_vs_alone"].values())
             ts = r["full"]["tenants"]
             lines.append(
-                f"{load:<5} {f:<9} {worst:>27.2f}  {r['high_p99_vs_no_batch']:>22.3f}"
+                f"{load:<5} {f:<10} {worst:>26.2f}  {r['high_p99_vs_no_batch']:>22.3f}"
                 f"  {r['jain_work']:>10.3f}  {r['throughput_vs_fifo']:>15.3f}"
                 f"  {ts['noisy']['ttft_p99_s']:>13.2f}"
                 f"  {ts.get('batch', {}).get('rejected', 0):>13}"

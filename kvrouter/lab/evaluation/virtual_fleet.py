@@ -28,7 +28,7 @@ import msgspec
 from indexer import Indexer, SourceKey
 from indexer.hashing import I64Array
 from kvrouter.api.requests import prefix_text as api_prefix_text
-from kvrouter.flows import Fairness, Flow, FlowQueue, Refused, Waiter, request_cost
+from kvrouter.flows import Fairness, Flow, FlowQueue, Refused, Waiter, WorkMeter, request_cost
 from kvrouter.lab.sim.engine.engine import CacheConfig, Engine, EngineConfig
 from kvrouter.lab.sim.engine.frontend import FrontEnd
 from kvrouter.lab.sim.engine.payload import PayloadWriter
@@ -201,6 +201,8 @@ class VirtualFleet:
         router_cfg = msgspec.structs.replace(router_cfg, tiers=tier_values(self.tiers))
         self.router = Router(self.indexer, router_cfg)
         self.saturation = router_cfg.saturation
+        self.isolation = router_cfg.isolation
+        self.meter = WorkMeter(router_cfg.isolation.half_life_s)
         self.prefix_length = router_cfg.settings.prefix_hash.prefix_length
         # Without events the index holds only speculative entries, which no policy outside READS_INDEX
         # reads (they rank by load, turn or hash): such runs skip hashing, lookups and speculative entries,
@@ -397,10 +399,14 @@ class VirtualFleet:
         return Flow(tenant, self.cfg.priorities.get(tenant, 0))
 
     def _set_reserved(self, rid: str) -> None:
-        """As the gateway's pipeline: whether the request may fill the capacity kept for high priority."""
-        f = self.flow(rid)
-        self.inputs[rid].reserved = self.cfg.fairness == "fifo" or self.saturation.reserved(
+        """As the gateway's pipeline (``set_reserved``): whether the request may fill the capacity kept for
+        high priority, and whether its flow is heavy (quiet targets: ``routing.isolation``)."""
+        f, iso, inp = self.flow(rid), self.isolation, self.inputs[rid]
+        inp.reserved = self.cfg.fairness == "fifo" or self.saturation.reserved(
             f.priority, self.queue.waiting(f)
+        )
+        inp.heavy = iso.on and self.meter.heavy(
+            f, self.clock.now, over_share=iso.over_share, quiet_priority=iso.quiet_priority
         )
 
     def _charge(self, rid: str, cached_tokens: int) -> None:
@@ -409,6 +415,7 @@ class VirtualFleet:
         n, out = r.num_prompt_tokens, r.max_output_tokens
         self.queue.charge(f, request_cost(self.cfg.fairness, n, cached_tokens, out))
         self.charged[f.tenant] = self.charged.get(f.tenant, 0.0) + max(0, n - cached_tokens) + out
+        self.meter.add(f.tenant, max(0, n - cached_tokens) + out, self.clock.now)
 
     def _unrouted(self, rid: str, reason: str, queue_if_full: bool) -> None:
         if reason == "at_capacity" and queue_if_full:
@@ -489,7 +496,7 @@ class VirtualFleet:
     def _drain_queue(self) -> None:
         """As the gateway's gate hands out freed capacity: the best head first; a head that finds none
         makes the heads of its class (priority, and whether its flow has others waiting) wait."""
-        failed: set[tuple[int, bool]] = set()
+        failed: set[tuple[int, bool, bool]] = set()
         while True:
             heads = [h for h in self.queue.heads() if self._class(h) not in failed]
             if not heads:
@@ -500,8 +507,8 @@ class VirtualFleet:
             else:
                 failed.add(self._class(w))
 
-    def _class(self, w: Waiter[str]) -> tuple[int, bool]:
-        return (w.flow.priority, self.queue.waiting(w.flow) > 1)
+    def _class(self, w: Waiter[str]) -> tuple[int, bool, bool]:
+        return (w.flow.priority, self.queue.waiting(w.flow) > 1, self.inputs[w.item].heavy)
 
     def _prefill_done(self, rid: str, cached: int) -> None:
         """A prefill leg answered: its time is the prefill instance's TTFT to learn, its load is released,

@@ -118,6 +118,7 @@ async def test_bad_flow_headers_are_counted_and_served_at_the_default(fleet: Sim
                 "priority": 0,
                 "ignored_headers": ["tenant:needs_key"],
                 "may_fill_reserve": False,  # below limits.saturation.reserved_priority (1)
+                "heavy": False,  # no quiet targets (limits.isolation)
                 "objective": None,
             }
         w = samples(await metrics(s, base), "kvrouter_flow_header_warnings_total")
@@ -219,3 +220,47 @@ async def test_the_reserve_is_kept_from_a_low_priority_flood_for_high_priority(f
         m = await metrics(s, base)
         waits = samples(m, "kvrouter_flow_queue_wait_seconds_count")
         assert waits[(("priority", "2"), ("tenant", "vip"))] == 1.0
+
+
+async def served_by(s: aiohttp.ClientSession, fleet: SimFleet) -> dict[str, float]:
+    """Requests each instance has answered (vLLM's ``request_success`` in its own ``/metrics``)."""
+    out = {}
+    for srv in fleet.servers:
+        async with s.get(f"{srv.url}/metrics") as r:
+            out[srv.name] = sum(samples(await r.text(), "vllm:request_success_total").values())
+    return out
+
+
+async def test_a_flooding_tenant_is_kept_off_the_quiet_instance_and_the_calm_one_is_served_there(
+    fleet: SimFleet,
+) -> None:
+    limits = {"isolation": {"quiet_share": 0.5}}
+    async with gateway(fleet, **{**FLOWS, "limits": limits}) as (_, base), aiohttp.ClientSession() as s:
+
+        async def explain(key: str) -> dict[str, Any]:
+            body = {"model": MODEL, "messages": [{"role": "user", "content": "which lane?"}]}
+            async with s.post(
+                f"{base}/v1/route/explain", json=body, headers={"Authorization": f"Bearer {key}"}
+            ) as r:
+                assert r.status == 200
+                return await r.json()  # type: ignore[no-any-return]
+
+        (quiet,) = (await explain("sk-calm"))["quiet_targets"]
+        assert quiet in {srv.name for srv in fleet.servers}
+        # the noisy tenant sends five times the calm one's work: over 1.5x its fair share of two
+        for i in range(10):
+            assert (await chat(s, base, "sk-noisy", f"noisy {i} " + "words " * 40))[0] == 200
+            if i % 5 == 0:
+                assert (await chat(s, base, "sk-calm", f"calm {i}"))[0] == 200
+        assert (await explain("sk-noisy"))["flow"]["heavy"] is True
+        assert (await explain("sk-calm"))["flow"]["heavy"] is False
+        before = await served_by(s, fleet)
+        for i in range(6):
+            assert (await chat(s, base, "sk-noisy", f"more noisy {i} " + "words " * 40))[0] == 200
+        mid = await served_by(s, fleet)
+        assert mid[quiet] == before[quiet]  # not one of them on the quiet instance
+        assert sum(mid.values()) == sum(before.values()) + 6
+        for i in range(3):
+            assert (await chat(s, base, "sk-calm", f"calm again {i}"))[0] == 200
+        after = await served_by(s, fleet)
+        assert after[quiet] == mid[quiet] + 3  # the calm tenant's, on the quiet instance

@@ -1,0 +1,79 @@
+"""Each flow's recent work, and whether it is heavy: more than its share, or below the quiet priority.
+
+The work a flow is charged at admission (``request_cost``'s ``work``: uncached prompt tokens plus decode)
+is added to its meter, and every meter decays by half each ``half_life_s``.  A flow is heavy when::
+
+    priority < quiet_priority
+    or  work(flow) / work(all)  >  over_share x weight(flow) / sum of weight(f) over the active flows f
+
+A flow is active while its work is at least ``ACTIVE`` of the total.  A lone flow is never heavy by
+share (its fair share is all of it).  Each process meters its own admissions: with requests spread
+evenly over a router's workers and replicas, each sees the fleet's shares (docs/flows.md, "Quiet
+targets").  Pure: the caller passes the time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .scheduler import Flow
+
+ACTIVE = 0.01
+"""A flow whose recent work is below this share of the total does not count among the active ones."""
+_FORGET = 1e-6
+"""Below this share of the total a flow's meter is dropped (the meter's memory stays bounded)."""
+
+
+class WorkMeter:
+    def __init__(self, half_life_s: float) -> None:
+        if half_life_s <= 0:
+            raise ValueError("half_life_s must be > 0")
+        self.half_life_s = half_life_s
+        self._work: dict[str, float] = {}
+        """Per tenant, its decayed work as of ``_at`` (one clock for all: decaying is one multiply)."""
+        self._at: float | None = None
+
+    def _decay(self, now: float) -> None:
+        at = self._at
+        self._at = now if at is None or now > at else at
+        if at is None or now <= at:
+            return
+        f = 0.5 ** ((now - at) / self.half_life_s)
+        total = 0.0
+        for t, w in self._work.items():
+            self._work[t] = w * f
+            total += w * f
+        floor = total * _FORGET
+        for t in [t for t, w in self._work.items() if w < floor]:
+            del self._work[t]
+
+    def add(self, tenant: str, work: float, now: float) -> None:
+        """``tenant`` was charged ``work`` at ``now`` (never negative: a correction below 0 counts 0)."""
+        self._decay(now)
+        if work > 0:
+            self._work[tenant] = self._work.get(tenant, 0.0) + work
+
+    def shares(self, now: float) -> dict[str, float]:
+        """Each metered tenant's share of the recent work (empty before any)."""
+        self._decay(now)
+        total = sum(self._work.values())
+        return {t: w / total for t, w in self._work.items()} if total > 0 else {}
+
+    def heavy(
+        self,
+        flow: Flow,
+        now: float,
+        *,
+        over_share: float,
+        quiet_priority: int,
+        weight: Callable[[str], float] = lambda _: 1.0,
+    ) -> bool:
+        """Whether ``flow`` is heavy now (the module's rule); ``weight``: a tenant's share weight."""
+        if flow.priority < quiet_priority:
+            return True
+        shares = self.shares(now)
+        mine = shares.get(flow.tenant, 0.0)
+        if not mine:
+            return False
+        active = sum(weight(t) for t, s in shares.items() if s >= ACTIVE or t == flow.tenant)
+        return mine > over_share * weight(flow.tenant) / active

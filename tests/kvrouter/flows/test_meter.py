@@ -1,0 +1,89 @@
+"""The work meter: each flow's recent work against a plain sum of decayed charges, and who is heavy."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvrouter.flows import Flow, WorkMeter
+from kvrouter.flows.meter import ACTIVE
+
+TENANTS = ["a", "b", "c", "d"]
+charges = st.lists(
+    st.tuples(st.sampled_from(TENANTS), st.floats(0.0, 5.0), st.integers(0, 20_000)), max_size=40
+)
+
+
+def reference(events: list[tuple[str, float, float]], now: float, half_life: float) -> dict[str, float]:
+    """Every charge decayed from its own time to ``now``, summed per tenant, as shares."""
+    work: dict[str, float] = {}
+    for t, at, w in events:
+        work[t] = work.get(t, 0.0) + w * 0.5 ** ((now - at) / half_life)
+    total = sum(work.values())
+    return {t: w / total for t, w in work.items() if w > 0} if total > 0 else {}
+
+
+@settings(max_examples=200)
+@given(charges, st.sampled_from([0.5, 2.0, 10.0]), st.floats(0.0, 3.0))
+def test_shares_are_the_decayed_sums_of_the_charges(
+    steps: list[tuple[str, float, int]], half_life: float, after: float
+) -> None:
+    m = WorkMeter(half_life)
+    now, events = 0.0, []
+    for tenant, dt, work in steps:
+        now += dt
+        m.add(tenant, work, now)
+        events.append((tenant, now, float(work)))
+    got, want = m.shares(now + after), reference(events, now + after, half_life)
+    # a tenant below a millionth of the total may be forgotten; every other share is exact
+    assert set(got) <= set(want)
+    for t, s in want.items():
+        assert got.get(t, 0.0) == pytest.approx(s, abs=2e-6)
+
+
+@settings(max_examples=200)
+@given(charges, st.sampled_from(TENANTS), st.integers(-1, 2), st.sampled_from([1.0, 1.5, 3.0]))
+def test_heavy_is_over_its_weighted_fair_share_or_below_the_quiet_priority(
+    steps: list[tuple[str, float, int]], tenant: str, priority: int, over: float
+) -> None:
+    m, now, events = WorkMeter(5.0), 0.0, []
+    for t, dt, work in steps:
+        now += dt
+        m.add(t, work, now)
+        events.append((t, now, float(work)))
+    weight = {"a": 2.0, "b": 1.0, "c": 1.0, "d": 0.5}.__getitem__
+    got = m.heavy(Flow(tenant, priority), now, over_share=over, quiet_priority=1, weight=weight)
+    shares = reference(events, now, 5.0)
+    mine = shares.get(tenant, 0.0)
+    active = sum(weight(t) for t, s in shares.items() if s >= ACTIVE - 1e-9 or t == tenant)
+    if priority < 1:
+        assert got
+    elif not mine:
+        assert not got
+    elif abs(mine - over * weight(tenant) / active) > 1e-6:  # (away from the boundary)
+        assert got == (mine > over * weight(tenant) / active)
+
+
+def test_a_flood_is_heavy_the_others_are_not_and_it_is_forgotten() -> None:
+    m = WorkMeter(10.0)
+    for i in range(50):
+        m.add("noisy", 1200, i * 0.1)
+        if i % 5 == 0:
+            for t in ("calm-0", "calm-1", "calm-2"):
+                m.add(t, 200, i * 0.1)
+    rule = {"over_share": 1.5, "quiet_priority": 1}
+    assert m.heavy(Flow("noisy", 1), 5.0, **rule)
+    assert not any(m.heavy(Flow(f"calm-{i}", 1), 5.0, **rule) for i in range(3))
+    assert m.heavy(Flow("calm-0", 0), 5.0, **rule)  # below the quiet priority, whatever its share
+    # a lone flow is never heavy by share: its fair share is all of it
+    lone = WorkMeter(10.0)
+    lone.add("only", 1e6, 0.0)
+    assert not lone.heavy(Flow("only", 1), 0.0, **rule)
+    # the flood stops; the calm tenants go on, and after a few half-lives it is no longer heavy
+    for k in range(1, 80):
+        for t in ("calm-0", "calm-1", "calm-2"):
+            m.add(t, 200, 5.0 + k)
+    assert not m.heavy(Flow("noisy", 1), 85.0, **rule)
+    with pytest.raises(ValueError):
+        WorkMeter(0)
