@@ -193,6 +193,13 @@ class FlowMetrics:
             ["tenant", "priority"],
             registry=r,
         )
+        self.heavy = CachedCounter(
+            "kvrouter_flow_heavy",
+            "Requests admitted while their flow was heavy (over its share of the work, or below "
+            "limits.isolation.quiet_priority): kept off the quiet instances, per flow",
+            ["tenant", "priority"],
+            registry=r,
+        )
         self.slo = CachedCounter(
             "kvrouter_flow_slo",
             "Requests stating a TTFT or TPOT objective, per tenant and outcome (met: predicted to meet it; "

@@ -749,6 +749,8 @@ class RequestPipeline:
                 Overloaded(f"all instances at capacity ({e.reason})", reason=e.reason)
             ) from None
         self.metrics.flows.admitted.labels(*labels).inc()
+        if p.inp.heavy:
+            self.metrics.flows.heavy.labels(*labels).inc()
         self.metrics.flows.wait.labels(*labels).observe(time.monotonic() - t0)
         return got
 

@@ -264,3 +264,6 @@ async def test_a_flooding_tenant_is_kept_off_the_quiet_instance_and_the_calm_one
             assert (await chat(s, base, "sk-calm", f"calm again {i}"))[0] == 200
         after = await served_by(s, fleet)
         assert after[quiet] == mid[quiet] + 3  # the calm tenant's, on the quiet instance
+        heavy = samples(await metrics(s, base), "kvrouter_flow_heavy_total")
+        assert heavy[(("priority", "0"), ("tenant", "noisy"))] >= 6
+        assert (("priority", "0"), ("tenant", "calm")) not in heavy
