@@ -4,6 +4,7 @@ The work a flow is charged at admission (``request_cost``'s ``work``: uncached p
 is added to its meter, and every meter decays by half each ``half_life_s``.  A flow is heavy when::
 
     priority < quiet_priority
+    or  requests of the flow waiting for capacity  >=  backlog
     or  work(flow) / work(all)  >  over_share x weight(flow) / sum of weight(f) over the active flows f
 
 A flow is active while its work is at least ``ACTIVE`` of the total.  A lone flow is never heavy by
@@ -67,9 +68,12 @@ class WorkMeter:
         over_share: float,
         quiet_priority: int,
         weight: Callable[[str], float] = lambda _: 1.0,
+        waiting: int = 0,
+        backlog: int = 0,
     ) -> bool:
-        """Whether ``flow`` is heavy now (the module's rule); ``weight``: a tenant's share weight."""
-        if flow.priority < quiet_priority:
+        """Whether ``flow`` is heavy now (the module's rule); ``weight``: a tenant's share weight;
+        ``waiting``: its requests waiting for capacity, heavy at ``backlog`` or more (0: never)."""
+        if flow.priority < quiet_priority or (backlog and waiting >= backlog):
             return True
         shares = self.shares(now)
         mine = shares.get(flow.tenant, 0.0)

@@ -2,7 +2,8 @@
 ``max_in_flight: 2``, through ``kvrouter serve --workers N`` (or ``--replicas R`` such routers sharing a
 redis-server, each tenant's clients spread over them); the calm tenant's latency alone and while the
 other tenant floods with many concurrent clients, once per fairness mode (``fifo``: one queue in arrival
-order, the router before flows; ``work``: fair shares of work).
+order, the router before flows; ``work``: fair shares of work; ``work+quiet``: ``work`` with one of the
+two instances kept from heavy flows, ``limits.isolation``).
 
     python -m kvrouter.lab.flows_live [--workers 1] [--replicas 1] [--flood 32] [--requests 40]
                                       [--modes fifo,work]
@@ -122,7 +123,15 @@ async def _phase(bases: list[str], n: int, flood: int) -> dict[str, Any]:
     lat = await _calm(bases, n)
     stop.set()
     await asyncio.gather(*tasks)
+    heavy = 0.0
+    async with aiohttp.ClientSession() as s:
+        for b in bases:
+            async with s.get(b + "/metrics") as r:
+                for line in (await r.text()).splitlines():
+                    if line.startswith("kvrouter_flow_heavy_total{"):
+                        heavy += float(line.rsplit(" ", 1)[1])
     return {
+        "heavy_admitted": heavy,
         "calm_answered": len(lat),
         "calm_p50_ms": round(quantile(lat, 0.5) * 1e3, 1),
         "calm_p90_ms": round(quantile(lat, 0.9) * 1e3, 1),
@@ -151,23 +160,28 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
                 await asyncio.sleep(0.1)
             base_fleet = yaml.safe_load(fleet_file.read_text())
             for k, mode in enumerate(m for m in a.modes.split(",") if m):
+                fairness, _, quiet = mode.partition("+")
+                limits: dict[str, Any] = {
+                    "max_in_flight": 2,
+                    "queue_size": 1024,
+                    "queue_timeout_s": 60,
+                    # both tenants are priority 0: the reserve is kept for a flow with nothing waiting
+                    "saturation": {"reserve": a.reserve, "reserved_priority": 0},
+                }
+                if quiet:  # one of the two instances kept from the flooding tenant once it is heavy
+                    limits["isolation"] = {"quiet_share": 0.5}
                 fleet = {
                     **base_fleet,
                     "tenants": {"api_keys": KEYS},
-                    "limits": {
-                        "max_in_flight": 2,
-                        "queue_size": 1024,
-                        "queue_timeout_s": 60,
-                        # both tenants are priority 0: the reserve is kept for a flow with nothing waiting
-                        "saturation": {"reserve": a.reserve, "reserved_priority": 0},
-                    },
-                    "flows": {"fairness": mode},
+                    "limits": limits,
+                    "flows": {"fairness": fairness},
                 }
                 async with contextlib.AsyncExitStack() as routers:
                     bases = []
                     for r in range(a.replicas):
                         if redis_url is not None:
-                            rep = {"redis_url": redis_url, "namespace": f"live-{mode}", "replica_id": f"r{r}"}
+                            ns = f"live-{mode.replace('+', '-')}"
+                            rep = {"redis_url": redis_url, "namespace": ns, "replica_id": f"r{r}"}
                             fleet = {**fleet, "replicas": rep}
                         port = a.port + 10 * k + r
                         bases.append(await routers.enter_async_context(_serve(fleet, tmp, port, a.workers)))
@@ -177,9 +191,10 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
                 out[mode] = {"alone": alone, "flood": flooded}
                 ratio = flooded["calm_p90_ms"] / alone["calm_p90_ms"]
                 print(
-                    f"{mode:<6} calm p90 alone {alone['calm_p90_ms']:7.1f} ms   under a {a.flood}-client "
+                    f"{mode:<10} calm p90 alone {alone['calm_p90_ms']:7.1f} ms   under a {a.flood}-client "
                     f"flood {flooded['calm_p90_ms']:7.1f} ms ({ratio:.1f}x)   "
-                    f"flood answers {flooded['flood_statuses']}",
+                    f"flood answers {flooded['flood_statuses']}, "
+                    f"admitted heavy {flooded['heavy_admitted']:.0f}",
                     flush=True,
                 )
         finally:

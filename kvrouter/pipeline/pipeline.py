@@ -718,15 +718,16 @@ class RequestPipeline:
         its flow is heavy (``routing.isolation``), as its flow stands now; ``fifo`` knows no priorities:
         every request may fill the reserve.  The evaluator applies the same rules (``flows_state``)."""
         sat, iso = self.cfg.limits.saturation, self.cfg.limits.isolation
-        p.inp.reserved = self.cfg.flows.fairness == "fifo" or sat.reserved(
-            p.flow.priority, self.gate.queue.waiting(p.flow)
-        )
+        waiting = self.gate.queue.waiting(p.flow)
+        p.inp.reserved = self.cfg.flows.fairness == "fifo" or sat.reserved(p.flow.priority, waiting)
         p.inp.heavy = iso.on and self.meter.heavy(
             p.flow,
             time.monotonic(),
             over_share=iso.over_share,
             quiet_priority=iso.quiet_priority,
             weight=lambda t: self.cfg.flows.tenant(t).weight,
+            waiting=waiting,
+            backlog=iso.backlog,
         )
 
     async def _wait(self, p: Prepared, attempt: Callable[[], _T | None], cost: Callable[[_T], float]) -> _T:

@@ -2,8 +2,9 @@
 
 An engine step is shared: a short prompt scheduled beside another tenant's long prefill waits for it, and
 no queue in the router can prevent that once both run on one instance.  So a flow that takes more than its
-share, or whose priority is below ``quiet_priority``, is **heavy**, and heavy requests never go to a
-**quiet** target; the other flows' requests go to a quiet target while one has room, else anywhere::
+share, has a backlog waiting, or whose priority is below ``quiet_priority``, is **heavy**, and heavy
+requests never go to a **quiet** target; the other flows' requests go to a quiet target while one has
+room, else anywhere::
 
     quiet targets = the ceil(quiet_share x n) of a model's n targets ranked first by a stable hash of
                     their keys (at least 1, at most n - 1; every router and worker picks the same ones)
@@ -36,6 +37,9 @@ class Isolation(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     over_share: float = 1.5
     """A flow is heavy while its recent work exceeds this multiple of its fair share among the flows
     active now (its weight over theirs).  1.5: of two flows, the one doing over 3/4 of the work."""
+    backlog: int = 2
+    """A flow with this many requests waiting for capacity is heavy (it asks more than it gets; 0: never).
+    The meter's share needs the flow's work to build up; a backlog says so at once."""
     quiet_priority: int = 0
     """Flows of a lower priority are heavy whatever their share (the default: sheddable flows only).  Set
     above a tenant's priority, that tenant never uses a quiet target, even while nothing else runs."""
@@ -45,8 +49,8 @@ class Isolation(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     def validate(self) -> None:
         if not 0.0 <= self.quiet_share < 1.0:
             raise ConfigError("limits.isolation.quiet_share must be in [0, 1)")
-        if self.over_share < 1.0 or self.half_life_s <= 0:
-            raise ConfigError("limits.isolation: over_share must be >= 1 and half_life_s > 0")
+        if self.over_share < 1.0 or self.half_life_s <= 0 or self.backlog < 0:
+            raise ConfigError("limits.isolation: over_share must be >= 1, half_life_s > 0, backlog >= 0")
 
     @property
     def on(self) -> bool:

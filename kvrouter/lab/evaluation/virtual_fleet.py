@@ -402,11 +402,15 @@ class VirtualFleet:
         """As the gateway's pipeline (``set_reserved``): whether the request may fill the capacity kept for
         high priority, and whether its flow is heavy (quiet targets: ``routing.isolation``)."""
         f, iso, inp = self.flow(rid), self.isolation, self.inputs[rid]
-        inp.reserved = self.cfg.fairness == "fifo" or self.saturation.reserved(
-            f.priority, self.queue.waiting(f)
-        )
+        waiting = self.queue.waiting(f)
+        inp.reserved = self.cfg.fairness == "fifo" or self.saturation.reserved(f.priority, waiting)
         inp.heavy = iso.on and self.meter.heavy(
-            f, self.clock.now, over_share=iso.over_share, quiet_priority=iso.quiet_priority
+            f,
+            self.clock.now,
+            over_share=iso.over_share,
+            quiet_priority=iso.quiet_priority,
+            waiting=waiting,
+            backlog=iso.backlog,
         )
 
     def _charge(self, rid: str, cached_tokens: int) -> None:

@@ -43,9 +43,16 @@ def test_shares_are_the_decayed_sums_of_the_charges(
 
 
 @settings(max_examples=200)
-@given(charges, st.sampled_from(TENANTS), st.integers(-1, 2), st.sampled_from([1.0, 1.5, 3.0]))
-def test_heavy_is_over_its_weighted_fair_share_or_below_the_quiet_priority(
-    steps: list[tuple[str, float, int]], tenant: str, priority: int, over: float
+@given(
+    charges,
+    st.sampled_from(TENANTS),
+    st.integers(-1, 2),
+    st.sampled_from([1.0, 1.5, 3.0]),
+    st.integers(0, 3),
+    st.integers(0, 2),
+)
+def test_heavy_is_over_its_weighted_fair_share_backlogged_or_below_the_quiet_priority(
+    steps: list[tuple[str, float, int]], tenant: str, priority: int, over: float, waiting: int, backlog: int
 ) -> None:
     m, now, events = WorkMeter(5.0), 0.0, []
     for t, dt, work in steps:
@@ -53,11 +60,14 @@ def test_heavy_is_over_its_weighted_fair_share_or_below_the_quiet_priority(
         m.add(t, work, now)
         events.append((t, now, float(work)))
     weight = {"a": 2.0, "b": 1.0, "c": 1.0, "d": 0.5}.__getitem__
-    got = m.heavy(Flow(tenant, priority), now, over_share=over, quiet_priority=1, weight=weight)
+    flow = Flow(tenant, priority)
+    got = m.heavy(
+        flow, now, over_share=over, quiet_priority=1, weight=weight, waiting=waiting, backlog=backlog
+    )
     shares = reference(events, now, 5.0)
     mine = shares.get(tenant, 0.0)
     active = sum(weight(t) for t, s in shares.items() if s >= ACTIVE - 1e-9 or t == tenant)
-    if priority < 1:
+    if priority < 1 or (backlog and waiting >= backlog):
         assert got
     elif not mine:
         assert not got

@@ -78,5 +78,6 @@ def test_bad_isolation_settings_are_refused() -> None:
     for bad in (Isolation(quiet_share=1.0), Isolation(quiet_share=-0.1), Isolation(over_share=0.9)):
         with pytest.raises(ConfigError):
             bad.validate()
-    with pytest.raises(ConfigError):
-        Isolation(half_life_s=0).validate()
+    for bad in (Isolation(half_life_s=0), Isolation(backlog=-1)):
+        with pytest.raises(ConfigError):
+            bad.validate()
