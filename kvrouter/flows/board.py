@@ -46,6 +46,12 @@ class ProcessBoard:
         self._waiting = n
         self._head = head
 
+    def set_groups(self, groups: list[str]) -> None:
+        pass  # no other worker reads them
+
+    def other_groups(self) -> set[str] | None:
+        return set()  # no other worker
+
     def heads(self) -> list[tuple[Flow, int]]:
         return []  # no other worker
 

@@ -6,6 +6,7 @@ is added to its meter, and every meter decays by half each ``half_life_s``.  A f
     priority < quiet_priority
     or  requests of the flow waiting for capacity  >=  backlog
     or  work(flow) / work(all)  >  over_share x weight(flow) / sum of weight(f) over the active flows f
+    or  either of the two held within the last hold_s
 
 A flow is active while its work is at least ``ACTIVE`` of the total.  A lone flow is never heavy by
 share (its fair share is all of it).  Each process meters its own admissions: with requests spread
@@ -33,6 +34,9 @@ class WorkMeter:
         self._work: dict[str, float] = {}
         """Per tenant, its decayed work as of ``_at`` (one clock for all: decaying is one multiply)."""
         self._at: float | None = None
+        self._until: dict[str, float] = {}
+        """Per tenant found heavy, until when it stays so (``hold_s``; an entry goes when it is read
+        expired, and with the meter's own entry)."""
 
     def _decay(self, now: float) -> None:
         at = self._at
@@ -47,6 +51,7 @@ class WorkMeter:
         floor = total * _FORGET
         for t in [t for t, w in self._work.items() if w < floor]:
             del self._work[t]
+            self._until.pop(t, None)
 
     def add(self, tenant: str, work: float, now: float) -> None:
         """``tenant`` was charged ``work`` at ``now`` (never negative: a correction below 0 counts 0)."""
@@ -70,14 +75,29 @@ class WorkMeter:
         weight: Callable[[str], float] = lambda _: 1.0,
         waiting: int = 0,
         backlog: int = 0,
+        hold_s: float = 0.0,
     ) -> bool:
         """Whether ``flow`` is heavy now (the module's rule); ``weight``: a tenant's share weight;
-        ``waiting``: its requests waiting for capacity, heavy at ``backlog`` or more (0: never)."""
-        if flow.priority < quiet_priority or (backlog and waiting >= backlog):
+        ``waiting``: its requests waiting for capacity, heavy at ``backlog`` or more (0: never);
+        ``hold_s``: a flow found heavy by its backlog or share stays heavy this long after (a flood's
+        backlog drains for a moment between its requests)."""
+        if flow.priority < quiet_priority:
             return True
+        until = self._until.get(flow.tenant)
+        if until is not None and now < until:
+            return True
+        if (backlog and waiting >= backlog) or self._over(flow.tenant, now, over_share, weight):
+            if hold_s > 0:
+                self._until[flow.tenant] = now + hold_s
+            return True
+        if until is not None:
+            del self._until[flow.tenant]
+        return False
+
+    def _over(self, tenant: str, now: float, over_share: float, weight: Callable[[str], float]) -> bool:
         shares = self.shares(now)
-        mine = shares.get(flow.tenant, 0.0)
+        mine = shares.get(tenant, 0.0)
         if not mine:
             return False
-        active = sum(weight(t) for t, s in shares.items() if s >= ACTIVE or t == flow.tenant)
-        return mine > over_share * weight(flow.tenant) / active
+        active = sum(weight(t) for t, s in shares.items() if s >= ACTIVE or t == tenant)
+        return mine > over_share * weight(tenant) / active

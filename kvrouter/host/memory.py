@@ -32,6 +32,13 @@ LATENCY_WORDS = 96
 """Longest name a slot holds (UTF-8); longer target keys are refused (``SlotsExhausted``)."""
 
 
+QUEUE_GROUPS = 4
+"""Groups a worker's waiting heads are of, shown to the other workers (``host.queue``): a newcomer of
+another group need not wait behind them (``pipeline.gate``).  More than this: unknown, every newcomer
+waits."""
+QUEUE_COLUMNS = 5 + QUEUE_GROUPS
+
+
 class HostLock(Protocol):
     """A lock every worker of the host shares (``multiprocessing.Lock`` made before the fork)."""
 
@@ -76,7 +83,7 @@ class HostLayout(msgspec.Struct, frozen=True):
             ("engine", "f8", (t, 4)),
             ("external", "i8", (t, 2)),
             ("health", "f8", (i, 6)),
-            ("queue", "i8", (w, 5)),
+            ("queue", "i8", (w, QUEUE_COLUMNS)),
             ("ring_heads", "i8", (w, 8)),
             ("rings", "i8", (w, self.ring_words)),
             ("metric_heads", "i8", (w, 8)),

@@ -2,7 +2,8 @@
 
 ::
 
-    queue[k] = [waiting, head ticket (0: none), held, head flow's slot + 1 (0: none), head group's slot + 1]
+    queue[k] = [waiting, head ticket (0: none), held, head flow's slot + 1 (0: none), head group's slot + 1,
+                GROUPS x (slot + 1 of a group its flows' heads wait in; 0: none, -1: more than GROUPS)]
                                                                                   written by worker k
     peer_queue[0] = [other replicas' waiting, their best waiters kept, -, -]      written by the worker
     peer_queue[1 + i] = [group's slot + 1, priority, -, -]                        syncing with them
@@ -21,9 +22,10 @@ from __future__ import annotations
 
 from ..flows import Flow
 from .flows import HostFlows
-from .memory import HostMemory
+from .memory import QUEUE_GROUPS, HostMemory
 
 WAITING, HEAD, HELD, HEAD_FLOW, HEAD_GROUP = range(5)
+GROUPS = QUEUE_GROUPS
 
 
 class QueueBoard:
@@ -52,6 +54,35 @@ class QueueBoard:
             self._own[HEAD_GROUP] = self.flows.slot(f"g:{head[2]}") + 1
             self._own[HEAD] = head[1]
         self._own[WAITING] = n
+
+    def set_groups(self, groups: list[str]) -> None:
+        """The groups this worker's flows' heads wait in (written before its waiting count)."""
+        row = self._own
+        if len(groups) > GROUPS:
+            row[5] = -1
+            return
+        slots = [self.flows.slot(f"g:{g}") + 1 for g in groups]
+        if any(x <= 0 for x in slots):  # past the directory's slots: unknown
+            row[5] = -1
+            return
+        row[5 : 5 + GROUPS] = slots + [0] * (GROUPS - len(slots))
+
+    def other_groups(self) -> set[str] | None:
+        """The groups other workers' waiters wait in (None: some worker's are not known)."""
+        out: set[str] = set()
+        for k, row in enumerate(self._rows.tolist()):
+            if k == self.me or not row[WAITING]:
+                continue
+            slots = row[5 : 5 + GROUPS]
+            if slots[0] <= 0:
+                return None
+            for slot in slots:
+                g = self._group(int(slot)) if slot > 0 else None
+                if slot > 0 and g is None:
+                    return None
+                if g is not None:
+                    out.add(g)
+        return out
 
     def heads(self) -> list[tuple[Flow, int]]:
         """Every other worker's best waiter: its flow and ticket."""

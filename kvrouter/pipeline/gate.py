@@ -63,6 +63,12 @@ class SharedQueue(Protocol):
     def set_waiting(self, n: int, head: tuple[Flow, int, str] | None) -> None:
         """This worker's waiters, and its best one's flow, ticket and group (``str(group)``)."""
 
+    def set_groups(self, groups: list[str]) -> None:
+        """The groups this worker's flows' heads wait in (``str(group)``)."""
+
+    def other_groups(self) -> set[str] | None:
+        """The groups other workers' waiters wait in (None: not known for some)."""
+
     def heads(self) -> list[tuple[Flow, int]]:
         """Every other worker's best waiter (flow, ticket)."""
 
@@ -147,6 +153,7 @@ class CapacityGate:
         if self.shared is not None:
             best = self.queue.best()
             head = None if best is None else (best.flow, best.ticket, str(best.group))
+            self.shared.set_groups(sorted({str(h.group) for h in self.queue.heads()}))
             self.shared.set_waiting(len(self.queue), head)
         if self.on_depth is not None:
             self.on_depth(self.waiting)
@@ -156,7 +163,11 @@ class CapacityGate:
     def _group_waits(self, group: Hashable) -> bool:
         if self.shared is not None:
             if self.shared.waiting_total() > len(self.queue):
-                return True  # another worker's waiters: their groups are not known here
+                # another worker's waiters: a newcomer of a group their heads wait in waits behind them
+                # (as it would in one process), of another group not (None: their groups not known)
+                groups = self.shared.other_groups()
+                if groups is None or str(group) in groups:
+                    return True
             if any(g == str(group) for g, _ in self.shared.peer_tops()):
                 return True  # another replica's best waiter is of this group (another's never holds it up)
         return any(h.group == group for h in self.queue.heads())

@@ -728,6 +728,7 @@ class RequestPipeline:
             weight=lambda t: self.cfg.flows.tenant(t).weight,
             waiting=waiting,
             backlog=iso.backlog,
+            hold_s=iso.hold_s,
         )
 
     async def _wait(self, p: Prepared, attempt: Callable[[], _T | None], cost: Callable[[_T], float]) -> _T:

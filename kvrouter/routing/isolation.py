@@ -40,6 +40,9 @@ class Isolation(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     backlog: int = 2
     """A flow with this many requests waiting for capacity is heavy (it asks more than it gets; 0: never).
     The meter's share needs the flow's work to build up; a backlog says so at once."""
+    hold_s: float = 2.0
+    """A flow found heavy by its backlog or share stays heavy this long: a flood's backlog drains for a
+    moment between its requests, and a request sent then would land on a quiet target."""
     quiet_priority: int = 0
     """Flows of a lower priority are heavy whatever their share (the default: sheddable flows only).  Set
     above a tenant's priority, that tenant never uses a quiet target, even while nothing else runs."""
@@ -49,8 +52,10 @@ class Isolation(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     def validate(self) -> None:
         if not 0.0 <= self.quiet_share < 1.0:
             raise ConfigError("limits.isolation.quiet_share must be in [0, 1)")
-        if self.over_share < 1.0 or self.half_life_s <= 0 or self.backlog < 0:
-            raise ConfigError("limits.isolation: over_share must be >= 1, half_life_s > 0, backlog >= 0")
+        if self.over_share < 1.0 or self.half_life_s <= 0 or self.backlog < 0 or self.hold_s < 0:
+            raise ConfigError(
+                "limits.isolation: over_share must be >= 1, half_life_s > 0, backlog and hold_s >= 0"
+            )
 
     @property
     def on(self) -> bool:

@@ -411,6 +411,7 @@ class VirtualFleet:
             quiet_priority=iso.quiet_priority,
             waiting=waiting,
             backlog=iso.backlog,
+            hold_s=iso.hold_s,
         )
 
     def _charge(self, rid: str, cached_tokens: int) -> None:

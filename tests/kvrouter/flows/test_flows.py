@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -239,3 +240,36 @@ async def test_another_replicas_waiters_defer_only_lower_priorities_of_their_gro
     with pytest.raises(QueueFull) as e:  # closed: nothing waits any more
         await gate.acquire(Slots(0).attempt, Flow("a", 0), group=m)
     assert e.value.reason == "shutting_down"
+
+
+async def test_another_workers_waiters_hold_up_only_newcomers_of_their_groups() -> None:
+    """Two workers of a host: one's waiters (of the heavy lane's group) make a newcomer of that group in
+    the other wait behind them, as one process would; a newcomer of another group goes at once."""
+    import threading
+
+    from kvrouter.host import HostLayout, HostMemory
+    from kvrouter.host.queue import GROUPS, QueueBoard
+
+    layout = HostLayout(workers=2, targets=1, instances=1, ring_words=8, metric_bytes=64, flows=32)
+    mem = HostMemory(layout, bytearray(layout.size()), threading.Lock())
+    a_board, b_board = QueueBoard(mem, 0), QueueBoard(mem, 1)
+    a = CapacityGate(16, 5.0, fairness="work", shared=a_board)
+    b = CapacityGate(16, 5.0, fairness="work", shared=b_board)
+    heavy, light = ("m", None, True), ("m", None, False)
+    waiter = asyncio.create_task(a.acquire(Slots(0).attempt, Flow("noisy", 0), group=heavy))
+    await asyncio.sleep(0)
+    assert a_board.waiting_total() == 1 and b_board.other_groups() == {str(heavy)}
+    assert await asyncio.wait_for(b.acquire(lambda: 1, Flow("calm", 0), group=light), 1) == 1
+    held = asyncio.create_task(b.acquire(lambda: 2, Flow("noisy", 0), group=heavy))
+    await asyncio.sleep(0.02)  # past several of its looks (poll_s): it waits behind a's waiter
+    assert not held.done()
+    # more groups waiting than a row shows: unknown, and every newcomer waits
+    a_board.set_groups([f"g{i}" for i in range(GROUPS + 1)])
+    assert b_board.other_groups() is None
+    late = asyncio.create_task(b.acquire(lambda: 3, Flow("calm", 0), group=light))
+    await asyncio.sleep(0.02)
+    assert not late.done()
+    waiter.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await waiter
+    assert await asyncio.wait_for(held, 1) == 2 and await asyncio.wait_for(late, 1) == 3

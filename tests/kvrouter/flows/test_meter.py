@@ -97,3 +97,14 @@ def test_a_flood_is_heavy_the_others_are_not_and_it_is_forgotten() -> None:
     assert not m.heavy(Flow("noisy", 1), 85.0, **rule)
     with pytest.raises(ValueError):
         WorkMeter(0)
+
+
+def test_a_flow_found_heavy_stays_heavy_for_hold_s() -> None:
+    m = WorkMeter(10.0)
+    rule = {"over_share": 1.5, "quiet_priority": 0, "backlog": 2, "hold_s": 1.0}
+    m.add("calm", 100, 0.0)
+    m.add("flood", 100, 0.0)  # equal shares: heavy only by its backlog
+    assert m.heavy(Flow("flood", 0), 0.0, waiting=2, **rule)
+    assert m.heavy(Flow("flood", 0), 0.9, waiting=0, **rule)  # its backlog drained for a moment
+    assert not m.heavy(Flow("flood", 0), 1.1, waiting=0, **rule)  # held no longer
+    assert not m.heavy(Flow("flood", 0), 1.2, waiting=0, **{**rule, "hold_s": 0.0})
