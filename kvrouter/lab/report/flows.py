@@ -51,6 +51,17 @@ LIVE: tuple[LiveRow, ...] = (
     LiveRow("2 replicas, Redis", "fifo", 5.0, 83.0, "flows_live --replicas 2 --modes fifo,work"),
     LiveRow("2 replicas, Redis", "work", 5.6, 28.9, "flows_live --replicas 2 (the final tree)"),
     LiveRow("2 replicas, Redis", "fifo", 4.8, 77.1, "flows_live --replicas 2 (the final tree)"),
+    # 2026-12-05, the simulated instances at llama-3.1-70b-8xh100's speed (prefill shares their steps):
+    # flows_live --modes work+quiet,work,fifo --profile llama-3.1-70b-8xh100 [--workers 2 | --replicas 2]
+    LiveRow("serve --workers 1, H100 speed", "work+quiet", 103.3, 103.6, "flows_live --profile ..."),
+    LiveRow("serve --workers 1, H100 speed", "work", 106.7, 232.1, "flows_live --profile ..."),
+    LiveRow("serve --workers 1, H100 speed", "fifo", 105.1, 1917.6, "flows_live --profile ..."),
+    LiveRow("serve --workers 2, H100 speed", "work+quiet", 103.2, 103.2, "... --workers 2"),
+    LiveRow("serve --workers 2, H100 speed", "work", 104.2, 889.7, "... --workers 2"),
+    LiveRow("serve --workers 2, H100 speed", "fifo", 105.1, 1922.7, "... --workers 2"),
+    LiveRow("2 replicas, Redis, H100 speed", "work+quiet", 103.3, 103.8, "... --replicas 2"),
+    LiveRow("2 replicas, Redis, H100 speed", "work", 109.1, 1286.6, "... --replicas 2"),
+    LiveRow("2 replicas, Redis, H100 speed", "fifo", 108.9, 2357.8, "... --replicas 2"),
 )
 
 
