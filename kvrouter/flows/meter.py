@@ -34,6 +34,8 @@ class WorkMeter:
         self._work: dict[str, float] = {}
         """Per tenant, its decayed work as of ``_at`` (one clock for all: decaying is one multiply)."""
         self._at: float | None = None
+        self._light_at: float | None = None
+        """When a request of a flow that was not heavy was last admitted (None: no admission yet)."""
         self._until: dict[str, float] = {}
         """Per tenant found heavy, until when it stays so (``hold_s``; an entry goes when it is read
         expired, and with the meter's own entry)."""
@@ -53,11 +55,19 @@ class WorkMeter:
             del self._work[t]
             self._until.pop(t, None)
 
-    def add(self, tenant: str, work: float, now: float) -> None:
-        """``tenant`` was charged ``work`` at ``now`` (never negative: a correction below 0 counts 0)."""
+    def add(self, tenant: str, work: float, now: float, *, light: bool = False) -> None:
+        """``tenant`` was charged ``work`` at ``now`` (never negative: a correction below 0 counts 0);
+        ``light``: at a request's admission, its flow was not heavy."""
         self._decay(now)
         if work > 0:
             self._work[tenant] = self._work.get(tenant, 0.0) + work
+        if light or self._light_at is None:  # (the first admission starts the clock)
+            self._light_at = now
+
+    def light_idle(self, now: float, idle_s: float) -> bool:
+        """No request of a flow that was not heavy has been admitted for ``idle_s`` (counted from the first
+        admission if none has been; False before any: nothing is heavy then)."""
+        return bool(idle_s) and self._light_at is not None and now - self._light_at > idle_s
 
     def shares(self, now: float) -> dict[str, float]:
         """Each metered tenant's share of the recent work (empty before any)."""

@@ -423,7 +423,8 @@ class RequestPipeline:
         """What admitting ``p`` costs its flow (``cached_tokens``: where it goes); its work is counted."""
         n = p.inp.num_tokens
         self.metrics.flows.work.labels(*self.flow_labels(p.flow)).inc(max(0, n - cached_tokens))
-        self.meter.add(p.flow.tenant, max(0, n - cached_tokens) + p.expected_output, time.monotonic())
+        work = max(0, n - cached_tokens) + p.expected_output
+        self.meter.add(p.flow.tenant, work, time.monotonic(), light=not p.inp.heavy)
         return request_cost(self.cfg.flows.fairness, n, cached_tokens, p.expected_output)
 
     def _output_known(self, p: Prepared, out: int | None) -> None:
@@ -730,6 +731,7 @@ class RequestPipeline:
             backlog=iso.backlog,
             hold_s=iso.hold_s,
         )
+        p.inp.quiet_open = iso.on and self.meter.light_idle(time.monotonic(), iso.idle_s)
 
     async def _wait(self, p: Prepared, attempt: Callable[[], _T | None], cost: Callable[[_T], float]) -> _T:
         labels = self.flow_labels(p.flow)

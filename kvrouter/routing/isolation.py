@@ -43,6 +43,9 @@ class Isolation(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     hold_s: float = 2.0
     """A flow found heavy by its backlog or share stays heavy this long: a flood's backlog drains for a
     moment between its requests, and a request sent then would land on a quiet target."""
+    idle_s: float = 2.0
+    """Once no request of a flow that is not heavy has been admitted for this long, the quiet targets take
+    every request: with no one to keep them quiet for, they do not idle beside a backlog (0: never)."""
     quiet_priority: int = 0
     """Flows of a lower priority are heavy whatever their share (the default: sheddable flows only).  Set
     above a tenant's priority, that tenant never uses a quiet target, even while nothing else runs."""
@@ -52,9 +55,9 @@ class Isolation(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     def validate(self) -> None:
         if not 0.0 <= self.quiet_share < 1.0:
             raise ConfigError("limits.isolation.quiet_share must be in [0, 1)")
-        if self.over_share < 1.0 or self.half_life_s <= 0 or self.backlog < 0 or self.hold_s < 0:
+        if min(self.backlog, self.hold_s, self.idle_s) < 0 or self.over_share < 1.0 or self.half_life_s <= 0:
             raise ConfigError(
-                "limits.isolation: over_share must be >= 1, half_life_s > 0, backlog and hold_s >= 0"
+                "limits.isolation: over_share must be >= 1, half_life_s > 0, backlog, hold_s, idle_s >= 0"
             )
 
     @property

@@ -108,6 +108,8 @@ class RouteInput(msgspec.Struct):
     heavy: bool = False
     """Whether its flow is heavy now (``flows.meter``): it never goes to a quiet target
     (``routing.isolation``)."""
+    quiet_open: bool = False
+    """No flow needs the quiet targets now (``Isolation.idle_s``): any request takes any open target."""
 
 
 def route_input(
@@ -342,9 +344,9 @@ class Router:
             return Decision(None, policy.name, "no_target", [])
         view = RouteView(inp.num_tokens, inp.prefix_key, inp.session, now, chains=inp.chains)
         cap, sat = self.config.max_in_flight, self.config.saturation
-        open_ = self.quiet.lane(
-            [c for c in cands if sat.full(c, cap, inp.reserved) is None], cands, inp.heavy
-        )
+        open_ = [c for c in cands if sat.full(c, cap, inp.reserved) is None]
+        if not inp.quiet_open:
+            open_ = self.quiet.lane(open_, cands, inp.heavy)
         if not open_:
             return Decision(None, policy.name, "at_capacity", policy.rank(view, cands, dry_run=True))
         ranked = policy.rank(view, open_, dry_run=dry_run)

@@ -413,6 +413,7 @@ class VirtualFleet:
             backlog=iso.backlog,
             hold_s=iso.hold_s,
         )
+        inp.quiet_open = iso.on and self.meter.light_idle(self.clock.now, iso.idle_s)
 
     def _charge(self, rid: str, cached_tokens: int) -> None:
         """Admitted: its flow is charged as the gateway charges it (its output known exactly here)."""
@@ -420,7 +421,8 @@ class VirtualFleet:
         n, out = r.num_prompt_tokens, r.max_output_tokens
         self.queue.charge(f, request_cost(self.cfg.fairness, n, cached_tokens, out))
         self.charged[f.tenant] = self.charged.get(f.tenant, 0.0) + max(0, n - cached_tokens) + out
-        self.meter.add(f.tenant, max(0, n - cached_tokens) + out, self.clock.now)
+        light = not self.inputs[rid].heavy
+        self.meter.add(f.tenant, max(0, n - cached_tokens) + out, self.clock.now, light=light)
 
     def _unrouted(self, rid: str, reason: str, queue_if_full: bool) -> None:
         if reason == "at_capacity" and queue_if_full:

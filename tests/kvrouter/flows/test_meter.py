@@ -108,3 +108,14 @@ def test_a_flow_found_heavy_stays_heavy_for_hold_s() -> None:
     assert m.heavy(Flow("flood", 0), 0.9, waiting=0, **rule)  # its backlog drained for a moment
     assert not m.heavy(Flow("flood", 0), 1.1, waiting=0, **rule)  # held no longer
     assert not m.heavy(Flow("flood", 0), 1.2, waiting=0, **{**rule, "hold_s": 0.0})
+
+
+def test_the_quiet_targets_open_once_no_light_flow_has_been_admitted_for_idle_s() -> None:
+    m = WorkMeter(10.0)
+    assert not m.light_idle(100.0, 2.0)  # nothing admitted yet: nothing is heavy either
+    m.add("batch", 4096, 0.0)  # a heavy flow alone from the start: the clock starts at its first
+    assert not m.light_idle(1.5, 2.0) and m.light_idle(2.5, 2.0)
+    m.add("calm", 100, 3.0, light=True)
+    m.add("batch", 4096, 4.0)  # heavy admissions do not keep the quiet targets closed
+    assert not m.light_idle(4.9, 2.0) and m.light_idle(5.1, 2.0)
+    assert not m.light_idle(50.0, 0.0)  # 0: never

@@ -68,6 +68,9 @@ def test_heavy_requests_stay_off_the_quiet_target_and_wait_when_their_lane_is_fu
     assert r.route(RouteInput(RequestId("heavy2"), 100, heavy=True), targets).reason == "at_capacity"
     spill = r.route(RouteInput(RequestId("light2"), 100), targets)
     assert spill.chosen is not None and spill.chosen.target == quiet
+    # no flow needs the quiet target (Isolation.idle_s): a heavy request takes it when it is the open one
+    idle = r.route(RouteInput(RequestId("heavy3"), 100, heavy=True, quiet_open=True), targets)
+    assert idle.chosen is not None and idle.chosen.target == quiet
     r.load.dispatch(RequestId("q2"), quiet, 1000)  # the quiet one full too: a light request goes anywhere
     r.first_token(RequestId("h"))
     anywhere = r.route(RouteInput(RequestId("light3"), 100), targets)
@@ -78,6 +81,6 @@ def test_bad_isolation_settings_are_refused() -> None:
     for bad in (Isolation(quiet_share=1.0), Isolation(quiet_share=-0.1), Isolation(over_share=0.9)):
         with pytest.raises(ConfigError):
             bad.validate()
-    for bad in (Isolation(half_life_s=0), Isolation(backlog=-1)):
+    for bad in (Isolation(half_life_s=0), Isolation(backlog=-1), Isolation(idle_s=-1)):
         with pytest.raises(ConfigError):
             bad.validate()
