@@ -1041,7 +1041,7 @@ def explain(
     ``cached_tokens`` their sum in tokens (what kv-aware subtracts); ``hit_tokens`` counts every tier in
     full (what vLLM is expected to report).  ``tier_costs``: the load and recompute times behind the
     worths.  ``quiet_targets`` (with ``limits.isolation``): the targets kept from heavy flows; the flow's
-    ``heavy`` says whether this request's is one."""
+    ``heavy`` says whether this request's is one, ``quiet_open`` whether they take anyone now."""
     out: dict[str, Any] = {
         "policy": d.policy,
         "reason": d.reason,
@@ -1084,6 +1084,7 @@ def explain(
             "ignored_headers": p.flow_notes,
             "may_fill_reserve": p.inp.reserved,
             "heavy": p.inp.heavy,
+            "quiet_open": p.inp.quiet_open,
             "objective": None if p.objective is None else msgspec.to_builtins(p.objective),
         },
     }

@@ -10,6 +10,7 @@ room, else anywhere::
                     their keys (at least 1, at most n - 1; every router and worker picks the same ones)
     heavy request : the open targets that are not quiet (none open: it waits, as at capacity)
     other request : the open quiet targets, else every open target
+    quiet_open    : (no request of a flow that is not heavy admitted for idle_s) every open target
 
 The price is capacity: the quiet targets do not take heavy work even when it queues elsewhere
 (docs/flows.md, "Quiet targets").  Whether a flow is heavy is the front door's reading of its recent work

@@ -119,6 +119,7 @@ async def test_bad_flow_headers_are_counted_and_served_at_the_default(fleet: Sim
                 "ignored_headers": ["tenant:needs_key"],
                 "may_fill_reserve": False,  # below limits.saturation.reserved_priority (1)
                 "heavy": False,  # no quiet targets (limits.isolation)
+                "quiet_open": False,
                 "objective": None,
             }
         w = samples(await metrics(s, base), "kvrouter_flow_header_warnings_total")
