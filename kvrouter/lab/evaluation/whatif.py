@@ -12,6 +12,7 @@ that arrive later and share the request's steps.  Two modes::
              choice by predicted TTFT can do
 
     python -m kvrouter.lab.evaluation.whatif RATE learned|oracle [--defer-margin M] [--limit N]
+                                             [--recompute-weight W]
 
 Costs 60-90 ms per candidate (deep copies), so minutes per 1,200 requests.  Figures: docs/measurements.md,
 "The floor under any predictor".
@@ -117,13 +118,17 @@ class WhatIf:
         return out
 
 
-def run(rate: float, mode: str, *, defer_margin: float = 0.25, limit: int = 1200) -> dict[str, Any]:
+def run(
+    rate: float, mode: str, *, defer_margin: float = 0.25, limit: int = 1200, recompute_weight: float = 1.0
+) -> dict[str, Any]:
     """One run of the mixed fleet on ``mooncake-conversation``: the summary, and the what-if's MAPE over
     the requests as placed (TTFT from dispatch)."""
     if mode not in ("learned", "oracle"):
         raise ValueError("mode is learned or oracle")
     st = PolicySettings()
-    pl = msgspec.structs.replace(st.predicted_latency, defer_margin=defer_margin)
+    pl = msgspec.structs.replace(
+        st.predicted_latency, defer_margin=defer_margin, recompute_weight=recompute_weight
+    )
     spec = EvalSpec(
         workload="mooncake-conversation",
         overrides={"limit": limit, "rate_multiplier": rate},
@@ -171,8 +176,9 @@ def main() -> int:
     p.add_argument("mode", choices=("learned", "oracle"))
     p.add_argument("--defer-margin", type=float, default=0.25)
     p.add_argument("--limit", type=int, default=1200)
+    p.add_argument("--recompute-weight", type=float, default=1.0)
     a = p.parse_args()
-    r = run(a.rate, a.mode, defer_margin=a.defer_margin, limit=a.limit)
+    r = run(a.rate, a.mode, defer_margin=a.defer_margin, limit=a.limit, recompute_weight=a.recompute_weight)
     print(
         f"rate {a.rate} {a.mode} defer_margin {a.defer_margin}: TTFT mean {r['ttft_mean_s']:.3f} s, p90 "
         f"{r['ttft_p90_s']:.3f} s, hit {r['hit_rate']:.3f}; what-if MAPE {r['whatif_mape']:.3f} over "
