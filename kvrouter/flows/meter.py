@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..routing.isolation import Isolation
 from .scheduler import Flow
 
 ACTIVE = 0.01
@@ -74,6 +75,32 @@ class WorkMeter:
         self._decay(now)
         total = sum(self._work.values())
         return {t: w / total for t, w in self._work.items()} if total > 0 else {}
+
+    def lanes(
+        self,
+        iso: Isolation,
+        flow: Flow,
+        now: float,
+        *,
+        waiting: int,
+        weight: Callable[[str], float] = lambda _: 1.0,
+    ) -> tuple[bool, bool]:
+        """(``RouteInput.heavy``, ``RouteInput.quiet_open``) for a request of ``flow`` now, ``waiting`` of
+        its flow's requests waiting: the one reading the pipeline and the evaluator both set (both False
+        with ``iso`` off)."""
+        if not iso.on:
+            return False, False
+        heavy = self.heavy(
+            flow,
+            now,
+            over_share=iso.over_share,
+            quiet_priority=iso.quiet_priority,
+            weight=weight,
+            waiting=waiting,
+            backlog=iso.backlog,
+            hold_s=iso.hold_s,
+        )
+        return heavy, self.light_idle(now, iso.idle_s)
 
     def heavy(
         self,

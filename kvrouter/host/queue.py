@@ -24,8 +24,9 @@ from ..flows import Flow
 from .flows import HostFlows
 from .memory import QUEUE_GROUPS, HostMemory
 
-WAITING, HEAD, HELD, HEAD_FLOW, HEAD_GROUP = range(5)
+WAITING, HEAD, HELD, HEAD_FLOW, HEAD_GROUP, GROUPS_AT = range(6)
 GROUPS = QUEUE_GROUPS
+"""Columns GROUPS_AT .. GROUPS_AT + GROUPS - 1: the groups a worker's heads wait in."""
 
 
 class QueueBoard:
@@ -59,13 +60,13 @@ class QueueBoard:
         """The groups this worker's flows' heads wait in (written before its waiting count)."""
         row = self._own
         if len(groups) > GROUPS:
-            row[5] = -1
+            row[GROUPS_AT] = -1
             return
         slots = [self.flows.slot(f"g:{g}") + 1 for g in groups]
         if any(x <= 0 for x in slots):  # past the directory's slots: unknown
-            row[5] = -1
+            row[GROUPS_AT] = -1
             return
-        row[5 : 5 + GROUPS] = slots + [0] * (GROUPS - len(slots))
+        row[GROUPS_AT : GROUPS_AT + GROUPS] = slots + [0] * (GROUPS - len(slots))
 
     def other_groups(self) -> set[str] | None:
         """The groups other workers' waiters wait in (None: some worker's are not known)."""
@@ -73,7 +74,7 @@ class QueueBoard:
         for k, row in enumerate(self._rows.tolist()):
             if k == self.me or not row[WAITING]:
                 continue
-            slots = row[5 : 5 + GROUPS]
+            slots = row[GROUPS_AT : GROUPS_AT + GROUPS]
             if slots[0] <= 0:
                 return None
             for slot in slots:

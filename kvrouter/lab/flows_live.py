@@ -30,6 +30,7 @@ from typing import Any
 
 import aiohttp
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from kvrouter.lab.reliability.procs import RedisProcess
 from kvrouter.percentiles import quantile
@@ -127,9 +128,8 @@ async def _phase(bases: list[str], n: int, flood: int) -> dict[str, Any]:
     async with aiohttp.ClientSession() as s:
         for b in bases:
             async with s.get(b + "/metrics") as r:
-                for line in (await r.text()).splitlines():
-                    if line.startswith("kvrouter_flow_heavy_total{"):
-                        heavy += float(line.rsplit(" ", 1)[1])
+                for fam in text_string_to_metric_families(await r.text()):
+                    heavy += sum(x.value for x in fam.samples if x.name == "kvrouter_flow_heavy_total")
     return {
         "heavy_admitted": heavy,
         "calm_answered": len(lat),

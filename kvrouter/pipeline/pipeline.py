@@ -422,9 +422,9 @@ class RequestPipeline:
     def _charge(self, p: Prepared, cached_tokens: int) -> float:
         """What admitting ``p`` costs its flow (``cached_tokens``: where it goes); its work is counted."""
         n = p.inp.num_tokens
-        self.metrics.flows.work.labels(*self.flow_labels(p.flow)).inc(max(0, n - cached_tokens))
-        work = max(0, n - cached_tokens) + p.expected_output
-        self.meter.add(p.flow.tenant, work, time.monotonic(), light=not p.inp.heavy)
+        uncached = max(0, n - cached_tokens)
+        self.metrics.flows.work.labels(*self.flow_labels(p.flow)).inc(uncached)
+        self.meter.add(p.flow.tenant, uncached + p.expected_output, time.monotonic(), light=not p.inp.heavy)
         return request_cost(self.cfg.flows.fairness, n, cached_tokens, p.expected_output)
 
     def _output_known(self, p: Prepared, out: int | None) -> None:
@@ -717,21 +717,18 @@ class RequestPipeline:
     def set_reserved(self, p: Prepared) -> None:
         """Whether ``p`` may fill the capacity kept for high priority (``routing.saturation``), and whether
         its flow is heavy (``routing.isolation``), as its flow stands now; ``fifo`` knows no priorities:
-        every request may fill the reserve.  The evaluator applies the same rules (``flows_state``)."""
-        sat, iso = self.cfg.limits.saturation, self.cfg.limits.isolation
+        every request may fill the reserve.  The evaluator applies the same rules
+        (``VirtualFleet._set_reserved``)."""
+        sat = self.cfg.limits.saturation
         waiting = self.gate.queue.waiting(p.flow)
         p.inp.reserved = self.cfg.flows.fairness == "fifo" or sat.reserved(p.flow.priority, waiting)
-        p.inp.heavy = iso.on and self.meter.heavy(
+        p.inp.heavy, p.inp.quiet_open = self.meter.lanes(
+            self.cfg.limits.isolation,
             p.flow,
             time.monotonic(),
-            over_share=iso.over_share,
-            quiet_priority=iso.quiet_priority,
-            weight=lambda t: self.cfg.flows.tenant(t).weight,
             waiting=waiting,
-            backlog=iso.backlog,
-            hold_s=iso.hold_s,
+            weight=lambda t: self.cfg.flows.tenant(t).weight,
         )
-        p.inp.quiet_open = iso.on and self.meter.light_idle(time.monotonic(), iso.idle_s)
 
     async def _wait(self, p: Prepared, attempt: Callable[[], _T | None], cost: Callable[[_T], float]) -> _T:
         labels = self.flow_labels(p.flow)

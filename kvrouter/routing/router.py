@@ -194,9 +194,10 @@ class Router:
         """Other router replicas' prefill not yet done per target, by the events (replicas sharing
         speculative entries): their reported queued prefill counts up to it."""
         self.placed = PlacedBlocks()
-        self.quiet = QuietTargets(self.config.isolation)
         """New prompts' blocks placed per target lately (this router's, its host's other workers' and, told
         by the claims log, other replicas'): the placement band's balance key."""
+        self.quiet = QuietTargets(self.config.isolation)
+        """Which targets heavy flows keep off (``isolation``)."""
         self.sessions = SessionTable(self.config.settings.session)
         self.latency = LatencyBook(self.config.settings.predicted_latency.model, latency_store)
         """Every target's latency models, fed by every whole request's dispatch, first token and end

@@ -401,28 +401,19 @@ class VirtualFleet:
     def _set_reserved(self, rid: str) -> None:
         """As the gateway's pipeline (``set_reserved``): whether the request may fill the capacity kept for
         high priority, and whether its flow is heavy (quiet targets: ``routing.isolation``)."""
-        f, iso, inp = self.flow(rid), self.isolation, self.inputs[rid]
+        f, inp = self.flow(rid), self.inputs[rid]
         waiting = self.queue.waiting(f)
         inp.reserved = self.cfg.fairness == "fifo" or self.saturation.reserved(f.priority, waiting)
-        inp.heavy = iso.on and self.meter.heavy(
-            f,
-            self.clock.now,
-            over_share=iso.over_share,
-            quiet_priority=iso.quiet_priority,
-            waiting=waiting,
-            backlog=iso.backlog,
-            hold_s=iso.hold_s,
-        )
-        inp.quiet_open = iso.on and self.meter.light_idle(self.clock.now, iso.idle_s)
+        inp.heavy, inp.quiet_open = self.meter.lanes(self.isolation, f, self.clock.now, waiting=waiting)
 
     def _charge(self, rid: str, cached_tokens: int) -> None:
         """Admitted: its flow is charged as the gateway charges it (its output known exactly here)."""
         r, f = self.by_id[rid], self.flow(rid)
         n, out = r.num_prompt_tokens, r.max_output_tokens
         self.queue.charge(f, request_cost(self.cfg.fairness, n, cached_tokens, out))
-        self.charged[f.tenant] = self.charged.get(f.tenant, 0.0) + max(0, n - cached_tokens) + out
-        light = not self.inputs[rid].heavy
-        self.meter.add(f.tenant, max(0, n - cached_tokens) + out, self.clock.now, light=light)
+        work = max(0, n - cached_tokens) + out
+        self.charged[f.tenant] = self.charged.get(f.tenant, 0.0) + work
+        self.meter.add(f.tenant, work, self.clock.now, light=not self.inputs[rid].heavy)
 
     def _unrouted(self, rid: str, reason: str, queue_if_full: bool) -> None:
         if reason == "at_capacity" and queue_if_full:

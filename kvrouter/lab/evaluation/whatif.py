@@ -93,12 +93,13 @@ class WhatIf:
         vf = self.vf
         i, r, now = vf.index[instance], vf.by_id[rid], vf.clock.now
         fe = copy.deepcopy(vf.frontends[i])
+        # (the class's arrive: the copy's own attribute is the wrapper noting the original's arrivals)
         at_engine = type(fe).arrive(fe, now + vf.cfg.net_latency_s, r.num_prompt_tokens, vf._api(r))
         eng = copy.deepcopy(vf.engines[i])
         t = self.step_end[i] if vf.busy[i] and self.step_end[i] > now else now
         for ta, x in [*sorted((ta, x) for x, ta in self.pending[i].items()), (at_engine, rid)]:
             while t < ta and eng.has_work():
-                res = type(eng).step(eng)
+                res = eng.step()
                 if not (res.num_scheduled or res.loaded_tokens):
                     break
                 t += res.duration_s
@@ -107,7 +108,7 @@ class WhatIf:
             space = vf.workload.token_space
             eng.add_request(x, prompt_tokens(rx, space), rx.max_output_tokens, cache_salt=rx.cache_salt)
         while True:
-            res = type(eng).step(eng)
+            res = eng.step()
             t += res.duration_s
             if any(o.request_id == rid and o.first_token for o in res.outputs):
                 break
