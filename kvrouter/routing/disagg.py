@@ -8,7 +8,8 @@ lacks at most ``local_prefill_tokens`` and D's queue + what D lacks <= P's queue
 mode and P's queue + what P computes > ``prefill_busy_ratio`` x D's (``prefill_busy``).  Otherwise
 two legs: P computes the prompt and holds its KV cache, D pulls it and generates (``remote_prefill``).
 Predicted mode: where D's and P's latency models (warm) predict that only one plan meets both
-objectives, that plan (``predicted_split``, ``predicted_whole``); the conditional rules otherwise.
+objectives, that plan (``predicted_split``, ``predicted_whole``); split where neither is and whole misses the
+TTFT objective (``predicted_neither``); the conditional rules otherwise.
 
 The decode policy is kv-aware's cost with a light charge per uncached token (``decode_cache_weight``):
 by load first, then by what D caches itself, which is what makes ``short_uncached`` fire for the next
@@ -42,7 +43,8 @@ class DisaggMode(enum.StrEnum):
     PREDICTED = "predicted"
     """As conditional, except where the decode and the prefill instance's latency models (once warm)
     predict that only one plan, split or whole, meets ``slo_ttft_s`` and ``slo_tpot_s``: that plan
-    (``predicted_split``, ``predicted_whole``)."""
+    (``predicted_split``, ``predicted_whole``); split where neither does and whole misses ``slo_ttft_s``
+    (``predicted_neither``)."""
 
 
 class DisaggSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -207,12 +209,12 @@ class DisaggPlanner:
             pc.pending_prefill_tokens + max(0, inp.num_tokens - pc.cached_tokens) if pc else float("inf")
         )
         if s.mode == DisaggMode.PREDICTED and pc is not None:
-            split = self.predicted_split(inp, dc, pc)
-            if split is not None:
+            why = self.predicted_plan(inp, dc, pc)
+            if why is not None:
                 return (
-                    PDPlan("predicted_split", dd, pd, uncached)
-                    if split
-                    else PDPlan("predicted_whole", dd, uncached_tokens=uncached)
+                    PDPlan(why, dd, uncached_tokens=uncached)
+                    if why == "predicted_whole"
+                    else PDPlan(why, dd, pd, uncached)
                 )
         conditional = s.mode in (DisaggMode.CONDITIONAL, DisaggMode.PREDICTED)
         if conditional and uncached <= s.local_prefill_tokens and local_wait <= remote_wait:
@@ -224,16 +226,18 @@ class DisaggPlanner:
             return PDPlan("prefill_busy", dd, uncached_tokens=uncached)
         return PDPlan("remote_prefill", dd, pd, uncached)
 
-    def predicted_split(self, inp: RouteInput, dc: Candidate, pc: Candidate) -> bool | None:
-        """Split ``inp`` (prefill on ``pc``, decode on ``dc``: True) or keep it whole on ``dc`` (False)
-        when exactly one of the two plans is predicted to meet both objectives; None when both or neither
-        do, or while either instance's model is cold (the conditional rules decide).  Whole: ``dc``'s TTFT
-        and TPOT with the prompt it lacks computed there.  Split: ``pc``'s TTFT (the prefill leg) and
-        ``dc``'s TPOT with the prompt received.  The transfer is not predicted.
-
-        Why not the plan with the better predicted figures: under load, a whole request's prefill slows its
-        decode instance's TPOT past the objective nearly always, so that rule split until the prefill
-        pool's queue was seconds deep (2P2D Mooncake: within SLO 5.3 % against conditional's 12.4 %)."""
+    def predicted_plan(self, inp: RouteInput, dc: Candidate, pc: Candidate) -> str | None:
+        """The predicted mode's override of the conditional rules, as its reason (None: they decide, as while
+        either instance's model is cold).  Whole: ``dc``'s TTFT and TPOT with the prompt it lacks computed
+        there.  Split: ``pc``'s TTFT (the prefill leg) and ``dc``'s TPOT with the prompt received.  The
+        transfer is not predicted.
+        - ``predicted_split`` / ``predicted_whole``: only that plan is predicted to meet both objectives.
+        - ``predicted_neither`` (split): neither is, and whole misses the TTFT objective.  Kept whole, the
+          request would miss it and its prefill would slow every request decoding on ``dc`` as well; split,
+          that cost falls on the prefill pool's queue (within both objectives on a mixed 2P2D fleet:
+          28.5 % against 12.4 % at the trace's rate; docs/measurements.md).
+        Why not the plan with the better predicted figures: under load a whole request's TPOT misses nearly
+        always, so that rule split until the prefill pool's queue was seconds deep (5.3 % against 12.4 %)."""
         lat, s = self.router.latency, self.settings
         if not (lat.warm(dc.target) and lat.warm(pc.target)):
             return None
@@ -243,7 +247,11 @@ class DisaggPlanner:
         split_tpot = lat.predict(n, received(dc, n))[1]
         whole = whole_ttft <= s.slo_ttft_s and whole_tpot <= s.slo_tpot_s
         split = split_ttft <= s.slo_ttft_s and split_tpot <= s.slo_tpot_s
-        return None if whole == split else split
+        if whole != split:
+            return "predicted_split" if split else "predicted_whole"
+        if whole_ttft > s.slo_ttft_s:  # whole == split here: so neither meets both
+            return "predicted_neither"
+        return None
 
     def prefill_decision(
         self,

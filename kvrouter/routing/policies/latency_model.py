@@ -245,7 +245,7 @@ def ttft_features(num_tokens: int, c: Candidate) -> tuple[float, ...]:
 def received(c: Candidate, num_tokens: int) -> Candidate:
     """``c`` as a disaggregated request's decode instance sees it: the whole prompt received, none of it
     computed there.  The decode leg is learned from (``Router.dispatched``) and predicted for
-    (``DisaggPlanner.predicted_split``) through this one view."""
+    (``DisaggPlanner.predicted_plan``) through this one view."""
     return msgspec.structs.replace(c, hit_tokens=num_tokens)
 
 

@@ -275,6 +275,17 @@ def test_predicted_mode_takes_the_one_plan_predicted_to_meet_both_objectives() -
     for t in ("p0", "p1"):
         warm(pl, t, (0.1, 1.0, 0, 0, 0, 0, 0, 0), (0.01, 0, 0.1, 0))
     assert pl.plan(inp(ix, "d", PROMPT), fleet()).reason == "remote_prefill"
+    # neither meets them, and whole misses the TTFT objective (decode instances 3 s behind as well): split,
+    # so the prefill does not also slow the requests decoding there
+    for t in ("p0", "p1", "d2", "d3"):
+        warm(pl, t, (3.0, 1.0, 0, 0, 0, 0, 0, 0), (0.01, 0, 0.1, 0))
+    late = pl.plan(inp(ix, "e", PROMPT), fleet())
+    assert late.split and late.reason == "predicted_neither" and late.prefill_target is not None
+    # neither meets them, but whole meets the TTFT objective (it misses only the pace): the conditional
+    # rules decide (split: the decode instance lacks the prompt)
+    for t in ("d2", "d3"):
+        warm(pl, t, (0.1, 1.0, 0, 0, 0, 0, 0, 0), (0.01, 0, 0.1, 0))
+    assert pl.plan(inp(ix, "f", PROMPT), fleet()).reason == "remote_prefill"
 
 
 def test_a_prefill_leg_teaches_its_instance_ttft_and_a_decode_leg_only_its_pace() -> None:
