@@ -11,6 +11,11 @@ upstream; its time is reported on its own (``shadow_after_dispatch``), not in th
 ``rank_per_candidate``: one policy's ranking alone (``Policy.rank`` over candidates already built), per
 candidate, for kv-aware and predicted-latency (its every target's latency model warm) at 8 and 64
 candidates, in the same run: what predicting TTFT and TPOT adds to a decision.
+
+``flow_lanes_per_request``: with ``limits.isolation`` on, reading a request's lanes (heavy, quiet open)
+from the work meter and charging it, per request, with 10, 1,000 and 10,000 tenants metered (a router has
+one per API key): the cost must not grow with them (``target_lanes_flat_in_tenants``: 10,000 within 2x
+of 10).
 """
 
 from __future__ import annotations
@@ -28,12 +33,14 @@ from indexer import Indexer, SourceKey
 from indexer.encode import PayloadEncoder
 from indexer.hashing import TokenIds, request_chains
 from kvrouter.api.requests import prefix_text
+from kvrouter.flows import Flow, WorkMeter
 from kvrouter.host.latency import HostLatency
 from kvrouter.host.memory import HostLayout, HostMemory
 from kvrouter.lab.sim.server.tokenizer import SIM_CHAT_TEMPLATE
 from kvrouter.lab.workloads.text import WORDS
 from kvrouter.percentiles import summary_us
 from kvrouter.routing import RouteInput, Router, route_input
+from kvrouter.routing.isolation import Isolation
 from kvrouter.routing.policies import (
     KV_AWARE,
     PREDICTED_LATENCY,
@@ -163,7 +170,30 @@ def main(a: argparse.Namespace) -> dict[str, Any]:
         for v in pc.values()
     )
     res["target_decision_p50_le_500us"] = res["decision_sync"]["total"]["p50_us"] <= 500
+    lanes = {str(n): _lanes_per_request(n, a.iters * 10, rng) for n in (10, 1000, 10_000)}
+    res["flow_lanes_per_request"] = lanes
+    res["target_lanes_flat_in_tenants"] = lanes["10000"]["p50_us"] <= 2 * lanes["10"]["p50_us"]
     return res
+
+
+def _lanes_per_request(tenants: int, iters: int, rng: random.Random) -> dict[str, Any]:
+    """``WorkMeter.lanes`` and the admission's charge, per request, ``tenants`` metered (us)."""
+    iso = Isolation(quiet_share=0.5)
+    meter = WorkMeter(iso.half_life_s)
+    flows = [Flow(f"key-{i}", 1) for i in range(tenants)]
+    now = 0.0
+    for f in flows:
+        now += 1e-4
+        meter.add(f.tenant, rng.randrange(100, 5000), now)
+    times = []
+    for _ in range(iters):
+        f = flows[rng.randrange(tenants)]
+        now += 1e-3
+        t0 = time.perf_counter()
+        heavy, _ = meter.lanes(iso, f, now, waiting=0)
+        meter.add(f.tenant, 1200, now, light=not heavy)
+        times.append(time.perf_counter() - t0)
+    return summary_us(times)
 
 
 def _rank_per_candidate(router: Router, n: int, iters: int, rng: random.Random) -> dict[str, Any]:

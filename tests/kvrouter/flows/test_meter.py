@@ -75,6 +75,53 @@ def test_heavy_is_over_its_weighted_fair_share_backlogged_or_below_the_quiet_pri
         assert got == (mine > over * weight(tenant) / active)
 
 
+MANY = [f"t{i}" for i in range(40)]
+
+
+@settings(max_examples=150)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(MANY), st.floats(0.0, 30.0), st.sampled_from([1, 30, 1000, 50_000])),
+        min_size=1,
+        max_size=120,
+    ),
+    st.sampled_from(MANY),
+)
+def test_many_tenants_shares_and_heavy_against_the_reference(
+    steps: list[tuple[str, float, int]], tenant: str
+) -> None:
+    """Forty tenants of very unequal work, with silences past the rescaling (64 half-lives): who counts
+    as active comes and goes, and every answer is the plain decayed sums'."""
+    m, now, events = WorkMeter(0.4), 0.0, []
+    weight = lambda t: 1.0 + int(t[1:]) % 3  # noqa: E731
+    for t, dt, work in steps:
+        now += dt
+        m.add(t, work, now)
+        events.append((t, now, float(work)))
+        shares = reference(events, now, 0.4)
+        assert m.share(t, now) == pytest.approx(shares.get(t, 0.0), abs=2e-6)
+        mine = shares.get(tenant, 0.0)
+        active = sum(weight(x) for x, s in shares.items() if s >= ACTIVE - 1e-9 or x == tenant)
+        if (
+            mine
+            and abs(mine - 1.5 * weight(tenant) / active) > 1e-6
+            and all(abs(s - ACTIVE) > 1e-9 for s in shares.values())
+        ):
+            got = m.heavy(Flow(tenant, 1), now, over_share=1.5, quiet_priority=0, weight=weight)
+            assert got == (mine > 1.5 * weight(tenant) / active)
+
+
+def test_the_meter_forgets_tenants_that_came_once() -> None:
+    """A hundred thousand tenants, each charged once, 100 a second: the meter holds those of the last few
+    dozen half-lives, not every tenant it has seen."""
+    m = WorkMeter(1.0)
+    for i in range(100_000):
+        m.add(f"once-{i}", 100, i * 0.01)
+    assert 1000 < len(m) < 4000
+    assert m.share("once-99999", 1000.0) > m.share("once-99000", 1000.0) > 0
+    assert m.share("once-0", 1000.0) == 0
+
+
 def test_a_flood_is_heavy_the_others_are_not_and_it_is_forgotten() -> None:
     m = WorkMeter(10.0)
     for i in range(50):
