@@ -235,7 +235,7 @@ class DisaggPlanner:
         - ``predicted_neither`` (split): neither is, and whole misses the TTFT objective.  Kept whole, the
           request would miss it and its prefill would slow every request decoding on ``dc`` as well; split,
           that cost falls on the prefill pool's queue (within both objectives on a mixed 2P2D fleet:
-          28.5 % against 12.4 % at the trace's rate; docs/measurements.md).
+          28.8 % against 12.4 % at the trace's rate; docs/measurements.md).
         Why not the plan with the better predicted figures: under load a whole request's TPOT misses nearly
         always, so that rule split until the prefill pool's queue was seconds deep (5.3 % against 12.4 %)."""
         lat, s = self.router.latency, self.settings

@@ -240,6 +240,7 @@ def run_one(
     if book.samples is not None:  # each warm TTFT prediction against what came (at most 20,000)
         res["latency_samples"] = [s for s in book.samples if s[1] == "ttft"][:20_000]
     res["wall_s"] = time.perf_counter() - t0
+    res["policy"] = policy
     return res
 
 

@@ -77,7 +77,7 @@ def evaluate_pd(
     specs = {name: pd_spec(spec, name, roles) for name in setups}
     n = len(load_workload(spec).requests)
     results, _ = run_jobs(
-        [(name, s, KV_AWARE) for name, s in specs.items()],
+        [(name, s, SETUPS[name].policy) for name, s in specs.items()],
         jobs=jobs,
         show_progress=show_progress,
         desc=f"eval {roles_label(roles)}",

@@ -7,6 +7,11 @@ rate x0.33 ("1x" for this fleet) and x1.0 ("3x"), kv-aware against predicted-lat
 pooled-cache bound, per-request TTFTs and every warm prediction kept (``series``).  ``ratio_table`` sets
 predicted-latency beside kv-aware and the pooled run against the issue's targets; ``prediction_scatter``
 draws predicted against observed TTFT per instance; ``error_table`` gives the error per instance.
+
+``pd_cases(scale)``: the same trace's first 1,000 requests on a mixed 2P2D fleet (an H100 and an A100
+instance in each pool) at half the trace's rate and at its rate, split or whole by the conditional rules
+against the latency models (``routing.disaggregation.mode: predicted``); ``pd_table`` sets them side by
+side against the issue's target (within both objectives, at least conditional's share).
 """
 
 from __future__ import annotations
@@ -19,11 +24,13 @@ import numpy as np
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from kvrouter.lab.evaluation.compare import EvalSpec
+from kvrouter.lab.evaluation.pd import pd_spec
 from kvrouter.lab.evaluation.virtual_fleet import FleetSimConfig
 from kvrouter.lab.report.grid import Case
 from kvrouter.lab.report.plots import Chart
 from kvrouter.lab.report.scale import Scale
 from kvrouter.lab.report.tables import Table
+from kvrouter.routing.disagg import parse_roles
 
 Result = dict[str, Any]
 
@@ -49,6 +56,66 @@ def study_cases(scale: Scale) -> list[Case]:
             )
             cases.append(Case(name, scale.size(spec), x=rate))
     return cases
+
+
+PD_SETUPS = ("conditional", "predicted")
+PD_RATES = (0.5, 1.0)
+
+
+def pd_cases(scale: Scale) -> list[Case]:
+    """The mixed 2P2D fleet at ``PD_RATES``, each of ``PD_SETUPS`` (labelled ``2P2D <setup>``)."""
+    fleet = FleetSimConfig(instances=4, profile=H100, profiles=[H100, A100, H100, A100])
+    cases = []
+    for rate in PD_RATES:
+        spec = EvalSpec(
+            workload="mooncake-conversation",
+            overrides={"limit": 1000, "rate_multiplier": rate},
+            fleet=fleet,
+        )
+        for setup in PD_SETUPS:
+            cases.append(
+                Case(
+                    f"2P2D {setup}", pd_spec(scale.size(spec), setup, parse_roles("2P2D")), rate, bounds=False
+                )
+            )
+    return cases
+
+
+def pd_table(results: Sequence[Result]) -> Table:
+    """Per rate and setup: the share within both objectives, TTFT, TPOT, output throughput, and how many
+    requests the models' own plans decided (``predicted_*`` reasons)."""
+    rows = []
+    for r in sorted(results, key=lambda r: (r["x"], r["label"])):
+        (p,) = r["policies"].values()
+        reasons = p.get("pd_reasons", {})
+        n = sum(reasons.values()) or 1
+        by_models = sum(v for k, v in reasons.items() if k.startswith("predicted_")) / n
+        rows.append(
+            [
+                f"x{r['x']:g}",
+                r["label"].removeprefix("2P2D "),
+                p["slo_attainment"],
+                p["ttft_p50_s"],
+                p["ttft_p90_s"],
+                p["tpot_p90_s"],
+                p["throughput_tok_s"],
+                p["split_fraction"],
+                by_models,
+            ]
+        )
+    cols = [
+        "rate",
+        "setup",
+        "within SLO",
+        "TTFT p50",
+        "p90",
+        "TPOT p90",
+        "out tok/s",
+        "split",
+        "by the models",
+    ]
+    formats = ["str", "str", "pct", "s", "s", "s", "tok", "pct", "pct"]
+    return Table(cols, formats, rows, "mixed 2P2D: split or whole by the conditional rules or by the models")
 
 
 def ratio_table(results: Sequence[Result]) -> Table:

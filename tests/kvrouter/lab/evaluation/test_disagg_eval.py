@@ -128,13 +128,19 @@ def test_kvrouter_eval_roles_compares_the_setups(tmp_path: Path, capsys: pytest.
     out = tmp_path / "pd.json"
     args = p.parse_args(
         ["--workload", "sglang-gsp", "--set", "num_requests=16", "--set", "num_groups=2", "--roles", "1P1D",
-         "--setups", "aggregated,conditional-load", "--profile", "test", "--jobs", "1", "--no-progress",
-         "--json", str(out)]
+         "--setups", "aggregated,conditional-load,predicted", "--profile", "test", "--jobs", "1",
+         "--no-progress", "--json", str(out)]
     )  # fmt: skip
     assert eval_cmd.run(args) == 0
     res = json.loads(out.read_text())
-    assert res["roles"] == "1P1D" and list(res["policies"]) == ["aggregated", "conditional-load"]
+    assert res["roles"] == "1P1D" and list(res["policies"]) == ["aggregated", "conditional-load", "predicted"]
     assert res["policies"]["aggregated"]["split_fraction"] == 0.0
+    # each setup runs its own policy (predicted: the latency models rank the prefill pool too)
+    assert {k: v["policy"] for k, v in res["policies"].items()} == {
+        "aggregated": "kv-aware",
+        "conditional-load": "kv-aware",
+        "predicted": "predicted-latency",
+    }
     assert all(r["completed"] == 16 for r in res["policies"].values())
     printed = capsys.readouterr().out
     assert "conditional-load" in printed and "SLO" in printed
