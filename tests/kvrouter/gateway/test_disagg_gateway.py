@@ -280,6 +280,49 @@ async def test_conditional_keeps_a_mostly_cached_request_whole_on_its_decode_ins
         assert d["usage"]["prompt_tokens_details"]["cached_tokens"] > 300
 
 
+async def test_predicted_mode_splits_where_neither_plan_can_meet_the_objectives(fleet: SimFleet) -> None:
+    """``mode: predicted`` live: the conditional rules decide while the models are cold (short prompts
+    whole, teaching the decode instances their TTFT; long ones split, teaching the prefill instances
+    theirs).  Then every instance's model is set to predict 3 s of TTFT, past the 2 s objective: neither
+    plan can meet it, so a short prompt the conditional rules keep whole is split (``predicted_neither``),
+    through both legs, counted, and explain shows the same plan."""
+    rng = random.Random(8)
+    cfg = {
+        "disaggregation": {"mode": "predicted", "local_prefill_tokens": 256},
+        "predicted_latency": {"model": {"warmup": 3}},
+    }
+    async with gateway(fleet, routing=cfg) as (gw, base), aiohttp.ClientSession() as s:
+        lat = gw.router.latency
+        reasons = []
+        for i in range(40):
+            n = 20 if i % 2 else 400  # short: whole on a decode instance; long: split
+            body = {"model": MODEL, "max_tokens": 3, "prompt": words(rng, n)}
+            st, h, _ = await post(s, f"{base}/v1/completions", body)
+            assert st == 200
+            reasons.append(h["x-kvrouter-pd-reason"])
+            await until(lambda: gw.router.load.total_in_flight() == 0, what="the request released")
+            lat.train()
+            if all(lat.warm(TargetKey(t)) for t in (*PREFILL, *DECODE)):
+                break
+        else:
+            pytest.fail(f"the models never warmed: {reasons}")
+        assert "short_uncached" in reasons and "remote_prefill" in reasons  # cold: the conditional rules
+        assert not [r for r in reasons if r.startswith("predicted_")]
+        for t in (*PREFILL, *DECODE):
+            m = lat.model(TargetKey(t)).models
+            m["ttft"].set((3.0, 0, 0, 0, 0, 0, 0, 0))
+            m["tpot"].set((0.01, 0, 0, 0))
+        body = {"model": MODEL, "max_tokens": 3, "prompt": words(rng, 20)}
+        async with s.post(f"{base}/v1/route/explain", json=body) as r:
+            ex = await r.json()
+        assert ex["disaggregation"]["reason"] == "predicted_neither" and ex["disaggregation"]["split"]
+        st, h, _ = await post(s, f"{base}/v1/completions", body)  # short: conditional would keep it whole
+        assert st == 200 and (h["x-kvrouter-pd"], h["x-kvrouter-pd-reason"]) == ("split", "predicted_neither")
+        assert h["x-kvrouter-prefill-instance"] in PREFILL and h["x-kvrouter-instance"] in DECODE
+        m = await metrics(s, base)
+        assert total(m, "kvrouter_pd_decisions_total", mode="disaggregated", reason="predicted_neither") == 1
+
+
 async def test_a_killed_prefill_instance_costs_no_request(fleet: SimFleet, always: GW) -> None:
     rng = random.Random(4)
     prefix = words(rng, 400)
