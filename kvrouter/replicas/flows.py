@@ -94,6 +94,11 @@ class ReplicaFlows:
         self._sending: dict[str, float] = {}
         self._peer_use: dict[str, tuple[float, dict[str, float]]] = {}
         """Each peer's rate use as last taken from the buckets, and when it was last seen."""
+        self.since = ""
+        """Where the store's service totals stood at the last reply (``SyncReply.totals_at``): the next
+        reply carries only those changed since ("": every one)."""
+        self._external: dict[Flow, float] = {}
+        """Each flow's service given by the other replicas, as the replies have told it."""
         self.decode_errors = 0
 
     def totals(self) -> dict[str, float]:
@@ -116,8 +121,10 @@ class ReplicaFlows:
         self.sent.update(self._sending)
 
     def resync(self) -> None:
-        """Publish every total again at the next round trip (the store may have lost them)."""
+        """Publish every total again at the next round trip and read every one (the store may have lost
+        them)."""
         self.sent = {}
+        self.since = ""
 
     def apply(
         self,
@@ -125,17 +132,24 @@ class ReplicaFlows:
         totals: dict[str, float],
         peer_use: dict[str, dict[str, float]],
         now_s: float,
+        *,
+        totals_at: str = "",
+        totals_full: bool = True,
     ) -> None:
         """Peers' service joins the flows' counters, their rate use leaves the buckets, their waiters join
-        the board (``SyncReply``'s fields; ``now_s``: the rate limiter's clock)."""
-        external: dict[Flow, float] = {}
+        the board (``SyncReply``'s fields; ``now_s``: the rate limiter's clock).  ``totals``: every
+        service total (``totals_full``) or those changed since the last reply (each one this replica
+        published this round among them, so what it sent is subtracted afresh)."""
+        if totals_full:
+            self._external = {}
+        self.since = totals_at
         for key, total in totals.items():
             prio, _, tenant = key[2:].partition(":")
             try:
-                external[Flow(tenant, int(prio))] = max(0.0, total - self.sent.get(key, 0.0))
+                self._external[Flow(tenant, int(prio))] = max(0.0, total - self.sent.get(key, 0.0))
             except ValueError:
                 self.decode_errors += 1
-        self.board.flows.set_external(external)
+        self.board.flows.set_external(self._external)
         for peer, use in peer_use.items():
             before = self._peer_use.get(peer)
             if before is None:  # its use until now is not known to be recent: not taken

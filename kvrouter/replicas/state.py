@@ -68,6 +68,9 @@ class SyncRequest(msgspec.Struct, frozen=True):
     """msgpack ``replicas.flows.QueueWire``: this replica's waiters (empty: none)."""
     counts: list[tuple[str, float]] = []
     """This replica's running totals that changed since last published (``replicas.flows``)."""
+    totals_since: str = ""
+    """The ``SyncReply.totals_at`` of the last reply read: only the service totals changed since are
+    wanted ("" or another store's: every one)."""
 
 
 class SyncReply(msgspec.Struct, frozen=True):
@@ -81,9 +84,13 @@ class SyncReply(msgspec.Struct, frozen=True):
     peer_queues: list[tuple[int, bytes]] = []
     """(the store's time when published, ms; msgpack ``QueueWire``) of each live peer with waiters."""
     totals: dict[str, float] = {}
-    """Every service total summed over every replica that ever published one (this one included)."""
+    """Service totals summed over every replica that ever published one (this one included): every one
+    when ``totals_full``, else those changed since the request's ``totals_since``."""
     peer_use: dict[str, dict[str, float]] = {}
     """Every live peer's rate use as it last published it (by replica; empty: none yet)."""
+    totals_at: str = ""
+    """Where the store's totals stand ("<epoch>:<version>"): the next request's ``totals_since``."""
+    totals_full: bool = True
 
 
 _ENC = msgspec.msgpack.Encoder()
@@ -212,6 +219,7 @@ class ReplicaState:
             max_read,
             queue,
             counts,
+            self.flows.since if self.flows is not None else "",
         )
 
     def published(self) -> None:
@@ -273,7 +281,14 @@ class ReplicaState:
         if taken and self.router.host is not None:
             self.router.host.peers(taken)
         if self.flows is not None:
-            self.flows.apply(reply.peer_queues, reply.totals, reply.peer_use, now)
+            self.flows.apply(
+                reply.peer_queues,
+                reply.totals,
+                reply.peer_use,
+                now,
+                totals_at=reply.totals_at,
+                totals_full=reply.totals_full,
+            )
 
     def forget_peers(self) -> None:
         """Peers' load is unknown (the store is unreachable past a lease): route on the local view."""

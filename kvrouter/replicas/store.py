@@ -4,15 +4,21 @@ Two implementations pass one behaviour suite (``tests/kvrouter/replicas/test_sto
 ``RedisReplicaStore`` (one Lua script per round trip, on a real Redis) and ``MemoryReplicaHub`` (the same
 semantics in process, on a clock passed in: the virtual fleet's replicas meet there).
 
-Redis keys (``P`` = ``{namespace}``; all expire by themselves): ``P:load:<replica>`` (msgpack
-LoadReport, PX lease), ``P:members`` (zset scored by lease end, stale members pruned per sync),
-``P:spec`` (stream of ``{r: replica, b: msgpack list[SpecWire]}``, trimmed to the last ``window`` by MINID),
-``P:queue:<replica>`` ("<ms>:" + msgpack QueueWire, PX lease; absent while it has no waiters),
-``P:cum:<replica>`` (hash: each service total "s:..." as that replica last published it), ``P:cum``
-(hash: their sum over every replica; a replica's published total replaces its previous one, so a repeat is
-harmless), ``P:use:<replica>`` (hash: its rate use "r:..", "t:..", read for every live peer, empty or
-not).  Running totals are kept a day after their last round trip: a replica gone keeps its share of the
-service (service given).
+Redis keys (``P`` = ``{namespace}``; all expire by themselves):
+- ``P:load:<replica>`` (msgpack LoadReport, PX lease), ``P:members`` (zset scored by lease end, stale
+  members pruned per sync), ``P:spec`` (stream of ``{r: replica, b: msgpack list[SpecWire]}``, trimmed to
+  the last ``window`` by MINID), ``P:queue:<replica>`` ("<ms>:" + msgpack QueueWire, PX lease; absent
+  while it has no waiters);
+- ``P:cum:<replica>`` (hash: each service total "s:..." as that replica last published it), ``P:cum``
+  (hash: their sum over every replica; a replica's published total replaces its previous one, so a
+  repeat is harmless), ``P:use:<replica>`` (hash: its rate use "r:..", "t:..", read for every live peer,
+  empty or not).  Running totals are kept a day after their last round trip: a replica gone keeps its
+  share of the service (service given);
+- ``P:cumv`` (a version, one more at each round trip that changes a sum), ``P:cumt`` (zset: each sum's
+  name scored by the version that last changed it), ``P:cume`` (the epoch: the store's time when these
+  began).  A reply's ``totals_at`` is "<epoch>:<version>"; a request since it gets only the sums changed
+  after it, so a round trip costs what changed, not the number of tenants.  Since another epoch, or a
+  version the store has not reached (a restart, an expiry): every sum.
 
 One script per round trip: refresh our lease, prune dead members, append our batch, trim, then read
 every other live member's load and the peers' batches after our cursor.  A replica that stops (crash,
@@ -61,16 +67,26 @@ else
   redis.call('DEL', qk)
 end
 local ck, mine, use = P..':cum', P..':cum:'..me, P..':use:'..me
-for i = 10, #ARGV, 2 do
+local vk, tk, ek = P..':cumv', P..':cumt', P..':cume'
+local epoch = redis.call('GET', ek)
+if not epoch then
+  epoch = string.format('%d', now)
+  redis.call('SET', ek, epoch)
+  redis.call('DEL', vk, tk)
+end
+local version = false
+for i = 11, #ARGV, 2 do
   if string.sub(ARGV[i], 1, 2) == 's:' then
     local old = tonumber(redis.call('HGET', mine, ARGV[i]) or '0')
     redis.call('HINCRBYFLOAT', ck, ARGV[i], string.format('%.17g', tonumber(ARGV[i + 1]) - old))
     redis.call('HSET', mine, ARGV[i], ARGV[i + 1])
+    if not version then version = redis.call('INCR', vk) end
+    redis.call('ZADD', tk, version, ARGV[i])
   else
     redis.call('HSET', use, ARGV[i], ARGV[i + 1])
   end
 end
-for _, k in ipairs({ck, mine, use}) do redis.call('PEXPIRE', k, 86400000) end
+for _, k in ipairs({ck, mine, use, vk, tk, ek}) do redis.call('PEXPIRE', k, 86400000) end
 local peers, queues, uses = {}, {}, {}
 for _, r in ipairs(redis.call('ZRANGE', mk, 0, -1)) do
   if r ~= me then
@@ -93,7 +109,25 @@ for _, e in ipairs(redis.call('XRANGE', sk, start, '+', 'COUNT', maxread)) do
     specs[#specs + 1] = f[4]
   end
 end
-return {now, last, peers, specs, queues, redis.call('HGETALL', ck), uses}
+local cur = tonumber(redis.call('GET', vk) or '0')
+local e, v = string.match(ARGV[10], '^(%d+):(%d+)$')
+local totals, full = {}, 1
+if e == epoch and tonumber(v) <= cur then
+  full = 0
+  local names = redis.call('ZRANGEBYSCORE', tk, '('..v, '+inf')
+  for j = 1, #names, 1000 do
+    local part = {}
+    for k = j, math.min(j + 999, #names) do part[#part + 1] = names[k] end
+    local vals = redis.call('HMGET', ck, unpack(part))
+    for k = 1, #part do
+      totals[#totals + 1] = part[k]
+      totals[#totals + 1] = vals[k] or '0'
+    end
+  end
+else
+  totals = redis.call('HGETALL', ck)
+end
+return {now, last, peers, specs, queues, totals, uses, epoch..':'..cur, full}
 """
 
 
@@ -112,10 +146,10 @@ class RedisReplicaStore:
 
     async def sync(self, req: SyncRequest) -> SyncReply:
         args: list[bytes | str | int | float] = [self.prefix, req.replica, req.lease_ms, req.loads, req.specs]
-        args += [req.cursor, req.window_ms, req.max_read, req.queue]
+        args += [req.cursor, req.window_ms, req.max_read, req.queue, req.totals_since]
         for name, value in req.counts:
             args += [name, repr(float(value))]
-        now, last, peers, specs, queues, totals, uses = await self._script(args=args)
+        now, last, peers, specs, queues, totals, uses, at, full = await self._script(args=args)
         pairs = [(_stream_ms(specs[i]), bytes(specs[i + 1])) for i in range(0, len(specs), 2)]
         cursor = last.decode() if isinstance(last, bytes) else str(last)
         return SyncReply(
@@ -126,6 +160,8 @@ class RedisReplicaStore:
             [_stamped(bytes(q)) for q in queues],
             _floats(totals),
             {_text(uses[i]): _floats(uses[i + 1]) for i in range(0, len(uses), 2)},
+            _text(at),
+            bool(full),
         )
 
     async def leave(self, replica: str) -> None:
@@ -167,6 +203,10 @@ class MemoryReplicaHub:
         """Each replica's service totals as it last published them (kept after it leaves)."""
         self.use: dict[str, dict[str, float]] = {}
         """Each replica's rate use as it last published it."""
+        self.epoch = str(int(clock() * 1000))
+        self.version = 0
+        self.changed: dict[str, int] = {}
+        """Each total's name and the version that last changed it (Redis: ``P:cumt``)."""
 
     def sync_now(self, req: SyncRequest) -> SyncReply:
         now = int(self.clock() * 1000)
@@ -174,10 +214,14 @@ class MemoryReplicaHub:
         self.members[req.replica] = _Member(req.loads, now + req.lease_ms, queue)
         mine = self.published.setdefault(req.replica, {})
         use = self.use.setdefault(req.replica, {})
+        bumped = False
         for name, value in req.counts:
             if name.startswith("s:"):
                 self.totals[name] = self.totals.get(name, 0.0) + value - mine.get(name, 0.0)
                 mine[name] = value
+                if not bumped:
+                    self.version, bumped = self.version + 1, True
+                self.changed[name] = self.version
             else:
                 use[name] = value
         self.members = {r: m for r, m in self.members.items() if m.lease_end > now}
@@ -200,7 +244,15 @@ class MemoryReplicaHub:
         queues = [m.queue for r, m in self.members.items() if r != req.replica and m.queue is not None]
         specs = [(e[0], e[3]) for e in news if e[2] != req.replica]
         uses = {r: dict(self.use.get(r, {})) for r in self.members if r != req.replica}
-        return SyncReply(now, cursor, peers, specs, queues, dict(self.totals), uses)
+        epoch, _, since = req.totals_since.partition(":")
+        full = epoch != self.epoch or not since.isdigit() or int(since) > self.version
+        totals = (
+            dict(self.totals)
+            if full
+            else {k: self.totals[k] for k, v in self.changed.items() if v > int(since)}
+        )
+        at = f"{self.epoch}:{self.version}"
+        return SyncReply(now, cursor, peers, specs, queues, totals, uses, at, full)
 
     async def sync(self, req: SyncRequest) -> SyncReply:
         return self.sync_now(req)

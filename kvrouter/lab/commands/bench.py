@@ -1,5 +1,5 @@
-"""``kvrouter bench [indexer|tokenizer|routing|gateway|redis|replicas|epp|parity|workers|all] [its options]``:
-one JSON document out.
+"""``kvrouter bench [indexer|tokenizer|routing|gateway|redis|replicas|store|epp|parity|workers|all]
+[its options]``: one JSON document out.
 
 Each benchmark is a module of ``kvrouter.lab.bench`` with ``add_args(parser)`` and ``main(args) -> dict``;
 peers (Dynamo's RadixTree, sglang-router) are measured in the same run when ``shared/peerbench`` and its
@@ -22,6 +22,7 @@ BENCHES = {
     "gateway": "kvrouter.lab.bench.gateway_bench",
     "redis": "kvrouter.lab.bench.redis_bench",
     "replicas": "kvrouter.lab.bench.replicas_bench",
+    "store": "kvrouter.lab.bench.store_bench",
     "epp": "kvrouter.lab.bench.epp_bench",
     "parity": "kvrouter.lab.bench.parity_bench",
     "workers": "kvrouter.lab.bench.workers_bench",

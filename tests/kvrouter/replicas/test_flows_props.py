@@ -68,18 +68,29 @@ ops = st.lists(
 
 def round_trip(hub: MemoryReplicaHub, name: str, r: Replica, lost: bool) -> None:
     queue, counts = r.flows.request()
-    reply = hub.sync_now(SyncRequest(name, 10_000, b"", b"", "", 1000, 10, queue, counts))
+    since = r.flows.since  # only the totals changed since its last reply come back
+    reply = hub.sync_now(SyncRequest(name, 10_000, b"", b"", "", 1000, 10, queue, counts, since))
     r.stored = dict(r.charged)
     r.stored_use = list(r.taken)
     if lost:  # the store has it; this replica never hears back (SharedState then resyncs)
         r.flows.resync()
         return
     r.flows.published()
-    r.flows.apply(reply.peer_queues, reply.totals, reply.peer_use, NOW)
+    r.flows.apply(
+        reply.peer_queues,
+        reply.totals,
+        reply.peer_use,
+        NOW,
+        totals_at=reply.totals_at,
+        totals_full=reply.totals_full,
+    )
 
 
 @settings(max_examples=200, deadline=None)
 @given(ops)
+@example(  # a round trip that changed nothing: the reply carries no totals, and the peers' service stays
+    [("charge", 1, FLOWS[0], 10.0), ("sync", 1, False), ("sync", 0, False), ("sync", 0, False)]
+)  # fmt: skip
 @example(  # service and use published before the store restarted, nothing new since: published again
     [("charge", 1, FLOWS[0], 10.0), ("take", 1, 7), ("sync", 1, False), ("sync", 0, False),
      ("restart", 0), ("sync", 1, False), ("take", 1, 3), ("sync", 1, False), ("sync", 0, False)]

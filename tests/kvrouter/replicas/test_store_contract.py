@@ -180,3 +180,29 @@ async def test_running_totals_sum_every_replicas_latest_and_outlive_it(world: Wo
     await s.leave("r1")
     got = await s.sync(req("r2", {}))
     assert got.totals == {"s:0:a": 10.75, "s:1:b": -2.0} and got.peer_use == {}
+
+
+def since_(r: SyncRequest, at: str) -> SyncRequest:
+    return msgspec.structs.replace(r, totals_since=at)
+
+
+async def test_a_reader_since_its_last_reply_gets_only_the_totals_changed_after_it(world: World) -> None:
+    """Each reply says where the totals stand; a request since then gets only the sums changed after it
+    (its own publishing of the same round trip included), so many tenants cost a round trip what changed,
+    not their number.  A request since an unknown epoch, or a version the store has not reached (it
+    restarted, its keys expired), gets every sum."""
+    s = world.store
+    await s.sync(with_queue(req("r1", {}), counts=[(f"s:0:t{i}", float(i + 1)) for i in range(50)]))
+    first = await s.sync(req("r2", {}))
+    assert first.totals_full and len(first.totals) == 50 and first.totals["s:0:t7"] == 8.0
+    at = first.totals_at
+    quiet = await s.sync(since_(req("r2", {}), at))
+    assert (quiet.totals_full, quiet.totals, quiet.totals_at) == (False, {}, at)
+    await s.sync(with_queue(req("r1", {}), counts=[("s:0:t3", 10.0), ("s:1:new", 2.0), ("r:a", 1.0)]))
+    got = await s.sync(since_(with_queue(req("r2", {}), counts=[("s:0:t7", 1.5)]), at))
+    assert not got.totals_full and got.totals == {"s:0:t3": 10.0, "s:1:new": 2.0, "s:0:t7": 9.5}
+    assert (await s.sync(since_(req("r2", {}), got.totals_at))).totals == {}
+    epoch, _, version = got.totals_at.partition(":")
+    for stale in (f"{epoch}:{int(version) + 5}", f"1{epoch}:0", "", "garbage"):
+        full = await s.sync(since_(req("r2", {}), stale))
+        assert full.totals_full and len(full.totals) == 51 and full.totals["s:0:t7"] == 9.5, stale
