@@ -65,6 +65,10 @@ class _Flows(FlowAccounts, BucketStore, Protocol):
     pass
 
 
+FULL_EVERY = 200
+"""Every this many replies, ask for every service total rather than those changed (10 s at the default
+interval): a sum changed without a version (a replica of an older release, during a rolling upgrade) or
+a version key evicted alone would otherwise stay unseen.  Costs 1/200 of reading them all each time."""
 FORGET_S = 600.0
 """A peer not seen for this long is forgotten (its use, if it comes back, is its new baseline)."""
 _ENC = msgspec.msgpack.Encoder()
@@ -99,6 +103,7 @@ class ReplicaFlows:
         reply carries only those changed since ("": every one)."""
         self._external: dict[Flow, float] = {}
         """Each flow's service given by the other replicas, as the replies have told it."""
+        self._replies = 0
         self.decode_errors = 0
 
     def totals(self) -> dict[str, float]:
@@ -142,7 +147,8 @@ class ReplicaFlows:
         published this round among them, so what it sent is subtracted afresh)."""
         if totals_full:
             self._external = {}
-        self.since = totals_at
+        self._replies += 1
+        self.since = totals_at if self._replies % FULL_EVERY else ""
         for key, total in totals.items():
             prio, _, tenant = key[2:].partition(":")
             try:

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from kvrouter.flows import Flow, FlowsConfig, ProcessBoard, RateLimiter, TenantFlow
 from kvrouter.replicas import MemoryReplicaHub, SyncRequest
-from kvrouter.replicas.flows import ReplicaFlows
+from kvrouter.replicas.flows import FULL_EVERY, ReplicaFlows, service_key
 
 REPLICAS = 3
 FLOWS = [Flow("a", 0), Flow("b", 0), Flow("a", 1)]
@@ -171,3 +171,21 @@ def test_a_peers_best_waiter_defers_only_lower_priorities_of_its_group() -> None
     round_trip(hub, "a", a, False)
     round_trip(hub, "b", b, False)
     assert b.board.peer_tops() == [] and b.board.peers_waiting() == 0
+
+
+def test_every_full_every_replies_a_replica_asks_for_every_total_again() -> None:
+    """A total changed without a version (an older replica during a rolling upgrade: its script does not
+    keep them) reaches a replica reading changes only at its next full read, FULL_EVERY replies on."""
+    hub = MemoryReplicaHub(lambda: NOW)
+    r, old = Replica(), Replica()
+    old.board.flows.charge(FLOWS[0], 5.0)
+    round_trip(hub, "old", old, False)
+    sinces = []
+    for k in range(FULL_EVERY + 1):
+        if k == 3:  # as an older release publishes: the sum moves, no version does
+            hub.totals[service_key(FLOWS[0])] += 7.0
+        sinces.append(r.flows.since)
+        round_trip(hub, "new", r, False)
+        want = 5.0 if k < FULL_EVERY else 12.0
+        assert r.board.flows.external.get(FLOWS[0]) == want, k
+    assert sinces[0] == "" and all(sinces[1:FULL_EVERY]) and sinces[FULL_EVERY] == ""
