@@ -93,6 +93,10 @@ class FlowAccounts(Protocol):
         """Service other router replicas gave each flow (a flow not named: none); a flow's counter counts
         it from now on."""
 
+    def served_changed(self) -> dict[Flow, float] | None:
+        """``served()`` of the flows charged since the last call only (None: not kept; read ``served()``).
+        What lets a replica publish what changed without reading every tenant's total."""
+
 
 class LocalAccounts:
     def __init__(self) -> None:
@@ -104,6 +108,8 @@ class LocalAccounts:
         """Service charged here, per flow, since start (never lifted)."""
         self.external: dict[Flow, float] = {}
         """Service other router replicas gave each flow."""
+        self._changed: set[Flow] = set()
+        """Flows charged since the last ``served_changed``."""
 
     def counter(self, flow: Flow) -> float:
         return self.counters.get(flow, 0.0) + self.external.get(flow, 0.0)
@@ -120,6 +126,7 @@ class LocalAccounts:
         self.vtime[flow.priority] = max(self.vtime.get(flow.priority, 0.0), self.counter(flow))
         self.counters[flow] = self.counters.get(flow, 0.0) + amount
         self.own[flow] = self.own.get(flow, 0.0) + amount
+        self._changed.add(flow)
 
     def set_waiting(self, flow: Flow, n: int) -> None:
         pass  # the queue's own table is the only backlog
@@ -132,6 +139,11 @@ class LocalAccounts:
 
     def set_external(self, service: Mapping[Flow, float]) -> None:
         self.external = dict(service)
+
+    def served_changed(self) -> dict[Flow, float] | None:
+        out = {f: self.own[f] for f in self._changed}
+        self._changed.clear()
+        return out
 
 
 class FlowQueue(Generic[T]):

@@ -98,6 +98,9 @@ class HostFlows:
         for f, s in self._flow_slots():
             self._acc[s, 3] = service.get(f, 0.0)
 
+    def served_changed(self) -> dict[Flow, float] | None:
+        return None  # charged by every worker: not tracked here (the host's flow slots are bounded)
+
     def set_waiting(self, flow: Flow, n: int) -> None:
         self._waiting[self.me, self.flow_slot(flow)] = n
 

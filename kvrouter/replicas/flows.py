@@ -104,6 +104,11 @@ class ReplicaFlows:
         self._external: dict[Flow, float] = {}
         """Each flow's service given by the other replicas, as the replies have told it."""
         self._replies = 0
+        self._whole = True
+        """The next request reads every service total here (start, resync; or accounts that do not keep
+        what changed), not only the flows charged since."""
+        self._unsent: dict[str, float] = {}
+        """Service totals read as changed and not yet known to be published."""
         self.decode_errors = 0
 
     def totals(self) -> dict[str, float]:
@@ -114,22 +119,43 @@ class ReplicaFlows:
             out[f"t:{tenant}"] = tokens
         return out
 
+    def _changed(self) -> dict[str, float]:
+        """The totals that may have changed: every one, or the service of the flows charged since the last
+        request (with what an unanswered request carried) and the rate use (configured tenants only)."""
+        flows = self.board.flows
+        changed = flows.served_changed()
+        if self._whole or changed is None:
+            self._whole = changed is None
+            out = self.totals()
+            # kept until published: a round trip that neither succeeds nor fails (this process stalled)
+            # leaves them to the next request
+            self._unsent = {k: v for k, v in out.items() if k.startswith("s:")}
+            return out
+        self._unsent.update((service_key(f), v) for f, v in changed.items())
+        out = dict(self._unsent)
+        for tenant, (requests, tokens) in flows.counted().items():
+            out[f"r:{tenant}"] = requests
+            out[f"t:{tenant}"] = tokens
+        return out
+
     def request(self) -> tuple[bytes, list[tuple[str, float]]]:
         """What this replica publishes: its waiters (b"" when none) and its changed running totals."""
         waiting = self.board.waiting_total()
         tops = [TopWire(g, p) for g, p in self.board.own_tops()]
         queue = _ENC.encode(QueueWire(waiting, tops)) if waiting or tops else b""
-        self._sending = self.totals()
+        self._sending = self._changed()
         return queue, [(k, v) for k, v in self._sending.items() if self.sent.get(k) != v]
 
     def published(self) -> None:
         self.sent.update(self._sending)
+        self._unsent = {}
 
     def resync(self) -> None:
         """Publish every total again at the next round trip and read every one (the store may have lost
         them)."""
         self.sent = {}
         self.since = ""
+        self._whole = True
 
     def apply(
         self,

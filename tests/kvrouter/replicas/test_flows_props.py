@@ -61,6 +61,7 @@ ops = st.lists(
         st.tuples(st.just("wait"), st.integers(0, REPLICAS - 1), st.integers(0, 4)),
         st.tuples(st.just("sync"), st.integers(0, REPLICAS - 1), st.booleans()),
         st.tuples(st.just("restart"), st.just(0)),
+        st.tuples(st.just("stall"), st.integers(0, REPLICAS - 1), st.booleans()),
     ),
     max_size=60,
 )
@@ -88,6 +89,10 @@ def round_trip(hub: MemoryReplicaHub, name: str, r: Replica, lost: bool) -> None
 
 @settings(max_examples=200, deadline=None)
 @given(ops)
+@example(  # its first request (every total) stalls undelivered: the next carries them again
+    [("charge", 1, FLOWS[0], 10.0), ("stall", 1, False), ("charge", 1, FLOWS[1], 5.0), ("sync", 1, False),
+     ("sync", 0, False)]
+)  # fmt: skip
 @example(  # a round trip that changed nothing: the reply carries no totals, and the peers' service stays
     [("charge", 1, FLOWS[0], 10.0), ("sync", 1, False), ("sync", 0, False), ("sync", 0, False)]
 )  # fmt: skip
@@ -109,6 +114,13 @@ def test_each_replica_counts_what_the_others_gave_and_took(steps: list[tuple]) -
             for p in reps:
                 p.flows.resync()
                 p.stored, p.stored_use = {}, [0.0, 0.0]
+        elif op == "stall":  # its request sent (reaching the store or not), no answer, no resync
+            (delivered,) = args
+            queue, counts = r.flows.request()
+            if delivered:
+                hub.sync_now(SyncRequest(f"r{i}", 10_000, b"", b"", "", 1000, 10, queue, counts))
+                r.stored, r.stored_use = dict(r.charged), list(r.taken)
+                published_waiting[i] = r.waiting
         elif op == "charge":
             flow, amount = args
             r.board.flows.charge(flow, amount)
