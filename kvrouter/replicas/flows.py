@@ -5,10 +5,11 @@ values: no I/O; the replicas' round trip (``SharedState``) carries them.
 
     board (host.QueueBoard | flows.ProcessBoard) ── request() ─▶ SyncRequest.queue, .counts
       waiting, best waiters' (group, priority)         QueueWire: {waiting, tops [(group, priority)]}
-      flows.served(), flows.counted()                  counts: "s:<priority>:<tenant>" service,
-                                                               "r:<tenant>" / "t:<tenant>" requests / tokens
+      flows.served_changed() (else .served())         counts: "s:<priority>:<tenant>" service,
+      flows.counted()                                          "r:<tenant>" / "t:<tenant>" requests / tokens
     board.set_peers(waiting, tops)   ◀─ apply(reply) ◀─ SyncReply.peer_queues, .totals (service summed
-    flows.set_external(peers' service)                  over replicas), .peer_use (each live peer's)
+    flows.set_external(peers' service)                  over replicas, changed since .totals_since),
+                                                        .peer_use (each live peer's)
     RateLimiter.debit(what each peer's use grew by)
 
 Invariants:
