@@ -192,9 +192,12 @@ async def test_a_reader_since_its_last_reply_gets_only_the_totals_changed_after_
     not their number.  A request since an unknown epoch, or a version the store has not reached (it
     restarted, its keys expired), gets every sum."""
     s = world.store
-    await s.sync(with_queue(req("r1", {}), counts=[(f"s:0:t{i}", float(i + 1)) for i in range(50)]))
+    before = (await s.sync(req("r2", {}))).totals_at
+    await s.sync(with_queue(req("r1", {}), counts=[(f"s:0:t{i}", float(i + 1)) for i in range(1200)]))
+    many = await s.sync(since_(req("r3", {}), before))  # more than one of the script's reads of 1,000
+    assert not many.totals_full and len(many.totals) == 1200 and many.totals["s:0:t1199"] == 1200.0
     first = await s.sync(req("r2", {}))
-    assert first.totals_full and len(first.totals) == 50 and first.totals["s:0:t7"] == 8.0
+    assert first.totals_full and len(first.totals) == 1200 and first.totals["s:0:t7"] == 8.0
     at = first.totals_at
     quiet = await s.sync(since_(req("r2", {}), at))
     assert (quiet.totals_full, quiet.totals, quiet.totals_at) == (False, {}, at)
@@ -205,4 +208,4 @@ async def test_a_reader_since_its_last_reply_gets_only_the_totals_changed_after_
     epoch, _, version = got.totals_at.partition(":")
     for stale in (f"{epoch}:{int(version) + 5}", f"1{epoch}:0", "", "garbage"):
         full = await s.sync(since_(req("r2", {}), stale))
-        assert full.totals_full and len(full.totals) == 51 and full.totals["s:0:t7"] == 9.5, stale
+        assert full.totals_full and len(full.totals) == 1201 and full.totals["s:0:t7"] == 9.5, stale
