@@ -78,11 +78,12 @@ class QueueBoard:
             if slots[0] <= 0:
                 return None
             for slot in slots:
-                g = self._group(int(slot)) if slot > 0 else None
-                if slot > 0 and g is None:
+                if slot <= 0:
+                    break  # the rest are empty
+                g = self._group(int(slot))
+                if g is None:
                     return None
-                if g is not None:
-                    out.add(g)
+                out.add(g)
         return out
 
     def heads(self) -> list[tuple[Flow, int]]:

@@ -113,9 +113,11 @@ class ReplicaFlows:
         self.decode_errors = 0
 
     def totals(self) -> dict[str, float]:
-        flows = self.board.flows
-        out = {service_key(f): v for f, v in flows.served().items()}
-        for tenant, (requests, tokens) in flows.counted().items():
+        return self._with_use({service_key(f): v for f, v in self.board.flows.served().items()})
+
+    def _with_use(self, out: dict[str, float]) -> dict[str, float]:
+        """``out`` and this replica's rate use per tenant (configured limits only: few)."""
+        for tenant, (requests, tokens) in self.board.flows.counted().items():
             out[f"r:{tenant}"] = requests
             out[f"t:{tenant}"] = tokens
         return out
@@ -123,8 +125,7 @@ class ReplicaFlows:
     def _changed(self) -> dict[str, float]:
         """The totals that may have changed: every one, or the service of the flows charged since the last
         request (with what an unanswered request carried) and the rate use (configured tenants only)."""
-        flows = self.board.flows
-        changed = flows.served_changed()
+        changed = self.board.flows.served_changed()
         if self._whole or changed is None:
             self._whole = changed is None
             out = self.totals()
@@ -133,11 +134,7 @@ class ReplicaFlows:
             self._unsent = {k: v for k, v in out.items() if k.startswith("s:")}
             return out
         self._unsent.update((service_key(f), v) for f, v in changed.items())
-        out = dict(self._unsent)
-        for tenant, (requests, tokens) in flows.counted().items():
-            out[f"r:{tenant}"] = requests
-            out[f"t:{tenant}"] = tokens
-        return out
+        return self._with_use(dict(self._unsent))
 
     def request(self) -> tuple[bytes, list[tuple[str, float]]]:
         """What this replica publishes: its waiters (b"" when none) and its changed running totals."""
