@@ -14,14 +14,23 @@ the same classes.
 """
 
 from .board import LocalFlows, ProcessBoard
-from .config import FAIRNESS, Fairness, FlowsConfig, TenantFlow
+from .config import DEFAULT_MAX_FLOWS, FAIRNESS, Fairness, FlowsConfig, TenantFlow
 from .identity import identify
 from .meter import WorkMeter
 from .rate import Buckets, BucketStore, LocalBuckets, RateLimiter
-from .scheduler import Flow, FlowAccounts, FlowQueue, LocalAccounts, Refused, Waiter, request_cost
+from .scheduler import (
+    Flow,
+    FlowAccounts,
+    FlowQueue,
+    LocalAccounts,
+    Refused,
+    Waiter,
+    request_cost,
+)
 from .slo import Objective, SloConfig, TargetView, best, miss, predict, read_objective
 
 __all__ = [
+    "DEFAULT_MAX_FLOWS",
     "FAIRNESS",
     "BucketStore",
     "Buckets",

@@ -11,6 +11,7 @@ process.  Pure: the replicas' sync (``kvrouter.replicas.flows``) writes the peer
 
 from __future__ import annotations
 
+from .config import DEFAULT_MAX_FLOWS
 from .rate import LocalBuckets
 from .scheduler import Flow, LocalAccounts
 
@@ -18,8 +19,8 @@ from .scheduler import Flow, LocalAccounts
 class LocalFlows(LocalAccounts, LocalBuckets):
     """``FlowAccounts`` and ``BucketStore`` of one process (``pipeline.gate.SharedFlows``)."""
 
-    def __init__(self) -> None:
-        LocalAccounts.__init__(self)
+    def __init__(self, max_flows: int = DEFAULT_MAX_FLOWS) -> None:
+        LocalAccounts.__init__(self, max_flows)
         LocalBuckets.__init__(self)
 
 
@@ -29,8 +30,8 @@ class ProcessBoard:
 
     poll_s = 0.05
 
-    def __init__(self) -> None:
-        self.flows = LocalFlows()
+    def __init__(self, max_flows: int = DEFAULT_MAX_FLOWS) -> None:
+        self.flows = LocalFlows(max_flows)
         self._waiting = 0
         self._head: tuple[Flow, int, str] | None = None
         self._peers_waiting = 0

@@ -25,6 +25,8 @@ from indexer.errors import ConfigError
 
 from .slo import SloConfig
 
+DEFAULT_MAX_FLOWS = 100_000
+
 Fairness = Literal["fifo", "requests", "vtc", "work"]
 FAIRNESS: tuple[Fairness, ...] = ("fifo", "requests", "vtc", "work")
 """``fifo``: one queue in arrival order, priorities ignored (the router before flows).  The others serve
@@ -72,6 +74,10 @@ class FlowsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     tenants: dict[str, TenantFlow] = {}
     max_tenant_name: int = 64
     """Longer header tenant names are refused (counted) and the request is the default tenant's."""
+    max_flows: int = DEFAULT_MAX_FLOWS
+    """Flows (tenant, priority) whose service each router process keeps count of.  Beyond it the least
+    recently charged flow without waiters is forgotten, and comes back as a new flow: the memory stays
+    bounded when a header names millions of users (``flows.LocalAccounts``)."""
     slo: SloConfig = SloConfig()
     """SLO-aware admission: TTFT/TPOT objectives stated in headers, predicted before waiting
     (``flows.slo``)."""
@@ -84,8 +90,10 @@ class FlowsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         if self.fairness not in FAIRNESS:
             raise ConfigError(f"flows.fairness must be one of {', '.join(FAIRNESS)}")
         self.slo.validate()
-        if self.expected_output_tokens < 0 or self.max_tenant_name < 1:
-            raise ConfigError("flows: expected_output_tokens must be >= 0 and max_tenant_name >= 1")
+        if self.expected_output_tokens < 0 or self.max_tenant_name < 1 or self.max_flows < 1:
+            raise ConfigError(
+                "flows: expected_output_tokens must be >= 0, max_tenant_name and max_flows >= 1"
+            )
         for name, t in self.tenants.items():
             if t.weight <= 0 or t.requests_per_minute < 0 or t.tokens_per_minute < 0:
                 raise ConfigError(

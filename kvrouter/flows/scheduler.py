@@ -17,12 +17,12 @@ Invariants:
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, NamedTuple, Protocol, TypeVar
 
-from .config import Fairness
+from .config import DEFAULT_MAX_FLOWS, Fairness
 
 T = TypeVar("T")
 
@@ -99,17 +99,34 @@ class FlowAccounts(Protocol):
 
 
 class LocalAccounts:
-    def __init__(self) -> None:
+    """``FlowAccounts`` of one process, holding at most ``max_flows`` flows' counters.
+
+    Beyond it the least recently charged flow without waiters is forgotten: it comes back as a new flow
+    (lifted to its priority's base like any flow that becomes backlogged), and its running total is
+    published as 0, so the replicas' sums drop it too.  Forgetting is exact for a flow whose counter is at
+    most the base it would be lifted to; otherwise its lead over the others (service given before at least
+    ``max_flows`` other flows were charged) is forgotten with it."""
+
+    def __init__(self, max_flows: int = DEFAULT_MAX_FLOWS) -> None:
+        if max_flows < 1:
+            raise ValueError("max_flows must be >= 1")
+        self.max_flows = max_flows
         self.counters: dict[Flow, float] = {}
         """Service counted per flow (cost / weight), lifted as the invariant says; without ``external``."""
         self.vtime: dict[int, float] = {}
         """Per priority: the greatest counter a charge found there."""
         self.own: dict[Flow, float] = {}
-        """Service charged here, per flow, since start (never lifted)."""
+        """Service charged here, per flow, since it was last forgotten (never lifted)."""
         self.external: dict[Flow, float] = {}
         """Service other router replicas gave each flow."""
-        self._changed: set[Flow] = set()
-        """Flows charged since the last ``served_changed``."""
+        self._changed: set[Flow] | None = None
+        """Flows charged (or forgotten) since the last ``served_changed``; None until it is first called
+        (one router alone never calls it, and would keep every flow here)."""
+        self._recent: OrderedDict[Flow, None] = OrderedDict()
+        """The flows of ``counters``, least recently charged or lifted first."""
+        self._waiting: set[Flow] = set()
+        """Flows with waiters here: never forgotten."""
+        self.forgotten = 0
 
     def counter(self, flow: Flow) -> float:
         return self.counters.get(flow, 0.0) + self.external.get(flow, 0.0)
@@ -121,15 +138,38 @@ class LocalAccounts:
 
     def set_counter(self, flow: Flow, value: float) -> None:
         self.counters[flow] = value - self.external.get(flow, 0.0)
+        self._touch(flow)
 
     def charge(self, flow: Flow, amount: float) -> None:
         self.vtime[flow.priority] = max(self.vtime.get(flow.priority, 0.0), self.counter(flow))
         self.counters[flow] = self.counters.get(flow, 0.0) + amount
         self.own[flow] = self.own.get(flow, 0.0) + amount
-        self._changed.add(flow)
+        if self._changed is not None:
+            self._changed.add(flow)
+        self._touch(flow)
+
+    def _touch(self, flow: Flow) -> None:
+        self._recent[flow] = None
+        self._recent.move_to_end(flow)
+        if len(self._recent) <= self.max_flows:
+            return
+        # Each call adds at most one flow, so forgetting one keeps the bound (unless every other flow
+        # waits).  The waiting flows passed over are few: no more than the queue holds.
+        old = next((f for f in self._recent if f not in self._waiting and f != flow), None)
+        if old is None:
+            return
+        del self._recent[old]
+        self.counters.pop(old, None)
+        if self.own.pop(old, None) is not None and self._changed is not None:
+            self._changed.add(old)  # published as 0: its share leaves the replicas' sums
+        self.forgotten += 1
 
     def set_waiting(self, flow: Flow, n: int) -> None:
-        pass  # the queue's own table is the only backlog
+        # the queue's own table is the only backlog; kept here so a waiting flow is never forgotten
+        if n:
+            self._waiting.add(flow)
+        else:
+            self._waiting.discard(flow)
 
     def waiting(self, flow: Flow, own: int) -> int:
         return own
@@ -141,7 +181,10 @@ class LocalAccounts:
         self.external = dict(service)
 
     def served_changed(self) -> dict[Flow, float] | None:
-        out = {f: self.own[f] for f in self._changed}
+        if self._changed is None:  # the first call: every flow (those forgotten before were never read)
+            self._changed = set()
+            return dict(self.own)
+        out = {f: self.own.get(f, 0.0) for f in self._changed}
         self._changed.clear()
         return out
 
@@ -153,13 +196,15 @@ class FlowQueue(Generic[T]):
         fairness: Fairness,
         weight: Callable[[str], float] | None = None,
         accounts: FlowAccounts | None = None,
+        max_flows: int = DEFAULT_MAX_FLOWS,
     ) -> None:
+        """``max_flows``: the flows whose accounts are kept when ``accounts`` is None (``LocalAccounts``)."""
         self.size = size
         self.fairness = fairness
         self.weight = weight or (lambda tenant: 1.0)
         self._queues: dict[Flow, deque[Waiter[T]]] = {}
         self._n = 0
-        self.accounts: FlowAccounts = accounts or LocalAccounts()
+        self.accounts: FlowAccounts = accounts or LocalAccounts(max_flows)
 
     def __len__(self) -> int:
         return self._n

@@ -174,7 +174,7 @@ class Gateway:
         self.metrics.registry.register(TelemetryCollector(self.telemetry))
         # The limits' queue is the host's (workers) and, with replicas, every replica's: one board for both.
         board: QueueBoard | ProcessBoard | None = (
-            host.queue if host is not None else ProcessBoard() if rep.redis_url else None
+            host.queue if host is not None else ProcessBoard(cfg.flows.max_flows) if rep.redis_url else None
         )
         self.pipeline = RequestPipeline(
             cfg,

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Hashable
 from typing import Any, Generic, Protocol, TypeVar
 
-from ..flows import BucketStore, Fairness, Flow, FlowAccounts, FlowQueue, Refused, Waiter
+from ..flows import DEFAULT_MAX_FLOWS, BucketStore, Fairness, Flow, FlowAccounts, FlowQueue, Refused, Waiter
 from .queue_wait import WaitEstimate
 
 T = TypeVar("T")
@@ -102,6 +102,7 @@ class CapacityGate:
         on_depth: Callable[[int], None] | None = None,
         on_flow_depth: Callable[[Flow, int], None] | None = None,
         early_refusal: bool = True,
+        max_flows: int = DEFAULT_MAX_FLOWS,
     ) -> None:
         self.on_depth = on_depth
         """Told the number waiting whenever a request begins or ends waiting (a gauge)."""
@@ -113,7 +114,7 @@ class CapacityGate:
         self.recheck_s = recheck_s
         # With a shared queue the flows' accounts are the host's: one scheduler over every worker.
         self.queue: FlowQueue[_Pending[Any]] = FlowQueue(
-            size, fairness, weight, accounts=None if shared is None else shared.flows
+            size, fairness, weight, accounts=None if shared is None else shared.flows, max_flows=max_flows
         )
         self.early_refusal = early_refusal
         self.wait = WaitEstimate()

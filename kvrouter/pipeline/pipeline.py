@@ -215,6 +215,7 @@ class RequestPipeline:
             on_flow_depth=self._flow_depth,
             shared=host_queue,
             early_refusal=cfg.limits.early_refusal,
+            max_flows=flows.max_flows,
         )
         self.rate = RateLimiter(flows.tenant, None if host_queue is None else host_queue.flows)
         self._keyed = frozenset(t.name for t in cfg.tenants.api_keys.values())

@@ -110,6 +110,8 @@ class ReplicaFlows:
         what changed), not only the flows charged since."""
         self._unsent: dict[str, float] = {}
         """Service totals read as changed and not yet known to be published."""
+        self._republish = False
+        """The next request publishes every total, changed or not (``resync``)."""
         self.decode_errors = 0
 
     def totals(self) -> dict[str, float]:
@@ -129,6 +131,9 @@ class ReplicaFlows:
         if self._whole or changed is None:
             self._whole = changed is None
             out = self.totals()
+            for k in (*self.sent, *self._unsent):
+                if k.startswith("s:") and k not in out:
+                    out[k] = 0.0  # a flow forgotten here: its total leaves the store's sums
             # kept until published: a round trip that neither succeeds nor fails (this process stalled)
             # leaves them to the next request
             self._unsent = {k: v for k, v in out.items() if k.startswith("s:")}
@@ -142,16 +147,25 @@ class ReplicaFlows:
         tops = [TopWire(g, p) for g, p in self.board.own_tops()]
         queue = _ENC.encode(QueueWire(waiting, tops)) if waiting or tops else b""
         self._sending = self._changed()
-        return queue, [(k, v) for k, v in self._sending.items() if self.sent.get(k) != v]
+        if self._republish:
+            return queue, list(self._sending.items())
+        # (a flow forgotten here is published as 0 once, if the store holds a total of it)
+        return queue, [
+            (k, v) for k, v in self._sending.items() if self.sent.get(k, 0.0 if v == 0 else None) != v
+        ]
 
     def published(self) -> None:
         self.sent.update(self._sending)
+        for k, v in self._sending.items():
+            if v == 0 and k.startswith("s:"):
+                del self.sent[k]  # the store dropped it too
         self._unsent = {}
+        self._republish = False
 
     def resync(self) -> None:
         """Publish every total again at the next round trip and read every one (the store may have lost
-        them)."""
-        self.sent = {}
+        them).  What was sent is kept, so that a total no longer held here is published as 0."""
+        self._republish = True
         self.since = ""
         self._whole = True
 
@@ -176,9 +190,15 @@ class ReplicaFlows:
         for key, total in totals.items():
             prio, _, tenant = key[2:].partition(":")
             try:
-                self._external[Flow(tenant, int(prio))] = max(0.0, total - self.sent.get(key, 0.0))
+                flow = Flow(tenant, int(prio))
             except ValueError:
                 self.decode_errors += 1
+                continue
+            peers = total - self.sent.get(key, 0.0)
+            if peers > 0:
+                self._external[flow] = peers
+            else:  # none, or a sum the store dropped: every replica forgot the flow
+                self._external.pop(flow, None)
         self.board.flows.set_external(self._external)
         for peer, use in peer_use.items():
             before = self._peer_use.get(peer)

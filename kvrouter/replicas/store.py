@@ -13,12 +13,16 @@ Redis keys (``P`` = ``{namespace}``; all expire by themselves):
   (hash: their sum over every replica; a replica's published total replaces its previous one, so a
   repeat is harmless), ``P:use:<replica>`` (hash: its rate use "r:..", "t:..", read for every live peer,
   empty or not).  Running totals are kept a day after their last round trip: a replica gone keeps its
-  share of the service (service given);
+  share of the service (service given).  A total published as 0 (the replica forgot the flow:
+  ``flows.LocalAccounts``) is removed, and so is a sum that falls to 0 (every replica forgot it);
 - ``P:cumv`` (a version, one more at each round trip that changes a sum), ``P:cumt`` (zset: each sum's
   name scored by the version that last changed it), ``P:cume`` (the epoch: the store's time when these
   began).  A reply's ``totals_at`` is "<epoch>:<version>"; a request since it gets only the sums changed
-  after it, so a round trip costs what changed, not the number of tenants.  Since another epoch, or a
-  version the store has not reached (a restart, an expiry): every sum.
+  after it, so a round trip costs what changed, not the number of tenants (a dropped sum: as 0).  Since
+  another epoch, or a version the store has not reached (a restart, an expiry), or one before ``P:cuml``:
+  every sum.  ``P:cumd`` (zset: the dropped sums' names by the version that dropped them): those older
+  than ``keep_versions`` leave ``P:cumt`` and ``P:cuml`` moves up to them, so the log of changes holds
+  the flows alive, not every flow ever seen.
 
 One script per round trip: refresh our lease, prune dead members, append our batch, trim, then read
 every other live member's load and the peers' batches after our cursor.  A replica that stops (crash,
@@ -34,6 +38,14 @@ import redis.asyncio as aioredis
 
 from .state import SyncReply, SyncRequest
 
+KEEP_VERSIONS = 100_000
+"""How long (in versions of the sums) the name of a dropped sum stays in the change log; a reader whose
+last reply is older reads every sum."""
+
+FORGOTTEN = 1e-6
+"""A sum this close to 0 is dropped: every replica that gave the flow service has forgotten it (published
+0: ``flows.LocalAccounts``).  A reader of changes gets it as 0."""
+
 
 class ReplicaStore(Protocol):
     async def sync(self, req: SyncRequest) -> SyncReply:
@@ -47,7 +59,7 @@ class ReplicaStore(Protocol):
 
 _SYNC = """
 local P, me, lease, loads, spec, cursor = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6]
-local window, maxread = tonumber(ARGV[7]), tonumber(ARGV[8])
+local window, maxread, keep = tonumber(ARGV[7]), tonumber(ARGV[8]), __KEEP__
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local mk, sk = P..':members', P..':spec'
@@ -67,26 +79,43 @@ else
   redis.call('DEL', qk)
 end
 local ck, mine, use = P..':cum', P..':cum:'..me, P..':use:'..me
-local vk, tk, ek = P..':cumv', P..':cumt', P..':cume'
+local vk, tk, ek, dk, lk = P..':cumv', P..':cumt', P..':cume', P..':cumd', P..':cuml'
 local epoch = redis.call('GET', ek)
 if not epoch then
   epoch = string.format('%d', now)
   redis.call('SET', ek, epoch)
-  redis.call('DEL', vk, tk)
+  redis.call('DEL', vk, tk, dk, lk)
 end
 local version = false
 for i = 11, #ARGV, 2 do
   if string.sub(ARGV[i], 1, 2) == 's:' then
-    local old = tonumber(redis.call('HGET', mine, ARGV[i]) or '0')
-    redis.call('HINCRBYFLOAT', ck, ARGV[i], string.format('%.17g', tonumber(ARGV[i + 1]) - old))
-    redis.call('HSET', mine, ARGV[i], ARGV[i + 1])
+    local old, new = tonumber(redis.call('HGET', mine, ARGV[i]) or '0'), tonumber(ARGV[i + 1])
+    local sum = redis.call('HINCRBYFLOAT', ck, ARGV[i], string.format('%.17g', new - old))
+    if new == 0 then redis.call('HDEL', mine, ARGV[i]) else redis.call('HSET', mine, ARGV[i], ARGV[i + 1]) end
     if not version then version = redis.call('INCR', vk) end
     redis.call('ZADD', tk, version, ARGV[i])
+    if math.abs(tonumber(sum)) < 1e-6 then
+      redis.call('HDEL', ck, ARGV[i])
+      redis.call('ZADD', dk, version, ARGV[i])
+    else
+      redis.call('ZREM', dk, ARGV[i])
+    end
   else
     redis.call('HSET', use, ARGV[i], ARGV[i + 1])
   end
 end
-for _, k in ipairs({ck, mine, use, vk, tk, ek}) do redis.call('PEXPIRE', k, 86400000) end
+local low = tonumber(redis.call('GET', lk) or '0')
+if version and version - low >= 2 * keep then
+  -- the names of sums dropped long ago leave the change log; a reader from before them reads every sum
+  low = version - keep
+  local gone = redis.call('ZRANGEBYSCORE', dk, '-inf', low)
+  for j = 1, #gone, 1000 do
+    redis.call('ZREM', tk, unpack(gone, j, math.min(j + 999, #gone)))
+  end
+  redis.call('ZREMRANGEBYSCORE', dk, '-inf', low)
+  redis.call('SET', lk, low)
+end
+for _, k in ipairs({ck, mine, use, vk, tk, ek, dk, lk}) do redis.call('PEXPIRE', k, 86400000) end
 local peers, queues, uses = {}, {}, {}
 for _, r in ipairs(redis.call('ZRANGE', mk, 0, -1)) do
   if r ~= me then
@@ -112,7 +141,7 @@ end
 local cur = tonumber(redis.call('GET', vk) or '0')
 local e, v = string.match(ARGV[10], '^(%d+):(%d+)$')
 local totals, full = {}, 1
-if e == epoch and tonumber(v) <= cur then
+if e == epoch and tonumber(v) <= cur and tonumber(v) >= low then
   full = 0
   local names = redis.call('ZRANGEBYSCORE', tk, '('..v, '+inf')
   for j = 1, #names, 1000 do
@@ -139,10 +168,12 @@ def _stream_ms(entry_id: bytes | str) -> int:
 class RedisReplicaStore:
     """The store on Redis.  Errors propagate (``redis.RedisError``, ``OSError``): the shell counts them."""
 
-    def __init__(self, client: aioredis.Redis, namespace: str = "kvrouter") -> None:
+    def __init__(
+        self, client: aioredis.Redis, namespace: str = "kvrouter", *, keep_versions: int = KEEP_VERSIONS
+    ) -> None:
         self.client = client
         self.prefix = f"{{{namespace}}}:replicas".encode()
-        self._script = client.register_script(_SYNC)
+        self._script = client.register_script(_SYNC.replace("__KEEP__", str(int(keep_versions))))
 
     async def sync(self, req: SyncRequest) -> SyncReply:
         args: list[bytes | str | int | float] = [self.prefix, req.replica, req.lease_ms, req.loads, req.specs]
@@ -193,8 +224,9 @@ class _Member:
 class MemoryReplicaHub:
     """The same semantics in process, on ``clock()`` (seconds).  One hub serves every replica."""
 
-    def __init__(self, clock: Callable[[], float]) -> None:
+    def __init__(self, clock: Callable[[], float], *, keep_versions: int = KEEP_VERSIONS) -> None:
         self.clock = clock
+        self.keep_versions = keep_versions
         self.members: dict[str, _Member] = {}
         self.stream: list[tuple[int, int, str, bytes]] = []  # (ms, seq, replica, blob), ids increasing
         self._last_id = (0, 0)
@@ -207,6 +239,10 @@ class MemoryReplicaHub:
         self.version = 0
         self.changed: dict[str, int] = {}
         """Each total's name and the version that last changed it (Redis: ``P:cumt``)."""
+        self.dropped: dict[str, int] = {}
+        """Names of the sums dropped, by the version that dropped them (Redis: ``P:cumd``)."""
+        self.low = 0
+        """The oldest version a reader of changes may come from (Redis: ``P:cuml``)."""
 
     def sync_now(self, req: SyncRequest) -> SyncReply:
         now = int(self.clock() * 1000)
@@ -217,13 +253,24 @@ class MemoryReplicaHub:
         bumped = False
         for name, value in req.counts:
             if name.startswith("s:"):
-                self.totals[name] = self.totals.get(name, 0.0) + value - mine.get(name, 0.0)
-                mine[name] = value
+                total = self.totals.get(name, 0.0) + value - mine.pop(name, 0.0)
+                if value:
+                    mine[name] = value
                 if not bumped:
                     self.version, bumped = self.version + 1, True
                 self.changed[name] = self.version
+                if abs(total) < FORGOTTEN:
+                    self.totals.pop(name, None)
+                    self.dropped[name] = self.version
+                else:
+                    self.totals[name] = total
+                    self.dropped.pop(name, None)
             else:
                 use[name] = value
+        if bumped and self.version - self.low >= 2 * self.keep_versions:
+            self.low = self.version - self.keep_versions
+            for name in [n for n, v in self.dropped.items() if v <= self.low]:
+                del self.dropped[name], self.changed[name]
         self.members = {r: m for r, m in self.members.items() if m.lease_end > now}
         if req.specs:
             ms, seq = self._last_id
@@ -245,11 +292,11 @@ class MemoryReplicaHub:
         specs = [(e[0], e[3]) for e in news if e[2] != req.replica]
         uses = {r: dict(self.use.get(r, {})) for r in self.members if r != req.replica}
         epoch, _, since = req.totals_since.partition(":")
-        full = epoch != self.epoch or not since.isdigit() or int(since) > self.version
+        full = epoch != self.epoch or not since.isdigit() or not self.low <= int(since) <= self.version
         totals = (
             dict(self.totals)
             if full
-            else {k: self.totals[k] for k, v in self.changed.items() if v > int(since)}
+            else {k: self.totals.get(k, 0.0) for k, v in self.changed.items() if v > int(since)}
         )
         at = f"{self.epoch}:{self.version}"
         return SyncReply(now, cursor, peers, specs, queues, totals, uses, at, full)

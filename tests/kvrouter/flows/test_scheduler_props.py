@@ -15,12 +15,13 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from kvrouter.flows import FAIRNESS, Flow, FlowQueue, Refused, Waiter
+from kvrouter.flows import FAIRNESS, Flow, FlowQueue, LocalAccounts, Refused, Waiter
 from kvrouter.host import HostFlows, HostLayout, HostMemory
 
 TENANTS = ["a", "b", "c"]
 WEIGHTS = {"a": 1.0, "b": 2.0, "c": 0.5}
 flows = st.builds(Flow, st.sampled_from(TENANTS), st.integers(-1, 2))
+ALL_FLOWS = [Flow(t, p) for t in TENANTS for p in range(-1, 3)]
 
 
 @dataclass
@@ -32,11 +33,27 @@ class M:
 
 
 class Model:
-    def __init__(self, size: int, fairness: str) -> None:
-        self.size, self.fairness = size, fairness
+    """``bound``: the flows whose counters are kept; beyond it, the least recently charged or lifted flow
+    without waiters (not the one just touched) is forgotten."""
+
+    def __init__(self, size: int, fairness: str, bound: int | None = None) -> None:
+        self.size, self.fairness, self.bound = size, fairness, bound
         self.waiting: list[M] = []
         self.counters: dict[Flow, float] = {}
         self.vtime: dict[int, float] = {}
+        self.touched: list[Flow] = []
+        """Flows with a counter, least recently charged or lifted first."""
+        self.forgotten = 0
+
+    def touch(self, f: Flow) -> None:
+        self.touched = [x for x in self.touched if x != f] + [f]
+        if self.bound is None or len(self.touched) <= self.bound:
+            return
+        old = [x for x in self.touched if x != f and not self.backlogged(x)]
+        if old:
+            self.touched.remove(old[0])
+            del self.counters[old[0]]
+            self.forgotten += 1
 
     def c(self, f: Flow) -> float:
         return self.counters.get(f, 0.0)
@@ -78,7 +95,10 @@ class Model:
             self.waiting.remove(victim)
         if not self.backlogged(f):
             self.counters[f] = lifted
-        self.waiting.append(M(f, ticket))
+            self.waiting.append(M(f, ticket))
+            self.touch(f)
+        else:
+            self.waiting.append(M(f, ticket))
         return ("ok", None if victim is None else victim.ticket)
 
     def best(self) -> M | None:
@@ -91,18 +111,32 @@ class Model:
     def charge(self, f: Flow, cost: float) -> None:
         self.vtime[f.priority] = max(self.vtime.get(f.priority, 0.0), self.c(f))
         self.counters[f] = self.c(f) + cost / WEIGHTS[f.tenant]
+        self.touch(f)
 
 
 class FlowQueueMachine(RuleBasedStateMachine):
-    @initialize(size=st.integers(0, 6), fairness=st.sampled_from(FAIRNESS), host=st.booleans())
-    def start(self, size: int, fairness: str, host: bool) -> None:
-        """``host``: the accounts in the host's shared memory (``HostFlows``), as worker 0 of 1."""
+    @initialize(
+        size=st.integers(0, 6),
+        fairness=st.sampled_from(FAIRNESS),
+        host=st.booleans(),
+        bound=st.one_of(st.none(), st.integers(1, 5)),
+    )
+    def start(self, size: int, fairness: str, host: bool, bound: int | None) -> None:
+        """``host``: the accounts in the host's shared memory (``HostFlows``), as worker 0 of 1; else this
+        process's, keeping at most ``bound`` flows (None: more than the test's 12)."""
         accounts = None
         if host:
+            bound = None
             layout = HostLayout(workers=1, targets=1, instances=1, ring_words=8, metric_bytes=64, flows=32)
             accounts = HostFlows(HostMemory(layout, bytearray(layout.size()), threading.Lock()), 0)
-        self.q: FlowQueue[int] = FlowQueue(size, fairness, WEIGHTS.__getitem__, accounts)  # type: ignore[arg-type]
-        self.model = Model(size, fairness)
+        self.q: FlowQueue[int] = FlowQueue(
+            size,
+            fairness,  # type: ignore[arg-type]
+            WEIGHTS.__getitem__,
+            accounts,
+            max_flows=bound or 100,
+        )
+        self.model = Model(size, fairness, bound)
         self.by_ticket: dict[int, Waiter[int]] = {}
         self.ticket = 0
 
@@ -143,6 +177,16 @@ class FlowQueueMachine(RuleBasedStateMachine):
         assert not self.q.remove(Waiter(t, Flow("a", 0), t))  # a stranger is not removed
         self.model.waiting = [x for x in self.model.waiting if x.ticket != t]
 
+    @invariant()
+    def bounded(self) -> None:
+        """This process's accounts keep the flows the model keeps, and forget the same ones."""
+        if not hasattr(self, "q") or self.model.bound is None:
+            return
+        a = self.q.accounts
+        assert isinstance(a, LocalAccounts)
+        assert set(a.counters) == set(self.model.counters)
+        assert a.forgotten == self.model.forgotten
+
     @rule(f=flows, cost=st.integers(-200, 3000))
     def charge(self, f: Flow, cost: int) -> None:
         """A request admitted without waiting, or a correction once vLLM reports its output."""
@@ -156,8 +200,8 @@ class FlowQueueMachine(RuleBasedStateMachine):
         assert len(self.q) == len(self.model.waiting) <= max(self.model.size, 0)
         b, m = self.q.best(), self.model.best()
         assert (b is None and m is None) or (b is not None and m is not None and b.ticket == m.ticket)
-        for f in {x.flow for x in self.model.waiting} | set(self.model.counters):
-            assert abs(self.q.counter(f) - self.model.c(f)) < 1e-6
+        for f in {x.flow for x in self.model.waiting} | set(self.model.counters) | set(ALL_FLOWS):
+            assert abs(self.q.counter(f) - self.model.c(f)) < 1e-6  # a forgotten flow's is 0 in both
             assert self.q.depth(f) == sum(1 for x in self.model.waiting if x.flow == f)
         heads = self.q.heads()
         assert [h.ticket for h in heads] == sorted(

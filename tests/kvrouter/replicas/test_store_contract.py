@@ -23,6 +23,8 @@ WINDOW_MS = 1500
 class World(msgspec.Struct):
     store: ReplicaStore
     advance: Callable[[float], Awaitable[None]]
+    keeping: Callable[[int], ReplicaStore]
+    """The same store, with another ``keep_versions``."""
 
 
 class FakeClock:
@@ -41,12 +43,17 @@ async def world(request: pytest.FixtureRequest) -> AsyncIterator[World]:
         async def tick(dt: float) -> None:
             clock.t += dt
 
-        yield World(MemoryReplicaHub(clock), tick)
+        hub = MemoryReplicaHub(clock)
+        yield World(hub, tick, lambda keep: MemoryReplicaHub(clock, keep_versions=keep))
         return
     server: RedisServer = request.getfixturevalue("redis_server")
     client = aioredis.Redis(host="127.0.0.1", port=server.port, decode_responses=False)
     await client.flushdb()
-    yield World(RedisReplicaStore(client, "t"), asyncio.sleep)
+    yield World(
+        RedisReplicaStore(client, "t"),
+        asyncio.sleep,
+        lambda keep: RedisReplicaStore(client, "t", keep_versions=keep),
+    )
     await client.aclose()
 
 
@@ -209,3 +216,40 @@ async def test_a_reader_since_its_last_reply_gets_only_the_totals_changed_after_
     for stale in (f"{epoch}:{int(version) + 5}", f"1{epoch}:0", "", "garbage"):
         full = await s.sync(since_(req("r2", {}), stale))
         assert full.totals_full and len(full.totals) == 1201 and full.totals["s:0:t7"] == 9.5, stale
+
+
+async def test_a_total_published_as_0_leaves_the_sum_and_a_sum_at_0_is_dropped(world: World) -> None:
+    """A replica that forgot a flow publishes its total as 0: the sum loses that replica's share, and once
+    every replica has, the sum is gone (a reader of changes gets it as 0; a full read lacks it)."""
+    s = world.store
+    await s.sync(with_queue(req("r1", {}), counts=[("s:0:a", 5.0), ("s:0:b", 2.0)]))
+    at = (await s.sync(with_queue(req("r2", {}), counts=[("s:0:a", 3.0)]))).totals_at
+    await s.sync(with_queue(req("r1", {}), counts=[("s:0:a", 0.0)]))
+    got = await s.sync(since_(req("r3", {}), at))
+    assert got.totals == {"s:0:a": 3.0}
+    got = await s.sync(since_(with_queue(req("r2", {}), counts=[("s:0:a", 0.0)]), got.totals_at))
+    assert got.totals == {"s:0:a": 0.0}
+    assert (await s.sync(req("r3", {}))).totals == {"s:0:b": 2.0}
+    # charged again after: counted from 0, as a new flow
+    await s.sync(with_queue(req("r1", {}), counts=[("s:0:a", 1.0)]))
+    assert (await s.sync(req("r3", {}))).totals == {"s:0:a": 1.0, "s:0:b": 2.0}
+
+
+async def test_the_names_of_sums_dropped_long_ago_leave_the_log_of_changes(world: World) -> None:
+    """With ``keep_versions`` 2, a dropped sum's name stays in the log for two more versions; then it
+    leaves it, and a reader from before that reads every sum (it would miss the drop otherwise), while a
+    reader from after it still gets only changes."""
+    s = world.keeping(2)
+    old = (await s.sync(with_queue(req("r1", {}), counts=[("s:0:gone", 4.0), ("s:0:kept", 1.0)]))).totals_at
+    at = (await s.sync(with_queue(req("r1", {}), counts=[("s:0:gone", 0.0)]))).totals_at
+    got = await s.sync(since_(req("r2", {}), old))
+    assert not got.totals_full and got.totals == {"s:0:gone": 0.0}
+    recent = at
+    for i in range(4):  # four more versions: the drop is older than two
+        recent = (
+            await s.sync(since_(with_queue(req("r1", {}), counts=[("s:0:kept", i + 2.0)]), recent))
+        ).totals_at
+    stale = await s.sync(since_(req("r2", {}), at))
+    assert stale.totals_full and stale.totals == {"s:0:kept": 5.0}
+    fresh = await s.sync(since_(req("r2", {}), recent))
+    assert not fresh.totals_full and fresh.totals == {}
