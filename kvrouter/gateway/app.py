@@ -42,6 +42,7 @@ from ..host import HealthBoard, HostLoads, QueueBoard
 from ..host.metric_merge import Merged
 from ..loop_lag import LoopLag
 from ..pipeline import PassThroughTokens, RequestPipeline, TokenSource
+from ..pipeline.metrics import FlowAccountsCollector
 from ..pipeline.pipeline import PlacementClaims
 from ..replicas import PrefixClaims, ReplicaFlows, SharedState, WarmRestart, mark_restored, store_for
 from ..routing import LoadTracker, Router
@@ -190,6 +191,7 @@ class Gateway:
             held_host=host.queue if host is not None else None,
             id_prefix=f"w{host.me}-r" if host is not None else "r",
         )
+        self.metrics.registry.register(FlowAccountsCollector(self.pipeline.gate.queue.accounts))
         self.adapters = AdapterManager(self.pool, self.pipeline, cfg.lora)
         self.shared = (
             SharedState(

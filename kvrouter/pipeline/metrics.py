@@ -4,10 +4,15 @@ registry of the process that serves it (no process-global state)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.registry import Collector
+
+from ..flows import FlowAccounts, LocalAccounts
 
 # prometheus_client's labels() validates, stringifies and takes a lock on every call; the request path
 # calls it about a dozen times.  These keep each child by its label values.  Children are never removed
@@ -212,6 +217,31 @@ class FlowMetrics:
             "Tenant or priority headers ignored, by header and reason (malformed, needs_key, not_allowed)",
             ["header", "reason"],
             registry=r,
+        )
+
+
+class FlowAccountsCollector(Collector):
+    """This process's flow accounts, read at scrape time: ``kvrouter_flow_accounts`` (flows whose
+    service is counted) and ``kvrouter_flow_accounts_forgotten_total`` (forgotten past
+    ``flows.max_flows``).  Nothing for the host's accounts (``--workers``: a fixed table)."""
+
+    def __init__(self, accounts: FlowAccounts) -> None:
+        self.accounts = accounts
+
+    def collect(self) -> Iterator[Metric]:
+        a = self.accounts
+        if not isinstance(a, LocalAccounts):
+            return
+        yield GaugeMetricFamily(
+            "kvrouter_flow_accounts",
+            "Flows (tenant, priority) whose service this process counts, at most flows.max_flows",
+            value=len(a.counters),
+        )
+        yield CounterMetricFamily(
+            "kvrouter_flow_accounts_forgotten",
+            "Flows forgotten past flows.max_flows (least recently charged, none waiting): they come back as "
+            "new flows",
+            value=a.forgotten,
         )
 
 

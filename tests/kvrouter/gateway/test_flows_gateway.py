@@ -268,3 +268,15 @@ async def test_a_flooding_tenant_is_kept_off_the_quiet_instance_and_the_calm_one
         heavy = samples(await metrics(s, base), "kvrouter_flow_heavy_total")
         assert heavy[(("priority", "0"), ("tenant", "noisy"))] >= 6
         assert (("priority", "0"), ("tenant", "calm")) not in heavy
+
+
+async def test_a_header_naming_a_user_per_request_keeps_the_accounts_bounded(fleet: SimFleet) -> None:
+    """``flows.max_flows`` 3: twelve users named by the tenant header leave three flows counted, nine
+    forgotten, in ``/metrics``; every request is served."""
+    cfg = {**FLOWS, "flows": {**FLOWS["flows"], "max_flows": 3}}
+    async with gateway(fleet, **cfg) as (_, base), aiohttp.ClientSession() as s:
+        for i in range(12):
+            assert (await chat(s, base, "", f"hi {i}", **{"x-tenant": f"user-{i}"}))[0] == 200
+        m = await metrics(s, base)
+        assert samples(m, "kvrouter_flow_accounts") == {(): 3.0}
+        assert samples(m, "kvrouter_flow_accounts_forgotten_total") == {(): 9.0}
