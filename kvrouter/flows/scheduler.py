@@ -128,6 +128,10 @@ class LocalAccounts:
         """Flows with waiters here: never forgotten."""
         self.forgotten = 0
 
+    def held(self) -> int:
+        """Flows with an account (``kvrouter_flow_accounts``)."""
+        return len(self.counters)
+
     def counter(self, flow: Flow) -> float:
         return self.counters.get(flow, 0.0) + self.external.get(flow, 0.0)
 

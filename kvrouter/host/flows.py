@@ -7,7 +7,9 @@ counters, sees every worker's backlog, and takes from the same buckets.
                                  "v:<priority>"           a priority's virtual time
                                  "r:<tenant>"             a tenant's rate buckets
                                  "q:<tenant>"             what a tenant was let through
-    flow_accounts float64 [slots, 4]   f: [counter (without external) | - | served here | external]
+    flow_epoch    int64 [3]            [slots freed how many times | charges so far | flows forgotten]
+    flow_accounts float64 [slots, 4]   f: [counter (without external) | last charged at (a charge count)
+                                           | served here | external]
                                        v: [- | virtual time | - | -]   r: the four rate-bucket words
                                        q: [requests | tokens | - | -]
     flow_waiting  int64 [workers, slots]   waiters of each flow, per worker (written by that worker only)
@@ -17,8 +19,11 @@ by the worker that syncs with them (``kvrouter.replicas.flows``); "served here" 
 host tells them.
 
 Counters and buckets change under the host's lock (a charge reads, then writes: two workers charging at
-once must not lose one).  A flow past the directory's slots shares one overflow account: its share is
-then counted with every other such flow's.
+once must not lose one).  When a new flow finds the directory full, the least recently charged
+sixteenth of the flows without waiters in any worker is forgotten (their slots freed, the epoch moved):
+as in ``flows.LocalAccounts``, each comes back as a new flow.  A write to a flow's row checks, under the
+lock, that no slot was freed since it looked the row up.  Only when every flow has waiters does a new
+one share the overflow account, its share counted with every other such flow's.
 """
 
 from __future__ import annotations
@@ -39,8 +44,19 @@ class HostFlows:
         self.me = me
         self._acc = mem.view("flow_accounts")
         self._waiting = mem.view("flow_waiting")
+        self._epoch = mem.view("flow_epoch")
         self._overflow = mem.flows.slot(OVERFLOW)
         self._flows: dict[int, Flow | None] = {}
+        self._flows_epoch = 0
+
+    @property
+    def forgotten(self) -> int:
+        """Flows forgotten so far, by every worker (``kvrouter_flow_accounts_forgotten_total``)."""
+        return int(self._epoch[2])
+
+    def held(self) -> int:
+        """Flows with an account of their own."""
+        return sum(1 for name, _ in self.mem.flows.items() if name.startswith("f:"))
 
     def slot(self, name: str) -> int:
         try:
@@ -49,10 +65,39 @@ class HostFlows:
             return self._overflow
 
     def flow_slot(self, flow: Flow) -> int:
-        return self.slot(f"f:{flow.priority}:{flow.tenant}")
+        try:
+            return self.mem.flows.slot(f"f:{flow.priority}:{flow.tenant}", self._reclaim)
+        except SlotsExhausted:
+            return self._overflow
+
+    def _reclaim(self) -> list[int]:
+        """Under the lock, the directory full: the least recently charged sixteenth of the flows without
+        waiters in any worker, their rows cleared."""
+        idle = [
+            s for name, s in self.mem.flows.items() if name.startswith("f:") and not self._waiting[:, s].any()
+        ]
+        idle.sort(key=lambda s: float(self._acc[s, 1]))
+        out = idle[: max(1, len(idle) // 16)] if idle else []
+        self._acc[out] = 0.0
+        self._epoch[2] += len(out)
+        return out
+
+    def _row(self, flow: Flow, write: Callable[[int], None]) -> None:
+        """``write(slot)`` under the lock, with ``flow``'s slot as it is then (looked up again if a slot
+        was freed between the lookup and the lock)."""
+        while True:
+            seen = self.mem.flows.epoch()
+            s = self.flow_slot(flow)
+            with self.mem.lock:
+                if self.mem.flows.epoch() == seen:
+                    write(s)
+                    return
 
     def flow_at(self, slot: int) -> Flow | None:
         """The flow whose account ``slot`` is (None: a virtual time, buckets or the overflow)."""
+        epoch = self.mem.flows.epoch()
+        if epoch != self._flows_epoch:
+            self._flows, self._flows_epoch = {}, epoch
         if slot not in self._flows:
             name = self.mem.flows.name(slot) or ""
             kind, _, rest = name.partition(":")
@@ -78,15 +123,23 @@ class HostFlows:
         return max(self.counter(flow), base)
 
     def set_counter(self, flow: Flow, value: float) -> None:
-        s = self.flow_slot(flow)
-        self._acc[s, 0] = value - self._acc[s, 3]
+        def write(s: int) -> None:
+            self._acc[s, 0] = value - self._acc[s, 3]
+            self._acc[s, 1] = self._epoch[1]
+
+        self._row(flow, write)
 
     def charge(self, flow: Flow, amount: float) -> None:
-        s, v = self.flow_slot(flow), self.slot(f"v:{flow.priority}")
-        with self.mem.lock:
+        v = self.slot(f"v:{flow.priority}")
+
+        def write(s: int) -> None:
             self._acc[v, 1] = max(float(self._acc[v, 1]), self._counter(s))
             self._acc[s, 0] += amount
             self._acc[s, 2] += amount
+            self._epoch[1] += 1
+            self._acc[s, 1] = self._epoch[1]
+
+        self._row(flow, write)
 
     def _flow_slots(self) -> list[tuple[Flow, int]]:
         return [(f, s) for _, s in self.mem.flows.items() if (f := self.flow_at(s)) is not None]
@@ -102,7 +155,10 @@ class HostFlows:
         return None  # charged by every worker: not tracked here (the host's flow slots are bounded)
 
     def set_waiting(self, flow: Flow, n: int) -> None:
-        self._waiting[self.me, self.flow_slot(flow)] = n
+        def write(s: int) -> None:
+            self._waiting[self.me, s] = n
+
+        self._row(flow, write)
 
     def waiting(self, flow: Flow, own: int) -> int:
         return max(own, int(self._waiting[:, self.flow_slot(flow)].sum()))

@@ -19,7 +19,7 @@ allocation, health) change under the ``lock`` the caller passes (a process-share
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Protocol
 
@@ -68,7 +68,8 @@ class HostLayout(msgspec.Struct, frozen=True):
     """Placement claims of new prompts the workers can hold at once (``host.claims``)."""
     flows: int = 1024
     """Distinct flow accounts (a tenant at a priority, a priority's virtual time, a tenant's rate
-    buckets) the host keeps; past them, new ones share one overflow account."""
+    buckets) the host keeps.  Past them, the least recently charged flows without waiters are forgotten
+    (``host.flows``); when none can be, new ones share one overflow account."""
     peer_heads: int = 64
     """Other router replicas' best waiters the host keeps (``host.queue``); past them, the rest are not
     ranked against."""
@@ -88,6 +89,7 @@ class HostLayout(msgspec.Struct, frozen=True):
             ("rings", "i8", (w, self.ring_words)),
             ("metric_heads", "i8", (w, 8)),
             ("flow_names", "u1", (self.flows, NAME_BYTES + 8)),
+            ("flow_epoch", "i8", (3,)),
             ("flow_accounts", "f8", (self.flows, 4)),
             ("flow_waiting", "i8", (w, self.flows)),
             ("peer_queue", "f8", (1 + self.peer_heads, 4)),
@@ -121,7 +123,7 @@ class HostMemory:
             off += _nbytes(dt, shape)
         self.targets = SlotDirectory(self._views["target_names"], lock)
         self.instances = SlotDirectory(self._views["instance_names"], lock)
-        self.flows = SlotDirectory(self._views["flow_names"], lock)
+        self.flows = SlotDirectory(self._views["flow_names"], lock, epoch=self._views["flow_epoch"][:1])
 
     def view(self, name: str) -> np.ndarray:
         return self._views[name]
@@ -129,21 +131,39 @@ class HostMemory:
 
 class SlotDirectory:
     """Names to slots, the same in every process: a slot, once given to a name, keeps it for the host's
-    life (a removed instance's slot is reused only by the same name), so rows never change meaning.
+    life (a removed instance's slot is reused only by the same name), so rows never change meaning;
+    except in a directory with an ``epoch`` cell, where a full table may free slots (``slot``'s
+    ``reclaim``): the epoch then moves, and every process drops its cache at its next lookup.
 
     Each entry is ``[used: u1 x 8][utf-8 name, zero-padded]``; lookups are served from a per-process
     cache, and a name missing from it is looked for (and, if new, allocated) under the lock."""
 
-    def __init__(self, table: np.ndarray, lock: HostLock) -> None:
+    def __init__(self, table: np.ndarray, lock: HostLock, *, epoch: np.ndarray | None = None) -> None:
         self._t = table
         self._lock = lock
         self._cache: dict[str, int] = {}
         self._names: dict[int, str] = {}
+        self._epoch = epoch
+        self._seen = 0
+        """The epoch this process's cache is of."""
+
+    def epoch(self) -> int:
+        """How many times slots were freed (0 in a directory that never frees)."""
+        return 0 if self._epoch is None else int(self._epoch[0])
+
+    def _fresh(self) -> None:
+        if self._epoch is not None and int(self._epoch[0]) != self._seen:
+            self._seen = int(self._epoch[0])
+            self._cache.clear()
+            self._names.clear()
 
     def __len__(self) -> int:
         return int(np.count_nonzero(self._t[:, 0]))
 
-    def slot(self, name: str) -> int:
+    def slot(self, name: str, reclaim: Callable[[], list[int]] | None = None) -> int:
+        """The slot of ``name``, allocated if new.  ``reclaim`` (a directory with an epoch): called under
+        the lock when the table is full, it names slots to free (their rows' other data cleared by it)."""
+        self._fresh()
         s = self._cache.get(name)
         if s is not None:
             return s
@@ -151,10 +171,19 @@ class SlotDirectory:
         if len(raw) > NAME_BYTES:
             raise SlotsExhausted(f"name longer than {NAME_BYTES} bytes: {name[:40]!r}...")
         with self._lock:
+            self._fresh()
             self._scan()
             s = self._cache.get(name)
             if s is None:
                 free = np.flatnonzero(self._t[:, 0] == 0)
+                if not len(free) and reclaim is not None and self._epoch is not None:
+                    freed = reclaim()
+                    if freed:
+                        self._t[freed] = 0
+                        self._epoch[0] += 1
+                        self._fresh()
+                        self._scan()
+                        free = np.flatnonzero(self._t[:, 0] == 0)
                 if not len(free):
                     raise SlotsExhausted(f"all {len(self._t)} slots are taken")
                 s = int(free[0])
@@ -166,17 +195,20 @@ class SlotDirectory:
 
     def find(self, name: str) -> int | None:
         """The name's slot if some process gave it one (never allocates)."""
+        self._fresh()
         if name not in self._cache:
             self._scan()
         return self._cache.get(name)
 
     def name(self, slot: int) -> str | None:
+        self._fresh()
         if slot not in self._names:
             self._scan()
         return self._names.get(slot)
 
     def items(self) -> Iterator[tuple[str, int]]:
         """Every allocated (name, slot), including names other processes allocated."""
+        self._fresh()
         self._scan()
         return iter(list(self._cache.items()))
 

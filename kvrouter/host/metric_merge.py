@@ -44,6 +44,7 @@ GAUGES: dict[str, Merge] = {
     "kvrouter_index_snapshot_bytes": Merge.LEADER,
     "kvrouter_epp_open_streams": Merge.SUM,
     "kvrouter_flow_queue_depth": Merge.SUM,
+    "kvrouter_flow_accounts": Merge.LEADER,
 }
 """Gauges with a host-wide meaning; any other gauge is per worker (labelled)."""
 

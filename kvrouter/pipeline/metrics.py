@@ -4,7 +4,7 @@ registry of the process that serves it (no process-global state)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -12,7 +12,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
-from ..flows import FlowAccounts, LocalAccounts
+from ..flows import FlowAccounts
 
 # prometheus_client's labels() validates, stringifies and takes a lock on every call; the request path
 # calls it about a dozen times.  These keep each child by its label values.  Children are never removed
@@ -221,27 +221,33 @@ class FlowMetrics:
 
 
 class FlowAccountsCollector(Collector):
-    """This process's flow accounts, read at scrape time: ``kvrouter_flow_accounts`` (flows whose
-    service is counted) and ``kvrouter_flow_accounts_forgotten_total`` (forgotten past
-    ``flows.max_flows``).  Nothing for the host's accounts (``--workers``: a fixed table)."""
+    """The flow accounts, read at scrape time: ``kvrouter_flow_accounts`` (flows whose service is
+    counted) and ``kvrouter_flow_accounts_forgotten_total`` (forgotten past ``flows.max_flows``, or past
+    the host's table under ``--workers``: worker 0 reports the host's, which the merge would otherwise
+    count once per worker)."""
 
     def __init__(self, accounts: FlowAccounts) -> None:
         self.accounts = accounts
 
     def collect(self) -> Iterator[Metric]:
         a = self.accounts
-        if not isinstance(a, LocalAccounts):
+        # this process's (LocalAccounts) or the host's (host.HostFlows, not imported: the host imports the
+        # pipeline), whose worker 0 alone reports them
+        held: Callable[[], int] | None = getattr(a, "held", None)
+        if held is None or getattr(a, "me", 0) != 0:
             return
+        held_now, forgotten = held(), int(getattr(a, "forgotten", 0))
         yield GaugeMetricFamily(
             "kvrouter_flow_accounts",
-            "Flows (tenant, priority) whose service this process counts, at most flows.max_flows",
-            value=len(a.counters),
+            "Flows (tenant, priority) whose service is counted, at most flows.max_flows (the host's table "
+            "under --workers)",
+            value=held_now,
         )
         yield CounterMetricFamily(
             "kvrouter_flow_accounts_forgotten",
-            "Flows forgotten past flows.max_flows (least recently charged, none waiting): they come back as "
-            "new flows",
-            value=a.forgotten,
+            "Flows forgotten past that bound (least recently charged, none waiting): they come back as new "
+            "flows",
+            value=forgotten,
         )
 
 

@@ -91,6 +91,9 @@ async def test_scrapes_of_two_workers_add_up_and_never_go_down(tmp_path: Path) -
         # Host gauges are the host's: nothing in flight, once, not once per worker.
         assert total(text, "kvrouter_instance_in_flight") == 0
         assert total(text, "kvrouter_instance_healthy") == 3
+        # The host's flow accounts (one flow: the default tenant), reported once for the host.
+        assert total(text, "kvrouter_flow_accounts") == 1
+        assert total(text, "kvrouter_flow_accounts_forgotten_total") == 0
         # Each worker's own event loop is shown under its label.
         tasks = {dict(lab)["worker"] for _, n, lab, _ in samples(text) if n == "kvrouter_event_loop_tasks"}
         assert tasks == {"0", "1"}
