@@ -182,7 +182,9 @@ class LocalAccounts:
         return dict(self.own)
 
     def set_external(self, service: Mapping[Flow, float]) -> None:
-        self.external = dict(service)
+        # kept, not copied (a copy cost 2.7 ms a round trip at 100,000 flows): the replicas' sync owns the
+        # map, updates it in place and calls this again, on this same thread
+        self.external = service if isinstance(service, dict) else dict(service)
 
     def served_changed(self) -> dict[Flow, float] | None:
         if self._changed is None:  # the first call: every flow (those forgotten before were never read)

@@ -16,6 +16,10 @@ candidates, in the same run: what predicting TTFT and TPOT adds to a decision.
 from the work meter and charging it, per request, with 10, 1,000 and 10,000 tenants metered (a router has
 one per API key): the cost must not grow with them (``target_lanes_flat_in_tenants``: 10,000 within 2x
 of 10).
+
+``flow_accounts``: the memory a queue's flow accounts hold after 20,000 and 200,000 one-off tenants
+(``flows.max_flows`` 10,000, and unbounded as the reference, in the same run), and the time per charge:
+bounded, it must not grow with them (``target_accounts_flat_in_tenants``: within 1.1x).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import asyncio
 import random
 import threading
 import time
+import tracemalloc
 from typing import Any
 
 import msgspec
@@ -33,7 +38,7 @@ from indexer import Indexer, SourceKey
 from indexer.encode import PayloadEncoder
 from indexer.hashing import TokenIds, request_chains
 from kvrouter.api.requests import prefix_text
-from kvrouter.flows import Flow, WorkMeter
+from kvrouter.flows import Flow, FlowQueue, WorkMeter
 from kvrouter.host.latency import HostLatency
 from kvrouter.host.memory import HostLayout, HostMemory
 from kvrouter.lab.sim.server.tokenizer import SIM_CHAT_TEMPLATE
@@ -173,7 +178,37 @@ def main(a: argparse.Namespace) -> dict[str, Any]:
     lanes = {str(n): _lanes_per_request(n, a.iters * 10, rng) for n in (10, 1000, 10_000)}
     res["flow_lanes_per_request"] = lanes
     res["target_lanes_flat_in_tenants"] = lanes["10000"]["p50_us"] <= 2 * lanes["10"]["p50_us"]
+    accounts = {
+        f"{n}_tenants_max_flows_{bound}": _accounts_memory(n, bound)
+        for n in (20_000, 200_000)
+        for bound in (10_000, 10_000_000)
+    }
+    res["flow_accounts"] = accounts
+    bounded = [accounts[f"{n}_tenants_max_flows_10000"]["mib"] for n in (20_000, 200_000)]
+    res["target_accounts_flat_in_tenants"] = bounded[1] <= 1.1 * bounded[0]
     return res
+
+
+def _accounts_memory(tenants: int, max_flows: int) -> dict[str, Any]:
+    """A queue's flow accounts after one charge of each of ``tenants`` one-off tenants (a header naming a
+    user per request): the memory they hold (MiB, traced), and the time per charge (us, untraced: a run
+    of its own)."""
+
+    def run() -> FlowQueue[str]:
+        q: FlowQueue[str] = FlowQueue(8, "work", max_flows=max_flows)
+        for i in range(tenants):  # each request's flow built from its header, as the gateway does
+            q.charge(Flow(f"user-{i}", 0), 100.0)
+        return q
+
+    t0 = time.perf_counter()
+    run()
+    per_charge = (time.perf_counter() - t0) / tenants
+    tracemalloc.start()
+    q = run()
+    held, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    del q
+    return {"mib": round(held / 2**20, 2), "us_per_charge": round(per_charge * 1e6, 2)}
 
 
 def _lanes_per_request(tenants: int, iters: int, rng: random.Random) -> dict[str, Any]:
