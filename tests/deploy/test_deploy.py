@@ -35,7 +35,9 @@ from indexer.metrics import IndexerCollector
 from indexer.subscriber import EventSubscriber
 from kvrouter.cli import COMMANDS
 from kvrouter.config import RouterFleetConfig, load_router_fleet
+from kvrouter.flows import LocalAccounts
 from kvrouter.gateway.metrics import GatewayMetrics
+from kvrouter.pipeline.metrics import FlowAccountsCollector
 from kvrouter.replicas.metrics import SharedStateMetrics
 from kvrouter.telemetry import AccessLogConfig, Telemetry, TracingConfig
 from kvrouter.telemetry.export import SpanSink
@@ -204,6 +206,7 @@ def _exported_metrics() -> dict[str, set[str]]:
                 Telemetry(TracingConfig(enabled=True), AccessLogConfig(enabled=True), sink=sink)
             )
         )
+        m.registry.register(FlowAccountsCollector(LocalAccounts()))
         families = list(m.registry.collect())
         sink.shutdown()
     finally:
