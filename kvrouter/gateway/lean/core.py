@@ -17,7 +17,6 @@ same counts (``kvrouter_requests_total`` by route and status, internal errors by
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import email.utils
 import logging
 import time
@@ -34,6 +33,11 @@ from .protocol import LeanProtocol
 from .routes import lean_routes
 
 log = logging.getLogger("kvrouter.gateway.lean")
+
+DRAIN_S = 60.0
+"""What requests under way are given to finish once a stop begins (``LeanSite.shutdown_timeout_s``)."""
+STOP_GRACE_S = 15.0
+"""What the rest of a stop may take beyond that."""
 
 KEEPALIVE_S = 75.0
 """An idle client connection is closed after this long (aiohttp's default)."""
@@ -132,7 +136,7 @@ class LeanSite(web.BaseSite):
         *,
         reuse_port: bool = False,
         backlog: int = 128,
-        shutdown_timeout_s: float = 60.0,
+        shutdown_timeout_s: float = DRAIN_S,
     ) -> None:
         super().__init__(runner, backlog=backlog)
         self.gw = gw
@@ -194,13 +198,39 @@ def run(app: web.Application, gw: Gateway, *, host: str, port: int, reuse_port: 
     except (web.GracefulExit, KeyboardInterrupt):
         pass
     finally:
-        main.cancel()
-        with contextlib.suppress(asyncio.CancelledError, web.GracefulExit):
-            loop.run_until_complete(main)
-        rest = [t for t in asyncio.all_tasks(loop) if not t.done()]
-        for t in rest:
-            t.cancel()
-        if rest:
-            loop.run_until_complete(asyncio.gather(*rest, return_exceptions=True))
-        loop.run_until_complete(loop.shutdown_asyncgens())
+        finish(loop, main, DRAIN_S + STOP_GRACE_S)
         loop.close()
+
+
+def finish(
+    loop: asyncio.AbstractEventLoop, main: asyncio.Task[None], within_s: float, rest_s: float = 5.0
+) -> bool:
+    """Stop ``main`` (cancelled: its cleanup runs) and then every other task, in at most ``within_s``
+    and ``rest_s`` more: a task that does not end (a cancellation swallowed, a cleanup that waits on
+    something gone) is logged with where it stands and left behind, so a stopping process always exits
+    (a second SIGTERM also ends the wait).  Returns whether everything ended."""
+    main.cancel()
+    ended = _wait(loop, [main], within_s)
+    rest = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    for t in rest:
+        t.cancel()
+    ended = _wait(loop, rest, rest_s) and ended
+    if ended:
+        loop.run_until_complete(loop.shutdown_asyncgens())
+    return ended
+
+
+def _wait(loop: asyncio.AbstractEventLoop, tasks: list[asyncio.Task[None]], within_s: float) -> bool:
+    if not tasks:
+        return True
+    _, pending = loop.run_until_complete(asyncio.wait(tasks, timeout=within_s))
+    for t in tasks:
+        if t.done() and not t.cancelled():
+            t.exception()  # retrieved: a stop's errors are not worth a warning at exit
+    if pending:
+        where = {
+            t.get_name(): [f"{f.f_code.co_filename}:{f.f_lineno} {f.f_code.co_name}" for f in t.get_stack()]
+            for t in pending
+        }
+        log.error("tasks still running after a stop's deadline; exiting anyway", extra={"tasks": where})
+    return not pending

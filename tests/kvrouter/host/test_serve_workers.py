@@ -207,6 +207,26 @@ async def test_workers_agree_on_load_and_replace_a_dead_worker(tmp_path: Path) -
         assert set(await in_flight_seen(base)) == {0}
 
 
+async def test_workers_stop_when_their_supervisor_is_killed(tmp_path: Path) -> None:
+    """The supervisor killed outright (SIGKILL, the OOM killer): its workers are told to stop (SIGTERM on
+    their parent's death) and exit, rather than serve on as orphans nobody replaces or stops."""
+    async with HeldFleet(2) as fleet, serve(tmp_path, fleet.fleet()) as (base, pid):
+        fleet.release.set()
+        assert (await fresh("POST", base + "/v1/completions", body(1)))[0] == 200
+        workers = children(pid)
+        assert len(workers) == 2
+        os.kill(pid, signal.SIGKILL)
+
+        def gone(w: int) -> bool:
+            try:
+                with open(f"/proc/{w}/stat") as f:
+                    return f.read().split(") ")[1].startswith("Z")  # exited, not yet reaped
+            except OSError:
+                return True
+
+        await until(lambda: all(gone(w) for w in workers), 30, "the orphaned workers exit")
+
+
 async def test_failures_in_any_worker_eject_for_every_worker(tmp_path: Path) -> None:
     over = {"gateway": {"health_interval_s": 0.2, "failure_threshold": 4, "ejection_s": 60, "max_retries": 1}}
     async with HeldFleet(2) as fleet, serve(tmp_path, {**fleet.fleet(), **over}) as (base, _):
