@@ -125,6 +125,8 @@ async def probed_source(
             await until(lambda: sub.status[SRC].connected)
             pub.publish([BlockStored([BlockHash(11)], None, FIRST, BS)])
         await until(lambda: held(ix, FIRST) == 1)
+        # and the join's replay request received: the tests count the requests that follow
+        await until(lambda: pub.stats.replay_requests >= sub.counters["replay_requests"])
         yield pub, ix, sub
     finally:
         await sub.stop()
@@ -160,7 +162,15 @@ async def test_a_batch_lost_after_a_probe_is_found_by_the_next() -> None:
     """A quiet source is probed again at doubling intervals: a batch lost after the spell's first probe,
     with nothing following it, is found by the second (1 s, then 2 s later), not never."""
     async with probed_source() as (pub, ix, sub):
-        await until(lambda: sub.counters["idle_probes"] >= 1)  # the spell's first probe: nothing new
+        # The spell's first probe, answered: the publisher has received every replay request the
+        # subscriber sent (it takes what it replays when a request arrives), so the batch lost below
+        # cannot ride on it.  Waiting only for the probe to be sent let a slow request see the batch.
+        await until(
+            lambda: (
+                sub.counters["idle_probes"] >= 1
+                and pub.stats.replay_requests >= sub.counters["replay_requests"]
+            )
+        )
         assert sub.status[SRC].probes >= 1 and pub.stats.replay_requests >= 1
         await lose_last(pub, ix, sub)
         assert sub.counters["idle_probes"] >= 2 and ix.trust(SRC) is Trust.EXACT
