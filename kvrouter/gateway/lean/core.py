@@ -226,7 +226,9 @@ def _wait(loop: asyncio.AbstractEventLoop, tasks: list[asyncio.Task[None]], with
     _, pending = loop.run_until_complete(asyncio.wait(tasks, timeout=within_s))
     for t in tasks:
         if t.done() and not t.cancelled():
-            t.exception()  # retrieved: a stop's errors are not worth a warning at exit
+            exc = t.exception()
+            if exc is not None and not isinstance(exc, web.GracefulExit):
+                log.error("a task failed while stopping", extra={"task": t.get_name()}, exc_info=exc)
     if pending:
         where = {
             t.get_name(): [f"{f.f_code.co_filename}:{f.f_lineno} {f.f_code.co_name}" for f in t.get_stack()]

@@ -58,3 +58,21 @@ def test_a_task_that_swallows_its_cancellation_is_left_behind_after_the_deadline
         assert list(where) == ["stubborn"] and any("_stubborn" in f for f in where["stubborn"])
     loop.close()
     main.get_coro().close()  # left behind by design; closed here so the test leaves nothing pending
+
+
+async def _fails_in_cleanup() -> None:
+    try:
+        await asyncio.sleep(3600)
+    finally:
+        raise RuntimeError("cleanup broke")
+
+
+def test_an_error_in_a_stop_is_logged_not_lost(caplog: pytest.LogCaptureFixture) -> None:
+    loop = asyncio.new_event_loop()
+    main = loop.create_task(_fails_in_cleanup(), name="main")
+    loop.run_until_complete(asyncio.sleep(0))
+    with caplog.at_level(logging.ERROR, logger="kvrouter.gateway.lean"):
+        assert finish(loop, main, 1.0, rest_s=1.0)
+    [rec] = [r for r in caplog.records if "failed while stopping" in r.getMessage()]
+    assert rec.exc_info is not None and "cleanup broke" in str(rec.exc_info[1])
+    loop.close()
