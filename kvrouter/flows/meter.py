@@ -125,10 +125,11 @@ class WorkMeter:
         *,
         waiting: int,
         weight: Callable[[str], float] = lambda _: 1.0,
+        dry_run: bool = False,
     ) -> tuple[bool, bool]:
         """(``RouteInput.heavy``, ``RouteInput.quiet_open``) for a request of ``flow`` now, ``waiting`` of
         its flow's requests waiting: the one reading the pipeline and the evaluator both set (both False
-        with ``iso`` off)."""
+        with ``iso`` off).  ``dry_run`` (explain): the verdict only; no hold starts or ends."""
         if not iso.on:
             return False, False
         heavy = self.heavy(
@@ -139,7 +140,8 @@ class WorkMeter:
             weight=weight,
             waiting=waiting,
             backlog=iso.backlog,
-            hold_s=iso.hold_s,
+            hold_s=0.0 if dry_run else iso.hold_s,
+            keep_hold=dry_run,
         )
         return heavy, self.light_idle(now, iso.idle_s)
 
@@ -154,11 +156,13 @@ class WorkMeter:
         waiting: int = 0,
         backlog: int = 0,
         hold_s: float = 0.0,
+        keep_hold: bool = False,
     ) -> bool:
         """Whether ``flow`` is heavy now (the module's rule); ``weight``: a tenant's share weight;
         ``waiting``: its requests waiting for capacity, heavy at ``backlog`` or more (0: never);
         ``hold_s``: a flow found heavy by its backlog or share stays heavy this long after (a flood's
-        backlog drains for a moment between its requests)."""
+        backlog drains for a moment between its requests); ``keep_hold``: an expired hold is not cleared
+        (with ``hold_s`` 0: nothing about holds changes)."""
         if flow.priority < quiet_priority:
             return True
         until = self._until.get(flow.tenant)
@@ -168,7 +172,7 @@ class WorkMeter:
             if hold_s > 0:
                 self._until[flow.tenant] = now + hold_s
             return True
-        if until is not None:
+        if until is not None and not keep_hold:
             del self._until[flow.tenant]
         return False
 

@@ -154,7 +154,7 @@ async def fleet(request: web.Request) -> web.Response:
 async def explain(request: web.Request) -> web.Response:
     gw = request.app[GATEWAY]
     p = await gw.pipeline.prepare(await request.read(), None, request.headers, operator=True)
-    gw.pipeline.set_reserved(p)
+    gw.pipeline.set_reserved(p, dry_run=True)
     d = gw.pipeline.decide(p, dry_run=True)
     gw.router.predict(p.inp.num_tokens, d.ranked)  # whatever the policy, its latency models' view
     plan = gw.pipeline.plan(p, dry_run=True) if gw.pipeline.disaggregated(p) else None

@@ -715,11 +715,11 @@ class RequestPipeline:
         p.flow = Flow(p.flow.tenant, min(p.flow.priority, cfg.demote_priority))
         p.slo = f"demoted; {missed}; predicted_ms={predicted * 1e3:.0f}; by={by}"
 
-    def set_reserved(self, p: Prepared) -> None:
+    def set_reserved(self, p: Prepared, *, dry_run: bool = False) -> None:
         """Whether ``p`` may fill the capacity kept for high priority (``routing.saturation``), and whether
         its flow is heavy (``routing.isolation``), as its flow stands now; ``fifo`` knows no priorities:
         every request may fill the reserve.  The evaluator applies the same rules
-        (``VirtualFleet._set_reserved``)."""
+        (``VirtualFleet._set_reserved``).  ``dry_run`` (explain): no flow's hold starts or ends."""
         sat = self.cfg.limits.saturation
         waiting = self.gate.queue.waiting(p.flow)
         p.inp.reserved = self.cfg.flows.fairness == "fifo" or sat.reserved(p.flow.priority, waiting)
@@ -729,6 +729,7 @@ class RequestPipeline:
             time.monotonic(),
             waiting=waiting,
             weight=lambda t: self.cfg.flows.tenant(t).weight,
+            dry_run=dry_run,
         )
 
     async def _wait(self, p: Prepared, attempt: Callable[[], _T | None], cost: Callable[[_T], float]) -> _T:

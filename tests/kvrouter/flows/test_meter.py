@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from kvrouter.flows import Flow, WorkMeter
 from kvrouter.flows.meter import ACTIVE
+from kvrouter.routing.isolation import Isolation
 
 TENANTS = ["a", "b", "c", "d"]
 charges = st.lists(
@@ -155,6 +156,23 @@ def test_a_flow_found_heavy_stays_heavy_for_hold_s() -> None:
     assert m.heavy(Flow("flood", 0), 0.9, waiting=0, **rule)  # its backlog drained for a moment
     assert not m.heavy(Flow("flood", 0), 1.1, waiting=0, **rule)  # held no longer
     assert not m.heavy(Flow("flood", 0), 1.2, waiting=0, **{**rule, "hold_s": 0.0})
+
+
+def test_an_explain_reads_the_verdict_without_starting_or_ending_a_hold() -> None:
+    """``lanes(dry_run=True)`` (``/v1/route/explain``): a flow heavy by its backlog is reported heavy, but
+    no hold starts, and an explain after a hold has run out does not clear it for the next request."""
+    iso = Isolation(quiet_share=0.5, over_share=1.5, backlog=2, hold_s=1.0)
+    m = WorkMeter(10.0)
+    m.add("calm", 100, 0.0)
+    m.add("flood", 100, 0.0)
+    flood = Flow("flood", 1)
+    assert m.lanes(iso, flood, 0.0, waiting=2, dry_run=True)[0]
+    assert not m.lanes(iso, flood, 0.5, waiting=0)[0]  # the explain started no hold
+    assert m.lanes(iso, flood, 0.6, waiting=2)[0]  # a request's verdict does: held until 1.6
+    assert m.lanes(iso, flood, 1.0, waiting=0, dry_run=True)[0]
+    assert not m.lanes(iso, flood, 1.7, waiting=0, dry_run=True)[0]
+    assert m._until  # the ended hold is left for a request's verdict to clear
+    assert not m.lanes(iso, flood, 1.8, waiting=0)[0] and not m._until
 
 
 def test_the_quiet_targets_open_once_no_light_flow_has_been_admitted_for_idle_s() -> None:
