@@ -140,8 +140,8 @@ class WorkMeter:
             weight=weight,
             waiting=waiting,
             backlog=iso.backlog,
-            hold_s=0.0 if dry_run else iso.hold_s,
-            keep_hold=dry_run,
+            hold_s=iso.hold_s,
+            dry_run=dry_run,
         )
         return heavy, self.light_idle(now, iso.idle_s)
 
@@ -156,23 +156,23 @@ class WorkMeter:
         waiting: int = 0,
         backlog: int = 0,
         hold_s: float = 0.0,
-        keep_hold: bool = False,
+        dry_run: bool = False,
     ) -> bool:
         """Whether ``flow`` is heavy now (the module's rule); ``weight``: a tenant's share weight;
         ``waiting``: its requests waiting for capacity, heavy at ``backlog`` or more (0: never);
         ``hold_s``: a flow found heavy by its backlog or share stays heavy this long after (a flood's
-        backlog drains for a moment between its requests); ``keep_hold``: an expired hold is not cleared
-        (with ``hold_s`` 0: nothing about holds changes)."""
+        backlog drains for a moment between its requests); ``dry_run``: the verdict only, no hold starts
+        or ends."""
         if flow.priority < quiet_priority:
             return True
         until = self._until.get(flow.tenant)
         if until is not None and now < until:
             return True
         if (backlog and waiting >= backlog) or self._over(flow.tenant, now, over_share, weight):
-            if hold_s > 0:
+            if hold_s > 0 and not dry_run:
                 self._until[flow.tenant] = now + hold_s
             return True
-        if until is not None and not keep_hold:
+        if until is not None and not dry_run:
             del self._until[flow.tenant]
         return False
 

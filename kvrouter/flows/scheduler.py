@@ -97,6 +97,10 @@ class FlowAccounts(Protocol):
         """``served()`` of the flows charged since the last call only (None: not kept; read ``served()``).
         What lets a replica publish what changed without reading every tenant's total."""
 
+    def census(self) -> tuple[int, int] | None:
+        """(flows with an account, flows forgotten past the bound so far) for ``kvrouter_flow_accounts``
+        and ``..._forgotten_total``; None where another process reports them."""
+
 
 class LocalAccounts:
     """``FlowAccounts`` of one process, holding at most ``max_flows`` flows' counters.
@@ -128,9 +132,8 @@ class LocalAccounts:
         """Flows with waiters here: never forgotten."""
         self.forgotten = 0
 
-    def held(self) -> int:
-        """Flows with an account (``kvrouter_flow_accounts``)."""
-        return len(self.counters)
+    def census(self) -> tuple[int, int] | None:
+        return len(self.counters), self.forgotten
 
     def counter(self, flow: Flow) -> float:
         return self.counters.get(flow, 0.0) + self.external.get(flow, 0.0)

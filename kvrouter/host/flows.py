@@ -54,9 +54,11 @@ class HostFlows:
         """Flows forgotten so far, by every worker (``kvrouter_flow_accounts_forgotten_total``)."""
         return int(self._epoch[2])
 
-    def held(self) -> int:
-        """Flows with an account of their own."""
-        return sum(1 for name, _ in self.mem.flows.items() if name.startswith("f:"))
+    def census(self) -> tuple[int, int] | None:
+        """The host's, reported by worker 0 alone (the metrics' merge would count it once per worker)."""
+        if self.me != 0:
+            return None
+        return sum(1 for name, _ in self.mem.flows.items() if name.startswith("f:")), self.forgotten
 
     def slot(self, name: str) -> int:
         try:

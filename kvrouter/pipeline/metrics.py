@@ -4,7 +4,7 @@ registry of the process that serves it (no process-global state)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -230,18 +230,15 @@ class FlowAccountsCollector(Collector):
         self.accounts = accounts
 
     def collect(self) -> Iterator[Metric]:
-        a = self.accounts
-        # this process's (LocalAccounts) or the host's (host.HostFlows, not imported: the host imports the
-        # pipeline), whose worker 0 alone reports them
-        held: Callable[[], int] | None = getattr(a, "held", None)
-        if held is None or getattr(a, "me", 0) != 0:
+        census = self.accounts.census()
+        if census is None:
             return
-        held_now, forgotten = held(), int(getattr(a, "forgotten", 0))
+        held, forgotten = census
         yield GaugeMetricFamily(
             "kvrouter_flow_accounts",
             "Flows (tenant, priority) whose service is counted, at most flows.max_flows (the host's table "
             "under --workers)",
-            value=held_now,
+            value=held,
         )
         yield CounterMetricFamily(
             "kvrouter_flow_accounts_forgotten",
