@@ -145,7 +145,9 @@ def test_workers_racing_on_a_small_table_lose_no_charge_and_misplace_none() -> N
         p.join(10)
     w = HostFlows(mem, 0)
     assert w.counter(Flow("hot", 0)) == 2 * rounds  # charged by both, never forgotten, never lost
-    assert w.forgotten > 1000 and got[-1][1] == w.forgotten
+    # Each worker reads the count when its own rounds end; the one that reads last sees every
+    # reclaim (the other's rounds had ended), whichever of them reaches the queue first.
+    assert w.forgotten > 1000 and max(n for _, n in got) == w.forgotten
     acc = mem.view("flow_accounts")
     assert float(acc[mem.flows.slot(OVERFLOW), 2]) == 0.0
     # A charge written to a row freed and given to another flow meanwhile would show as the other
