@@ -26,6 +26,9 @@ from indexer.errors import ConfigError
 from .slo import SloConfig
 
 DEFAULT_MAX_FLOWS = 100_000
+SHEDDABLE = -1
+"""The priority a request may always lower itself to, configured or not: below 0, refused at once while
+the fleet is saturated."""
 
 Fairness = Literal["fifo", "requests", "vtc", "work"]
 FAIRNESS: tuple[Fairness, ...] = ("fifo", "requests", "vtc", "work")
@@ -81,6 +84,19 @@ class FlowsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     slo: SloConfig = SloConfig()
     """SLO-aware admission: TTFT/TPOT objectives stated in headers, predicted before waiting
     (``flows.slo``)."""
+
+    def levels(self) -> tuple[int, ...]:
+        """The priorities a request can have, ascending: the ones this section names (``default_priority``,
+        each tenant's ``priority`` and ``max_priority``, each objective's, ``slo.demote_priority``) and
+        ``SHEDDABLE``.  A priority asked for by header that is not one of them is taken as the highest below
+        it (``identify``): the priorities, and every per-priority account and metric label, stay as few as
+        the configuration makes them, whatever integers clients send."""
+        out = {self.default_priority, SHEDDABLE, self.slo.demote_priority, *self.objectives.values()}
+        for t in self.tenants.values():
+            out.add(t.priority)
+            if t.max_priority is not None:
+                out.add(t.max_priority)
+        return tuple(sorted(out))
 
     def tenant(self, name: str) -> TenantFlow:
         t = self.tenants.get(name)

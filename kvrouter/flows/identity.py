@@ -7,13 +7,16 @@ ignored (a client without the key never borrows that tenant's priority or share)
 ``InferenceObjective`` gives the priority of tenants whose own is not configured, and may only lower a
 configured one (raise it only where allowed); a priority header that is not an integer is ignored; a
 priority above the tenant's is honoured only with ``allow_priority_header`` (and capped at
-``max_priority``), a lower one always.  Header names are looked up in lower case (the picker's map is
-lower-cased; the others ignore case).
+``max_priority``), a lower one always; a priority asked for that is not one of the configured levels
+(``FlowsConfig.levels``) is taken as the highest level below it, or the lowest (counted: a client's
+integers never make new priorities, accounts or metric series).  Header names are looked up in lower
+case (the picker's map is lower-cased; the others ignore case).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from bisect import bisect_right
+from collections.abc import Collection, Mapping, Sequence
 
 from .config import FlowsConfig
 from .scheduler import Flow
@@ -24,9 +27,11 @@ def identify(
     key_tenant: str | None,
     headers: Mapping[str, str],
     keyed: Collection[str],
+    levels: Sequence[int] | None = None,
 ) -> tuple[Flow, list[str]]:
     """``key_tenant``: the tenant of the request's API key (None: no known key); ``keyed``: every tenant
-    that has an API key.  Returns the flow and the reasons headers were ignored (``header:reason``)."""
+    that has an API key; ``levels``: ``cfg.levels()``, computed once by the caller (None: here).  Returns
+    the flow and the reasons headers were ignored or changed (``header:reason``)."""
     warnings: list[str] = []
     tenant = key_tenant
     if tenant is None and cfg.tenant_header:
@@ -67,4 +72,8 @@ def identify(
                 warnings.append("priority:not_allowed")
             else:
                 priority = want if t.max_priority is None else min(want, t.max_priority)
+            levels = cfg.levels() if levels is None else levels
+            if priority not in levels:
+                priority = levels[max(0, bisect_right(levels, priority) - 1)]
+                warnings.append("priority:snapped")
     return Flow(tenant, priority), warnings

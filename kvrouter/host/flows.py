@@ -19,11 +19,11 @@ by the worker that syncs with them (``kvrouter.replicas.flows``); "served here" 
 host tells them.
 
 Counters and buckets change under the host's lock (a charge reads, then writes: two workers charging at
-once must not lose one).  When a new flow finds the directory full, the least recently charged
-sixteenth of the flows without waiters in any worker is forgotten (their slots freed, the epoch moved):
-as in ``flows.LocalAccounts``, each comes back as a new flow.  A write to a flow's row checks, under the
-lock, that no slot was freed since it looked the row up.  Only when every flow has waiters does a new
-one share the overflow account, its share counted with every other such flow's.
+once must not lose one).  When a new flow (or any new name) finds the directory full, the least recently
+charged sixteenth of the flows without waiters in any worker is forgotten (their slots freed, the epoch
+moved): as in ``flows.LocalAccounts``, each comes back as a new flow.  A write to a flow's row checks,
+under the lock, that no slot was freed since it looked the row up.  Only when every flow has waiters
+does a new one share the overflow account, its share counted with every other such flow's.
 """
 
 from __future__ import annotations
@@ -61,8 +61,11 @@ class HostFlows:
         return sum(1 for name, _ in self.mem.flows.items() if name.startswith("f:")), self.forgotten
 
     def slot(self, name: str) -> int:
+        """The slot of a name that keeps it (a priority's virtual time, a tenant's buckets or counts, a
+        queue's group): made room for by forgetting idle flows, as a new flow's is (``serve`` sizes the
+        table for every such name its configuration can make, ``supervisor.shared_host``)."""
         try:
-            return self.mem.flows.slot(name)
+            return self.mem.flows.slot(name, self._reclaim)
         except SlotsExhausted:
             return self._overflow
 

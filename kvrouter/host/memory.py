@@ -27,10 +27,13 @@ import msgspec
 import numpy as np
 
 NAME_BYTES = 120
+"""Longest name a slot holds (UTF-8); longer target keys are refused (``SlotsExhausted``)."""
 LATENCY_WORDS = 96
 """Room for one target's latency models (``host/latency``; they take ``SHARED_WORDS``)."""
-"""Longest name a slot holds (UTF-8); longer target keys are refused (``SlotsExhausted``)."""
 
+
+FLOW_SLOTS = 1024
+"""The flows' table's slots by default (``HostLayout.flows``; ``serve`` adds the names that keep theirs)."""
 
 QUEUE_GROUPS = 4
 """Groups a worker's waiting heads are of, shown to the other workers (``host.queue``): a newcomer of
@@ -66,7 +69,7 @@ class HostLayout(msgspec.Struct, frozen=True):
     """Room for each worker's last metrics snapshot (``metrics_board``), in bytes."""
     claim_slots: int = 4096
     """Placement claims of new prompts the workers can hold at once (``host.claims``)."""
-    flows: int = 1024
+    flows: int = FLOW_SLOTS
     """Distinct flow accounts (a tenant at a priority, a priority's virtual time, a tenant's rate
     buckets) the host keeps.  Past them, the least recently charged flows without waiters are forgotten
     (``host.flows``); when none can be, new ones share one overflow account."""

@@ -29,6 +29,7 @@ from types import FrameType
 from ..config import RouterFleetConfig
 from ..pipeline import FleetTokens
 from . import HostLayout, HostMemory, MetricsBoard
+from .memory import FLOW_SLOTS
 from .scrape import wake_pipes
 from .wiring import WorkerHost
 
@@ -42,10 +43,16 @@ def shared_host(cfg: RouterFleetConfig, workers: int) -> HostMemory:
     """The host's shared memory (an anonymous shared mapping every forked worker inherits) with the
     fleet's instances healthy, as a single process starts them (optimistic until the first check)."""
     targets = max(256, 4 * sum(i.dp_size for i in cfg.instances))
+    # Beside the flows' accounts, which are forgotten when the table is full, the names that keep their
+    # slots: each configured tenant's rate buckets and counts, each priority level's virtual time, and
+    # the queue's groups (model, instance pinned or not, heavy or not).
+    kept = 2 * len(cfg.flows.tenants) + len(cfg.flows.levels())
+    kept += 2 * len(cfg.served_models()) * (len(cfg.instances) + 1)
     layout = HostLayout(
         workers=workers,
         targets=targets,
         instances=max(128, 4 * len(cfg.instances)),
+        flows=FLOW_SLOTS + kept,
         metric_bytes=max(1 << 20, 8192 * targets),  # per-target series dominate a snapshot
     )
     buf = mmap.mmap(-1, layout.size(), flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)

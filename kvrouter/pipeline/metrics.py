@@ -214,7 +214,8 @@ class FlowMetrics:
         )
         self.header_warnings = CachedCounter(
             "kvrouter_flow_header_warnings",
-            "Tenant or priority headers ignored, by header and reason (malformed, needs_key, not_allowed)",
+            "Tenant or priority headers ignored or changed, by header and reason (malformed, needs_key, "
+            "not_allowed, snapped: a priority between the configured levels)",
             ["header", "reason"],
             registry=r,
         )

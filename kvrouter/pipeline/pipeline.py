@@ -222,6 +222,8 @@ class RequestPipeline:
         """Tenants that have an API key: never taken from a header."""
         self._named = self._keyed | set(flows.tenants) | {flows.default_tenant}
         """Tenants with a metrics label of their own (the others are ``other``)."""
+        self._levels = flows.levels()
+        """The priorities a request can have (a header's other integers are snapped to one of them)."""
         self.planner = DisaggPlanner(router, cfg.routing.disaggregation)
         self.admission = Admission(cfg.limits, metrics, lag=lag, held_host=held_host)
         """Whether a request is taken, before its body is read (``held``); ``limits.max_requests`` bounds
@@ -393,7 +395,8 @@ class RequestPipeline:
     def flow_of(self, headers: Mapping[str, str]) -> tuple[Flow, list[str]]:
         """The request's flow; each header ignored is counted (a warning, never an error)."""
         key = self.cfg.tenants.api_keys.get(bearer(headers.get("authorization")))
-        flow, notes = identify(self.cfg.flows, None if key is None else key.name, headers, self._keyed)
+        name = None if key is None else key.name
+        flow, notes = identify(self.cfg.flows, name, headers, self._keyed, self._levels)
         return flow, self._warned(notes)
 
     def _warned(self, notes: list[str]) -> list[str]:

@@ -6,6 +6,8 @@ import asyncio
 import contextlib
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kvrouter.flows import Flow, FlowsConfig, RateLimiter, TenantFlow, identify
 from kvrouter.pipeline import CapacityGate, QueueFull
@@ -38,6 +40,70 @@ def test_a_client_raises_its_priority_only_where_allowed() -> None:
     assert identify(CFG, "free", {"x-priority": "high"}, KEYED) == (Flow("free", 0), ["priority:malformed"])
 
 
+def test_a_priority_between_the_configured_levels_is_taken_as_the_level_below() -> None:
+    assert CFG.levels() == (-1, 0, 1, 2, 3)
+    cfg = FlowsConfig(
+        objectives={"premium": 10},
+        tenants={"gold": TenantFlow(priority=5), "any": TenantFlow(allow_priority_header=True)},
+    )
+    assert cfg.levels() == (-1, 0, 5, 10)
+    assert identify(cfg, "gold", {"x-priority": "3"}, KEYED) == (Flow("gold", 0), ["priority:snapped"])
+    assert identify(cfg, "gold", {"x-priority": "0"}, KEYED) == (Flow("gold", 0), [])
+    assert identify(cfg, "gold", {"x-priority": "-1"}, KEYED) == (Flow("gold", -1), [])
+    low = identify(cfg, "gold", {"x-priority": "-12345"}, KEYED)
+    assert low == (Flow("gold", -1), ["priority:snapped"])  # below every level: the lowest
+    assert identify(cfg, "any", {"x-priority": "7"}, KEYED) == (Flow("any", 5), ["priority:snapped"])
+    huge = identify(cfg, "any", {"x-priority": "9" * 400}, KEYED)
+    assert huge == (Flow("any", 10), ["priority:snapped"])  # any, but only a level
+    assert identify(cfg, "any", {"x-priority": "9" * 5000}, KEYED) == (Flow("any", 0), ["priority:malformed"])
+
+
+LEVELS_CFG = FlowsConfig(
+    tenant_header="x-tenant",
+    objectives={"premium": 7, "batch": -3},
+    tenants={
+        "gold": TenantFlow(priority=4),
+        "capped": TenantFlow(priority=1, allow_priority_header=True, max_priority=6),
+        "any": TenantFlow(allow_priority_header=True),
+    },
+)
+
+
+@given(
+    tenant=st.sampled_from(["gold", "capped", "any", "newco", None]),
+    asked=st.one_of(st.none(), st.integers(-(10**30), 10**30)),
+    objective=st.sampled_from([None, "premium", "batch", "nope"]),
+)
+def test_every_priority_is_a_configured_level_and_never_above_what_the_tenant_may_ask(
+    tenant: str | None, asked: int | None, objective: str | None
+) -> None:
+    """The priority is a configured level, never above what the tenant may reach; a header lowering it
+    gets the highest level at or below the integer asked (the lowest level when none is); a header
+    raising it where the tenant may not changes nothing."""
+    headers = {"x-gateway-inference-objective": objective} if objective is not None else {}
+    before, _ = identify(LEVELS_CFG, tenant, headers, ())
+    if asked is not None:
+        headers["x-priority"] = str(asked)
+    flow, notes = identify(LEVELS_CFG, tenant, headers, ())
+    levels = LEVELS_CFG.levels()
+    assert flow.tenant == before.tenant and flow.priority in levels and before.priority in levels
+    t = LEVELS_CFG.tenant(flow.tenant)
+    if t.allow_priority_header:
+        assert flow.priority <= (
+            max(levels) if t.max_priority is None else max(t.max_priority, before.priority)
+        )
+    else:
+        assert flow.priority <= before.priority
+    if asked is None:
+        assert flow == before
+    elif asked <= before.priority:
+        below = [lv for lv in levels if lv <= asked]
+        assert flow.priority == (below[-1] if below else levels[0])
+        assert ("priority:snapped" in notes) == (asked not in levels)
+    elif not t.allow_priority_header:
+        assert flow == before and notes[-1:] == ["priority:not_allowed"]
+
+
 def test_an_inference_objective_sets_the_priority_a_configured_tenant_cannot_be_raised_by() -> None:
     cfg = FlowsConfig(
         tenant_header="x-tenant",
@@ -49,7 +115,7 @@ def test_an_inference_objective_sets_the_priority_a_configured_tenant_cannot_be_
     )
     obj = "x-gateway-inference-objective"
     assert identify(cfg, None, {obj: "premium"}, KEYED) == (Flow("default", 5), [])
-    assert identify(cfg, None, {obj: "premium", "x-priority": "1"}, KEYED) == (Flow("default", 1), [])
+    assert identify(cfg, None, {obj: "premium", "x-priority": "2"}, KEYED) == (Flow("default", 2), [])
     assert identify(cfg, "gold", {obj: "premium"}, KEYED) == (Flow("gold", 2), ["objective:not_allowed"])
     assert identify(cfg, "gold", {obj: "sheddable"}, KEYED) == (Flow("gold", -1), [])
     assert identify(cfg, "free", {obj: "premium"}, KEYED) == (Flow("free", 3), [])

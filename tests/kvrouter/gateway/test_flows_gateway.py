@@ -129,6 +129,18 @@ async def test_bad_flow_headers_are_counted_and_served_at_the_default(fleet: Sim
         assert w[(("header", "tenant"), ("reason", "malformed"))] == 1.0
 
 
+async def test_priorities_clients_send_stay_among_the_configured_levels(fleet: SimFleet) -> None:
+    async with gateway(fleet, **FLOWS) as (_, base), aiohttp.ClientSession() as s:
+        for i in range(12):  # a client lowering its priority to twelve integers of its choosing
+            assert (await chat(s, base, "sk-calm", f"low {i}", **{"x-priority": str(-1 - 7 * i)}))[0] == 200
+        m = await metrics(s, base)
+        admitted = samples(m, "kvrouter_flow_admitted_total")
+        assert {dict(k)["priority"] for k in admitted} == {"-1"}  # levels: -1, 0 and vip's 2
+        assert admitted[(("priority", "-1"), ("tenant", "calm"))] == 12.0
+        w = samples(m, "kvrouter_flow_header_warnings_total")
+        assert w[(("header", "priority"), ("reason", "snapped"))] == 11.0  # all but -1 itself
+
+
 async def test_under_saturation_the_high_priority_tenant_goes_first(fleet: SimFleet) -> None:
     over = {**FLOWS, "limits": {"max_in_flight": 1, "queue_size": 64, "queue_timeout_s": 30}}
     async with gateway(fleet, **over) as (gw, base), aiohttp.ClientSession() as s, slowed(s, fleet) as done:

@@ -185,3 +185,33 @@ def test_a_slot_freed_between_the_lookup_and_the_write_is_looked_up_again() -> N
     for f in held(w1) - {old}:
         assert w1.counter(f) == 1.0, f  # nobody got worker 0's 500
     assert w1.counter(old) == 500.0  # back as a new flow, with the charge
+
+
+def test_serve_sizes_the_table_for_every_configured_tenants_buckets_beside_the_flows() -> None:
+    """The names that keep their slots (a configured tenant's rate buckets and counts, a priority's
+    virtual time) never run into the overflow row, however many one-off flows come and go."""
+    from indexer.config import parse_fleet
+    from kvrouter.config import RouterFleetConfig
+    from kvrouter.flows import RateLimiter
+    from kvrouter.host.supervisor import shared_host
+
+    tenants = {f"t{i}": {"requests_per_minute": 60, "priority": i % 3} for i in range(1500)}
+    inst = [
+        {"name": f"w{i}", "url": f"http://127.0.0.1:{9 + i}", "events": "tcp://127.0.0.1:9"} for i in range(3)
+    ]
+    cfg = parse_fleet({"instances": inst, "flows": {"tenants": tenants}}, RouterFleetConfig)
+    mem = shared_host(cfg, 2)
+    flows = HostFlows(mem, 1)
+    rate = RateLimiter(cfg.flows.tenant, flows)
+    for i in range(1500):
+        assert rate.take(f"t{i}", 10, 0.0) == 0.0
+        flows.charge(Flow(f"one-off-{i}", 0), 1.0)
+        flows.charge(Flow(f"t{i}", i % 3), 1.0)
+    overflow = mem.flows.slot(OVERFLOW)
+    names = dict(mem.flows.items())
+    assert all(names[f"r:t{i}"] != overflow and names[f"q:t{i}"] != overflow for i in range(1500))
+    assert flows.counted() == {f"t{i}": (1.0, 10.0) for i in range(1500)}
+    assert float(mem.view("flow_accounts")[overflow, 2]) == 0.0  # no flow shared the overflow account
+    for i in range(1500):  # each bucket took one request: a second minute's worth is still there
+        assert rate.take(f"t{i}", 10, 0.0) == 0.0
+    assert flows.forgotten > 0  # the flows' accounts were reclaimed meanwhile
