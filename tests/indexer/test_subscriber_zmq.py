@@ -141,8 +141,12 @@ async def test_two_data_parallel_ranks_use_port_offsets() -> None:
         await until(lambda: all(sub.status[SourceKey("v", r)].connected for r in range(2)))
         e0, t0 = seq_event(1)
         e1, t1 = seq_event(2)
-        pubs[0].publish([e0])
-        pubs[1].publish([e1])
+        for _ in range(200):  # slow joiner: connected before our subscription reached the PUB (no replay)
+            pubs[0].publish([e0])
+            pubs[1].publish([e1])
+            await asyncio.sleep(0.02)
+            if held(ix, "v", t0, 0) == 2 and held(ix, "v", t1, 1) == 2:
+                break
         await until(lambda: held(ix, "v", t0, 0) == 2 and held(ix, "v", t1, 1) == 2)
         assert held(ix, "v", t0, 1) == 0 and held(ix, "v", t1, 0) == 0
     finally:
@@ -303,8 +307,12 @@ async def test_a_source_in_bind_mode_hears_an_engine_that_connects_out() -> None
         await until(lambda: sub.status[src].connected, what="the engine's PUB connected to our SUB")
         assert sub.status[src].mode == "bind"
         await until(lambda: all(held(ix, "v0", t) == 2 for t in early), what="replayed")
-        ev, toks = seq_event(50)
-        pub.publish([ev])
+        for k in range(50, 250):  # slow joiner: the PUB's connection is up before our subscription reaches
+            ev, toks = seq_event(k)  # it (a batch published meanwhile is dropped, then replayed)
+            pub.publish([ev])
+            await asyncio.sleep(0.02)
+            if sub.status[src].messages >= 1:
+                break
         await until(lambda: held(ix, "v0", toks) == 2, what="live batch")
         assert sub.status[src].messages >= 1 and ix.trust(src) is Trust.EXACT
     finally:
