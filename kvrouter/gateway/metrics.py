@@ -30,6 +30,13 @@ class GatewayMetrics:
             ["reason"],
             registry=r,
         )
+        self.failures_excused = Counter(
+            "kvrouter_upstream_failures_excused",
+            "Attempts that failed before the first byte on a timeout while the router's own event loop stood "
+            "still for much of the wait: not counted against their instance (failure_threshold)",
+            ["instance"],
+            registry=r,
+        )
         self.ejections = Counter(
             "kvrouter_instance_ejections",
             "Instances taken out of rotation for a while after failed requests (outlier ejection)",

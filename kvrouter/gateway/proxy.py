@@ -183,6 +183,8 @@ class Proxy:
                 stalled = e.limit_s is not None and self.lag is not None and self.lag.stalled(mark, e.limit_s)
                 if not stalled:
                     self.pool.record_failure(chosen.instance, connection=e.connection)
+                else:
+                    self.metrics.failures_excused.labels(chosen.instance).inc()
                 log.warning(
                     "upstream failed before the first byte",
                     extra={

@@ -82,7 +82,8 @@ async def hang(res: Resources, cfg: HangConfig) -> ScenarioResult:
 
                 await asyncio.gather(*(worker() for _ in range(cfg.concurrency)))
                 await until(lambda: gw.router.load.total_in_flight() == 0, 5, "slots freed")
-                retries = await _retries(s, g.base)
+                retries = await _counted(s, g.base, "kvrouter_retries_total")
+                excused = await _counted(s, g.base, "kvrouter_upstream_failures_excused_total")
                 ejected = gw.pool.upstreams[victim.name].ejections
                 await set_faults(s, victim.url, latency_s=0.0)
                 await until(lambda: gw.pool.upstreams[victim.name].healthy, 5, "victim back in rotation")
@@ -102,7 +103,14 @@ async def hang(res: Resources, cfg: HangConfig) -> ScenarioResult:
         at_most("slowest request (a timeout, then a retry)", max(lat), bound, unit="s", fmt="{:.2f}"),
         Figure("latency p50 / p99", f"{quantile(lat, 0.5):.3f} / {quantile(lat, 0.99):.3f} s", "", None),
         Figure("retries on another instance after a timeout", str(int(retries)), "", None),
-        exactly("victim ejected by its timeouts while its /health passed", ejected >= 1, True),
+        # A timeout while the gateway's own loop stood still is excused (not the victim's fault): on a
+        # loaded machine enough of them leave fewer than ``failure_threshold`` (3) counted in a row.
+        exactly(
+            "victim ejected by its timeouts while its /health passed",
+            ejected >= 1 or (excused > 0 and retries - excused < 3),
+            True,
+        ),
+        Figure("timeouts excused (the gateway's loop stood still)", str(int(excused)), "", None),
         at_most(
             "victim's slots held at once", max(victim_in_flight, default=0), cfg.max_in_flight, fmt="{:.0f}"
         ),
@@ -119,14 +127,11 @@ async def hang(res: Resources, cfg: HangConfig) -> ScenarioResult:
     )
 
 
-async def _retries(s: aiohttp.ClientSession, base: str) -> float:
+async def _counted(s: aiohttp.ClientSession, base: str, name: str) -> float:
+    """The sum of a counter's series in the gateway's ``/metrics``."""
     async with s.get(f"{base}/metrics") as r:
         text = await r.text()
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("kvrouter_retries_total")
-    )
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
 
 
 async def _stalled_stream(

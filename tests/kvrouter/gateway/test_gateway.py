@@ -307,6 +307,7 @@ async def test_a_connect_timeout_of_the_routers_own_stall_is_retried_on_the_same
         assert sum(retries.values()) == 1, "the stall did not time the connect out"
         assert h["x-kvrouter-instance"] == first[0]
         assert retries == {"stalled": 1.0}
+        assert counter_by(text, "kvrouter_upstream_failures_excused", "instance") == {first[0]: 1.0}
         up = gw.pool.upstreams[first[0]]
         assert up.healthy and up.failures == 0
 
