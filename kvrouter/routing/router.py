@@ -251,17 +251,20 @@ class Router:
             stores = remote.stores
         unusable = frozenset(n for n, t in stores.items() if t not in _USABLE)
         values = self.tier_values
+        limit = self.config.concurrency_threshold
         out: list[Candidate] = []
         for t in targets:
             if not t.healthy:
                 continue
-            load = self.load.get(t.key)
+            key = t.key  # (a property that builds the key: read once per target)
+            load = self.load.get(key)
+            in_flight = load.effective_in_flight()
             c = Candidate(
                 t.instance,
                 t.dp_rank,
-                t.key,
-                in_flight=load.effective_in_flight(),
-                others_in_flight=max(0, load.effective_in_flight() - load.in_flight),
+                key,
+                in_flight=in_flight,
+                others_in_flight=max(0, in_flight - load.in_flight),
                 pending_prefill_tokens=load.pending_prefill_tokens + self._peers_prefill(t, load, now),
                 decoding=max(load.decoding, load.engine_running - load.prefilling),
                 kv_usage=load.engine_kv_usage,
@@ -271,8 +274,8 @@ class Router:
             src = SourceKey(t.instance, t.dp_rank)
             c.footprint = self.indexer.footprint(src)
             if now is not None:
-                self.placed.cleared(t.key, self.indexer.clears(src), now)
-                c.placed_blocks = self.placed.blocks(t.key, now)
+                self.placed.cleared(key, self.indexer.clears(src), now)
+                c.placed_blocks = self.placed.blocks(key, now)
             if t.has_events:
                 c.trust = m.trust if m else self.indexer.trust(src).value
             if m and t.has_events and c.trust in _USABLE:
@@ -294,8 +297,7 @@ class Router:
                 c.offload_blocks = c.matched_blocks - c.gpu_blocks - c.speculative_blocks
                 c.hit_tokens = c.matched_blocks * bs
                 c.cached_tokens = round(sum(values.of(k) * n for k, n in split.items()) * bs)
-            limit = self.config.concurrency_threshold
-            c.saturated = bool(limit) and c.in_flight >= limit
+            c.saturated = bool(limit) and in_flight >= limit
             out.append(c)
         return out
 

@@ -113,6 +113,11 @@ def credited_split(
     whatever it caches), cut from the slowest tiers first (GPU, speculative, CPU, STORAGE, then shared
     stores in the index's order); blocks of a store in ``unusable`` (its trust is too low) not at all.
     Tiers credited 0 blocks are left out."""
+    if not speculative and (not tiers or (len(tiers) == 1 and GPU in tiers)):
+        # Most targets of most lookups: blocks on the GPU alone, or none (the same answer as below, without
+        # building the order: this runs once per candidate of every decision).
+        take = min(max(0, tiers[GPU]), max(0, max_hit)) if tiers else 0
+        return {GPU: take} if take else {}
     order = [(GPU, tiers.get(GPU, 0)), (SPECULATIVE, speculative)]
     order += [(k, tiers.get(k, 0)) for k in _FIRST[2:]]
     order += [(k, n) for k, n in tiers.items() if k not in _FIRST and k not in unusable]
