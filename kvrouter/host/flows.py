@@ -61,19 +61,16 @@ class HostFlows:
         return sum(1 for name, _ in self.mem.flows.items() if name.startswith("f:")), self.forgotten
 
     def slot(self, name: str) -> int:
-        """The slot of a name that keeps it (a priority's virtual time, a tenant's buckets or counts, a
-        queue's group): made room for by forgetting idle flows, as a new flow's is (``serve`` sizes the
-        table for every such name its configuration can make, ``supervisor.shared_host``)."""
+        """The slot of ``name``, made room for by forgetting idle flows when the table is full (the names
+        that keep their slots, a priority's virtual time, a tenant's buckets or counts, a queue's group,
+        are sized for by ``serve``: ``supervisor.shared_host``); the overflow slot when none can be."""
         try:
             return self.mem.flows.slot(name, self._reclaim)
         except SlotsExhausted:
             return self._overflow
 
     def flow_slot(self, flow: Flow) -> int:
-        try:
-            return self.mem.flows.slot(f"f:{flow.priority}:{flow.tenant}", self._reclaim)
-        except SlotsExhausted:
-            return self._overflow
+        return self.slot(f"f:{flow.priority}:{flow.tenant}")
 
     def _reclaim(self) -> list[int]:
         """Under the lock, the directory full: the least recently charged sixteenth of the flows without

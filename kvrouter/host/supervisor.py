@@ -84,6 +84,10 @@ def preload(cfg: RouterFleetConfig, tokens: FleetTokens) -> None:
                 continue
 
 
+PR_SET_PDEATHSIG = 1
+"""``prctl``'s option: the signal a process is sent when its parent dies (``linux/prctl.h``)."""
+
+
 def die_with(parent: int) -> None:
     """This worker is sent SIGTERM when ``parent`` (the supervisor) dies, however it dies (SIGKILL, the
     OOM killer), rather than serving on as an orphan that nobody replaces or stops (Linux:
@@ -95,9 +99,6 @@ def die_with(parent: int) -> None:
         return
     if os.getppid() != parent:  # it died before the call
         os.kill(os.getpid(), signal.SIGTERM)
-
-
-PR_SET_PDEATHSIG = 1
 
 
 class Supervisor:
