@@ -23,6 +23,7 @@ import msgspec
 from kvrouter.lab.reliability.crash import StreamOutcome, parse_sse
 from kvrouter.lab.reliability.driver import Shot, one
 from kvrouter.lab.reliability.figures import Figure, ScenarioResult, at_most, exactly
+from kvrouter.lab.reliability.procs import metric
 from kvrouter.lab.reliability.stack import MODEL, Resources, cancel_all, client, set_faults, until
 from kvrouter.percentiles import quantile
 from kvrouter.types import TargetKey
@@ -82,8 +83,9 @@ async def hang(res: Resources, cfg: HangConfig) -> ScenarioResult:
 
                 await asyncio.gather(*(worker() for _ in range(cfg.concurrency)))
                 await until(lambda: gw.router.load.total_in_flight() == 0, 5, "slots freed")
-                retries = await _counted(s, g.base, "kvrouter_retries_total")
-                excused = await _counted(s, g.base, "kvrouter_upstream_failures_excused_total")
+                retries = await metric(s, g.base, "kvrouter_retries_total")
+                excused = await metric(s, g.base, "kvrouter_upstream_failures_excused_total")
+                threshold = gw.pool.failure_threshold
                 ejected = gw.pool.upstreams[victim.name].ejections
                 await set_faults(s, victim.url, latency_s=0.0)
                 await until(lambda: gw.pool.upstreams[victim.name].healthy, 5, "victim back in rotation")
@@ -104,10 +106,10 @@ async def hang(res: Resources, cfg: HangConfig) -> ScenarioResult:
         Figure("latency p50 / p99", f"{quantile(lat, 0.5):.3f} / {quantile(lat, 0.99):.3f} s", "", None),
         Figure("retries on another instance after a timeout", str(int(retries)), "", None),
         # A timeout while the gateway's own loop stood still is excused (not the victim's fault): on a
-        # loaded machine enough of them leave fewer than ``failure_threshold`` (3) counted in a row.
+        # loaded machine enough of them leave fewer than ``failure_threshold`` counted in a row.
         exactly(
             "victim ejected by its timeouts while its /health passed",
-            ejected >= 1 or (excused > 0 and retries - excused < 3),
+            ejected >= 1 or (excused > 0 and retries - excused < threshold),
             True,
         ),
         Figure("timeouts excused (the gateway's loop stood still)", str(int(excused)), "", None),
@@ -125,13 +127,6 @@ async def hang(res: Resources, cfg: HangConfig) -> ScenarioResult:
     return ScenarioResult(
         "hang", "Faults", "Instance hangs (accepts, never answers)", figures, time.perf_counter() - t_start
     )
-
-
-async def _counted(s: aiohttp.ClientSession, base: str, name: str) -> float:
-    """The sum of a counter's series in the gateway's ``/metrics``."""
-    async with s.get(f"{base}/metrics") as r:
-        text = await r.text()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
 
 
 async def _stalled_stream(
