@@ -85,11 +85,14 @@ def test_supersede_takes_over_slot_and_keys_stay_valid() -> None:
 
 
 def test_lru_eviction_keeps_bound_and_invariant() -> None:
-    one = PrefixIndex(chunk_chars=16, max_bytes=1 << 30)
-    size = _add(one, "x" * 200)
-    assert size is not None
-    ix = PrefixIndex(chunk_chars=16, max_bytes=3 * size.nbytes + 10)
     texts = [f"{i:03d}" * 67 for i in range(10)]
+    # An entry's size depends on its digests (a str of bytes from the per-process randomised hash: 16
+    # or 24 bytes less when every one of them is ASCII), so the budget is taken from these texts' own
+    # sizes: any three fit, no four do.
+    one = PrefixIndex(chunk_chars=16, max_bytes=1 << 30)
+    sizes = [e.nbytes for t in texts if (e := _add(one, t[:200])) is not None]
+    assert len(sizes) == 10 and 4 * min(sizes) > 3 * max(sizes) + 10
+    ix = PrefixIndex(chunk_chars=16, max_bytes=3 * max(sizes) + 10)
     for t in texts:
         _add(ix, t[:200])
         assert ix.bytes_held <= ix.max_bytes
