@@ -289,10 +289,10 @@ class Exchange:
         if self.prepared is not None and self.kind == "responses":
             self.picker.pipeline.response_done(self.prepared, response_id, output)
 
-    def _first_token(self) -> None:
+    def _first_token(self, *, streamed: bool = True) -> None:
         assert self.prepared is not None and self.serving is not None
         self._first = False
-        self.picker.pipeline.first_token(self.prepared)
+        self.picker.pipeline.first_token(self.prepared, streamed=streamed)
         self.picker.metrics.upstream_ttft.labels(self.serving.target).observe(
             time.monotonic() - self._dispatched_at, self.prepared.exemplar()
         )
@@ -303,7 +303,7 @@ class Exchange:
             return
         if not self._stream:
             if self._first:
-                self._first_token()
+                self._first_token(streamed=False)
             self._watcher.feed_body(b"".join(self._unary))
             self._unary = []
         ok = self.status is not None and 200 <= self.status < 300

@@ -220,7 +220,7 @@ class DisaggProxy:
             if not (p.req.stream and resp.status == 200):
                 data = await self.proxy._read_all(resp)
                 self.pool.record_success(d.instance)
-                self.pipeline.first_token(p)
+                self.pipeline.first_token(p, streamed=False)
                 self.metrics.upstream_ttft.labels(d.target).observe(time.monotonic() - t0, p.exemplar())
                 watcher.feed_body(data)
                 done = True

@@ -247,7 +247,7 @@ class Proxy:
             headers["x-kvrouter-cached-tokens"] = str(chosen.hit_tokens)
             if not resp.headers.get("Content-Type", "").startswith("text/event-stream"):
                 data = await self._read_all(resp)
-                self.pipeline.first_token(p)
+                self.pipeline.first_token(p, streamed=False)
                 self.metrics.upstream_ttft.labels(chosen.target).observe(time.monotonic() - t0, p.exemplar())
                 if p.req.generates or p.req.kind == "responses":
                     watcher.feed_body(data)

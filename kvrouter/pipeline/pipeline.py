@@ -935,8 +935,12 @@ class RequestPipeline:
             self.metrics.routed_blocks.labels(tier).inc(n)
             self.metrics.routed_credit.labels(tier).inc(n * self.router.tier_values.of(tier))
 
-    def first_token(self, p: Prepared) -> None:
-        self._observed(self.router.first_token(p.inp.request_id, time.monotonic()))
+    def first_token(self, p: Prepared, *, streamed: bool = True) -> None:
+        """The answer's first byte came back: its prefill load ends.  Only a stream's first chunk is its first
+        token: a unary answer (``streamed`` False) comes whole once generated, so its time is neither a TTFT
+        nor, at its end, a pace; the latency models do not learn from it."""
+        now = time.monotonic() if streamed else None
+        self._observed(self.router.first_token(p.inp.request_id, now))
         if self.cfg.limits.saturation.max_prefill_tokens:
             self.gate.release()  # its prompt is computed: a target full of prefill may take another
         if p.rec is not None:

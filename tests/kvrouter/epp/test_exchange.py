@@ -4,6 +4,7 @@ without a body, bad bodies, and the health services."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import grpc
@@ -166,6 +167,34 @@ async def test_a_stream_that_ends_early_releases_its_load(
     assert in_flight(pk, name) == 1
     s.call.cancel()  # the client went away before any answer
     await until(lambda: in_flight(pk, name) == 0, what="load released")
+
+
+async def test_a_streamed_answer_teaches_the_latency_models_both_times(
+    rig: tuple[SimFleet, Picker, grpc.aio.Channel],
+) -> None:
+    """The picker sees the first chunk (TTFT) and the stream's usage block (its output tokens, so TPOT):
+    the same observations as ``serve``'s proxy, learned by the same book."""
+    _, pk, ch = rig
+    book = pk.gw.router.latency
+    before = {k: book.outcomes[(k, "used")] + book.outcomes[(k, "clipped")] for k in ("ttft", "tpot")}
+    s = Stream(ch)
+    await s.send(headers("/v1/completions"), 0)
+    req = {"model": MODEL, "prompt": "lorem ipsum " * 30, "max_tokens": 5, "stream": True}
+    req["stream_options"] = {"include_usage": True}
+    out = await s.send(body(msgspec.json.encode(req)), 2)
+    await s.send(response_headers(200, destination(out[0])[0]), 1)
+    await s.send(ProcessingRequest(response_body=HttpBody(body=b'data: {"choices": [{"text": "a"}]}\n\n')), 1)
+    await asyncio.sleep(0.05)  # the later tokens' pace: > 0
+    usage = {"prompt_tokens": 61, "completion_tokens": 5, "prompt_tokens_details": {"cached_tokens": 0}}
+    last = b"data: " + msgspec.json.encode({"choices": [], "usage": usage}) + b"\n\ndata: [DONE]\n\n"
+    await s.send(ProcessingRequest(response_body=HttpBody(body=last, end_of_stream=True)), 1)
+    await s.close()
+
+    def learned() -> bool:
+        now = {k: book.outcomes[(k, "used")] + book.outcomes[(k, "clipped")] for k in ("ttft", "tpot")}
+        return all(now[k] == before[k] + 1 for k in now)
+
+    await until(learned, what="one TTFT and one TPOT observation trained")
 
 
 async def test_bodyless_and_bad_requests(rig: tuple[SimFleet, Picker, grpc.aio.Channel]) -> None:

@@ -48,8 +48,9 @@ class HeldFleet:
         self._runners: list[web.AppRunner] = []
 
     def app(self, port: int) -> web.Application:
-        async def completions(request: web.Request) -> web.Response:
-            self.arrived.append((await request.json()).get("prompt", ""))
+        async def completions(request: web.Request) -> web.StreamResponse:
+            req = await request.json()
+            self.arrived.append(req.get("prompt", ""))
             self.served[port] += 1
             if port in self.failing:
                 return web.json_response({"error": "boom"}, status=500)
@@ -58,7 +59,13 @@ class HeldFleet:
                 await self.release.wait()
             finally:
                 self.held -= 1
-            return web.json_response({"choices": [{"text": "ok"}], "usage": {"prompt_tokens": 3}})
+            if not req.get("stream"):
+                return web.json_response({"choices": [{"text": "ok"}], "usage": {"prompt_tokens": 3}})
+            sse = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await sse.prepare(request)
+            await sse.write(b'data: {"choices": [{"text": "ok"}]}\n\ndata: [DONE]\n\n')
+            await sse.write_eof()
+            return sse
 
         async def ok(request: web.Request) -> web.Response:
             return web.Response(text="ok")
@@ -145,9 +152,15 @@ def children(pid: int) -> list[int]:
 
 
 async def fresh(
-    method: str, url: str, body: dict[str, Any] | None = None, headers: dict[str, str] | None = None
+    method: str,
+    url: str,
+    body: dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
+    *,
+    text: bool = False,
 ) -> tuple[int, Any]:
-    """One request on a connection of its own (so the kernel picks a worker for it)."""
+    """One request on a connection of its own (so the kernel picks a worker for it); ``text``: the answer
+    as text (a stream), not JSON."""
     conn = aiohttp.TCPConnector(force_close=True)
     # Bounded: a request the gateway wrongly forwards to a held upstream fails the test, not hangs it.
     timeout = aiohttp.ClientTimeout(total=90)
@@ -155,7 +168,7 @@ async def fresh(
         aiohttp.ClientSession(connector=conn, timeout=timeout) as s,
         s.request(method, url, json=body, headers=headers) as r,
     ):
-        return r.status, await r.json(content_type=None)
+        return r.status, (await r.text()) if text else (await r.json(content_type=None))
 
 
 async def host_queue_waiting(base: str, n: int) -> bool:
@@ -423,10 +436,14 @@ async def test_workers_learn_one_set_of_latency_models(tmp_path: Path) -> None:
     proxied, and every worker's /v1/fleet shows the same models, trained by every request."""
     over = {"routing": {"policy": "predicted-latency"}}
     async with HeldFleet(2) as fleet, serve(tmp_path, {**fleet.fleet(), **over}) as (base, _):
-        fleet.release.set()  # answered at once: each answer is a first token
+        fleet.release.set()  # answered at once: each stream's first chunk is a first token
         await health_per_worker(base)
         n = 24
-        assert [(await fresh("POST", base + "/v1/completions", body(i)))[0] for i in range(n)] == [200] * n
+        streams = [
+            await fresh("POST", base + "/v1/completions", {**body(i), "stream": True}, text=True)
+            for i in range(n)
+        ]
+        assert [st for st, _ in streams] == [200] * n and all("[DONE]" in t for _, t in streams), streams
         seen: dict[int, dict[str, Any]] = {}
         for _ in range(200):
             st, got = await fresh("GET", base + "/v1/fleet")
