@@ -95,7 +95,8 @@ class PipelineMetrics:
         self.latency_observations = CachedCounter(
             "kvrouter_latency_observations",
             "Observed TTFT and TPOT by what became of them: used, clipped (an outlier, bounded before it "
-            "trained the model), invalid (not finite, not positive or too long: dropped)",
+            "trained the model), invalid (not finite, not positive or too long: dropped); and requests that "
+            "taught nothing: unary (the answer came whole), no_pace (a stream without its token count)",
             ["kind", "outcome"],
             registry=r,
         )

@@ -58,7 +58,7 @@ from ..loop_lag import LoopLag
 from ..routing import Candidate, Decision, DisaggPlanner, PDPlan, RouteInput, Router, Target, route_input
 from ..routing.disagg import explain_plan
 from ..routing.new_placements import ClaimAnswer
-from ..routing.policies import Observation
+from ..routing.policies import NOT_LEARNED, Observation
 from ..routing.response_affinity import Holder, ResponseAffinity
 from ..routing.tier_value import DEFAULT_TIER_VALUES, TierValues
 from ..telemetry import RequestRecord, Telemetry
@@ -939,8 +939,7 @@ class RequestPipeline:
         """The answer's first byte came back: its prefill load ends.  Only a stream's first chunk is its first
         token: a unary answer (``streamed`` False) comes whole once generated, so its time is neither a TTFT
         nor, at its end, a pace; the latency models do not learn from it."""
-        now = time.monotonic() if streamed else None
-        self._observed(self.router.first_token(p.inp.request_id, now))
+        self._observed(self.router.first_token(p.inp.request_id, time.monotonic(), streamed=streamed))
         if self.cfg.limits.saturation.max_prefill_tokens:
             self.gate.release()  # its prompt is computed: a target full of prefill may take another
         if p.rec is not None:
@@ -951,7 +950,7 @@ class RequestPipeline:
         decision of no request waits for it)."""
         if o is None:
             return
-        if o.outcome == "invalid":
+        if o.outcome in NOT_LEARNED:
             self.metrics.latency_observations.labels(o.kind, o.outcome).inc()
             return
         if o.warm and o.predicted_s > 0:

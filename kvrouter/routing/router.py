@@ -473,10 +473,15 @@ class Router:
         cap = self.config.saturation.cap(self.config.max_in_flight, reserved)
         return not cap or self.load.claim(rid, chosen.target, cap)
 
-    def first_token(self, rid: RequestId, now: float | None = None) -> Observation | None:
+    def first_token(
+        self, rid: RequestId, now: float | None = None, *, streamed: bool = True
+    ) -> Observation | None:
         """``rid``'s first token reached the router at ``now`` (None: no clock, nothing observed): its
-        prefill load ends; its TTFT against the prediction, queued for ``latency.train``."""
+        prefill load ends; its TTFT against the prediction, queued for ``latency.train``.  Not
+        ``streamed``: its whole answer came at once; nothing of its latency is observed (``unary``)."""
         self.load.first_token(rid)
+        if not streamed:
+            return self.latency.unary(rid)
         return None if now is None else self.latency.first_token(rid, now)
 
     def finished(

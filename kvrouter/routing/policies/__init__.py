@@ -13,7 +13,7 @@ candidate targets of one request; limits are applied by the router.
 
 from .base import MIN_WEIGHT, Candidate, Policy, PolicyConfig, PolicyContext, RouteView, load_cap
 from .kv_aware import KV_AWARE, RING_KEY_BLOCKS, KvAware, KvAwareSettings
-from .latency_model import LatencyBook, LatencyModelConfig, ModelStore, Observation
+from .latency_model import NOT_LEARNED, LatencyBook, LatencyModelConfig, ModelStore, Observation
 from .least_loaded import LEAST_LOADED, LeastLoaded, LeastLoadedSettings
 from .predicted_latency import PREDICTED_LATENCY, PredictedLatency, PredictedLatencySettings
 from .prefix_hash import PREFIX_HASH, PrefixHash, PrefixHashSettings
@@ -28,6 +28,7 @@ __all__ = [
     "KV_AWARE",
     "LEAST_LOADED",
     "MIN_WEIGHT",
+    "NOT_LEARNED",
     "PREDICTED_LATENCY",
     "PREFIX_HASH",
     "RANDOM",

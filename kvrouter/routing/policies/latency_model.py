@@ -34,7 +34,11 @@ TPOT = "tpot"
 KINDS = (TTFT, TPOT)
 
 Outcome = str
-"""What became of an observation: used, clipped (an outlier, bounded), invalid (dropped)."""
+"""What became of an observation: used, clipped (an outlier, bounded), invalid (dropped); or why a request
+taught nothing: ``unary`` (its answer came whole, so neither its first token nor its pace was seen),
+``no_pace`` (a stream that ended without its output tokens reported, or with one token)."""
+NOT_LEARNED = ("invalid", "unary", "no_pace")
+"""Outcomes that train nothing (counted at once; the others are counted when trained)."""
 
 
 class LatencyModelConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -370,17 +374,35 @@ class LatencyBook:
             return None
         return self._observe(Observation(p.target, TTFT, now - p.sent, p.pred_ttft, p.warm), p.x_ttft)
 
+    def unary(self, rid: RequestId) -> Observation | None:
+        """``rid``'s answer came whole (not streamed): its first byte is its last, so neither its TTFT nor
+        its pace can be observed.  Forgotten, counted as ``unary`` under the kind it would have taught."""
+        p = self._pending.pop(rid, None)
+        if p is None:
+            return None
+        return self._untaught(p, TTFT if p.ttft else TPOT, "unary")
+
     def finished(self, rid: RequestId, now: float, output_tokens: int | None) -> Observation | None:
         """``rid`` ended: with its first token seen and ``output_tokens`` >= 2, its mean time per later
-        token is observed.  Forgotten either way."""
+        token is observed; with its first token seen and fewer (or none reported), counted as
+        ``no_pace``.  Forgotten either way."""
         p = self._pending.pop(rid, None)
-        if p is None or p.first is None or output_tokens is None or output_tokens < 2:
+        if p is None or p.first is None:
             return None
+        if output_tokens is None or output_tokens < 2:
+            return self._untaught(p, TPOT, "no_pace")
         tpot = (now - p.first) / (output_tokens - 1)
         return self._observe(Observation(p.target, TPOT, tpot, p.pred_tpot, p.warm), p.x_tpot)
 
     def forget(self, rid: RequestId) -> None:
         self._pending.pop(rid, None)
+
+    def _untaught(self, p: _Pending, kind: str, outcome: Outcome) -> Observation:
+        o = Observation(
+            p.target, kind, math.nan, p.pred_ttft if kind == TTFT else p.pred_tpot, p.warm, outcome
+        )
+        self.outcomes[(kind, outcome)] += 1
+        return o
 
     def _observe(self, o: Observation, x: tuple[float, ...]) -> Observation:
         y = o.observed_s

@@ -128,16 +128,19 @@ async def test_slo_admission_predicts_from_the_learned_models_once_warm(
 
 async def test_only_streamed_answers_teach_the_models(mixed: SimFleet) -> None:
     """A unary answer's time is its whole generation: not a TTFT (its "first token" is its last byte),
-    and no pace (its tokens all arrive at once).  A stream's first chunk is its first token, and its usage
-    block (``include_usage``) gives the tokens its pace is learned over."""
+    and no pace (its tokens all arrive at once): counted as ``unary``.  A stream's first chunk is its first
+    token, and its usage block (``include_usage``) gives the tokens its pace is learned over; without it,
+    its pace is counted as ``no_pace``."""
     rng = random.Random(13)
     async with gateway(mixed) as (gw, base), aiohttp.ClientSession() as s:
         book = gw.router.latency
 
         def counts() -> dict[str, int]:
-            return {
-                k: sum(n for (kind, _), n in book.outcomes.items() if kind == k) for k in ("ttft", "tpot")
+            learned = {
+                k: book.outcomes[(k, "used")] + book.outcomes[(k, "clipped")] for k in ("ttft", "tpot")
             }
+            untaught = {f"{k}:{o}": n for (k, o), n in book.outcomes.items() if o in ("unary", "no_pace")}
+            return {**learned, **untaught}
 
         async def settled(expected: dict[str, int]) -> None:
             await until(lambda: gw.router.load.total_in_flight() == 0, what="the request released")
@@ -147,10 +150,14 @@ async def test_only_streamed_answers_teach_the_models(mixed: SimFleet) -> None:
         async with s.post(f"{base}/v1/chat/completions", json=unary) as r:
             assert r.status == 200, await r.text()
             assert (await r.json())["usage"]["completion_tokens"] > 1
-        await settled({"ttft": 0, "tpot": 0})
+        await settled({"ttft": 0, "tpot": 0, "ttft:unary": 1})
         streamed = {**chat(rng, 300), "max_tokens": 12, "stream_options": {"include_usage": True}}
         await stream(gw, s, base, streamed)
-        await settled({"ttft": 1, "tpot": 1})
+        await settled({"ttft": 1, "tpot": 1, "ttft:unary": 1})
         await stream(gw, s, base, {**chat(rng, 300), "max_tokens": 12})  # no usage: its pace is unknown
-        await settled({"ttft": 2, "tpot": 1})
+        await settled({"ttft": 2, "tpot": 1, "ttft:unary": 1, "tpot:no_pace": 1})
         assert not book._pending  # every request forgotten once it ended
+        async with s.get(f"{base}/metrics") as r:
+            text = await r.text()
+        assert 'kvrouter_latency_observations_total{kind="ttft",outcome="unary"} 1.0' in text
+        assert 'kvrouter_latency_observations_total{kind="tpot",outcome="no_pace"} 1.0' in text

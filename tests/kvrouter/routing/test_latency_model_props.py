@@ -4,7 +4,8 @@
   weighted squared error plus the prior (solved from scratch with numpy's least squares).
 - ``LatencyBook`` against a reference that keeps every request's dispatch and first-token times and
   computes each observation (TTFT, TPOT) and each outcome from scratch: drops what is not finite, not
-  positive or too long, counts everything by kind and outcome, and forgets what ended.
+  positive or too long, counts everything by kind and outcome (a unary answer and a stream without its
+  token count as taught nothing), and forgets what ended.
 - Wild observations (a clock jump, a stalled stream) move a warm model at most the outlier ratio.
 - Requests that come much faster than their like (one in five: a short prompt that found a step
   starting) pull the squared relative error's fit far down; the reweighted fit is pulled less, the less
@@ -80,7 +81,7 @@ def cand(target: str, pending: int = 0, decoding: int = 0, hit: int = 0) -> Cand
 
 events = st.lists(
     st.tuples(
-        st.sampled_from(["dispatch", "first", "finish", "finish_none"]),
+        st.sampled_from(["dispatch", "first", "finish", "finish_none", "unary"]),
         st.integers(0, 5),  # request
         st.sampled_from(["a", "b"]),
         st.one_of(
@@ -110,6 +111,17 @@ def test_book_observes_what_a_reference_computes_from_the_times(events: list) ->
             sent[rid] = (target, now)
             first.pop(rid, None)
             continue
+        if op == "unary":  # its answer came whole: nothing observed, counted under its TTFT
+            o = book.unary(rid)
+            known = sent.pop(rid, None)
+            first.pop(rid, None)
+            if known is None:
+                assert o is None
+                continue
+            assert o is not None and (o.kind, o.target, o.outcome) == (TTFT, known[0], "unary")
+            counts[(TTFT, "unary")] = counts.get((TTFT, "unary"), 0) + 1
+            assert book.pending_training == 0
+            continue
         if op == "first":
             o = book.first_token(rid, now)
             if rid not in sent or rid in first:
@@ -121,8 +133,13 @@ def test_book_observes_what_a_reference_computes_from_the_times(events: list) ->
             o = book.finished(rid, now, None if op == "finish_none" else n_out)
             known = sent.pop(rid, None)
             t1 = first.pop(rid, None)
-            if known is None or t1 is None or op == "finish_none" or n_out < 2:
+            if known is None or t1 is None:
                 assert o is None
+                continue
+            if op == "finish_none" or n_out < 2:  # a stream with no pace to learn
+                assert o is not None and (o.kind, o.target, o.outcome) == (TPOT, known[0], "no_pace")
+                counts[(TPOT, "no_pace")] = counts.get((TPOT, "no_pace"), 0) + 1
+                assert book.pending_training == 0
                 continue
             want_kind, want_y, want_target = TPOT, (now - t1) / (n_out - 1), known[0]
         assert o is not None
