@@ -176,7 +176,11 @@ async def test_a_streamed_answer_teaches_the_latency_models_both_times(
     the same observations as ``serve``'s proxy, learned by the same book."""
     _, pk, ch = rig
     book = pk.gw.router.latency
-    before = {k: book.outcomes[(k, "used")] + book.outcomes[(k, "clipped")] for k in ("ttft", "tpot")}
+
+    def trained() -> dict[str, int]:
+        return {k: book.outcomes[(k, "used")] + book.outcomes[(k, "clipped")] for k in ("ttft", "tpot")}
+
+    before = trained()
     s = Stream(ch)
     await s.send(headers("/v1/completions"), 0)
     req = {"model": MODEL, "prompt": "lorem ipsum " * 30, "max_tokens": 5, "stream": True}
@@ -190,11 +194,8 @@ async def test_a_streamed_answer_teaches_the_latency_models_both_times(
     await s.send(ProcessingRequest(response_body=HttpBody(body=last, end_of_stream=True)), 1)
     await s.close()
 
-    def learned() -> bool:
-        now = {k: book.outcomes[(k, "used")] + book.outcomes[(k, "clipped")] for k in ("ttft", "tpot")}
-        return all(now[k] == before[k] + 1 for k in now)
-
-    await until(learned, what="one TTFT and one TPOT observation trained")
+    want = {k: n + 1 for k, n in before.items()}
+    await until(lambda: trained() == want, what="one TTFT and one TPOT observation trained")
 
 
 async def test_bodyless_and_bad_requests(rig: tuple[SimFleet, Picker, grpc.aio.Channel]) -> None:
